@@ -1,0 +1,28 @@
+"""torch_fastload: a drop-in PyTorch DataLoader whose batches arrive on the GPU without waiting.
+
+    from torch_fastload import DataLoader      # instead of torch.utils.data.DataLoader
+    loader = DataLoader(dataset, batch_size=256, shuffle=True, num_workers=8)
+    for x, y in loader:                         # x, y are already CUDA tensors
+        ...
+    print(loader.stats())                       # input-wait time, per-stage GB/s
+"""
+
+from . import config
+from .errors import BatchTooLargeError, FastloadError, LoaderShutdownError, PoolError
+from .loader import DataLoader
+from .pool import PinnedPool
+from .stats import StatsSnapshot
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DataLoader",
+    "PinnedPool",
+    "StatsSnapshot",
+    "config",
+    "FastloadError",
+    "BatchTooLargeError",
+    "PoolError",
+    "LoaderShutdownError",
+    "__version__",
+]

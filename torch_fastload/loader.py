@@ -1,0 +1,547 @@
+"""``torch_fastload.DataLoader``: torch's DataLoader, with batches arriving on the GPU.
+
+Pipeline of one iterator (each arrow a bounded queue; every wait polls a stop flag):
+
+    fetch thread  --fetched-->  stage thread  --ready-->  consumer's next()
+    (torch workers or           (plan, pinned slot,       (consumer stream waits on
+     in-thread per-sample        threaded memcpy, H2D      the batch's event,
+     Python, in order)           on the copy stream)       record_stream)
+
+Batches keep their order; an exception fetching or staging batch k is raised by the k-th
+``next()`` and later batches still arrive, as with torch. The pinned pool, the copy stream
+and the staging threads belong to the loader and are reused across epochs.
+
+NOTE [shutdown]: the pipeline threads never reference the user-facing iterator object, only
+the ``_Pipeline``; so dropping the iterator (break, del, an exception unwinding the training
+loop) runs ``__del__``, which stops the threads, waits for copies in flight and hands the
+slots back. ``DataLoader.close()`` (or garbage collection, or interpreter exit) frees the pool.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import itertools
+import queue
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils.data as tud
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind, _SingleProcessDataLoaderIter
+
+from . import config
+from .errors import BatchTooLargeError, LoaderShutdownError, PoolError, capture
+from .pool import PinnedPool
+from .staging import ParallelCopier, deferred_collate, plan_batch
+from .stats import LoaderStats, StatsSnapshot
+from .transfer import CopyEngine, InFlightCopy
+
+__all__ = ["DataLoader"]
+
+_TORCH_INIT_PARAMS = set(inspect.signature(tud.DataLoader.__init__).parameters)
+_END = object()
+
+
+@dataclass
+class _Failure:
+    """A batch that could not be produced; ``next()`` re-raises it in its turn."""
+
+    index: int
+    error: Any  # torch._utils.ExceptionWrapper
+
+
+@dataclass
+class _Fatal:
+    """The pipeline itself broke: raised once, then the iterator is shut down."""
+
+    error: Any
+
+
+@dataclass
+class _Ready:
+    index: int
+    copy: InFlightCopy | None
+    batch: Any
+    samples: int
+    nbytes: int
+
+
+def _resolve_device(device) -> torch.device:
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} was asked for but CUDA is not available; use device='cpu'")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r} does not exist: {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise ValueError(f"device={device!r}: torch_fastload supports 'cuda' and 'cpu' devices")
+    return dev
+
+
+class DataLoader(tud.DataLoader):
+    """A drop-in for ``torch.utils.data.DataLoader`` whose batches arrive on ``device``.
+
+    Every torch argument keeps its meaning, and with the same seed and generator the batches
+    come in the same order. On a CUDA device ``pin_memory`` is implied (batches are staged
+    through the pinned pool and arrive as GPU tensors). The extra keyword arguments default
+    to ``None``, meaning the value in ``torch_fastload.config`` (env ``TORCH_FASTLOAD_*``):
+
+    device: where batches arrive; default the current CUDA device, else ``'cpu'``.
+    prefetch: batches kept ready on the device ahead of the consumer.
+    stage_threads: threads copying a batch from pageable memory into its pinned slot.
+    fetch_threads: threads running per-sample Python when ``num_workers == 0``.
+    pool_slots, slot_bytes: the pinned pool (``slot_bytes=0``: sized by the first batch).
+    oversize: a batch larger than a slot: ``'grow'`` the pool, or ``'error'``.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler=None,
+        batch_sampler=None,
+        num_workers: int = 0,
+        collate_fn=None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn=None,
+        multiprocessing_context=None,
+        generator=None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        device=None,
+        prefetch: int | None = None,
+        stage_threads: int | None = None,
+        fetch_threads: int | None = None,
+        pool_slots: int | None = None,
+        slot_bytes: int | None = None,
+        oversize: str | None = None,
+        **torch_kwargs,
+    ):
+        unknown = set(torch_kwargs) - _TORCH_INIT_PARAMS
+        if unknown:
+            raise TypeError(f"DataLoader got unexpected keyword argument(s) {sorted(unknown)} "
+                            f"(torch {torch.__version__} does not know them either)")
+        super().__init__(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+            False,  # torch never pins: the loader stages into its own pinned pool
+            drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, **torch_kwargs,
+        )
+        self.device = _resolve_device(device)
+        self.pin_memory_requested = bool(pin_memory)
+        self.prefetch = config.resolve("prefetch", prefetch)
+        self.stage_threads = config.resolve("stage_threads", stage_threads)
+        self.fetch_threads = config.resolve("fetch_threads", fetch_threads)
+        self.pool_slots = config.resolve("pool_slots", pool_slots)
+        self.slot_bytes = config.resolve("slot_bytes", slot_bytes)
+        self.oversize = config.resolve("oversize", oversize)
+        self._user_collate = collate_fn
+        self._stats = LoaderStats()
+        self._resources_lock = threading.Lock()
+        self._pool: PinnedPool | None = None
+        self._engine: CopyEngine | None = None
+        self._copier: ParallelCopier | None = None
+        self._pipelines: weakref.WeakSet = weakref.WeakSet()
+        _LIVE_LOADERS.add(self)
+        if self.device.type == "cpu" and self.pin_memory_requested and not torch.cuda.is_available():
+            warnings.warn("pin_memory=True but no CUDA device is available: batches will not be pinned",
+                          stacklevel=2)
+
+    # -- iteration -------------------------------------------------------------------------
+    def __iter__(self) -> "_FastloadIter":
+        if self.persistent_workers and self.num_workers > 0:
+            for pipeline in list(self._pipelines):  # the torch iterator is shared: stop its reader
+                pipeline.shutdown()
+        if self.num_workers > 0:
+            source = super().__iter__()
+        else:
+            collate = deferred_collate if (self._user_collate is None and self._auto_collation) else self.collate_fn
+            source = _InThreadSource(self, collate)
+        pipeline = _Pipeline(self, source)
+        self._pipelines.add(pipeline)
+        return _FastloadIter(pipeline)
+
+    def stats(self, reset: bool = False) -> StatsSnapshot:
+        """Input-wait time, per-stage times, bytes and GB/s since creation (or the last reset)."""
+        snapshot = self._stats.snapshot()
+        if reset:
+            self._stats.reset()
+        return snapshot
+
+    # -- resources shared by this loader's iterators --------------------------------------
+    def _resources(self) -> tuple[CopyEngine, ParallelCopier]:
+        with self._resources_lock:
+            if self._engine is None:
+                pin_cpu = self.device.type == "cpu" and self.pin_memory_requested and torch.cuda.is_available()
+                self._engine = CopyEngine(self.device, pin_cpu_output=pin_cpu)
+            if self._copier is None:
+                self._copier = ParallelCopier(self.stage_threads)
+            return self._engine, self._copier
+
+    def _pool_for(self, nbytes: int, batch_index: int, stop: threading.Event) -> PinnedPool:
+        """The pool, created on first use with exact slots, re-sized when a batch outgrows it."""
+        with self._resources_lock:
+            pool = self._pool
+            if pool is not None and not pool.closed and nbytes <= pool.slot_bytes:
+                return pool
+            regrow = pool is not None and not pool.closed
+            if regrow and self.oversize == "error":
+                raise BatchTooLargeError(batch_index, nbytes, pool.slot_bytes)
+            if regrow:
+                pool.close(timeout=config.get("shutdown_timeout"))
+                if not pool.closed:
+                    raise PoolError("could not retire the old pool to grow it")
+                slot_bytes = max(nbytes, int(pool.slot_bytes * 1.25))
+            else:
+                slot_bytes = max(nbytes, self.slot_bytes)
+            self._pool = PinnedPool(self.pool_slots, slot_bytes, pin=self.device.type == "cuda")
+            self._stats.set_pool(self._pool.num_slots, self._pool.slot_bytes, regrew=regrow)
+            return self._pool
+
+    def close(self) -> None:
+        """Stop every iterator, wait for copies in flight, free the pinned pool and threads."""
+        for pipeline in list(self._pipelines):
+            pipeline.shutdown()
+        timeout = config.get("shutdown_timeout")
+        with self._resources_lock:
+            if self._engine is not None:
+                self._engine.synchronize(timeout)
+            if self._pool is not None:
+                self._pool.close(timeout=timeout)
+                self._pool = None
+            if self._copier is not None:
+                self._copier.close()
+                self._copier = None
+        iterator = getattr(self, "_iterator", None)  # persistent workers
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+            self._iterator = None
+
+    @property
+    def pool(self) -> PinnedPool | None:
+        """The pinned pool, once the first batch has sized it."""
+        return self._pool
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class _InThreadSource(_SingleProcessDataLoaderIter):
+    """torch's single-process iterator (same sampler and seed draws) for the fetch thread.
+
+    It differs only in the collate function (``deferred_collate`` stacks straight into the
+    pinned slot) and in allowing ``timeout`` (enforced by the consumer instead).
+    """
+
+    def __init__(self, loader: DataLoader, collate_fn):
+        _BaseDataLoaderIter.__init__(self, loader)
+        self._dataset_fetcher = _DatasetKind.create_fetcher(
+            self._dataset_kind, self._dataset, self._auto_collation, collate_fn, self._drop_last
+        )
+
+
+class _Pipeline:
+    """The threads, queues and state of one iterator (never referencing the iterator)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, loader: DataLoader, source):
+        self.loader = loader
+        self.source = source
+        self.stop = threading.Event()
+        self.poll = config.get("poll_interval")
+        self.fetched: queue.Queue = queue.Queue(maxsize=loader.prefetch)
+        self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch)
+        self.engine, self.copier = loader._resources()
+        self.stats = loader._stats
+        self.stats.path = (f"pinned-pool -> {loader.device}" if loader.device.type == "cuda"
+                           else "cpu (pageable slots, no pinning)")
+        self._copies: deque = deque()  # (InFlightCopy, nbytes) whose timing is not yet counted
+        self._lock = threading.Lock()
+        self.finished = False
+        uid = next(self._ids)
+        self.fetch_thread = threading.Thread(target=self._fetch_loop, name=f"fastload-fetch-{uid}", daemon=True)
+        self.stage_thread = threading.Thread(target=self._stage_loop, name=f"fastload-stage-{uid}", daemon=True)
+        _LIVE_PIPELINES.add(self)
+        self.fetch_thread.start()
+        self.stage_thread.start()
+
+    # -- queue helpers: every wait is bounded and honours the stop flag ---------------------
+    def _put(self, q: queue.Queue, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                q.put(item, timeout=self.poll)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _get(self, q: queue.Queue):
+        while not self.stop.is_set():
+            try:
+                return q.get(timeout=self.poll)
+            except queue.Empty:
+                continue
+        return None
+
+    # -- fetch thread ---------------------------------------------------------------------
+    def _fetched_batches(self):
+        """Batches (or per-batch exceptions) in sampler order."""
+        loader = self.loader
+        parallel = (isinstance(self.source, _InThreadSource) and loader.fetch_threads > 1
+                    and self.source._dataset_kind == _DatasetKind.Map)
+        if not parallel:
+            while True:
+                try:
+                    yield self.source.__next__()
+                except StopIteration:
+                    return
+                except Exception as exc:
+                    yield exc
+                    if getattr(self.source, "_shutdown", False):
+                        return  # torch shut its workers down (one died): nothing more will come
+            return
+        fetch = self.source._dataset_fetcher.fetch
+        pending: deque = deque()
+        with ThreadPoolExecutor(loader.fetch_threads, thread_name_prefix="fastload-sample") as executor:
+            exhausted = False
+            while pending or not exhausted:
+                while not exhausted and len(pending) < 2 * loader.fetch_threads and not self.stop.is_set():
+                    try:
+                        pending.append(executor.submit(fetch, self.source._next_index()))
+                    except StopIteration:
+                        exhausted = True
+                if self.stop.is_set():
+                    for future in pending:
+                        future.cancel()
+                    return
+                future = pending.popleft()
+                try:
+                    yield future.result()
+                except Exception as exc:
+                    yield exc
+
+    def _fetch_loop(self) -> None:
+        index = 0
+        try:
+            batches = self._fetched_batches()
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                self.stats.add_stage("fetch", time.perf_counter() - started)
+                if isinstance(batch, Exception):
+                    try:
+                        raise batch
+                    except Exception:
+                        batch = _Failure(index, capture("fetch", index))
+                if not self._put(self.fetched, (index, batch)):
+                    return
+                index += 1
+            self._put(self.fetched, _END)
+        except BaseException:
+            self._put(self.fetched, _Fatal(capture("fetch thread", index)))
+
+    # -- stage thread ---------------------------------------------------------------------
+    def _stage_loop(self) -> None:
+        try:
+            while True:
+                item = self._get(self.fetched)
+                if item is None:
+                    return
+                if item is _END or isinstance(item, _Fatal):
+                    self._put(self.ready, item)
+                    return
+                index, batch = item
+                if not isinstance(batch, _Failure):
+                    try:
+                        batch = self._stage_and_copy(index, batch)
+                    except Exception:
+                        if self.stop.is_set():
+                            return
+                        batch = _Failure(index, capture("stage/copy", index))
+                if not self._put(self.ready, batch):
+                    return
+        except BaseException:
+            self._put(self.ready, _Fatal(capture("stage thread")))
+        finally:
+            self._count_copy_times(wait=False)
+
+    def _stage_and_copy(self, index: int, batch) -> _Ready:
+        plan = plan_batch(batch)
+        moved: list = []
+
+        def unpack(flat: torch.Tensor):
+            return plan.unpack(flat, lambda tensor: self.engine.move_passthrough(tensor, moved))
+
+        if plan.total_bytes == 0:
+            copy = self.engine.start(torch.empty(0, dtype=torch.uint8), unpack)
+        else:
+            while True:
+                pool = self.loader._pool_for(plan.total_bytes, index, self.stop)
+                try:
+                    slot = pool.acquire(self.stop, poll=self.poll)
+                    break
+                except PoolError:
+                    if pool.closed and not self.stop.is_set():
+                        continue  # another iterator re-sized the shared pool meanwhile
+                    raise
+            copy = None
+            try:
+                started = time.perf_counter()
+                self.copier.copy(plan.copy_pairs(slot.buffer))
+                self.stats.add_stage("stage", time.perf_counter() - started, plan.total_bytes)
+                copy = self.engine.start(slot.buffer[:plan.total_bytes], unpack)
+            finally:
+                pool.release(slot, copy.done if copy is not None else None)
+        copy.moved = moved
+        with self._lock:
+            self._copies.append((copy, plan.total_bytes))
+        self._count_copy_times(wait=False)
+        return _Ready(index, copy, copy.batch, plan.samples, plan.total_bytes)
+
+    def _count_copy_times(self, wait: bool) -> None:
+        with self._lock:
+            while self._copies:
+                copy, nbytes = self._copies[0]
+                seconds = copy.copy_seconds()
+                if seconds is None:
+                    if not wait or not self.engine.synchronize(config.get("shutdown_timeout")):
+                        return
+                    seconds = copy.copy_seconds()
+                self._copies.popleft()
+                self.stats.add_stage("copy", seconds, nbytes)
+
+    # -- consumer ------------------------------------------------------------------------
+    def next(self):
+        if self.finished:
+            raise StopIteration
+        started = self.stats.request_started()
+        item = self._next_ready()
+        if item is _END:
+            self.shutdown()
+            raise StopIteration
+        if isinstance(item, _Fatal):
+            self.shutdown()
+            item.error.reraise()
+        if isinstance(item, _Failure):
+            self.stats.add_error()
+            item.error.reraise()
+        if item.copy is not None:
+            self.engine.hand_off(item.copy)
+        self.stats.delivered(started, item.samples, item.nbytes)
+        return item.batch
+
+    def _next_ready(self):
+        timeout = self.loader.timeout
+        deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
+        while True:
+            if self.stop.is_set():
+                raise LoaderShutdownError("this DataLoader iterator was shut down")
+            try:
+                return self.ready.get(timeout=self.poll)
+            except queue.Empty:
+                pass
+            if not self.stage_thread.is_alive():
+                try:
+                    return self.ready.get_nowait()
+                except queue.Empty:
+                    raise LoaderShutdownError("the staging thread exited without delivering a batch") from None
+            if deadline is not None and time.monotonic() > deadline:
+                raise RuntimeError(f"DataLoader timed out after {timeout} seconds")
+
+    def shutdown(self) -> None:
+        """Stop both threads, wait for copies in flight, return the slots. Idempotent."""
+        with self._lock:
+            if self.finished:
+                return
+            self.finished = True
+        self.stop.set()
+        timeout = config.get("shutdown_timeout")
+        deadline = time.monotonic() + timeout
+        for thread in (self.stage_thread, self.fetch_thread):
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in (self.fetch_thread, self.stage_thread) if t.is_alive()]
+        if stuck:
+            warnings.warn(f"torch_fastload: thread(s) {stuck} did not stop within {timeout} s "
+                          "(a dataset __getitem__ still running?); they are left as daemons",
+                          RuntimeWarning, stacklevel=2)
+        self._count_copy_times(wait=True)
+        self.engine.synchronize(max(0.0, deadline - time.monotonic()))
+        for q in (self.fetched, self.ready):
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+        if (not stuck and hasattr(self.source, "_shutdown_workers")
+                and not (self.loader.persistent_workers and self.loader.num_workers > 0)):
+            self.source._shutdown_workers()
+        _LIVE_PIPELINES.discard(self)
+
+
+class _FastloadIter:
+    """What ``iter(loader)`` returns: a thin handle whose collection shuts the pipeline down."""
+
+    def __init__(self, pipeline: _Pipeline):
+        self._pipeline = pipeline
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._pipeline.next()
+
+    def __len__(self) -> int:
+        return len(self._pipeline.source)
+
+    def close(self) -> None:
+        """Stop reading ahead now (also done on ``del``, garbage collection and exit)."""
+        self._pipeline.shutdown()
+
+    def __del__(self):
+        try:
+            self._pipeline.shutdown()
+        except Exception:
+            pass
+
+
+_LIVE_PIPELINES: weakref.WeakSet = weakref.WeakSet()
+_LIVE_LOADERS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_at_exit() -> None:
+    for pipeline in list(_LIVE_PIPELINES):
+        try:
+            pipeline.shutdown()
+        except Exception:
+            pass
+    for loader in list(_LIVE_LOADERS):
+        try:
+            loader.close()
+        except Exception:
+            pass

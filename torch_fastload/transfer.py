@@ -1,0 +1,106 @@
+"""The copy engine: slot -> device on the loader's own stream, and the hand-off to the consumer.
+
+Rules (DESIGN.md, rule 2): the H2D copy is non_blocking on a dedicated stream and an event is
+recorded after it; the consumer's current stream waits on that event (no host synchronize on
+the hot path); handed-out tensors are ``record_stream``'d for the consumer stream, so the
+caching allocator never reuses their memory while the consumer may still read it.
+
+Output buffers are fresh allocations made on the copy stream, never reused device slots:
+users may keep a batch as long as they like.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["CopyEngine", "InFlightCopy"]
+
+
+@dataclass
+class InFlightCopy:
+    flat: torch.Tensor  # the batch's bytes on the target device
+    batch: Any  # the batch, its staged tensors being typed views of ``flat``
+    done: object | None  # torch.cuda.Event recorded after the copy (None: already complete)
+    timing: tuple | None  # (start, end) CUDA events for the stats
+    seconds: float = 0.0  # host-measured copy time where no events exist (CPU path)
+    moved: list = field(default_factory=list)  # unstaged tensors moved on the copy stream
+
+    def copy_seconds(self) -> float | None:
+        """The copy's duration once it has finished; None while it is still running."""
+        if self.timing is None:
+            return self.seconds
+        start, end = self.timing
+        if not end.query():
+            return None
+        return start.elapsed_time(end) / 1e3
+
+
+class CopyEngine:
+    """Copies one staged byte span to ``device`` per batch."""
+
+    def __init__(self, device: torch.device, *, pin_cpu_output: bool = False):
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        self.pin_cpu_output = pin_cpu_output
+        self.stream = torch.cuda.Stream(device=device) if self.is_cuda else None
+        self.debug_delay_cycles = 0  # tests: delay every copy to widen race windows
+
+    def start(self, span: torch.Tensor, unpack: Callable[[torch.Tensor], Any]) -> InFlightCopy:
+        """Enqueue the copy of ``span`` (uint8 host bytes) and return without waiting.
+
+        ``unpack(flat)`` builds the batch from the device bytes; it runs on the copy stream
+        before the completion event, so tensors it moves itself are covered by that event.
+        """
+        nbytes = span.numel()
+        if not self.is_cuda:
+            started = time.perf_counter()
+            flat = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin_cpu_output)
+            flat.copy_(span)
+            return InFlightCopy(flat, unpack(flat), None, None, time.perf_counter() - started)
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            if self.debug_delay_cycles:
+                torch.cuda._sleep(self.debug_delay_cycles)
+            start.record(self.stream)
+            flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            flat.copy_(span, non_blocking=True)
+            batch = unpack(flat)
+            end.record(self.stream)
+        return InFlightCopy(flat, batch, end, (start, end))
+
+    def hand_off(self, copy: InFlightCopy) -> None:
+        """Make the consumer's current stream wait for the copy; called on the consumer thread."""
+        if not self.is_cuda:
+            return
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(copy.done)
+        copy.flat.record_stream(consumer)
+        for tensor in copy.moved:
+            tensor.record_stream(consumer)
+
+    def move_passthrough(self, tensor: torch.Tensor, moved: list) -> torch.Tensor:
+        """A tensor that was not staged (sparse, nested, on another GPU): moved on the copy stream.
+
+        Call inside ``start``'s ``unpack`` so the completion event covers the move.
+        """
+        if not self.is_cuda or tensor.device == self.device:
+            return tensor
+        out = tensor.to(self.device, non_blocking=True)
+        moved.append(out)
+        return out
+
+    def synchronize(self, timeout: float) -> bool:
+        """Wait (polling, bounded) until every copy issued so far has finished."""
+        if not self.is_cuda:
+            return True
+        deadline = time.monotonic() + timeout
+        while not self.stream.query():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1e-4)
+        return True
