@@ -5,9 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from torch._utils import ExceptionWrapper
-
-__all__ = ["FastloadError", "BatchTooLargeError", "PoolError", "LoaderShutdownError", "capture"]
+__all__ = ["FastloadError", "BatchTooLargeError", "PoolError", "LoaderShutdownError", "CapturedError", "capture"]
 
 
 class FastloadError(RuntimeError):
@@ -35,14 +33,28 @@ class LoaderShutdownError(FastloadError):
     """The iterator was used after it was shut down, or a pipeline thread died unexpectedly."""
 
 
-def capture(stage: str, batch_index: int | None = None) -> ExceptionWrapper:
-    """Wrap the exception being handled, naming the stage, the batch and the thread.
+class CapturedError:
+    """An exception raised in a pipeline thread, re-raised as itself by the consumer's ``next()``.
 
-    ``ExceptionWrapper.reraise()`` raises an exception of the original type whose message
-    holds the original traceback, like torch's DataLoader does for worker errors.
+    Re-raising the original object keeps its type, its attributes and its traceback (the
+    thread's frames come first); a note names the stage, the thread and the batch.
     """
-    where = f"torch_fastload {stage} (thread {threading.current_thread().name!r}"
+
+    def __init__(self, exc: BaseException, where: str):
+        self.exc = exc
+        self.where = where
+
+    def reraise(self):
+        note = f"[torch_fastload] raised in {self.where}"
+        if hasattr(self.exc, "add_note") and note not in getattr(self.exc, "__notes__", ()):
+            self.exc.add_note(note)
+        raise self.exc
+
+
+def capture(stage: str, batch_index: int | None = None) -> CapturedError:
+    """Wrap the exception being handled, naming the stage, the batch and the thread."""
+    where = f"the {stage} stage (thread {threading.current_thread().name!r}"
     if batch_index is not None:
         where += f", batch {batch_index}"
     where += ")"
-    return ExceptionWrapper(sys.exc_info(), where=where)
+    return CapturedError(sys.exc_info()[1], where)

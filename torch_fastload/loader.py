@@ -54,7 +54,7 @@ class _Failure:
     """A batch that could not be produced; ``next()`` re-raises it in its turn."""
 
     index: int
-    error: Any  # torch._utils.ExceptionWrapper
+    error: Any  # errors.CapturedError
 
 
 @dataclass
@@ -412,15 +412,15 @@ class _Pipeline:
             try:
                 started = time.perf_counter()
                 self.copier.copy(plan.copy_pairs(slot.buffer))
-                self.stats.add_stage("stage", time.perf_counter() - started, plan.total_bytes)
+                self.stats.add_stage("stage", time.perf_counter() - started, plan.payload_bytes)
                 copy = self.engine.start(slot.buffer[:plan.total_bytes], unpack)
             finally:
                 pool.release(slot, copy.done if copy is not None else None)
         copy.moved = moved
         with self._lock:
-            self._copies.append((copy, plan.total_bytes))
+            self._copies.append((copy, plan.payload_bytes))
         self._count_copy_times(wait=False)
-        return _Ready(index, copy, copy.batch, plan.samples, plan.total_bytes)
+        return _Ready(index, copy, copy.batch, plan.samples, plan.payload_bytes)
 
     def _count_copy_times(self, wait: bool) -> None:
         with self._lock:

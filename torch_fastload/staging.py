@@ -131,8 +131,12 @@ class StagingPlan:
 
     batch: Any
     leaves: list  # _Leaf for staged tensors, None for tensors passed through as they are
-    total_bytes: int
+    total_bytes: int  # span of the slot used, alignment padding included
     samples: int
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(leaf.nbytes for leaf in self.leaves if leaf is not None)
 
     def copy_pairs(self, slot: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(destination bytes in the slot, source tensor) for every staged tensor."""
@@ -208,7 +212,7 @@ class ParallelCopier:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         self.num_threads = num_threads
         self._executor = (
-            ThreadPoolExecutor(num_threads, thread_name_prefix="fastload-stage") if num_threads > 1 else None
+            ThreadPoolExecutor(num_threads, thread_name_prefix="fastload-copy") if num_threads > 1 else None
         )
 
     def copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> int:

@@ -1,0 +1,184 @@
+"""GPU paths: pinned pool, copy stream, events, hand-off, slot reuse, shutdown with copies in flight."""
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from torch_fastload import DataLoader
+from torch_fastload.pool import PinnedPool
+
+from conftest import pipeline_threads
+from test_loader import Nested, assert_same
+
+pytestmark = pytest.mark.cuda
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DELAY_CYCLES = 40_000_000  # ~20 ms at H100 clocks: copies sit in the stream long after being enqueued
+
+
+class Filled(Dataset):
+    """Batch i is a 4 MiB tensor full of i, so any mixing of batches is visible."""
+
+    def __init__(self, n, numel=1 << 20):
+        self.n, self.numel = n, numel
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((self.numel,), float(i)), torch.tensor(i)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batches_arrive_on_gpu_and_equal_torch(num_workers):
+    ours = DataLoader(Nested(), batch_size=6, shuffle=True, num_workers=num_workers,
+                      generator=torch.Generator().manual_seed(4))
+    theirs = torch.utils.data.DataLoader(Nested(), batch_size=6, shuffle=True, num_workers=num_workers,
+                                         generator=torch.Generator().manual_seed(4))
+    assert ours.device == torch.device("cuda", torch.cuda.current_device())
+    count = 0
+    for a, b in zip(ours, theirs, strict=True):
+        assert a["image"].is_cuda and a["point"].x.is_cuda and a["meta"][0].is_cuda
+        assert_same(a, b)
+        count += 1
+    assert count == 7
+    assert ours.pool.pinned and ours.pool.slots[0].buffer.is_pinned()
+    assert ours.stats().path.startswith("pinned-pool -> cuda")
+
+
+def test_user_stream_waits_for_delayed_copies():
+    loader = DataLoader(Filled(12), batch_size=None, prefetch=3)
+    engine, _ = loader._resources()
+    engine.debug_delay_cycles = DELAY_CYCLES
+    side = torch.cuda.Stream()
+    sums = []
+    with torch.cuda.stream(side):
+        for rows, index in loader:
+            sums.append((rows * 2).sum())  # runs on `side`, which must wait for the copy
+    torch.cuda.synchronize()
+    assert [float(s) for s in sums] == [2.0 * i * (1 << 20) for i in range(12)]
+
+
+def corrupted_batches(monkeypatch, naive: bool) -> int:
+    """Run a 1-slot pool with copies delayed; count batches whose bytes came from another batch."""
+    if naive:
+        original = PinnedPool.release
+
+        def release_without_waiting(self, slot, free_after=None, front=False):
+            original(self, slot, None, front)  # the bug: reuse the slot before its copy ran
+
+        monkeypatch.setattr(PinnedPool, "release", release_without_waiting)
+    loader = DataLoader(Filled(16), batch_size=None, pool_slots=1, prefetch=4, stage_threads=2)
+    engine, _ = loader._resources()
+    engine.debug_delay_cycles = DELAY_CYCLES
+    bad = 0
+    for rows, index in loader:
+        expected = float(index)
+        bad += int(not bool(torch.all(rows == expected)))
+    loader.close()
+    return bad
+
+
+def test_slot_is_not_reused_before_its_copy_completed(monkeypatch):
+    assert corrupted_batches(monkeypatch, naive=False) == 0
+
+
+def test_negative_control_naive_pool_corrupts_batches(monkeypatch):
+    assert corrupted_batches(monkeypatch, naive=True) > 0, "the race test failed to catch a naive pool"
+
+
+def test_negative_control_hand_off_without_wait_reads_garbage(monkeypatch):
+    from torch_fastload.transfer import CopyEngine
+
+    monkeypatch.setattr(CopyEngine, "hand_off", lambda self, copy: None)
+    loader = DataLoader(Filled(8), batch_size=None, prefetch=4)
+    engine, _ = loader._resources()
+    engine.debug_delay_cycles = DELAY_CYCLES
+    side = torch.cuda.Stream()
+    wrong = 0
+    with torch.cuda.stream(side):
+        for rows, index in loader:
+            wrong += int(not bool(torch.all(rows == float(index))))
+    assert wrong > 0, "without the stream wait the consumer should see bytes before the copy landed"
+
+
+def test_cpu_device_with_pin_memory_yields_pinned_tensors():
+    loader = DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=4, device="cpu", pin_memory=True)
+    for (x,) in loader:
+        assert x.device.type == "cpu" and x.is_pinned()
+
+
+def test_gpu_soak_keeps_pinned_device_and_host_memory_flat():
+    from test_shutdown import VaryingRows
+
+    loader = DataLoader(VaryingRows(2000), batch_size=None, prefetch=3, oversize="grow")
+    process = psutil.Process()
+    marks = []
+    for epoch in range(2):
+        for i, (rows, index) in enumerate(loader):
+            assert rows.is_cuda and rows.shape[0] == 1 + (int(index) * 7919) % 64
+            if i % 400 == 399:
+                torch.cuda.synchronize()
+                gc.collect()
+                marks.append((process.memory_info().rss, torch.cuda.memory_allocated(), loader.pool.nbytes))
+    rss, device_bytes, pool_bytes = zip(*marks)
+    assert len(set(pool_bytes[1:])) == 1, f"pool changed size after warm-up: {pool_bytes}"
+    assert max(rss[2:]) - rss[1] < 64 * 2**20, [r >> 20 for r in rss]
+    assert max(device_bytes[1:]) - min(device_bytes[1:]) < 64 * 2**20, device_bytes
+    assert loader.stats().pool_regrows <= 6
+
+
+SHUTDOWN_SCRIPT = """
+    import time, torch
+    from torch.utils.data import Dataset
+    from torch_fastload import DataLoader
+
+    class Filled(Dataset):
+        def __len__(self): return 50
+        def __getitem__(self, i): return torch.full((4 << 20,), float(i))
+
+    loader = DataLoader(Filled(), batch_size=None, prefetch=4, pool_slots=2)
+    engine, _ = loader._resources()
+    engine.debug_delay_cycles = 400_000_000   # ~0.2 s per copy
+    it = iter(loader)
+    first = next(it)
+    assert bool(torch.all(first == 0))
+    {ending}
+"""
+
+
+@pytest.mark.parametrize("ending", [
+    # break + del + close: close must wait for queued copies before unregistering the pool
+    "del it\nt = time.perf_counter(); loader.close(); print('closed after', time.perf_counter() - t)\n"
+    "assert loader.pool is None\nprint('FREED')",
+    # interpreter exit with copies still queued on the copy stream
+    "print('FREED')",
+])
+def test_shutdown_waits_for_copies_in_flight(ending):
+    body = textwrap.dedent(SHUTDOWN_SCRIPT).replace("{ending}", ending)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CUDA_LAUNCH_BLOCKING="0")
+    result = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=180, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "FREED" in result.stdout
+    assert "CUDA error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.multigpu
+def test_non_zero_device_and_its_streams():
+    device = torch.device("cuda", 1)
+    loader = DataLoader(Filled(6), batch_size=None, device=device)
+    with torch.cuda.device(1):
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            for rows, index in loader:
+                assert rows.device == device
+                assert bool(torch.all(rows == float(index)))
+    assert torch.cuda.current_device() == 0
+    assert pipeline_threads() == []

@@ -1,0 +1,109 @@
+"""Shutdown paths that need a fresh interpreter: KeyboardInterrupt and interpreter exit; and a soak."""
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from torch_fastload import DataLoader
+
+from conftest import pipeline_threads
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_script(body: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+PRELUDE = """
+    import threading, time, torch
+    from torch.utils.data import Dataset
+    from torch_fastload import DataLoader
+
+    class Rows(Dataset):
+        def __len__(self): return 400
+        def __getitem__(self, i):
+            time.sleep(0.001)
+            return torch.full((1024,), float(i))
+
+    def pipeline_threads():
+        return [t.name for t in threading.enumerate() if t.name.startswith(("fastload-fetch", "fastload-stage"))]
+"""
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_keyboard_interrupt_in_training_loop(num_workers):
+    result = run_script(PRELUDE + f"""
+    loader = DataLoader(Rows(), batch_size=8, num_workers={num_workers}, device="cpu", prefetch=4)
+    try:
+        for step, batch in enumerate(loader):
+            if step == 5:
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    import gc; gc.collect()
+    assert pipeline_threads() == [], pipeline_threads()
+    assert loader.pool.idle()
+    loader.close()
+    print("CLEAN")
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "CLEAN" in result.stdout
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_interpreter_exit_with_live_iterator(num_workers):
+    started = time.monotonic()
+    result = run_script(PRELUDE + f"""
+    loader = DataLoader(Rows(), batch_size=8, num_workers={num_workers}, device="cpu", prefetch=4)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    print("EXITING", flush=True)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "EXITING" in result.stdout
+    assert "Traceback" not in result.stderr and "Exception" not in result.stderr, result.stderr
+    assert time.monotonic() - started < 60
+
+
+class VaryingRows(Dataset):
+    """Batches of varying sizes (1..64 rows of 64 KiB), as with bucketed sequence lengths."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        rows = 1 + (i * 7919) % 64
+        return torch.full((rows, 16384), float(i % 251)), torch.tensor(i)
+
+
+def test_soak_keeps_rss_and_pool_flat(no_leaked_threads):
+    process = psutil.Process()
+    loader = DataLoader(VaryingRows(3000), batch_size=None, device="cpu", prefetch=3,
+                        slot_bytes=64 * 16384 * 4 + 4096, stage_threads=2)
+    rss = []
+    for epoch in range(2):
+        for i, (rows, index) in enumerate(loader):
+            assert rows.shape[0] == 1 + (int(index) * 7919) % 64 and float(rows[0, 0]) == int(index) % 251
+            if i % 500 == 499:
+                gc.collect()
+                rss.append(process.memory_info().rss)
+    stats = loader.stats()
+    assert stats.batches == 6000 and stats.pool_regrows == 0
+    growth = max(rss[2:]) - rss[1]
+    assert growth < 64 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over the soak: {[r >> 20 for r in rss]}"
+    assert pipeline_threads() == []
