@@ -295,8 +295,10 @@ def test_oversize_error_and_grow():
     strict = DataLoader(Growing(), batch_size=None, oversize="error", device="cpu")
     it = iter(strict)
     next(it), next(it)
-    with pytest.raises(BatchTooLargeError, match="batch 2 needs 65536 bytes"):
+    with pytest.raises(BatchTooLargeError, match="batch 2 needs 65536 bytes") as info:
         next(it)
+    assert info.value.batch_index == 2 and "the stage/copy stage" in "".join(traceback.format_exception(info.value))
+    assert torch.all(next(it) == 3)  # a stage-thread error spoils only its own batch
     it.close()
 
     growing = DataLoader(Growing(), batch_size=None, device="cpu")

@@ -411,7 +411,7 @@ class _Pipeline:
             copy = None
             try:
                 started = time.perf_counter()
-                self.copier.copy(plan.copy_pairs(slot.buffer))
+                self.copier.copy_into(slot.buffer, plan.copy_list())
                 self.stats.add_stage("stage", time.perf_counter() - started, plan.payload_bytes)
                 copy = self.engine.start(slot.buffer[:plan.total_bytes], unpack)
             finally:

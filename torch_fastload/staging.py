@@ -138,20 +138,18 @@ class StagingPlan:
     def payload_bytes(self) -> int:
         return sum(leaf.nbytes for leaf in self.leaves if leaf is not None)
 
-    def copy_pairs(self, slot: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(destination bytes in the slot, source tensor) for every staged tensor."""
-        pairs = []
+    def copy_list(self) -> list[tuple[int, torch.Tensor]]:
+        """(byte offset in the slot, source tensor) for every staged tensor or sample row."""
+        items = []
         for leaf in self.leaves:
             if leaf is None:
                 continue
             if isinstance(leaf.source, PendingStack):
                 row = leaf.nbytes // max(1, len(leaf.source.tensors))
-                for i, sample in enumerate(leaf.source.tensors):
-                    start = leaf.offset + i * row
-                    pairs.append((slot[start:start + row], sample))
+                items.extend((leaf.offset + i * row, sample) for i, sample in enumerate(leaf.source.tensors))
             else:
-                pairs.append((slot[leaf.offset:leaf.offset + leaf.nbytes], leaf.source))
-        return pairs
+                items.append((leaf.offset, leaf.source))
+        return items
 
     def unpack(self, flat: torch.Tensor, passthrough: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         """The batch with staged tensors replaced by typed views of ``flat`` (slot layout)."""
@@ -196,7 +194,7 @@ def plan_batch(batch: Any) -> StagingPlan:
 
 def _byte_view(tensor: torch.Tensor) -> np.ndarray | None:
     """A flat uint8 numpy view of a contiguous CPU tensor, or None where none exists."""
-    if not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
+    if not _plain_contiguous(tensor):
         return None
     flat = tensor.detach().reshape(-1)
     if flat.numel() == 0:
@@ -204,54 +202,71 @@ def _byte_view(tensor: torch.Tensor) -> np.ndarray | None:
     return flat.view(torch.uint8).numpy()
 
 
+def _plain_contiguous(tensor: torch.Tensor) -> bool:
+    return tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()
+
+
 class ParallelCopier:
-    """Copies (dst, src) CPU byte ranges with ``num_threads`` threads, GIL released."""
+    """Copies tensors into byte offsets of a CPU buffer with ``num_threads`` threads, GIL released.
+
+    Uses the C++ engine's ``copy_ranges`` (one call per batch, raw pointers) where it is built,
+    else a thread pool of ``numpy.copyto`` calls. Strided sources go through ``Tensor.copy_``.
+    """
 
     def __init__(self, num_threads: int):
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         self.num_threads = num_threads
-        self._executor = (
-            ThreadPoolExecutor(num_threads, thread_name_prefix="fastload-copy") if num_threads > 1 else None
-        )
+        self.native = _native_copy is not None
+        self._executor = None
+        if not self.native and num_threads > 1:
+            self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="fastload-copy")
 
-    def copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-        """Copy every ``src`` into its ``dst`` (a uint8 slice of the same byte size)."""
-        chunks: list[tuple[np.ndarray, np.ndarray]] = []
-        strided: list[tuple[torch.Tensor, torch.Tensor]] = []
+    def copy_into(self, dst: torch.Tensor, items: list[tuple[int, torch.Tensor]]) -> int:
+        """Copy each source tensor's bytes to ``dst[offset:]``; returns the bytes copied."""
+        capacity = dst.numel()
         total = 0
-        for dst, src in pairs:
-            nbytes = dst.numel()
-            if src.numel() * src.element_size() != nbytes:
-                raise ValueError(f"staging size mismatch: {nbytes} destination bytes for a "
-                                 f"{tuple(src.shape)} {src.dtype} source")
+        contiguous, strided = [], []
+        for offset, src in items:
+            nbytes = src.numel() * src.element_size()
+            if offset < 0 or offset + nbytes > capacity:
+                raise ValueError(f"staging range [{offset}, {offset + nbytes}) is outside the "
+                                 f"{capacity}-byte destination")
             total += nbytes
-            src_bytes = _byte_view(src)
-            if src_bytes is None:
-                strided.append((dst, src))
-                continue
-            chunks.append((dst.numpy(), src_bytes))
-        if self._executor is None or total < 2 * _MIN_CHUNK:
-            for dst_np, src_np in chunks:
-                np.copyto(dst_np, src_np)
-            for dst, src in strided:
-                dst.view(src.dtype).view(src.shape).copy_(src)
-            return total
+            if src.device.type != "cpu" or not _plain_contiguous(src):
+                strided.append((offset, src))
+            elif nbytes:
+                contiguous.append((offset, src, nbytes))
+        if self.native:
+            base = dst.data_ptr()
+            _native_copy([base + off for off, _, _ in contiguous], [src.data_ptr() for _, src, _ in contiguous],
+                         [n for _, _, n in contiguous], self.num_threads, _MIN_CHUNK * 2)
+        else:
+            self._numpy_copy(dst, contiguous, total)
+        for offset, src in strided:
+            dst[offset:offset + src.numel() * src.element_size()].view(src.dtype).view(src.shape).copy_(src)
+        return total
+
+    def _numpy_copy(self, dst: torch.Tensor, contiguous: list, total: int) -> None:
+        dst_np = dst.numpy()
+        pieces = []
         per_thread = max(_MIN_CHUNK, -(-total // self.num_threads))
+        for offset, src, nbytes in contiguous:
+            src_np = _byte_view(src)
+            for start in range(0, nbytes, per_thread):
+                end = min(start + per_thread, nbytes)
+                pieces.append((dst_np[offset + start:offset + end], src_np[start:end]))
+        if self._executor is None or total < 2 * _MIN_CHUNK:
+            _copy_list(pieces)
+            return
         work: list[list] = [[] for _ in range(self.num_threads)]
         loads = [0] * self.num_threads
-        for dst_np, src_np in chunks:
-            for start in range(0, len(src_np), per_thread):
-                end = min(start + per_thread, len(src_np))
-                lightest = loads.index(min(loads))
-                work[lightest].append((dst_np[start:end], src_np[start:end]))
-                loads[lightest] += end - start
-        futures = [self._executor.submit(_copy_list, items) for items in work if items]
-        for dst, src in strided:
-            dst.view(src.dtype).view(src.shape).copy_(src)
-        for future in futures:
+        for piece in pieces:
+            lightest = loads.index(min(loads))
+            work[lightest].append(piece)
+            loads[lightest] += len(piece[1])
+        for future in [self._executor.submit(_copy_list, items) for items in work if items]:
             future.result()
-        return total
 
     def close(self) -> None:
         if self._executor is not None:
@@ -262,3 +277,9 @@ class ParallelCopier:
 def _copy_list(items: list[tuple[np.ndarray, np.ndarray]]) -> None:
     for dst_np, src_np in items:
         np.copyto(dst_np, src_np)
+
+
+try:
+    from ._C import copy_ranges as _native_copy
+except ImportError:  # running from a source tree without the built extension
+    _native_copy = None

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build the extension, run the cuda-marked tests and the whole
+# suite, then the benchmarks. Logs and JSON/PNG land in $OUT (tarred: the tool returns <= 8 files).
+# Usage: bash benchmarks/gpu_suite.sh [quick|full] [tests|bench|all]
+set -uo pipefail
+mode=${1:-full}; what=${2:-all}
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT/res"
+log() { echo "=== $* [$(date +%T)]"; }
+{
+log "machine"; nvidia-smi --query-gpu=name,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv
+python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], 'gpus', torch.cuda.device_count())"
+nproc; free -g | head -2
+log "build"; python3 setup.py -q build_ext --inplace 2>&1 | tail -3
+python3 -c "import torch_fastload._C as c; print('_C ok', [n for n in dir(c) if not n.startswith('__')])"
+} 2>&1 | tee "$OUT/res/suite.log"
+if [[ $what == tests || $what == all ]]; then
+  log "cuda tests" | tee -a "$OUT/res/suite.log"
+  timeout 900 python3 -m pytest tests -m "cuda or multigpu" -v -rs 2>&1 | tee "$OUT/res/cuda_tests.log" | tail -40
+  if [[ $mode == full ]]; then
+    log "all tests" | tee -a "$OUT/res/suite.log"
+    timeout 900 python3 -m pytest tests -q -x -rs 2>&1 | tee "$OUT/res/all_tests.log" | tail -15
+  fi
+fi
+if [[ $what == bench || $what == all ]]; then
+  q=""; [[ $mode == quick ]] && q="--quick"
+  log "pin_memory" | tee -a "$OUT/res/suite.log"
+  timeout 600 python3 benchmarks/pin_memory.py $q --out "$OUT/res" 2>&1 | tee "$OUT/res/pin_memory.log" | tail -40
+  log "overlap" | tee -a "$OUT/res/suite.log"
+  timeout 600 python3 benchmarks/overlap.py $q --out "$OUT/res" 2>&1 | tee "$OUT/res/overlap.log" | tail -40
+  log "main job" | tee -a "$OUT/res/suite.log"
+  timeout 300 python3 -m torch_fastload.bench --json "$OUT/res/bench.json" 2>&1 | tee "$OUT/res/bench.log" | tail -25
+fi
+tar -C "$OUT" -czf "$OUT/results.tgz" res && rm -rf "$OUT/res"
+log "done"

@@ -1,0 +1,72 @@
+"""The staging layer: batch layout in a slot, deferred collate, threaded copies (both backends)."""
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+from torch_fastload import staging
+from torch_fastload.staging import ALIGN, ParallelCopier, PendingStack, deferred_collate, plan_batch
+
+
+@pytest.fixture(params=["native", "numpy"])
+def copier_factory(request, monkeypatch):
+    if request.param == "native" and staging._native_copy is None:
+        pytest.skip("torch_fastload._C is not built")
+    if request.param == "numpy":
+        monkeypatch.setattr(staging, "_native_copy", None)
+    return ParallelCopier
+
+
+@pytest.mark.parametrize("threads", [1, 3, 8])
+def test_copy_into_matches_sources(copier_factory, threads):
+    sources = [
+        torch.randn(700_001),                      # odd size, several MiB-chunks
+        torch.randint(0, 255, (3, 5), dtype=torch.uint8),
+        torch.randn(64, 48).t(),                   # strided: goes through Tensor.copy_
+        torch.randn(0),                            # empty
+        torch.randn(1000).to(torch.bfloat16),
+        torch.tensor(7, dtype=torch.int64),       # 0-d
+    ]
+    offsets, cursor = [], 0
+    for src in sources:
+        cursor = (cursor + ALIGN - 1) // ALIGN * ALIGN
+        offsets.append(cursor)
+        cursor += src.numel() * src.element_size()
+    dst = torch.full((cursor + 512,), 0xAB, dtype=torch.uint8)
+    copier = copier_factory(threads)
+    assert copier.copy_into(dst, list(zip(offsets, sources))) == sum(s.numel() * s.element_size() for s in sources)
+    for offset, src in zip(offsets, sources):
+        got = dst[offset:offset + src.numel() * src.element_size()].view(src.dtype).view(src.shape)
+        assert torch.equal(got, src.contiguous())
+    assert torch.all(dst[cursor:] == 0xAB)  # nothing written past the last range
+    copier.close()
+
+
+def test_copy_into_refuses_out_of_bounds(copier_factory):
+    dst = torch.zeros(100, dtype=torch.uint8)
+    copier = copier_factory(2)
+    with pytest.raises(ValueError, match=r"staging range \[96, 104\) is outside the 100-byte destination"):
+        copier.copy_into(dst, [(96, torch.zeros(2, dtype=torch.float32))])
+    with pytest.raises(ValueError, match="outside"):
+        copier.copy_into(dst, [(-4, torch.zeros(1))])
+    assert torch.all(dst == 0)
+
+
+def test_deferred_collate_has_default_collate_structure():
+    samples = [{"x": torch.full((2, 3), float(i)), "y": i, "name": f"s{i}", "pair": (torch.tensor([i]), 1.5)}
+               for i in range(4)]
+    deferred = deferred_collate(samples)
+    assert isinstance(deferred["x"], PendingStack) and deferred["x"].shape == (4, 2, 3)
+    plan = plan_batch(deferred)
+    slot = torch.empty(plan.total_bytes, dtype=torch.uint8)
+    ParallelCopier(2).copy_into(slot, plan.copy_list())
+    rebuilt = plan.unpack(slot, lambda t: t)
+    expected = default_collate(samples)
+    assert torch.equal(rebuilt["x"], expected["x"]) and torch.equal(rebuilt["y"], expected["y"])
+    assert rebuilt["name"] == expected["name"] and torch.equal(rebuilt["pair"][0], expected["pair"][0])
+    assert all(leaf is None or leaf.offset % ALIGN == 0 for leaf in plan.leaves)
+
+
+def test_unstackable_samples_fall_back_to_torch_errors():
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        deferred_collate([torch.zeros(2), torch.zeros(3)])
