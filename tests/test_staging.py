@@ -18,9 +18,11 @@ def copier_factory(request, monkeypatch):
 
 
 @pytest.mark.parametrize("threads", [1, 3, 8])
-def test_copy_into_matches_sources(copier_factory, threads):
+@pytest.mark.parametrize("nontemporal", [False, True])
+def test_copy_into_matches_sources(copier_factory, threads, nontemporal):
     sources = [
         torch.randn(700_001),                      # odd size, several MiB-chunks
+        torch.randn(50_001)[1:],                   # source not 16-byte aligned
         torch.randint(0, 255, (3, 5), dtype=torch.uint8),
         torch.randn(64, 48).t(),                   # strided: goes through Tensor.copy_
         torch.randn(0),                            # empty
@@ -33,7 +35,7 @@ def test_copy_into_matches_sources(copier_factory, threads):
         offsets.append(cursor)
         cursor += src.numel() * src.element_size()
     dst = torch.full((cursor + 512,), 0xAB, dtype=torch.uint8)
-    copier = copier_factory(threads)
+    copier = copier_factory(threads, nontemporal)
     assert copier.copy_into(dst, list(zip(offsets, sources))) == sum(s.numel() * s.element_size() for s in sources)
     for offset, src in zip(offsets, sources):
         got = dst[offset:offset + src.numel() * src.element_size()].view(src.dtype).view(src.shape)

@@ -45,6 +45,17 @@ def _positive_float(name: str, value: Any) -> float:
     return as_float
 
 
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"torch_fastload option {name!r} must be a boolean (1/0, true/false), got {value!r}")
+
+
 def _choice(*choices: str) -> Callable[[str, Any], str]:
     def parse(name: str, value: Any) -> str:
         text = str(value).lower()
@@ -79,6 +90,8 @@ OPTIONS: dict[str, Option] = {
         Option("prefetch", 2, _positive_int, "batches kept ready on the device ahead of the training step"),
         Option("stage_threads", _default_stage_threads(), _positive_int,
                "threads that copy a batch from pageable memory into its pinned slot"),
+        Option("nontemporal", True, _bool,
+               "stage with non-temporal stores (the slot is read by DMA, not the CPU; C++ engine only)"),
         Option("fetch_threads", 1, _positive_int,
                "threads running per-sample Python when num_workers == 0 (map-style datasets)"),
         Option("pool_slots", 3, _positive_int, "pinned staging slots in the pool"),

@@ -192,7 +192,7 @@ class DataLoader(tud.DataLoader):
                 pin_cpu = self.device.type == "cpu" and self.pin_memory_requested and torch.cuda.is_available()
                 self._engine = CopyEngine(self.device, pin_cpu_output=pin_cpu)
             if self._copier is None:
-                self._copier = ParallelCopier(self.stage_threads)
+                self._copier = ParallelCopier(self.stage_threads, config.get("nontemporal"))
             return self._engine, self._copier
 
     def _pool_for(self, nbytes: int, batch_index: int, stop: threading.Event) -> PinnedPool:
@@ -390,7 +390,7 @@ class _Pipeline:
             self._count_copy_times(wait=False)
 
     def _stage_and_copy(self, index: int, batch) -> _Ready:
-        plan = plan_batch(batch)
+        plan = plan_batch(batch, collated=self.loader._auto_collation)
         moved: list = []
 
         def unpack(flat: torch.Tensor):

@@ -165,8 +165,12 @@ class StagingPlan:
         return map_batch(rebuild, self.batch)
 
 
-def plan_batch(batch: Any) -> StagingPlan:
-    """Lay out every CPU tensor of ``batch`` at ALIGN-ed offsets of one contiguous buffer."""
+def plan_batch(batch: Any, collated: bool = True) -> StagingPlan:
+    """Lay out every CPU tensor of ``batch`` at ALIGN-ed offsets of one contiguous buffer.
+
+    ``samples`` is the first tensor's leading dimension for collated batches; for items
+    passed through as they are (``batch_size=None``) only when that tensor has rows (>= 2-D).
+    """
     leaves: list = []
     cursor = 0
     samples = -1
@@ -181,7 +185,7 @@ def plan_batch(batch: Any) -> StagingPlan:
             leaves.append(None)
             return item
         if samples < 0:
-            samples = shape[0] if len(shape) else 1
+            samples = shape[0] if len(shape) >= (1 if collated else 2) else 1
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         cursor = _round_up(cursor, ALIGN)
         leaves.append(_Leaf(shape, dtype, cursor, nbytes, item))
@@ -213,10 +217,11 @@ class ParallelCopier:
     else a thread pool of ``numpy.copyto`` calls. Strided sources go through ``Tensor.copy_``.
     """
 
-    def __init__(self, num_threads: int):
+    def __init__(self, num_threads: int, nontemporal: bool = True):
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         self.num_threads = num_threads
+        self.nontemporal = nontemporal
         self.native = _native_copy is not None
         self._executor = None
         if not self.native and num_threads > 1:
@@ -240,7 +245,7 @@ class ParallelCopier:
         if self.native:
             base = dst.data_ptr()
             _native_copy([base + off for off, _, _ in contiguous], [src.data_ptr() for _, src, _ in contiguous],
-                         [n for _, _, n in contiguous], self.num_threads, _MIN_CHUNK * 2)
+                         [n for _, _, n in contiguous], self.num_threads, _MIN_CHUNK * 2, self.nontemporal)
         else:
             self._numpy_copy(dst, contiguous, total)
         for offset, src in strided:

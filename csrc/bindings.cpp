@@ -1,0 +1,160 @@
+// Python bindings for the engine: convert arguments under the GIL, run without it, and turn
+// engine errors into the matching Python exception types.
+#include <Python.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "engine.h"
+
+namespace py = pybind11;
+
+namespace {
+
+PyObject* g_range_error = nullptr;       // torch_fastload._C.RangeError(ValueError)
+PyObject* g_short_read_error = nullptr;  // torch_fastload._C.ShortReadError(RangeError, EOFError)
+
+// Not forcecast: floats are refused rather than silently truncated; int32 etc. widen safely.
+using I64Array = py::array_t<int64_t, py::array::c_style>;
+
+// Copied before the GIL is released, so another Python thread mutating the arrays cannot
+// change a range after it was bounds-checked.
+std::vector<int64_t> to_vector(const I64Array& a, const char* name) {
+  if (a.ndim() != 1) throw py::value_error(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) + "-D");
+  return std::vector<int64_t>(a.data(), a.data() + a.size());
+}
+
+PyObject* text(const std::string& s) {
+  return PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "backslashreplace");
+}
+
+void translate(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const tfl::Error& e) {
+    PyObject* message = text(e.what());
+    if (message == nullptr) return;  // a Python error is already set
+    switch (e.kind) {
+      case tfl::Error::kOS: {
+        // OSError(errno, strerror, filename) picks the subclass: FileNotFoundError, ...
+        PyObject* args = e.path.empty()
+                             ? Py_BuildValue("(iN)", e.err, message)
+                             : Py_BuildValue("(iNN)", e.err, message,
+                                             PyUnicode_DecodeFSDefaultAndSize(
+                                                 e.path.data(), static_cast<Py_ssize_t>(e.path.size())));
+        if (args != nullptr) {
+          PyErr_SetObject(PyExc_OSError, args);
+          Py_DECREF(args);
+        }
+        return;
+      }
+      case tfl::Error::kRange:
+        PyErr_SetObject(g_range_error, message);
+        break;
+      case tfl::Error::kShortRead:
+        PyErr_SetObject(g_short_read_error, message);
+        break;
+      case tfl::Error::kInvalid:
+        PyErr_SetObject(PyExc_ValueError, message);
+        break;
+    }
+    Py_DECREF(message);
+  }
+}
+
+tfl::ReadRequest make_request(std::vector<std::string> paths, const I64Array& file_index, const I64Array& offsets,
+                              const I64Array& lengths, uint64_t dst_ptr, int64_t dst_size,
+                              const I64Array& dst_offsets, int num_threads, int64_t task_size, bool o_direct) {
+  tfl::ReadRequest req;
+  req.paths = std::move(paths);
+  req.file_index = to_vector(file_index, "file_index");
+  req.offsets = to_vector(offsets, "offsets");
+  req.lengths = to_vector(lengths, "lengths");
+  req.dst_offsets = to_vector(dst_offsets, "dst_offsets");
+  req.dst_ptr = static_cast<uintptr_t>(dst_ptr);
+  req.dst_size = dst_size;
+  req.num_threads = num_threads;
+  req.task_size = task_size;
+  req.o_direct = o_direct;
+  return req;
+}
+
+int64_t read_ranges(std::vector<std::string> paths, const I64Array& file_index, const I64Array& offsets,
+                    const I64Array& lengths, uint64_t dst_ptr, int64_t dst_size, const I64Array& dst_offsets,
+                    int num_threads, int64_t task_size, bool o_direct) {
+  const tfl::ReadRequest req = make_request(std::move(paths), file_index, offsets, lengths, dst_ptr, dst_size,
+                                            dst_offsets, num_threads, task_size, o_direct);
+  py::gil_scoped_release nogil;
+  return tfl::read_ranges(req);
+}
+
+py::list plan_ranges(std::vector<std::string> paths, const I64Array& file_index, const I64Array& offsets,
+                     const I64Array& lengths, int64_t dst_size, const I64Array& dst_offsets, int64_t task_size,
+                     bool o_direct) {
+  const tfl::ReadRequest req = make_request(std::move(paths), file_index, offsets, lengths, 0, dst_size,
+                                            dst_offsets, 1, task_size, o_direct);
+  std::vector<std::vector<tfl::PlannedRead>> tasks;
+  {
+    py::gil_scoped_release nogil;
+    tasks = tfl::plan_ranges(req);
+  }
+  py::list out;
+  for (const auto& task : tasks) {
+    py::list reads;
+    for (const auto& p : task) reads.append(py::make_tuple(p.file_index, p.offset, p.length, p.dst_offset));
+    out.append(reads);
+  }
+  return out;
+}
+
+int64_t copy_ranges(const I64Array& dst_ptrs, const I64Array& src_ptrs, const I64Array& sizes, int num_threads,
+                    int64_t task_size, bool streaming) {
+  std::vector<int64_t> dst = to_vector(dst_ptrs, "dst_ptrs"), src = to_vector(src_ptrs, "src_ptrs"),
+                       len = to_vector(sizes, "sizes");
+  py::gil_scoped_release nogil;
+  return tfl::copy_ranges(dst, src, len, num_threads, task_size, streaming);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_fastload C++ I/O engine (thread pool, bounds-checked range reads, parallel memcpy)";
+
+  g_range_error = PyErr_NewExceptionWithDoc(
+      "torch_fastload._C.RangeError",
+      "A range lies outside its file or the destination buffer, or is malformed.", PyExc_ValueError, nullptr);
+  if (g_range_error == nullptr) throw py::error_already_set();
+  PyObject* bases = PyTuple_Pack(2, g_range_error, PyExc_EOFError);
+  if (bases == nullptr) throw py::error_already_set();
+  g_short_read_error = PyErr_NewExceptionWithDoc(
+      "torch_fastload._C.ShortReadError",
+      "A file ended before a range that passed the size check (the file shrank during the read).", bases, nullptr);
+  Py_DECREF(bases);
+  if (g_short_read_error == nullptr) throw py::error_already_set();
+  m.attr("RangeError") = py::handle(g_range_error);
+  m.attr("ShortReadError") = py::handle(g_short_read_error);
+  py::register_exception_translator(&translate);
+
+  m.attr("DIRECT_ALIGNMENT") = tfl::kDirectAlign;
+  m.attr("MAX_THREADS") = tfl::kMaxThreads;
+
+  m.def("read_ranges", &read_ranges, py::arg("paths"), py::arg("file_index"), py::arg("offsets"),
+        py::arg("lengths"), py::arg("dst_ptr"), py::arg("dst_size"), py::arg("dst_offsets"),
+        py::arg("num_threads") = 16, py::arg("task_size") = int64_t(4) << 20, py::arg("o_direct") = false,
+        "Read (paths[file_index[i]], offsets[i], lengths[i]) to dst_ptr + dst_offsets[i] for every i.\n"
+        "Every range is checked against its file size and [0, dst_size) before any byte is read;\n"
+        "the GIL is released throughout. Returns the total bytes read.");
+  m.def("plan_ranges", &plan_ranges, py::arg("paths"), py::arg("file_index"), py::arg("offsets"),
+        py::arg("lengths"), py::arg("dst_size"), py::arg("dst_offsets"), py::arg("task_size") = int64_t(4) << 20,
+        py::arg("o_direct") = false,
+        "The tasks read_ranges would run, each a list of (file_index, offset, length, dst_offset) reads\n"
+        "after coalescing and slicing; validates and opens the files like read_ranges, reads nothing.");
+  m.def("copy_ranges", &copy_ranges, py::arg("dst_ptrs"), py::arg("src_ptrs"), py::arg("sizes"),
+        py::arg("num_threads") = 16, py::arg("task_size") = int64_t(4) << 20, py::arg("streaming") = false,
+        "memcpy(dst_ptrs[i], src_ptrs[i], sizes[i]) for every i on the pool; ranges must not overlap.\n"
+        "streaming=True uses non-temporal stores (for destinations the CPU does not read next).\n"
+        "Returns the total bytes copied.");
+  m.def(
+      "pool_size", [] { return tfl::ThreadPool::instance().num_workers(); },
+      "Worker threads in the persistent pool (the calling thread works too).");
+}

@@ -1,0 +1,281 @@
+"""Thin Python wrapper over the C++ I/O engine (``torch_fastload._C``).
+
+The engine reads many (file, offset, length) ranges into one caller-owned host buffer on a
+persistent thread pool with the GIL released, after bounds-checking every range against its
+file and the buffer (an index file is input, and input can be hostile). This module only turns
+Python objects (tensors, arrays, paths) into what ``_C`` takes and fills in defaults:
+
+    TORCH_FASTLOAD_NUM_THREADS   threads per call (default 16)
+    TORCH_FASTLOAD_TASK_SIZE     bytes per task, e.g. 4194304, 4M or 4MiB (default 4 MiB)
+
+Errors: ``FileNotFoundError`` / ``IsADirectoryError`` / ``PermissionError`` / ``OSError`` for
+files, :class:`RangeError` (a ``ValueError``) for a range outside its file or the buffer, and
+:class:`ShortReadError` (a ``RangeError`` and an ``EOFError``) when a file ends early during the
+read. Every message names the file, offset and length. A failed call may have written part of
+the buffer, but never returns as if it had succeeded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Sequence, Tuple, Union
+
+import numpy as np
+
+try:
+    from . import _C
+except ImportError as exc:  # not built: keep the module importable so available() can say so
+    _C = None
+    _IMPORT_ERROR: ImportError | None = exc
+
+    class RangeError(ValueError):
+        """A range lies outside its file or the destination buffer (fallback: _C not built)."""
+
+    class ShortReadError(RangeError, EOFError):
+        """A file ended before a range that passed the size check (fallback: _C not built)."""
+
+else:
+    _IMPORT_ERROR = None
+    RangeError = _C.RangeError
+    ShortReadError = _C.ShortReadError
+
+__all__ = [
+    "available",
+    "read_ranges",
+    "plan_ranges",
+    "copy_ranges",
+    "pool_size",
+    "default_num_threads",
+    "default_task_size",
+    "RangeError",
+    "ShortReadError",
+    "DEFAULT_NUM_THREADS",
+    "DEFAULT_TASK_SIZE",
+]
+
+DEFAULT_NUM_THREADS = 16
+DEFAULT_TASK_SIZE = 4 << 20
+MAX_THREADS = 256  # mirrors tfl::kMaxThreads
+_INT64_MAX = np.iinfo(np.int64).max
+
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+
+def available() -> bool:
+    """Whether the C++ extension was built and imports."""
+    return _C is not None
+
+
+def _require() -> Any:
+    if _C is None:
+        raise ImportError(
+            "torch_fastload._C (the C++ I/O engine) is not built: run `pip install -e .` or "
+            f"`python setup.py build_ext --inplace` in the torch_fastload checkout ({_IMPORT_ERROR})"
+        ) from _IMPORT_ERROR
+    return _C
+
+
+def _parse_size(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"not a byte count: {text!r}")
+    return int(match.group(1)) << (10 * " kmgt".index((match.group(2) or " ").lower()))
+
+
+def _env_int(name: str, default: int, parse=int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return parse(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a valid value") from None
+
+
+def default_num_threads() -> int:
+    """Threads per call: ``TORCH_FASTLOAD_NUM_THREADS`` or 16 (reads are I/O bound, not core bound)."""
+    return _check_threads(_env_int("TORCH_FASTLOAD_NUM_THREADS", DEFAULT_NUM_THREADS), "TORCH_FASTLOAD_NUM_THREADS")
+
+
+def default_task_size() -> int:
+    """Bytes per task: ``TORCH_FASTLOAD_TASK_SIZE`` (accepts 4M / 4MiB) or 4 MiB."""
+    return _check_task_size(_env_int("TORCH_FASTLOAD_TASK_SIZE", DEFAULT_TASK_SIZE, _parse_size), "TORCH_FASTLOAD_TASK_SIZE")
+
+
+def _check_threads(value: Any, name: str = "num_threads") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= int(value) <= MAX_THREADS:
+        raise ValueError(f"{name} must be an integer in [1, {MAX_THREADS}], got {value!r}")
+    return int(value)
+
+
+def _check_task_size(value: Any, name: str = "task_size") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= int(value) <= _INT64_MAX:
+        raise ValueError(f"{name} must be a positive integer byte count, got {value!r}")
+    return int(value)
+
+
+def _int64_array(name: str, values: Any) -> np.ndarray:
+    """A 1-D int64 array from a list, numpy array or CPU integer tensor; floats and bools refused."""
+    if type(values).__module__.startswith("torch"):
+        if values.device.type != "cpu":
+            raise ValueError(f"{name} must be on the CPU, got a tensor on {values.device}")
+        values = values.detach().numpy()
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
+    if array.dtype.kind == "u" and array.max() > _INT64_MAX:
+        raise RangeError(f"{name} holds {int(array.max())}, which does not fit in int64")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def _destination(dst: Any) -> Tuple[int, int]:
+    """(address, size in bytes) of a writable, contiguous host buffer."""
+    if type(dst).__module__.startswith("torch"):
+        import torch
+
+        if not isinstance(dst, torch.Tensor):
+            raise TypeError(f"dst must be a tensor, ndarray or writable buffer, got {type(dst).__name__}")
+        if dst.device.type != "cpu":
+            raise ValueError(
+                f"dst is on {dst.device}; the engine writes host memory: pass a (pinned) CPU tensor "
+                "and copy it to the device, or use kvikio for device memory"
+            )
+        if dst.layout != torch.strided or not dst.is_contiguous():
+            raise ValueError("dst must be a contiguous strided tensor")
+        return dst.data_ptr(), dst.numel() * dst.element_size()
+    if isinstance(dst, np.ndarray):
+        array = dst
+    else:
+        try:
+            view = memoryview(dst)
+        except TypeError:
+            raise TypeError(
+                f"dst must be a CPU tensor, ndarray or writable buffer, got {type(dst).__name__}"
+            ) from None
+        if view.readonly:
+            raise ValueError("dst buffer is read-only")
+        if not view.contiguous:
+            raise ValueError("dst buffer must be contiguous")
+        array = np.frombuffer(view, dtype=np.uint8)
+    if not array.flags.writeable:
+        raise ValueError("dst array is read-only")
+    if not (array.flags.c_contiguous or array.flags.f_contiguous):
+        raise ValueError("dst array must be contiguous")
+    return array.__array_interface__["data"][0], array.nbytes
+
+
+def read_ranges(
+    paths: Union[PathLike, Sequence[PathLike]],
+    file_index: Any,
+    offsets: Any,
+    lengths: Any,
+    dst: Any,
+    dst_offsets: Any = None,
+    *,
+    num_threads: int | None = None,
+    task_size: int | None = None,
+    o_direct: bool = False,
+) -> int:
+    """Read ``lengths[i]`` bytes at ``offsets[i]`` of ``paths[file_index[i]]`` into ``dst`` at
+    ``dst_offsets[i]`` (default: ranges packed back to back), returning the bytes read.
+
+    ``dst`` is a contiguous CPU tensor (pinned or not), ndarray or writable buffer; it must stay
+    alive and unresized for the call (the call blocks, so it does). ``file_index=None`` means
+    every range is in the one path given. Nothing is read unless every range is in bounds.
+    ``o_direct=True`` bypasses the page cache (an ``OSError`` with ``errno.EINVAL`` if the
+    filesystem refuses it). Overlapping destination ranges: which write wins is unspecified.
+    """
+    engine = _require()
+    encoded, file_index, offsets, lengths, dst_offsets = _prepare(paths, file_index, offsets, lengths, dst_offsets)
+    ptr, size = _destination(dst)
+    return engine.read_ranges(
+        encoded,
+        file_index,
+        offsets,
+        lengths,
+        ptr,
+        size,
+        dst_offsets,
+        num_threads=default_num_threads() if num_threads is None else _check_threads(num_threads),
+        task_size=default_task_size() if task_size is None else _check_task_size(task_size),
+        o_direct=bool(o_direct),
+    )
+
+
+def plan_ranges(
+    paths: Union[PathLike, Sequence[PathLike]],
+    file_index: Any,
+    offsets: Any,
+    lengths: Any,
+    dst_size: int,
+    dst_offsets: Any = None,
+    *,
+    task_size: int | None = None,
+    o_direct: bool = False,
+) -> list:
+    """The tasks :func:`read_ranges` would run, as lists of ``(file_index, offset, length,
+    dst_offset)`` reads after coalescing and slicing. Same checks (files are opened), no reads."""
+    engine = _require()
+    encoded, file_index, offsets, lengths, dst_offsets = _prepare(paths, file_index, offsets, lengths, dst_offsets)
+    return engine.plan_ranges(
+        encoded, file_index, offsets, lengths, int(dst_size), dst_offsets,
+        task_size=default_task_size() if task_size is None else _check_task_size(task_size),
+        o_direct=bool(o_direct),
+    )
+
+
+def _prepare(paths, file_index, offsets, lengths, dst_offsets):
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        paths = [paths]
+    encoded = [os.fsencode(p) for p in paths]
+    lengths = _int64_array("lengths", lengths)
+    offsets = _int64_array("offsets", offsets)
+    if file_index is None:
+        if len(encoded) != 1:
+            raise ValueError(f"file_index is required with {len(encoded)} paths")
+        file_index = np.zeros(len(offsets), dtype=np.int64)
+    else:
+        file_index = _int64_array("file_index", file_index)
+    if dst_offsets is None:
+        if len(lengths) and (lengths < 0).any():
+            raise RangeError("lengths must be >= 0 to pack ranges back to back (dst_offsets=None)")
+        if float(lengths.sum(dtype=np.float64)) >= 2.0**62:  # no buffer is that big; keeps cumsum exact
+            raise RangeError(f"lengths add up to {int(lengths.sum(dtype=object))} bytes, more than any buffer")
+        dst_offsets = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=dst_offsets[1:])
+    else:
+        dst_offsets = _int64_array("dst_offsets", dst_offsets)
+    return encoded, file_index, offsets, lengths, dst_offsets
+
+
+def copy_ranges(
+    dst_ptrs: Any,
+    src_ptrs: Any,
+    sizes: Any,
+    *,
+    num_threads: int | None = None,
+    task_size: int | None = None,
+) -> int:
+    """Parallel ``memcpy(dst_ptrs[i], src_ptrs[i], sizes[i])`` between caller-owned host buffers.
+
+    Addresses are raw (e.g. ``tensor.data_ptr()``): the caller guarantees each range is valid
+    and that ranges do not overlap. Returns the bytes copied.
+    """
+    engine = _require()
+    return engine.copy_ranges(
+        _int64_array("dst_ptrs", dst_ptrs),
+        _int64_array("src_ptrs", src_ptrs),
+        _int64_array("sizes", sizes),
+        num_threads=default_num_threads() if num_threads is None else _check_threads(num_threads),
+        task_size=default_task_size() if task_size is None else _check_task_size(task_size),
+    )
+
+
+def pool_size() -> int:
+    """Worker threads in the engine's persistent pool (grows to the largest num_threads - 1)."""
+    return int(_require().pool_size())
