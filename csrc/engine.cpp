@@ -11,7 +11,6 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
-#include <sstream>
 #include <unordered_map>
 
 #if defined(__SSE2__)
@@ -156,32 +155,29 @@ struct Piece {
 };
 
 std::string describe(int64_t i, int64_t off, int64_t len, int64_t dst) {
-  std::ostringstream s;
-  s << "range #" << i << " (offset=" << off << ", length=" << len << ", dst_offset=" << dst << ")";
-  return s.str();
+  return "range #" + std::to_string(i) + " (offset=" + std::to_string(off) + ", length=" + std::to_string(len) +
+         ", dst_offset=" + std::to_string(dst) + ")";
 }
 
 std::string quoted(const std::string& path) { return "'" + path + "'"; }
 
 // The (file, offset, length) pair being read, for error messages.
 std::string where(const File& f, const Piece& p) {
-  std::ostringstream s;
-  s << "file " << quoted(f.path) << ", offset=" << p.off << ", length=" << p.len;
-  return s.str();
+  return "file " + quoted(f.path) + ", offset=" + std::to_string(p.off) + ", length=" + std::to_string(p.len);
 }
 
 [[noreturn]] void short_read(const File& f, const Piece& p, int64_t at) {
-  std::ostringstream s;
-  s << "unexpected end of file at byte " << at << " while reading " << where(f, p)
-    << " (the file had " << f.size << " bytes when the call began: was it truncated?)";
-  throw Error(Error::kShortRead, s.str(), f.path);
+  throw Error(Error::kShortRead,
+              "unexpected end of file at byte " + std::to_string(at) + " while reading " + where(f, p) +
+                  " (the file had " + std::to_string(f.size) + " bytes when the call began: was it truncated?)",
+              f.path);
 }
 
 [[noreturn]] void read_failed(const File& f, const Piece& p, int64_t at, int err) {
-  std::ostringstream s;
-  s << "read failed at byte " << at << " (" << std::strerror(err) << ") while reading offset="
-    << p.off << ", length=" << p.len;
-  throw Error(Error::kOS, s.str(), f.path, err);
+  throw Error(Error::kOS,
+              "read failed at byte " + std::to_string(at) + " (" + std::strerror(err) + ") while reading offset=" +
+                  std::to_string(p.off) + ", length=" + std::to_string(p.len),
+              f.path, err);
 }
 
 // Reads file bytes [pos, pos + need) into buf, looping over short reads. Each pread asks for
@@ -338,10 +334,9 @@ Plan make_plan(const ReadRequest& r) {
   Plan plan;
   const size_t n = r.file_index.size();
   if (r.offsets.size() != n || r.lengths.size() != n || r.dst_offsets.size() != n) {
-    std::ostringstream s;
-    s << "file_index, offsets, lengths and dst_offsets must have the same length, got " << n << ", "
-      << r.offsets.size() << ", " << r.lengths.size() << ", " << r.dst_offsets.size();
-    throw Error(Error::kInvalid, s.str());
+    throw Error(Error::kInvalid, "file_index, offsets, lengths and dst_offsets must have the same length, got " +
+                                     std::to_string(n) + ", " + std::to_string(r.offsets.size()) + ", " +
+                                     std::to_string(r.lengths.size()) + ", " + std::to_string(r.dst_offsets.size()));
   }
   if (r.num_threads < 1 || r.num_threads > kMaxThreads)
     throw Error(Error::kInvalid, "num_threads must be in [1, " + std::to_string(kMaxThreads) + "], got " +
@@ -493,10 +488,9 @@ int64_t copy_ranges(const std::vector<int64_t>& dst_ptrs, const std::vector<int6
                     const std::vector<int64_t>& sizes, int num_threads, int64_t task_size, bool streaming) {
   const size_t n = sizes.size();
   if (dst_ptrs.size() != n || src_ptrs.size() != n) {
-    std::ostringstream s;
-    s << "dst_ptrs, src_ptrs and sizes must have the same length, got " << dst_ptrs.size() << ", "
-      << src_ptrs.size() << ", " << n;
-    throw Error(Error::kInvalid, s.str());
+    throw Error(Error::kInvalid, "dst_ptrs, src_ptrs and sizes must have the same length, got " +
+                                     std::to_string(dst_ptrs.size()) + ", " + std::to_string(src_ptrs.size()) +
+                                     ", " + std::to_string(n));
   }
   if (num_threads < 1 || num_threads > kMaxThreads)
     throw Error(Error::kInvalid, "num_threads must be in [1, " + std::to_string(kMaxThreads) + "], got " +
@@ -506,14 +500,17 @@ int64_t copy_ranges(const std::vector<int64_t>& dst_ptrs, const std::vector<int6
   int64_t total = 0;
   for (size_t i = 0; i < n; ++i) {
     const int64_t d = dst_ptrs[i], s = src_ptrs[i], len = sizes[i];
-    std::ostringstream what;
-    what << "copy #" << i << " (dst=" << d << ", src=" << s << ", size=" << len << "): ";
-    if (len < 0) throw Error(Error::kRange, what.str() + "size must be >= 0");
+    // Built only on failure: this loop runs for every sample row of every batch.
+    auto bad = [&](const char* why) {
+      return Error(Error::kRange, "copy #" + std::to_string(i) + " (dst=" + std::to_string(d) + ", src=" +
+                                      std::to_string(s) + ", size=" + std::to_string(len) + "): " + why);
+    };
+    if (len < 0) throw bad("size must be >= 0");
     if (len == 0) continue;
-    if (d <= 0 || s <= 0) throw Error(Error::kRange, what.str() + "pointers must be non-null");
+    if (d <= 0 || s <= 0) throw bad("pointers must be non-null");
     if (d > std::numeric_limits<int64_t>::max() - len || s > std::numeric_limits<int64_t>::max() - len)
-      throw Error(Error::kRange, what.str() + "pointer + size overflows");
-    if (__builtin_add_overflow(total, len, &total)) throw Error(Error::kRange, what.str() + "total overflows");
+      throw bad("pointer + size overflows");
+    if (__builtin_add_overflow(total, len, &total)) throw bad("total overflows");
     pieces.push_back({static_cast<uintptr_t>(d), static_cast<uintptr_t>(s), len});
   }
   const std::vector<size_t> bounds = pack_tasks(pieces, task_size);
