@@ -11,7 +11,10 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <string>
+#include <system_error>
 #include <unordered_map>
+#include <utility>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
