@@ -621,8 +621,9 @@ def test_import_error_is_clear_when_not_built():
 
 
 def test_fuzz_plain_build():
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, FUZZ, "--seconds", "4", "--seed", "11"], capture_output=True,
-                         text=True, timeout=120, cwd=REPO)
+                         text=True, timeout=120, cwd=REPO, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "failures=0" in out.stdout and " ok=" in out.stdout
 

@@ -11,6 +11,7 @@ touched memory runs at ~37 GB/s on the reference machine, allocating fresh pinne
 from __future__ import annotations
 
 import collections
+import mmap
 import threading
 import time
 import warnings
@@ -74,6 +75,7 @@ class PinnedPool:
         self.pinned = False
         self.strategy = strategy if pin else "pageable"
         self._registered_ptr: int | None = None
+        self._mapping: mmap.mmap | None = None
         self._memory = self._allocate(pin, strategy)
         self.slots = [
             Slot(i, self._memory[i * self.slot_bytes:(i + 1) * self.slot_bytes]) for i in range(num_slots)
@@ -88,9 +90,15 @@ class PinnedPool:
                 memory = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
                 self.pinned = True
                 return memory
-            raw = torch.empty(self.nbytes + PAGE, dtype=torch.uint8)
-            shift = (-raw.data_ptr()) % PAGE
-            memory = raw[shift:shift + self.nbytes]
+            # An anonymous mapping: page-aligned, and eligible for transparent huge pages
+            # (fewer pages to pin, fewer TLB misses for the staging memcpy).
+            self._mapping = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            if hasattr(mmap, "MADV_HUGEPAGE"):
+                try:
+                    self._mapping.madvise(mmap.MADV_HUGEPAGE)
+                except OSError:
+                    pass
+            memory = torch.frombuffer(self._mapping, dtype=torch.uint8)
             memory.fill_(0)  # touch every page so registration does not fault them in one by one
         except RuntimeError as exc:
             raise PoolError(f"could not allocate a {self.nbytes}-byte staging pool "
