@@ -342,3 +342,38 @@ def test_stats_report_wait_and_stages():
     assert "input wait" in text and "fetch" in text and "GB/s" in text
     assert stats.as_dict()["batches"] == 8
     assert loader.stats(reset=True).batches == 8 and loader.stats().batches == 0
+    assert loader.stats().path == stats.path and loader.stats().pool_slots == stats.pool_slots  # state survives
+
+
+class ListSampler(torch.utils.data.Sampler):
+    def __init__(self, indices):
+        self.indices = indices
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+@pytest.mark.parametrize("backend", ["native", "numpy"])
+def test_tensor_dataset_rows_are_gathered_without_per_sample_python(backend, monkeypatch):
+    from torch_fastload import staging
+    from torch_fastload.loader import _gathers_rows
+
+    if backend == "numpy":
+        monkeypatch.setattr(staging, "_native_copy", None)
+    data = TensorDataset(torch.randn(50, 3, 7), torch.arange(50), torch.randn(7, 50).t())  # last: strided
+    loader = DataLoader(data, batch_size=8, shuffle=True, device="cpu", generator=torch.Generator().manual_seed(2))
+    assert _gathers_rows(loader)
+    theirs = list(torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2)))
+    assert_same(list(loader), theirs)
+
+    negative = DataLoader(data, batch_size=3, sampler=ListSampler([-1, 0, -50, 4]), device="cpu")
+    assert_same(list(negative), list(torch.utils.data.DataLoader(data, batch_size=3, sampler=ListSampler([-1, 0, -50, 4]))))
+
+    it = iter(DataLoader(data, batch_size=2, sampler=ListSampler([1, 2, 50, 3, 4, 5]), device="cpu"))
+    assert next(it)[1].tolist() == [1, 2]
+    with pytest.raises(IndexError, match="index 50 is out of range for a TensorDataset of 50 samples"):
+        next(it)
+    assert next(it)[1].tolist() == [4, 5]  # only the bad batch is lost

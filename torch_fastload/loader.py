@@ -39,7 +39,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind, _Sing
 from . import config
 from .errors import BatchTooLargeError, LoaderShutdownError, PoolError, capture
 from .pool import PinnedPool
-from .staging import ParallelCopier, deferred_collate, plan_batch
+from .staging import ParallelCopier, deferred_collate, gather_rows, plan_batch
 from .stats import LoaderStats, StatsSnapshot
 from .transfer import CopyEngine, InFlightCopy
 
@@ -246,6 +246,14 @@ class DataLoader(tud.DataLoader):
             pass
 
 
+def _gathers_rows(loader: DataLoader) -> bool:
+    """Batches of this loader are row gathers of in-memory tensors (identical to torch's)."""
+    dataset = loader.dataset
+    return (isinstance(dataset, tud.TensorDataset) and type(dataset).__getitem__ is tud.TensorDataset.__getitem__
+            and loader._user_collate is None and loader._auto_collation and len(dataset.tensors) > 0
+            and all(t.device.type == "cpu" and t.layout == torch.strided for t in dataset.tensors))
+
+
 class _InThreadSource(_SingleProcessDataLoaderIter):
     """torch's single-process iterator (same sampler and seed draws) for the fetch thread.
 
@@ -308,8 +316,21 @@ class _Pipeline:
     def _fetched_batches(self):
         """Batches (or per-batch exceptions) in sampler order."""
         loader = self.loader
-        parallel = (isinstance(self.source, _InThreadSource) and loader.fetch_threads > 1
-                    and self.source._dataset_kind == _DatasetKind.Map)
+        in_thread = isinstance(self.source, _InThreadSource)
+        if in_thread and _gathers_rows(loader):
+            # A TensorDataset with the default collate: a batch is a row gather per tensor,
+            # done by the stager straight into the slot, with no per-sample Python at all.
+            tensors = loader.dataset.tensors
+            while True:
+                try:
+                    indices = self.source._next_index()
+                except StopIteration:
+                    return
+                try:
+                    yield gather_rows(tensors, indices)
+                except Exception as exc:
+                    yield exc
+        parallel = in_thread and loader.fetch_threads > 1 and self.source._dataset_kind == _DatasetKind.Map
         if not parallel:
             while True:
                 try:

@@ -22,7 +22,10 @@ import torch
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
 __all__ = [
+    "Pending",
     "PendingStack",
+    "PendingGather",
+    "gather_rows",
     "deferred_collate",
     "map_batch",
     "StagingPlan",
@@ -37,18 +40,44 @@ ALIGN = 256
 _MIN_CHUNK = 1 << 20  # below this, splitting a copy costs more than it saves
 
 
-class PendingStack:
-    """Samples of one field, to be stacked directly into a slot (never materialised pageable)."""
+class Pending:
+    """A batch field not materialised in pageable memory: the stager writes it into the slot."""
 
-    __slots__ = ("tensors", "shape", "dtype")
+    __slots__ = ("shape", "dtype")
+
+
+class PendingStack(Pending):
+    """Samples of one field, to be stacked directly into a slot."""
+
+    __slots__ = ("tensors",)
 
     def __init__(self, tensors: list[torch.Tensor]):
         self.tensors = tensors
         self.shape = (len(tensors),) + tuple(tensors[0].shape)
         self.dtype = tensors[0].dtype
 
-    def materialize(self) -> torch.Tensor:
-        return torch.stack(self.tensors, 0)
+
+class PendingGather(Pending):
+    """Rows ``index`` of an in-memory tensor, gathered straight into a slot (no per-sample Python)."""
+
+    __slots__ = ("source", "index")
+
+    def __init__(self, source: torch.Tensor, index: torch.Tensor):
+        self.source = source
+        self.index = index
+        self.shape = (len(index),) + tuple(source.shape[1:])
+        self.dtype = source.dtype
+
+
+def gather_rows(tensors: tuple, indices) -> list:
+    """A TensorDataset batch as PendingGathers; indices checked like ``tensor[i]`` would."""
+    length = len(tensors[0])
+    index = torch.as_tensor(indices, dtype=torch.int64)
+    index = torch.where(index < 0, index + length, index)
+    if len(index) and (int(index.min()) < 0 or int(index.max()) >= length):
+        bad = [i for i in indices if not -length <= i < length]
+        raise IndexError(f"index {bad[0]} is out of range for a TensorDataset of {length} samples")
+    return [PendingGather(tensor, index) for tensor in tensors]  # a list, as default_collate gives
 
 
 def _stackable(batch: list[torch.Tensor]) -> bool:
@@ -77,12 +106,12 @@ def deferred_collate(batch):
 
 
 def map_batch(fn: Callable[[Any], Any], data: Any) -> Any:
-    """Apply ``fn`` to every tensor / PendingStack in a nested batch, keeping container types.
+    """Apply ``fn`` to every tensor / Pending field in a nested batch, keeping container types.
 
     Mirrors ``torch.utils.data._utils.pin_memory.pin_memory`` so batches come out shaped
     exactly as torch's DataLoader would hand them over.
     """
-    if isinstance(data, (torch.Tensor, PendingStack)):
+    if isinstance(data, (torch.Tensor, Pending)):
         return fn(data)
     if isinstance(data, (str, bytes)):
         return data
@@ -122,7 +151,7 @@ class _Leaf:
     dtype: torch.dtype
     offset: int
     nbytes: int
-    source: Any  # a CPU tensor or a PendingStack
+    source: Any  # a CPU tensor or a Pending field
 
 
 @dataclass
@@ -138,8 +167,8 @@ class StagingPlan:
     def payload_bytes(self) -> int:
         return sum(leaf.nbytes for leaf in self.leaves if leaf is not None)
 
-    def copy_list(self) -> list[tuple[int, torch.Tensor]]:
-        """(byte offset in the slot, source tensor) for every staged tensor or sample row."""
+    def copy_list(self) -> list[tuple[int, Any]]:
+        """(byte offset in the slot, source tensor or PendingGather) for every staged field or row."""
         items = []
         for leaf in self.leaves:
             if leaf is None:
@@ -177,7 +206,7 @@ def plan_batch(batch: Any, collated: bool = True) -> StagingPlan:
 
     def visit(item):
         nonlocal cursor, samples
-        if isinstance(item, PendingStack):
+        if isinstance(item, Pending):
             shape, dtype = item.shape, item.dtype
         elif item.device.type == "cpu" and item.layout == torch.strided and not item.is_nested:
             shape, dtype = tuple(item.shape), item.dtype
@@ -227,30 +256,55 @@ class ParallelCopier:
         if not self.native and num_threads > 1:
             self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="fastload-copy")
 
-    def copy_into(self, dst: torch.Tensor, items: list[tuple[int, torch.Tensor]]) -> int:
-        """Copy each source tensor's bytes to ``dst[offset:]``; returns the bytes copied."""
+    def copy_into(self, dst: torch.Tensor, items: list[tuple[int, Any]]) -> int:
+        """Copy each source (tensor or PendingGather) to ``dst[offset:]``; returns the bytes copied."""
         capacity = dst.numel()
         total = 0
-        contiguous, strided = [], []
+        contiguous, gathers, fallback = [], [], []
         for offset, src in items:
-            nbytes = src.numel() * src.element_size()
+            nbytes = int(np.prod(src.shape, dtype=np.int64)) * src.dtype.itemsize
             if offset < 0 or offset + nbytes > capacity:
                 raise ValueError(f"staging range [{offset}, {offset + nbytes}) is outside the "
                                  f"{capacity}-byte destination")
             total += nbytes
-            if src.device.type != "cpu" or not _plain_contiguous(src):
-                strided.append((offset, src))
-            elif nbytes:
+            if not nbytes:
+                continue
+            if isinstance(src, PendingGather):
+                (gathers if self.native and _plain_contiguous(src.source) and src.source.device.type == "cpu"
+                 else fallback).append((offset, src))
+            elif src.device.type != "cpu" or not _plain_contiguous(src):
+                fallback.append((offset, src))
+            else:
                 contiguous.append((offset, src, nbytes))
         if self.native:
-            base = dst.data_ptr()
-            _native_copy([base + off for off, _, _ in contiguous], [src.data_ptr() for _, src, _ in contiguous],
-                         [n for _, _, n in contiguous], self.num_threads, _MIN_CHUNK * 2, self.nontemporal)
+            self._native_copy(dst.data_ptr(), contiguous, gathers)
         else:
             self._numpy_copy(dst, contiguous, total)
-        for offset, src in strided:
-            dst[offset:offset + src.numel() * src.element_size()].view(src.dtype).view(src.shape).copy_(src)
+        for offset, src in fallback:
+            view = dst[offset:offset + int(np.prod(src.shape, dtype=np.int64)) * src.dtype.itemsize]
+            view = view.view(src.dtype).view(src.shape)
+            if isinstance(src, PendingGather):
+                torch.index_select(src.source, 0, src.index, out=view)
+            else:
+                view.copy_(src)
         return total
+
+    def _native_copy(self, base: int, contiguous: list, gathers: list) -> None:
+        """One engine call for the whole batch; gathered rows become pointer arrays, not Python."""
+        dst_parts, src_parts, size_parts = [], [], []
+        if contiguous:
+            dst_parts.append(np.fromiter((base + off for off, _, _ in contiguous), np.int64, len(contiguous)))
+            src_parts.append(np.fromiter((src.data_ptr() for _, src, _ in contiguous), np.int64, len(contiguous)))
+            size_parts.append(np.fromiter((n for _, _, n in contiguous), np.int64, len(contiguous)))
+        for offset, gather in gathers:
+            rows = len(gather.index)
+            row_bytes = int(np.prod(gather.shape[1:], dtype=np.int64)) * gather.dtype.itemsize
+            src_parts.append(gather.source.data_ptr() + gather.index.numpy() * row_bytes)
+            dst_parts.append(base + offset + np.arange(rows, dtype=np.int64) * row_bytes)
+            size_parts.append(np.full(rows, row_bytes, dtype=np.int64))
+        if dst_parts:
+            _native_copy(np.concatenate(dst_parts), np.concatenate(src_parts), np.concatenate(size_parts),
+                         self.num_threads, _MIN_CHUNK * 2, self.nontemporal)
 
     def _numpy_copy(self, dst: torch.Tensor, contiguous: list, total: int) -> None:
         dst_np = dst.numpy()

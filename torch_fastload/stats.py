@@ -81,11 +81,15 @@ class LoaderStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.path = "idle"
+        self.pool_slots = 0
+        self.pool_slot_bytes = 0
+        self.pool_regrows = 0
         self.reset()
 
     def reset(self) -> None:
+        """Zero the counters; the path in effect and the pool's size stay (they describe state)."""
         with self._lock:
-            self.path = "idle"
             self.batches = 0
             self.samples = 0
             self.bytes = 0
@@ -93,9 +97,6 @@ class LoaderStats:
             self.errors = 0
             self.stage_s = {stage: 0.0 for stage in STAGES}
             self.stage_bytes = {stage: 0 for stage in STAGES}
-            self.pool_slots = 0
-            self.pool_slot_bytes = 0
-            self.pool_regrows = 0
             self._first_request: float | None = None
             self._last_return: float | None = None
 

@@ -1,0 +1,40 @@
+"""``python -m torch_fastload <command> [args]``: the package's command-line entry point.
+
+Commands are looked up in ``COMMANDS`` (name -> (module, one-line help)); each module has a
+``main(argv, prog)`` returning an exit code, so new ones (``doctor``, ...) are one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("torch_fastload.bench",
+              "torch DataLoader vs torch_fastload on a generated dataset (samples/s, input wait, GB/s)"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m torch_fastload <command> [args]   (<command> --help for its options)", "",
+             "commands:"]
+    width = max(len(name) for name in COMMANDS)
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"python -m torch_fastload: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest, prog=f"python -m torch_fastload {name}") or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
