@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 
-__all__ = ["FastloadError", "BatchTooLargeError", "PoolError", "LoaderShutdownError", "CapturedError", "capture"]
+__all__ = ["FastloadError", "BatchTooLargeError", "PoolError", "LoaderShutdownError", "CapturedError", "capture", "wrap"]
 
 
 class FastloadError(RuntimeError):
@@ -51,10 +51,14 @@ class CapturedError:
         raise self.exc
 
 
-def capture(stage: str, batch_index: int | None = None) -> CapturedError:
-    """Wrap the exception being handled, naming the stage, the batch and the thread."""
+def wrap(exc: BaseException, stage: str, batch_index: int | None = None) -> CapturedError:
+    """Wrap ``exc`` (its traceback kept), naming the stage, the batch and the current thread."""
     where = f"the {stage} stage (thread {threading.current_thread().name!r}"
     if batch_index is not None:
         where += f", batch {batch_index}"
-    where += ")"
-    return CapturedError(sys.exc_info()[1], where)
+    return CapturedError(exc, where + ")")
+
+
+def capture(stage: str, batch_index: int | None = None) -> CapturedError:
+    """Wrap the exception being handled."""
+    return wrap(sys.exc_info()[1], stage, batch_index)

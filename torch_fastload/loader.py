@@ -37,7 +37,7 @@ import torch.utils.data as tud
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind, _SingleProcessDataLoaderIter
 
 from . import config
-from .errors import BatchTooLargeError, LoaderShutdownError, PoolError, capture
+from .errors import BatchTooLargeError, LoaderShutdownError, PoolError, capture, wrap
 from .pool import PinnedPool
 from .staging import ParallelCopier, deferred_collate, gather_rows, plan_batch
 from .stats import LoaderStats, StatsSnapshot
@@ -67,8 +67,7 @@ class _Fatal:
 @dataclass
 class _Ready:
     index: int
-    copy: InFlightCopy | None
-    batch: Any
+    copy: InFlightCopy  # .batch is what next() returns
     samples: int
     nbytes: int
 
@@ -195,7 +194,7 @@ class DataLoader(tud.DataLoader):
                 self._copier = ParallelCopier(self.stage_threads, config.get("nontemporal"))
             return self._engine, self._copier
 
-    def _pool_for(self, nbytes: int, batch_index: int, stop: threading.Event) -> PinnedPool:
+    def _pool_for(self, nbytes: int, batch_index: int) -> PinnedPool:
         """The pool, created on first use with exact slots, re-sized when a batch outgrows it."""
         with self._resources_lock:
             pool = self._pool
@@ -314,40 +313,48 @@ class _Pipeline:
 
     # -- fetch thread ---------------------------------------------------------------------
     def _fetched_batches(self):
-        """Batches (or per-batch exceptions) in sampler order."""
-        loader = self.loader
-        in_thread = isinstance(self.source, _InThreadSource)
-        if in_thread and _gathers_rows(loader):
-            # A TensorDataset with the default collate: a batch is a row gather per tensor,
-            # done by the stager straight into the slot, with no per-sample Python at all.
-            tensors = loader.dataset.tensors
-            while True:
-                try:
-                    indices = self.source._next_index()
-                except StopIteration:
-                    return
-                try:
-                    yield gather_rows(tensors, indices)
-                except Exception as exc:
-                    yield exc
-        parallel = in_thread and loader.fetch_threads > 1 and self.source._dataset_kind == _DatasetKind.Map
-        if not parallel:
-            while True:
-                try:
-                    yield self.source.__next__()
-                except StopIteration:
-                    return
-                except Exception as exc:
-                    yield exc
-                    if getattr(self.source, "_shutdown", False):
-                        return  # torch shut its workers down (one died): nothing more will come
-            return
+        """Batches (or the exception of each failed batch) in sampler order."""
+        if isinstance(self.source, _InThreadSource):
+            if _gathers_rows(self.loader):
+                return self._gathered_batches()
+            if self.loader.fetch_threads > 1 and self.source._dataset_kind == _DatasetKind.Map:
+                return self._parallel_batches()
+        return self._sequential_batches()
+
+    def _sequential_batches(self):
+        while True:
+            try:
+                yield self.source.__next__()
+            except StopIteration:
+                return
+            except Exception as exc:
+                yield exc
+                if getattr(self.source, "_shutdown", False):
+                    return  # torch shut its workers down (one died): nothing more will come
+
+    def _gathered_batches(self):
+        """A TensorDataset with the default collate: each batch is a row gather per tensor,
+        done by the stager straight into the slot, with no per-sample Python at all."""
+        tensors = self.loader.dataset.tensors
+        while True:
+            try:
+                indices = self.source._next_index()
+            except StopIteration:
+                return
+            try:
+                yield gather_rows(tensors, indices)
+            except Exception as exc:
+                yield exc
+
+    def _parallel_batches(self):
+        """``fetch_threads`` batches fetched at once (map-style datasets), yielded in order."""
+        threads = self.loader.fetch_threads
         fetch = self.source._dataset_fetcher.fetch
         pending: deque = deque()
-        with ThreadPoolExecutor(loader.fetch_threads, thread_name_prefix="fastload-sample") as executor:
+        with ThreadPoolExecutor(threads, thread_name_prefix="fastload-sample") as executor:
             exhausted = False
             while pending or not exhausted:
-                while not exhausted and len(pending) < 2 * loader.fetch_threads and not self.stop.is_set():
+                while not exhausted and len(pending) < 2 * threads and not self.stop.is_set():
                     try:
                         pending.append(executor.submit(fetch, self.source._next_index()))
                     except StopIteration:
@@ -356,9 +363,8 @@ class _Pipeline:
                     for future in pending:
                         future.cancel()
                     return
-                future = pending.popleft()
                 try:
-                    yield future.result()
+                    yield pending.popleft().result()
                 except Exception as exc:
                     yield exc
 
@@ -374,10 +380,7 @@ class _Pipeline:
                     break
                 self.stats.add_stage("fetch", time.perf_counter() - started)
                 if isinstance(batch, Exception):
-                    try:
-                        raise batch
-                    except Exception:
-                        batch = _Failure(index, capture("fetch", index))
+                    batch = _Failure(index, wrap(batch, "fetch", index))
                 if not self._put(self.fetched, (index, batch)):
                     return
                 index += 1
@@ -408,7 +411,7 @@ class _Pipeline:
         except BaseException:
             self._put(self.ready, _Fatal(capture("stage thread")))
         finally:
-            self._count_copy_times(wait=False)
+            self._count_copy_times()
 
     def _stage_and_copy(self, index: int, batch) -> _Ready:
         plan = plan_batch(batch, collated=self.loader._auto_collation)
@@ -421,7 +424,7 @@ class _Pipeline:
             copy = self.engine.start(torch.empty(0, dtype=torch.uint8), unpack)
         else:
             while True:
-                pool = self.loader._pool_for(plan.total_bytes, index, self.stop)
+                pool = self.loader._pool_for(plan.total_bytes, index)
                 try:
                     slot = pool.acquire(self.stop, poll=self.poll)
                     break
@@ -440,18 +443,17 @@ class _Pipeline:
         copy.moved = moved
         with self._lock:
             self._copies.append((copy, plan.payload_bytes))
-        self._count_copy_times(wait=False)
-        return _Ready(index, copy, copy.batch, plan.samples, plan.payload_bytes)
+        self._count_copy_times()
+        return _Ready(index, copy, plan.samples, plan.payload_bytes)
 
-    def _count_copy_times(self, wait: bool) -> None:
+    def _count_copy_times(self) -> None:
+        """Add the durations of finished copies to the stats (CUDA events: read once complete)."""
         with self._lock:
             while self._copies:
                 copy, nbytes = self._copies[0]
                 seconds = copy.copy_seconds()
                 if seconds is None:
-                    if not wait or not self.engine.synchronize(config.get("shutdown_timeout")):
-                        return
-                    seconds = copy.copy_seconds()
+                    return
                 self._copies.popleft()
                 self.stats.add_stage("copy", seconds, nbytes)
 
@@ -470,10 +472,9 @@ class _Pipeline:
         if isinstance(item, _Failure):
             self.stats.add_error()
             item.error.reraise()
-        if item.copy is not None:
-            self.engine.hand_off(item.copy)
+        self.engine.hand_off(item.copy)
         self.stats.delivered(started, item.samples, item.nbytes)
-        return item.batch
+        return item.copy.batch
 
     def _next_ready(self):
         timeout = self.loader.timeout
@@ -510,8 +511,8 @@ class _Pipeline:
             warnings.warn(f"torch_fastload: thread(s) {stuck} did not stop within {timeout} s "
                           "(a dataset __getitem__ still running?); they are left as daemons",
                           RuntimeWarning, stacklevel=2)
-        self._count_copy_times(wait=True)
         self.engine.synchronize(max(0.0, deadline - time.monotonic()))
+        self._count_copy_times()
         for q in (self.fetched, self.ready):
             while True:
                 try:

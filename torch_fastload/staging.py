@@ -12,6 +12,7 @@ fresh pageable tensor first: ``deferred_collate`` marks each tensor field as a
 from __future__ import annotations
 
 import collections.abc
+import math
 import copy as _copy
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -141,6 +142,10 @@ def map_batch(fn: Callable[[Any], Any], data: Any) -> Any:
     return data
 
 
+def _nbytes(shape, dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
 def _round_up(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple
 
@@ -215,7 +220,7 @@ def plan_batch(batch: Any, collated: bool = True) -> StagingPlan:
             return item
         if samples < 0:
             samples = shape[0] if len(shape) >= (1 if collated else 2) else 1
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = _nbytes(shape, dtype)
         cursor = _round_up(cursor, ALIGN)
         leaves.append(_Leaf(shape, dtype, cursor, nbytes, item))
         cursor += nbytes
@@ -262,7 +267,7 @@ class ParallelCopier:
         total = 0
         contiguous, gathers, fallback = [], [], []
         for offset, src in items:
-            nbytes = int(np.prod(src.shape, dtype=np.int64)) * src.dtype.itemsize
+            nbytes = _nbytes(src.shape, src.dtype)
             if offset < 0 or offset + nbytes > capacity:
                 raise ValueError(f"staging range [{offset}, {offset + nbytes}) is outside the "
                                  f"{capacity}-byte destination")
@@ -281,7 +286,7 @@ class ParallelCopier:
         else:
             self._numpy_copy(dst, contiguous, total)
         for offset, src in fallback:
-            view = dst[offset:offset + int(np.prod(src.shape, dtype=np.int64)) * src.dtype.itemsize]
+            view = dst[offset:offset + _nbytes(src.shape, src.dtype)]
             view = view.view(src.dtype).view(src.shape)
             if isinstance(src, PendingGather):
                 torch.index_select(src.source, 0, src.index, out=view)
@@ -298,7 +303,7 @@ class ParallelCopier:
             size_parts.append(np.fromiter((n for _, _, n in contiguous), np.int64, len(contiguous)))
         for offset, gather in gathers:
             rows = len(gather.index)
-            row_bytes = int(np.prod(gather.shape[1:], dtype=np.int64)) * gather.dtype.itemsize
+            row_bytes = _nbytes(gather.shape[1:], gather.dtype)
             src_parts.append(gather.source.data_ptr() + gather.index.numpy() * row_bytes)
             dst_parts.append(base + offset + np.arange(rows, dtype=np.int64) * row_bytes)
             size_parts.append(np.full(rows, row_bytes, dtype=np.int64))
