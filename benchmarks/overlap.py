@@ -43,7 +43,6 @@ import faulthandler
 import gc
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -59,8 +58,8 @@ import torch.nn as nn  # noqa: E402
 import torch.utils.data as tud  # noqa: E402
 
 import torch_fastload  # noqa: E402
-from torch_fastload.bench import (InflightWindow, Progress, complete_snapshot, cpu_seconds,  # noqa: E402
-                                  fmt, log, machine_info, reset_loader_stats, table)
+from torch_fastload._benchutil import (InflightWindow, Progress, cpu_seconds, error_text, float_list,  # noqa: E402
+                                       fmt, int_list, log, machine_info, sync, table, write_json)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 TARGET_T1 = 1.05
@@ -95,26 +94,6 @@ def size_list(text: str) -> list[int]:
     return [parse_size(v) for v in text.split(",") if v.strip()]
 
 
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
-    return values
-
-
-def float_list(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
-    return values
-
-
 def fmt_size(n: int) -> str:
     if n >= GiB and n % GiB == 0:
         return f"{n // GiB} GiB"
@@ -123,10 +102,6 @@ def fmt_size(n: int) -> str:
     if n >= KiB and n % KiB == 0:
         return f"{n // KiB} KiB"
     return f"{n} B"
-
-
-def error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,11 +240,6 @@ class TouchStep:
 # --------------------------------------------------------------------------------------------
 # measurements
 # --------------------------------------------------------------------------------------------
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure_link(nbytes: int, device: torch.device, reps: int) -> dict:
     """Raw H2D from fresh pinned memory (``torch.empty(pin_memory=True)``), the link's ceiling:
     CUDA events around back-to-back copies (>= 256 MiB per sample), median GB/s; and the median
@@ -461,12 +431,11 @@ def run_feed(feed_factory, step, steps: int, args, device: torch.device, batch_b
         window = InflightWindow(device, args.max_inflight)
         wait = 0.0
         started = cpu0 = 0.0
-        before_reset = None
         for i in range(args.warmup + steps):
             if i == args.warmup:
                 window.drain()
                 if isinstance(feed.loader, torch_fastload.DataLoader):
-                    before_reset = reset_loader_stats(feed.loader)
+                    feed.loader.stats(reset=True)
                 cpu0 = cpu_seconds()
                 started = time.perf_counter()
             t0 = time.perf_counter()
@@ -492,7 +461,7 @@ def run_feed(feed_factory, step, steps: int, args, device: torch.device, batch_b
             result.update(cpu_cores=None, cores_per_gbps=None, cpu_note=f"run too short ({wall * 1e3:.1f} ms) "
                           "to measure CPU time")
         if isinstance(feed.loader, torch_fastload.DataLoader):
-            snapshot = complete_snapshot(feed.loader.stats(), before_reset)
+            snapshot = feed.loader.stats()
             result["fastload_stats"] = snapshot.as_dict()
             result["fastload_stats_text"] = str(snapshot)
         return result
@@ -956,10 +925,7 @@ def main(argv=None) -> int:
 
     def save():
         results["elapsed_s"] = time.perf_counter() - began
-        tmp = json_path.with_suffix(".json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(results, f, indent=1, default=str)
-        os.replace(tmp, json_path)
+        write_json(json_path, results)
 
     m = results["machine"]
     log(f"torch_fastload overlap study on {(m.get('gpu') or {}).get('name', 'CPU (smoke: numbers are meaningless)')}: "

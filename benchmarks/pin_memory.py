@@ -32,15 +32,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import faulthandler
 import gc
 import json
-import math
 import os
 import platform
 import queue
-import shlex
 import statistics
 import subprocess
 import sys
@@ -55,10 +52,8 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-try:  # progress bars are optional
-    from tqdm import tqdm as _tqdm
-except Exception:  # pragma: no cover - tqdm missing
-    _tqdm = None
+from torch_fastload._benchutil import (Progress, cpu_affinity, error_text, float_list, fmt, git_state,  # noqa: E402
+                                       log, machine_basics, positive_int_list, run_quiet, table, write_json)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -89,26 +84,6 @@ def parse_size(text: str) -> int:
     return int(value * mult)
 
 
-def parse_int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def parse_float_list(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
-    return values
-
-
 def parse_size_list(text: str) -> list[int]:
     return [parse_size(x) for x in str(text).split(",") if x.strip()]
 
@@ -121,12 +96,6 @@ def fmt_size(nbytes: int) -> str:
     return f"{nbytes / MiB:.2f} MiB"
 
 
-def fmt(value, spec: str = ".2f", missing: str = "-") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return missing
-    return format(value, spec)
-
-
 def gbps(nbytes: float, seconds: float) -> float | None:
     return nbytes / seconds / 1e9 if seconds and seconds > 0 else None
 
@@ -134,23 +103,6 @@ def gbps(nbytes: float, seconds: float) -> float | None:
 def median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
-
-
-def table(headers: list[str], rows: list[list], title: str | None = None) -> str:
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        for i, c in enumerate(row):
-            widths[i] = max(widths[i], len(c))
-    line = "  ".join(h.rjust(w) for h, w in zip(headers, widths))
-    out = []
-    if title:
-        out.append(title)
-    out.append(line)
-    out.append("  ".join("-" * w for w in widths))
-    for row in cells:
-        out.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
-    return "\n".join(out)
 
 
 def aligned_empty(nbytes: int, fill: int | None = None) -> torch.Tensor:
@@ -241,32 +193,6 @@ def probe_native_copier(timeout: float = 180.0) -> str | None:
     return f"native copy_ranges probe failed ({how}) {tail[0]}".strip()
 
 
-class Progress:
-    """tqdm when importable and wanted, otherwise nothing."""
-
-    def __init__(self, total: int, desc: str, enabled: bool):
-        self.bar = _tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True) \
-            if (enabled and _tqdm is not None) else None
-
-    def update(self, n: int = 1, note: str | None = None):
-        if self.bar is not None:
-            if note:
-                self.bar.set_postfix_str(note, refresh=False)
-            self.bar.update(n)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-
-
-def log(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 # --------------------------------------------------------------------------------------------
 # machine information
 # --------------------------------------------------------------------------------------------
@@ -292,31 +218,13 @@ def _mem_total_gib() -> float | None:
     return None
 
 
-def _run_quiet(cmd: list[str], timeout: float = 10.0) -> str | None:
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        return res.stdout.strip() if res.returncode == 0 else None
-    except Exception:
-        return None
-
-
 def machine_info(use_cuda: bool) -> dict:
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = None
     info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds"),
-        "command_line": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
-        "hostname": platform.node(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "torch_cuda_build": getattr(torch.version, "cuda", None),
+        **machine_basics(),
         "numpy": None,
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
+        "cpu_affinity": cpu_affinity(),
         "torch_num_threads": torch.get_num_threads(),
         "mem_total_gib": _mem_total_gib(),
         "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
@@ -332,10 +240,7 @@ def machine_info(use_cuda: bool) -> dict:
         info["torch_fastload_path"] = str(Path(_pool_mod.__file__).resolve().parent)
     except Exception as exc:
         info["torch_fastload_path"] = f"import failed: {error_text(exc)}"
-    git = _run_quiet(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
-    info["git_commit"] = git
-    dirty = _run_quiet(["git", "-C", str(REPO), "status", "--porcelain"])
-    info["git_dirty"] = None if dirty is None else bool(dirty)
+    info.update(git_state(REPO))
     if use_cuda:
         dev = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(dev)
@@ -347,10 +252,10 @@ def machine_info(use_cuda: bool) -> dict:
             "multiprocessors": getattr(props, "multi_processor_count", None),
             "device_count": torch.cuda.device_count(),
         }
-        smi = _run_quiet(["nvidia-smi", f"--id={dev}",
-                          "--query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.gen.max,"
-                          "pcie.link.width.current,pcie.link.width.max,clocks.sm,clocks.max.sm",
-                          "--format=csv,noheader"])
+        smi = run_quiet(["nvidia-smi", f"--id={dev}",
+                         "--query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.gen.max,"
+                         "pcie.link.width.current,pcie.link.width.max,clocks.sm,clocks.max.sm",
+                         "--format=csv,noheader"])
         info["nvidia_smi"] = smi
     return info
 
@@ -502,7 +407,7 @@ def part1_h2d(args, sleeper: Sleeper, results: dict, save) -> None:
                      f">={int(100 * r['target'])}%", r["verdict"]])
     log(table(["size", "copies/sample", "samples", "pageable GB/s", "pinned GB/s", "pool GB/s",
                "pool/pinned %", "target", "verdict"], rows,
-              title="Part 1: H2D copy_(non_blocking=True) GB/s (1e9 B/s), median of samples"))
+              title="Part 1: H2D copy_(non_blocking=True) GB/s (1e9 B/s), median of samples", first_left=False))
     for r in out["sizes"]:
         for note in r.get("notes", []):
             log(f"  note {fmt_size(r['bytes'])}: {note}")
@@ -712,7 +617,7 @@ def part1_alloc(args, PinnedPool, out: dict, save) -> None:
     log()
     log(table(["size", "fresh pinned GB/s", "pool (touch+register) GB/s", "first touch GB/s",
                "register only GB/s", "pool speed-up x"], rows,
-              title="Part 1b: making pinned memory (median of %d)" % reps))
+              title="Part 1b: making pinned memory (median of %d)" % reps, first_left=False))
     for r in res:
         for note in r["notes"]:
             log(f"  note {fmt_size(r['bytes'])}: {note}")
@@ -824,7 +729,8 @@ def part2_staging(args, pin: bool, results: dict, save) -> None:
         log(table(["threads", "ms", "GB/s", "GB/s per thread", "cores per 10 GB/s", "speed-up",
                    "memcpy GB/s", "torch copy_ GB/s"], rows,
                   title=f"Part 2: staging {fmt_size(entry['bytes'])} pageable -> {dst_kind}, "
-                        f"ParallelCopier ({entry.get('copier_backend')}), median of {entry['reps']}"))
+                        f"ParallelCopier ({entry.get('copier_backend')}), median of {entry['reps']}",
+                  first_left=False))
         for note in entry["notes"]:
             log(f"  note: {note}")
 
@@ -1193,7 +1099,8 @@ def part3_table(setting: dict, out: dict) -> str:
     desc = f"{c['kind']}" + (f" (target {c['target_ms']:g} ms)" if c.get("target_ms") else "")
     return table(["mode", "step ms", "GB/s", "overlap", "input ms/step", "notes"], rows,
                  title=f"Part 3: {out['steps']} steps x {fmt_size(out['batch_bytes'])} batch, "
-                       f"compute {desc}, stage_threads {out['stage_threads']}, slots {out['slots']}")
+                       f"compute {desc}, stage_threads {out['stage_threads']}, slots {out['slots']}",
+                 first_left=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1327,7 +1234,8 @@ def summary(results: dict) -> str:
         lines.append("")
         lines.append(table(["size", "pageable GB/s", "pinned GB/s", "pool GB/s", "pool/pinned %",
                             "target", "verdict"], rows,
-                           title="H2D copy_(non_blocking=True): PinnedPool slot vs raw pinned memory"))
+                           title="H2D copy_(non_blocking=True): PinnedPool slot vs raw pinned memory",
+                           first_left=False))
         verdicts = [r["verdict"] for r in p1["sizes"]]
         overall = "PASS" if all(v == "PASS" for v in verdicts) else \
             ("FAIL" if "FAIL" in verdicts else "ERROR")
@@ -1347,7 +1255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="short run (<= ~1 min on one H100)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="no GPU needed: run Part 2 (staging) only, into unpinned pool slots")
-    p.add_argument("--parts", type=parse_int_list, default=[1, 2, 3], help="which parts to run, e.g. 1,3")
+    p.add_argument("--parts", type=positive_int_list, default=[1, 2, 3], help="which parts to run, e.g. 1,3")
     p.add_argument("--device", type=int, default=0, help="CUDA device index")
     p.add_argument("--copier", choices=["auto", "numpy"], default="auto",
                    help="ParallelCopier backend: auto (native C++ where built) or numpy threads")
@@ -1371,13 +1279,13 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("part 2 (staging)")
     g.add_argument("--stage-sizes", type=parse_size_list, default=None,
                    help="default 64MiB,256MiB; 64MiB with --quick")
-    g.add_argument("--threads", type=parse_int_list, default=[1, 2, 4, 8, 16], help="staging thread counts")
+    g.add_argument("--threads", type=positive_int_list, default=[1, 2, 4, 8, 16], help="staging thread counts")
     g.add_argument("--stage-reps", type=int, default=None, help="default 9, 3 with --quick")
     g = p.add_argument_group("part 3 (loop)")
     g.add_argument("--batch-bytes", type=parse_size, default=64 * MiB, help="bytes per batch")
     g.add_argument("--steps", type=int, default=None, help="timed steps per mode; default 200, 40 with --quick")
     g.add_argument("--warmup-steps", type=int, default=None, help="untimed steps first (>= 1); default 10, 5 with --quick")
-    g.add_argument("--compute-ms", type=parse_float_list, default=[0.0, 5.0],
+    g.add_argument("--compute-ms", type=float_list, default=[0.0, 5.0],
                    help="simulated GPU compute per step (ms), one experiment each; 0 = input only")
     g.add_argument("--compute", choices=["sleep", "matmul"], default="sleep",
                    help="simulated compute: calibrated torch.cuda._sleep, or bf16 4096^2 matmuls")
@@ -1450,10 +1358,7 @@ def main(argv=None) -> int:
 
     def save():
         results["elapsed_s"] = time.perf_counter() - started
-        tmp = json_path.with_suffix(".json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(results, f, indent=1, default=str)
-        os.replace(tmp, json_path)
+        write_json(json_path, results)
 
     m = results["machine"]
     log(f"torch_fastload pin-memory study: {(m.get('gpu') or {}).get('name', 'CPU smoke (no GPU)')}, "

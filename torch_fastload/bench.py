@@ -25,219 +25,26 @@ which exercises the code paths; the numbers only mean something on a GPU.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime
 import json
-import math
-import os
-import platform
-import shlex
 import statistics
-import subprocess
 import sys
 import time
-from collections import deque
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-try:  # progress bars are optional
-    from tqdm import tqdm as _tqdm
-except Exception:  # pragma: no cover - tqdm missing
-    _tqdm = None
+from torch_fastload._benchutil import (InflightWindow, Progress, cpu_seconds, fmt, int_list, log, machine_info,
+                                       sync, table)
 
-__all__ = ["main", "build_parser", "make_dataset", "SmallConvNet", "cpu_seconds", "machine_info",
-           "CudaSleeper", "InflightWindow", "Progress", "table", "reset_loader_stats", "complete_snapshot"]
+__all__ = ["main", "build_parser", "make_dataset", "SmallConvNet", "CudaSleeper"]
 
 MiB = 1 << 20
-GiB = 1 << 30
 
 
 # --------------------------------------------------------------------------------------------
-# helpers shared with benchmarks/overlap.py
+# a calibrated GPU busy kernel
 # --------------------------------------------------------------------------------------------
-def log(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def fmt(value, spec: str = ".2f", missing: str = "-") -> str:
-    if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
-        return missing
-    return format(value, spec)
-
-
-def table(headers: list, rows: list, title: str | None = None) -> str:
-    """A right-aligned plain-text table (first column left-aligned)."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [len(str(h)) for h in headers]
-    for row in cells:
-        for i, c in enumerate(row):
-            widths[i] = max(widths[i], len(c))
-
-    def line(items):
-        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                         for i, (c, w) in enumerate(zip(items, widths)))
-
-    out = [title] if title else []
-    out.append(line(headers))
-    out.append("  ".join("-" * w for w in widths))
-    out.extend(line(row) for row in cells)
-    return "\n".join(out)
-
-
-class Progress:
-    """A tqdm bar on stderr when tqdm is importable and wanted; otherwise nothing."""
-
-    def __init__(self, total: int, desc: str, enabled: bool = True):
-        self.bar = (_tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True,
-                          mininterval=0.25)
-                    if (enabled and _tqdm is not None) else None)
-
-    def update(self, n: int = 1) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
-def _proc_children_cpu(pid: int) -> float:
-    """CPU seconds of the live descendants of ``pid``, read from /proc (psutil's fallback)."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return 0.0
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) "
-        try:
-            parents[int(name)] = int(fields[1])
-            times[int(name)] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-        except (IndexError, ValueError):
-            continue
-    total, frontier = 0.0, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, ppid in parents.items():
-            if ppid == parent:
-                total += times.get(child, 0.0)
-                frontier.append(child)
-    return total
-
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process (all threads, ns resolution) and of its live
-    descendants (torch worker processes; clock-tick resolution, via psutil or /proc)."""
-    total = time.process_time()
-    try:
-        import psutil
-
-        for child in psutil.Process().children(recursive=True):
-            try:
-                total += sum(child.cpu_times()[:2])
-            except psutil.Error:
-                pass
-    except ImportError:
-        total += _proc_children_cpu(os.getpid())
-    return total
-
-
-def reset_loader_stats(loader):
-    """``loader.stats(reset=True)``; returns the snapshot taken before the reset (it knows the
-    I/O path and the pool's size, which the reset clears until a new iterator / pool sets them)."""
-    return loader.stats(reset=True)
-
-
-def complete_snapshot(snapshot, before):
-    """Put back the path and pool size that ``stats(reset=True)`` cleared (see reset_loader_stats)."""
-    if before is None:
-        return snapshot
-    fixes = {}
-    if snapshot.path == "idle" and before.path != "idle":
-        fixes["path"] = before.path
-    if snapshot.pool_slots == 0 and before.pool_slots:
-        fixes.update(pool_slots=before.pool_slots, pool_slot_bytes=before.pool_slot_bytes,
-                     pool_bytes=before.pool_bytes)
-    return dataclasses.replace(snapshot, **fixes) if fixes else snapshot
-
-
-def _run_quiet(cmd: list, timeout: float = 10.0) -> str | None:
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        return res.stdout.strip() if res.returncode == 0 else None
-    except Exception:
-        return None
-
-
-def machine_info(use_cuda: bool) -> dict:
-    """Where and when this ran: enough to compare two JSON files later."""
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = None
-    cpu_model = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu_model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
-    except OSError:
-        pass
-    mem_gib = None
-    try:
-        with open("/proc/meminfo") as f:
-            kb = next(int(ln.split()[1]) for ln in f if ln.startswith("MemTotal:"))
-            mem_gib = round(kb * 1024 / GiB, 1)
-    except (OSError, StopIteration, ValueError):
-        pass
-    repo = Path(__file__).resolve().parents[1]
-    info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds"),
-        "command_line": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
-        "hostname": platform.node(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "torch_cuda_build": getattr(torch.version, "cuda", None),
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "torch_num_threads": torch.get_num_threads(),
-        "mem_total_gib": mem_gib,
-        "cuda_available": torch.cuda.is_available(),
-        "torch_fastload_path": str(Path(__file__).resolve().parent),
-        "git_commit": _run_quiet(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"]),
-    }
-    dirty = _run_quiet(["git", "-C", str(repo), "status", "--porcelain"])
-    info["git_dirty"] = None if dirty is None else bool(dirty)
-    try:
-        import torch_fastload.staging as staging
-
-        info["stage_copier"] = "native C++ copy_ranges" if staging._native_copy is not None else "numpy threads"
-    except Exception as exc:  # pragma: no cover - diagnostics only
-        info["stage_copier"] = f"unknown ({type(exc).__name__})"
-    if use_cuda:
-        dev = torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(dev)
-        info["gpu"] = {"index": dev, "name": props.name, "capability": f"{props.major}.{props.minor}",
-                       "total_memory_gib": round(props.total_memory / GiB, 1),
-                       "multiprocessors": getattr(props, "multi_processor_count", None)}
-        info["nvidia_smi"] = _run_quiet(
-            ["nvidia-smi", f"--id={dev}", "--query-gpu=name,driver_version,pcie.link.gen.current,"
-             "pcie.link.width.current,clocks.sm,clocks.max.sm", "--format=csv,noheader"])
-    return info
-
-
 class CudaSleeper:
     """A GPU busy kernel of a chosen length: ``torch.cuda._sleep(cycles)``, calibrated by timing
     with CUDA events (the SM clock moves, so cycles per ms is measured, not looked up)."""
@@ -281,38 +88,6 @@ class CudaSleeper:
             cycles = int((ms - self.offset_ms) * self.cycles_per_ms)
             if cycles > 0:
                 torch.cuda._sleep(cycles)
-
-
-class InflightWindow:
-    """Lets the host run at most ``depth`` steps ahead of the GPU, as a real loop does when it
-    reads a loss a few steps late. Waits by polling (a spinning ``Event.synchronize()`` would
-    burn a core and pollute CPU-time measurements)."""
-
-    def __init__(self, device: torch.device, depth: int):
-        self.cuda = device.type == "cuda"
-        self.depth = max(1, depth)
-        self.events: deque = deque()
-
-    def step_done(self) -> None:
-        if not self.cuda:
-            return
-        event = torch.cuda.Event()
-        event.record()
-        self.events.append(event)
-        while len(self.events) > self.depth:
-            oldest = self.events.popleft()
-            while not oldest.query():
-                time.sleep(2e-5)
-
-    def drain(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-        self.events.clear()
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # --------------------------------------------------------------------------------------------
@@ -489,7 +264,6 @@ def train_run(name: str, loader, trainer: Trainer, args, device: torch.device, f
     steps = samples = nbytes = 0
     step_index = 0
     first_loss = last_loss = None
-    before_reset = None
     try:
         for _epoch in range(args.epochs):
             t0 = time.perf_counter()
@@ -522,7 +296,7 @@ def train_run(name: str, loader, trainer: Trainer, args, device: torch.device, f
                 if step_index == args.warmup_steps:
                     window.drain()
                     if fastload is not None:
-                        before_reset = reset_loader_stats(fastload)
+                        fastload.stats(reset=True)
                     timed = True
                     cpu0 = cpu_seconds()
                     started = time.perf_counter()
@@ -543,7 +317,7 @@ def train_run(name: str, loader, trainer: Trainer, args, device: torch.device, f
         "last_loss": float(last_loss) if last_loss is not None else None,
     }
     if fastload is not None:
-        snapshot = complete_snapshot(fastload.stats(), before_reset)
+        snapshot = fastload.stats()
         result["fastload_stats"] = snapshot.as_dict()
         result["_snapshot"] = snapshot
     return result
@@ -573,16 +347,6 @@ class _ResidentLoader:
 # --------------------------------------------------------------------------------------------
 # command line
 # --------------------------------------------------------------------------------------------
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
-    return values
-
-
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog or "python -m torch_fastload.bench",
@@ -613,7 +377,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--max-inflight", type=int, default=2,
                    help="steps the host may queue ahead of the GPU before waiting")
     g = p.add_argument_group("loaders")
-    g.add_argument("--torch-workers", type=_int_list, default=None,
+    g.add_argument("--torch-workers", type=int_list, default=None,
                    help="torch DataLoader num_workers, comma-separated; each is run and the best is "
                         "the baseline [0,4 / 0,2]")
     g.add_argument("--fastload-workers", type=int, default=0, help="torch_fastload num_workers")
