@@ -245,12 +245,18 @@ class DataLoader(tud.DataLoader):
             pass
 
 
-def _gathers_rows(loader: DataLoader) -> bool:
-    """Batches of this loader are row gathers of in-memory tensors (identical to torch's)."""
+def _batch_reader(loader: DataLoader):
+    """``indices -> batch of Pending fields`` where the dataset can describe a whole batch as
+    reads (``__fastload_batch__``) or as row gathers (a TensorDataset); None otherwise. Only
+    with the default collate, whose result these reproduce exactly."""
+    if loader._user_collate is not None or not loader._auto_collation:
+        return None
     dataset = loader.dataset
-    return (isinstance(dataset, tud.TensorDataset) and type(dataset).__getitem__ is tud.TensorDataset.__getitem__
-            and loader._user_collate is None and loader._auto_collation and len(dataset.tensors) > 0
-            and all(t.device.type == "cpu" and t.layout == torch.strided for t in dataset.tensors))
+    if (isinstance(dataset, tud.TensorDataset) and type(dataset).__getitem__ is tud.TensorDataset.__getitem__
+            and dataset.tensors
+            and all(t.device.type == "cpu" and t.layout == torch.strided for t in dataset.tensors)):
+        return lambda indices: gather_rows(dataset.tensors, indices)
+    return getattr(dataset, "__fastload_batch__", None)
 
 
 class _InThreadSource(_SingleProcessDataLoaderIter):
@@ -315,8 +321,9 @@ class _Pipeline:
     def _fetched_batches(self):
         """Batches (or the exception of each failed batch) in sampler order."""
         if isinstance(self.source, _InThreadSource):
-            if _gathers_rows(self.loader):
-                return self._gathered_batches()
+            read_batch = _batch_reader(self.loader)
+            if read_batch is not None:
+                return self._planned_batches(read_batch)
             if self.loader.fetch_threads > 1 and self.source._dataset_kind == _DatasetKind.Map:
                 return self._parallel_batches()
         return self._sequential_batches()
@@ -332,17 +339,16 @@ class _Pipeline:
                 if getattr(self.source, "_shutdown", False):
                     return  # torch shut its workers down (one died): nothing more will come
 
-    def _gathered_batches(self):
-        """A TensorDataset with the default collate: each batch is a row gather per tensor,
-        done by the stager straight into the slot, with no per-sample Python at all."""
-        tensors = self.loader.dataset.tensors
+    def _planned_batches(self, read_batch):
+        """Batches described whole (row gathers, file reads) and executed by the stager straight
+        into the slot, with no per-sample Python at all."""
         while True:
             try:
                 indices = self.source._next_index()
             except StopIteration:
                 return
             try:
-                yield gather_rows(tensors, indices)
+                yield read_batch(indices)
             except Exception as exc:
                 yield exc
 

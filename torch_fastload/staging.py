@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections.abc
 import math
+import os
 import copy as _copy
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ __all__ = [
     "Pending",
     "PendingStack",
     "PendingGather",
+    "PendingRead",
     "gather_rows",
     "deferred_collate",
     "map_batch",
@@ -68,6 +70,19 @@ class PendingGather(Pending):
         self.index = index
         self.shape = (len(index),) + tuple(source.shape[1:])
         self.dtype = source.dtype
+
+
+class PendingRead(Pending):
+    """Rows of a file (``row_bytes`` at each of ``offsets``), read by the C++ engine into the slot."""
+
+    __slots__ = ("path", "offsets", "row_bytes")
+
+    def __init__(self, path: str, offsets: np.ndarray, row_bytes: int, shape: tuple, dtype: torch.dtype):
+        self.path = path
+        self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        self.row_bytes = row_bytes
+        self.shape = tuple(shape)
+        self.dtype = dtype
 
 
 def gather_rows(tensors: tuple, indices) -> list:
@@ -265,7 +280,7 @@ class ParallelCopier:
         """Copy each source (tensor or PendingGather) to ``dst[offset:]``; returns the bytes copied."""
         capacity = dst.numel()
         total = 0
-        contiguous, gathers, fallback = [], [], []
+        contiguous, gathers, fallback, reads = [], [], [], []
         for offset, src in items:
             nbytes = _nbytes(src.shape, src.dtype)
             if offset < 0 or offset + nbytes > capacity:
@@ -274,13 +289,17 @@ class ParallelCopier:
             total += nbytes
             if not nbytes:
                 continue
-            if isinstance(src, PendingGather):
+            if isinstance(src, PendingRead):
+                reads.append((offset, src))
+            elif isinstance(src, PendingGather):
                 (gathers if self.native and _plain_contiguous(src.source) and src.source.device.type == "cpu"
                  else fallback).append((offset, src))
             elif src.device.type != "cpu" or not _plain_contiguous(src):
                 fallback.append((offset, src))
             else:
                 contiguous.append((offset, src, nbytes))
+        if reads:
+            _read_rows(dst, reads, self.native)
         if self.native:
             self._native_copy(dst.data_ptr(), contiguous, gathers)
         else:
@@ -288,7 +307,9 @@ class ParallelCopier:
         for offset, src in fallback:
             view = dst[offset:offset + _nbytes(src.shape, src.dtype)]
             view = view.view(src.dtype).view(src.shape)
-            if isinstance(src, PendingGather):
+            if isinstance(src, PendingRead):
+                reads.append((offset, src))
+            elif isinstance(src, PendingGather):
                 torch.index_select(src.source, 0, src.index, out=view)
             else:
                 view.copy_(src)
@@ -336,6 +357,32 @@ class ParallelCopier:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+
+
+def _read_rows(dst: torch.Tensor, reads: list, native: bool) -> None:
+    """Every PendingRead's rows into ``dst`` at their offsets: one engine call for the batch."""
+    paths = list(dict.fromkeys(read.path for _, read in reads))
+    which = {path: i for i, path in enumerate(paths)}
+    file_index = np.concatenate([np.full(len(r.offsets), which[r.path], np.int64) for _, r in reads])
+    offsets = np.concatenate([r.offsets for _, r in reads])
+    lengths = np.concatenate([np.full(len(r.offsets), r.row_bytes, np.int64) for _, r in reads])
+    dst_offsets = np.concatenate([off + np.arange(len(r.offsets), dtype=np.int64) * r.row_bytes for off, r in reads])
+    if native:
+        from . import engine
+
+        engine.read_ranges(paths, file_index, offsets, lengths, dst, dst_offsets)
+        return
+    view = dst.numpy()  # no C++ engine: plain preads, still bounded and checked for early EOF
+    fds = [os.open(path, os.O_RDONLY) for path in paths]
+    try:
+        for fi, off, length, at in zip(file_index, offsets, lengths, dst_offsets):
+            data = os.pread(fds[fi], int(length), int(off))
+            if len(data) != length:
+                raise EOFError(f"unexpected end of file {paths[fi]!r} reading offset={off}, length={length}")
+            view[at:at + length] = np.frombuffer(data, dtype=np.uint8)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _copy_list(items: list[tuple[np.ndarray, np.ndarray]]) -> None:

@@ -1,0 +1,11 @@
+"""Sources: datasets that describe a whole batch as reads, so no per-sample Python runs.
+
+A source is an ordinary map-style ``Dataset`` (``__getitem__`` works, so torch's DataLoader
+can read it too) with a ``__fastload_batch__(indices)`` method returning what the default
+collate would produce, but with each field left as a read plan (``staging.Pending``) that the
+stager executes straight into the pinned slot.
+"""
+
+from .arrays import ArrayDataset, ArrayFile, ArrayFormatError, read_npy_header
+
+__all__ = ["ArrayDataset", "ArrayFile", "ArrayFormatError", "read_npy_header"]

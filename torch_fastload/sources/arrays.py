@@ -1,0 +1,172 @@
+"""Array files (.npy, or raw fixed-size records) as a Dataset whose batches are byte-range reads.
+
+A sample is row ``i`` of every file; a batch becomes one ``PendingRead`` per file, which the
+stager hands to the C++ engine: rows are read straight into the pinned slot (neighbouring
+rows coalesce into one read), with no per-sample Python. ``__getitem__`` still works row by
+row through a memmap, so torch's own DataLoader gives the same batches (the tests check it).
+
+Headers are input: a .npy header is validated against the file's size before any read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import FastloadError
+from ..staging import PendingRead
+
+__all__ = ["ArrayFile", "ArrayDataset", "ArrayFormatError", "read_npy_header"]
+
+_NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex
+
+
+class ArrayFormatError(FastloadError, ValueError):
+    """An array file whose header or size cannot describe the rows it claims."""
+
+    def __init__(self, path: str, problem: str):
+        self.path = path
+        super().__init__(f"{path}: {problem}")
+
+
+def _check_dtype(path: str, dtype: np.dtype) -> np.dtype:
+    if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in _NUMERIC_KINDS:
+        raise ArrayFormatError(path, f"dtype {dtype.str!r} is not a plain numeric dtype")
+    if dtype.byteorder == ">" and dtype.itemsize > 1:
+        raise ArrayFormatError(path, f"dtype {dtype.str!r} is big-endian; only little-endian is read")
+    try:
+        torch.from_numpy(np.empty(0, dtype=dtype))
+    except TypeError:
+        raise ArrayFormatError(path, f"dtype {dtype.str!r} has no torch equivalent") from None
+    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+
+
+def read_npy_header(path: str) -> tuple[np.dtype, tuple, int]:
+    """(dtype, shape, data offset) of a .npy file, checked against the file's size."""
+    with open(path, "rb") as f:  # FileNotFoundError / IsADirectoryError name the path
+        size = os.fstat(f.fileno()).st_size
+        try:
+            version = np.lib.format.read_magic(f)
+            readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            if version not in readers:
+                raise ValueError(f"format version {version} is not supported")
+            shape, fortran_order, dtype = readers[version](f)
+        except (ValueError, OSError, EOFError, SyntaxError) as exc:
+            raise ArrayFormatError(path, f"not a valid .npy header ({exc})") from None
+        offset = f.tell()
+    if fortran_order:
+        raise ArrayFormatError(path, "Fortran-ordered arrays are not supported (save it C-contiguous)")
+    if len(shape) == 0:
+        raise ArrayFormatError(path, "a 0-d array has no rows")
+    dtype = _check_dtype(path, dtype)
+    needed = offset + math.prod(shape) * dtype.itemsize
+    if needed > size:
+        raise ArrayFormatError(path, f"header says shape {tuple(shape)} of {dtype.str} = {needed - offset} bytes "
+                                     f"from offset {offset}, but the file has only {size} bytes")
+    return dtype, tuple(shape), offset
+
+
+@dataclass(frozen=True)
+class ArrayFile:
+    """Where the rows of one array live in one file."""
+
+    path: str
+    dtype: np.dtype
+    shape: tuple  # (rows, *row_shape)
+    offset: int  # byte offset of row 0
+
+    @classmethod
+    def npy(cls, path: str | os.PathLike) -> "ArrayFile":
+        path = os.fspath(path)
+        dtype, shape, offset = read_npy_header(path)
+        return cls(path, dtype, shape, offset)
+
+    @classmethod
+    def raw(cls, path: str | os.PathLike, dtype, row_shape=(), offset: int = 0) -> "ArrayFile":
+        """A headerless file of fixed-size records (``row_shape`` of ``dtype`` each)."""
+        path = os.fspath(path)
+        dtype = _check_dtype(path, np.dtype(dtype))
+        row_bytes = math.prod(row_shape) * dtype.itemsize
+        if row_bytes <= 0:
+            raise ArrayFormatError(path, f"records of shape {tuple(row_shape)} hold no bytes")
+        size = os.stat(path).st_size
+        if offset < 0 or offset > size or (size - offset) % row_bytes:
+            raise ArrayFormatError(path, f"{size} bytes from offset {offset} are not a whole number of "
+                                         f"{row_bytes}-byte records")
+        return cls(path, dtype, ((size - offset) // row_bytes, *row_shape), offset)
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def row_bytes(self) -> int:
+        return math.prod(self.shape[1:]) * self.dtype.itemsize
+
+    def memmap(self) -> np.memmap:
+        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
+
+    def pending_rows(self, index: np.ndarray) -> PendingRead:
+        """Rows ``index`` (already range-checked) as one read plan for the stager."""
+        return PendingRead(self.path, self.offset + index * self.row_bytes, self.row_bytes,
+                           (len(index), *self.shape[1:]), torch.from_numpy(np.empty(0, self.dtype)).dtype)
+
+
+def _as_file(item) -> ArrayFile:
+    if isinstance(item, ArrayFile):
+        return item
+    return ArrayFile.npy(item)
+
+
+class ArrayDataset(Dataset):
+    """Sample ``i`` is row ``i`` of each file: a tensor for one file, a tuple for several.
+
+    ``ArrayDataset("features.npy", "labels.npy")`` or with ``ArrayFile.raw(...)`` records.
+    With torch_fastload's DataLoader (``num_workers=0``, default collate) batches are read
+    straight into the pinned slot by the C++ engine.
+    """
+
+    def __init__(self, *files):
+        if not files:
+            raise ValueError("ArrayDataset needs at least one file")
+        self.files = [_as_file(f) for f in files]
+        rows = {f.rows for f in self.files}
+        if len(rows) != 1:
+            raise ValueError(f"array files differ in length: {[(f.path, f.rows) for f in self.files]}")
+        self._rows = rows.pop()
+        self._maps: list | None = None
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def _check(self, indices) -> np.ndarray:
+        index = np.asarray(indices, dtype=np.int64).reshape(-1)
+        index = np.where(index < 0, index + self._rows, index)
+        bad = (index < 0) | (index >= self._rows)
+        if bad.any():
+            raw = np.asarray(indices, dtype=np.int64).reshape(-1)[bad][0]
+            raise IndexError(f"index {raw} is out of range for {self.files[0].path} ({self._rows} rows)")
+        return index
+
+    def __getitem__(self, i):
+        row = int(self._check([i])[0])
+        if self._maps is None:
+            self._maps = [f.memmap() for f in self.files]
+        rows = tuple(torch.from_numpy(np.array(m[row])) for m in self._maps)
+        return rows[0] if len(rows) == 1 else rows
+
+    def __fastload_batch__(self, indices):
+        """What default_collate would make of ``[self[i] for i in indices]``, as read plans."""
+        index = self._check(indices)
+        reads = [f.pending_rows(index) for f in self.files]
+        return reads[0] if len(reads) == 1 else reads  # default_collate turns tuples into lists
+
+    def __getstate__(self):  # memmaps are reopened in each worker process
+        state = dict(self.__dict__)
+        state["_maps"] = None
+        return state
