@@ -448,7 +448,8 @@ def test_pool_is_persistent(files):
     assert workers >= 4
     for _ in range(20):
         engine.read_ranges(paths[0], None, [0], [1_000_003], dst, num_threads=5, task_size=4096)
-    assert engine.pool_size() == workers and thread_count() == threads
+    # <=: threads of earlier tests (loader pipelines winding down) may still exit meanwhile
+    assert engine.pool_size() == workers and thread_count() <= threads
     assert dst.tobytes() == contents[0]
 
 
