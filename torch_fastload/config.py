@@ -15,24 +15,21 @@ from typing import Any, Callable, Iterator
 __all__ = ["get", "set", "override", "describe", "resolve", "OPTIONS"]
 
 
-def _positive_int(name: str, value: Any) -> int:
-    try:
-        as_int = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"torch_fastload option {name!r} must be an integer, got {value!r}") from None
-    if as_int < 1 or as_int != float(value):
-        raise ValueError(f"torch_fastload option {name!r} must be a positive integer, got {value!r}")
-    return as_int
+def _int_at_least(minimum: int) -> Callable[[str, Any], int]:
+    def parse(name: str, value: Any) -> int:
+        try:
+            as_int = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"torch_fastload option {name!r} must be an integer, got {value!r}") from None
+        if as_int < minimum or as_int != float(value):
+            raise ValueError(f"torch_fastload option {name!r} must be an integer >= {minimum}, got {value!r}")
+        return as_int
+
+    return parse
 
 
-def _non_negative_int(name: str, value: Any) -> int:
-    try:
-        as_int = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"torch_fastload option {name!r} must be an integer, got {value!r}") from None
-    if as_int < 0:
-        raise ValueError(f"torch_fastload option {name!r} must be >= 0, got {value!r}")
-    return as_int
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _positive_float(name: str, value: Any) -> float:
