@@ -222,8 +222,10 @@ def failing_init(worker_id):
 
 def test_startup_error_in_worker_init_fn():
     loader = DataLoader(Flaky(()), batch_size=4, num_workers=1, worker_init_fn=failing_init, device="cpu")
+    it = iter(loader)
     with pytest.raises(OSError, match="cannot open its shard"):
-        next(iter(loader))
+        next(it)
+    it.close()
 
 
 class Slow(Dataset):
