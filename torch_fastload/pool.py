@@ -56,27 +56,20 @@ def _wait_event(event, stop: threading.Event | None, deadline: float | None, wha
 
 
 class PinnedPool:
-    """``num_slots`` slots of ``slot_bytes`` each, page-locked when ``pin`` (needs CUDA).
+    """``num_slots`` slots of ``slot_bytes`` each, page-locked when ``pin`` (needs CUDA)."""
 
-    ``strategy='register'`` touches ordinary memory and registers it (fast); ``'alloc'``
-    asks the CUDA caching host allocator for fresh pinned memory (what ``pin_memory()`` does).
-    """
-
-    def __init__(self, num_slots: int, slot_bytes: int, *, pin: bool, strategy: str = "register"):
+    def __init__(self, num_slots: int, slot_bytes: int, *, pin: bool):
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         if slot_bytes < 1:
             raise ValueError(f"slot_bytes must be >= 1, got {slot_bytes}")
-        if strategy not in ("register", "alloc"):
-            raise ValueError(f"strategy must be 'register' or 'alloc', got {strategy!r}")
         self.num_slots = num_slots
         self.slot_bytes = _round_up(slot_bytes, PAGE)
         self.nbytes = self.num_slots * self.slot_bytes
         self.pinned = False
-        self.strategy = strategy if pin else "pageable"
         self._registered_ptr: int | None = None
         self._mapping: mmap.mmap | None = None
-        self._memory = self._allocate(pin, strategy)
+        self._memory = self._allocate(pin)
         self.slots = [
             Slot(i, self._memory[i * self.slot_bytes:(i + 1) * self.slot_bytes]) for i in range(num_slots)
         ]
@@ -84,12 +77,8 @@ class PinnedPool:
         self._cond = threading.Condition()
         self._closed = False
 
-    def _allocate(self, pin: bool, strategy: str) -> torch.Tensor:
+    def _allocate(self, pin: bool) -> torch.Tensor:
         try:
-            if pin and strategy == "alloc":
-                memory = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
-                self.pinned = True
-                return memory
             # An anonymous mapping: page-aligned, and eligible for transparent huge pages
             # (fewer pages to pin, fewer TLB misses for the staging memcpy).
             self._mapping = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -207,4 +196,4 @@ class PinnedPool:
 
     def __repr__(self) -> str:
         return (f"PinnedPool({self.num_slots} slots x {self.slot_bytes} bytes, "
-                f"{'pinned' if self.pinned else 'pageable'}, strategy={self.strategy})")
+                f"{'pinned' if self.pinned else 'pageable'})")

@@ -25,7 +25,6 @@ class StatsSnapshot:
     stage_bytes: dict = field(default_factory=dict)
     pool_slots: int = 0
     pool_slot_bytes: int = 0
-    pool_bytes: int = 0
     pool_regrows: int = 0
     errors: int = 0
 
@@ -40,6 +39,10 @@ class StatsSnapshot:
         return self.bytes / self.wall_s / 1e9 if self.wall_s > 0 else 0.0
 
     @property
+    def pool_bytes(self) -> int:
+        return self.pool_slots * self.pool_slot_bytes
+
+    @property
     def samples_per_s(self) -> float:
         return self.samples / self.wall_s if self.wall_s > 0 else 0.0
 
@@ -50,6 +53,7 @@ class StatsSnapshot:
     def as_dict(self) -> dict:
         out = asdict(self)
         out.update(
+            pool_bytes=self.pool_bytes,
             wait_fraction=self.wait_fraction,
             gbps=self.gbps,
             samples_per_s=self.samples_per_s,
@@ -148,7 +152,6 @@ class LoaderStats:
                 stage_bytes=dict(self.stage_bytes),
                 pool_slots=self.pool_slots,
                 pool_slot_bytes=self.pool_slot_bytes,
-                pool_bytes=self.pool_slots * self.pool_slot_bytes,
                 pool_regrows=self.pool_regrows,
                 errors=self.errors,
             )

@@ -34,13 +34,17 @@ class ArrayFormatError(FastloadError, ValueError):
         super().__init__(f"{path}: {problem}")
 
 
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
 def _check_dtype(path: str, dtype: np.dtype) -> np.dtype:
     if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in _NUMERIC_KINDS:
         raise ArrayFormatError(path, f"dtype {dtype.str!r} is not a plain numeric dtype")
     if dtype.byteorder == ">" and dtype.itemsize > 1:
         raise ArrayFormatError(path, f"dtype {dtype.str!r} is big-endian; only little-endian is read")
     try:
-        torch.from_numpy(np.empty(0, dtype=dtype))
+        _torch_dtype(dtype)
     except TypeError:
         raise ArrayFormatError(path, f"dtype {dtype.str!r} has no torch equivalent") from None
     return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
@@ -108,13 +112,17 @@ class ArrayFile:
     def row_bytes(self) -> int:
         return math.prod(self.shape[1:]) * self.dtype.itemsize
 
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _torch_dtype(self.dtype)
+
     def memmap(self) -> np.memmap:
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
 
     def pending_rows(self, index: np.ndarray) -> PendingRead:
         """Rows ``index`` (already range-checked) as one read plan for the stager."""
         return PendingRead(self.path, self.offset + index * self.row_bytes, self.row_bytes,
-                           (len(index), *self.shape[1:]), torch.from_numpy(np.empty(0, self.dtype)).dtype)
+                           (len(index), *self.shape[1:]), self.torch_dtype)
 
 
 def _as_file(item) -> ArrayFile:
