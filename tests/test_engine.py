@@ -455,9 +455,11 @@ def test_pool_is_persistent(files):
 
 def test_gil_is_released_during_the_read(tmp_path):
     path = write(tmp_path / "gil.bin", random.Random(9).randbytes(32 << 20))
-    pages = (32 << 20) // 4096
-    # Reversed destination order: nothing coalesces, so the call issues 8192 small preads.
-    offsets = np.arange(pages, dtype=np.int64) * 4096
+    piece = 512
+    pages = (32 << 20) // piece
+    # Reversed destination order: nothing coalesces, so the call issues 65536 small preads
+    # (long enough to observe even where the page cache serves 8192 4 KiB preads in < 20 ms).
+    offsets = np.arange(pages, dtype=np.int64) * piece
     dsto = offsets[::-1].copy()
     dst = np.empty(32 << 20, np.uint8)
     ticks, stop = [], threading.Event()
@@ -472,7 +474,7 @@ def test_gil_is_released_during_the_read(tmp_path):
         time.sleep(0.02)
         for _ in range(5):
             start = time.perf_counter()
-            engine.read_ranges(path, None, offsets, np.full(pages, 4096), dst, dsto, num_threads=1, task_size=4096)
+            engine.read_ranges(path, None, offsets, np.full(pages, piece), dst, dsto, num_threads=1, task_size=piece)
             end = time.perf_counter()
             if end - start > 0.02:
                 break
@@ -482,7 +484,7 @@ def test_gil_is_released_during_the_read(tmp_path):
     inside = [t for t in ticks if start + 0.002 < t < end - 0.002]
     assert end - start > 0.02, "the read was too quick to observe"
     assert len(inside) > 100, f"only {len(inside)} Python steps ran during a {end - start:.3f}s call"
-    assert dst[:4096].tobytes() == python_read(path, (pages - 1) * 4096, 4096)
+    assert dst[:piece].tobytes() == python_read(path, (pages - 1) * piece, piece)
 
 
 def test_concurrent_calls_share_the_pool(files):
