@@ -29,16 +29,19 @@ def test_batches_equal_torch_per_sample_path(arrays, native, monkeypatch):
     from torch_fastload import staging
 
     if not native:
-        monkeypatch.setattr(staging, "_native_copy", None)  # also reads with plain preads
+        monkeypatch.setattr(staging, "_native_copy", None)
+        monkeypatch.setattr(engine, "available", lambda: False)  # io.select falls back to os.pread
     if native and not engine.available():
         pytest.skip("torch_fastload._C is not built")
     root, features, labels = arrays
     dataset = ArrayDataset(root / "x.npy", root / "y.npy")
-    ours = list(DataLoader(dataset, batch_size=32, shuffle=True, device="cpu",
-                           generator=torch.Generator().manual_seed(5)))
+    loader = DataLoader(dataset, batch_size=32, shuffle=True, device="cpu", generator=torch.Generator().manual_seed(5))
+    ours = list(loader)
     theirs = list(torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True,
                                               generator=torch.Generator().manual_seed(5)))
     assert_same(ours, theirs)
+    assert loader.io.mode == ("engine-posix" if native else "python-posix")
+    assert loader.stats().io.startswith(loader.io.mode)
     assert isinstance(dataset.__fastload_batch__([0, 1])[0], PendingRead)
     seen = torch.cat([y for _, y in ours])
     assert sorted(seen.tolist()) == sorted(labels.tolist())

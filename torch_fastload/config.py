@@ -2,17 +2,24 @@
 
 Constructor arguments default to ``None``, meaning "use the configured default"; values are
 validated when they are read so a bad setting fails loudly with the value in the message.
+
+Where a value comes from, first match wins: ``override()`` / ``set()``, the environment, the
+tuning file that ``python -m torch_fastload doctor --save`` writes (I/O threads and task size
+measured on this machine; ``TORCH_FASTLOAD_TUNING_FILE``, default
+``~/.cache/torch_fastload/tuning.json``), the built-in default.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-__all__ = ["get", "set", "override", "describe", "resolve", "OPTIONS"]
+__all__ = ["get", "set", "override", "describe", "resolve", "source", "tuning_file", "parse_size", "OPTIONS"]
 
 
 def _int_at_least(minimum: int) -> Callable[[str, Any], int]:
@@ -30,6 +37,36 @@ def _int_at_least(minimum: int) -> Callable[[str, Any], int]:
 
 _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
+
+
+def _int_between(minimum: int, maximum: int) -> Callable[[str, Any], int]:
+    at_least = _int_at_least(minimum)
+
+    def parse(name: str, value: Any) -> int:
+        as_int = at_least(name, value)
+        if as_int > maximum:
+            raise ValueError(f"torch_fastload option {name!r} must be an integer in [{minimum}, {maximum}], got {value!r}")
+        return as_int
+
+    return parse
+
+
+def parse_size(text: str) -> int:
+    """``'4194304'``, ``'4M'``, ``'4MiB'`` or ``'4 mb'`` -> bytes (binary multiples)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"not a byte count: {text!r}")
+    return int(match.group(1)) << (10 * " kmgt".index((match.group(2) or " ").lower()))
+
+
+def _byte_size(name: str, value: Any) -> int:
+    if isinstance(value, str):
+        try:
+            value = parse_size(value)
+        except ValueError:
+            raise ValueError(f"torch_fastload option {name!r} must be a byte count such as 4194304 or 4MiB, "
+                             f"got {value!r}") from None
+    return _positive_int(name, value)
 
 
 def _positive_float(name: str, value: Any) -> float:
@@ -69,10 +106,12 @@ class Option:
     default: Any
     parse: Callable[[str, Any], Any]
     help: str
+    env_name: str | None = None  # where the variable is not TORCH_FASTLOAD_<NAME>
+    tunable: bool = False  # ``doctor --save`` may record a measured value
 
     @property
     def env(self) -> str:
-        return "TORCH_FASTLOAD_" + self.name.upper()
+        return self.env_name or "TORCH_FASTLOAD_" + self.name.upper()
 
 
 def _default_stage_threads() -> int:
@@ -96,6 +135,14 @@ OPTIONS: dict[str, Option] = {
                "bytes per pinned slot; 0 sizes slots exactly from the first batch"),
         Option("oversize", "grow", _choice("grow", "error"),
                "a batch larger than a slot: 'grow' re-sizes the pool (counted in stats), 'error' raises"),
+        Option("io_mode", "auto", _choice("auto", "gds", "pinned", "posix"),
+               "file reads: 'gds' (kvikio into GPU memory), 'pinned' (kvikio or the engine into the pinned "
+               "pool), 'posix' (the C++ engine into the pinned pool), 'auto' (gds where usable, else posix)"),
+        Option("o_direct", False, _bool, "the C++ engine reads with O_DIRECT (bypasses the page cache)"),
+        Option("io_threads", 16, _int_between(1, 256), "threads per batched file read (C++ engine, kvikio)",
+               env_name="TORCH_FASTLOAD_NUM_THREADS", tunable=True),
+        Option("io_task_size", 4 << 20, _byte_size, "bytes per read task (reads are sliced and coalesced to it)",
+               env_name="TORCH_FASTLOAD_TASK_SIZE", tunable=True),
         Option("shutdown_timeout", 10.0, _positive_float,
                "seconds to wait for in-flight reads and copies and for threads to join on shutdown"),
         Option("poll_interval", 0.05, _positive_float,
@@ -107,8 +154,35 @@ _lock = threading.Lock()
 _overrides: list[dict[str, Any]] = []
 
 
-def get(name: str) -> Any:
-    """The value in effect: the innermost ``override``, else the environment, else the default."""
+_tuning_cache: dict[str, Any] = {}
+
+
+def tuning_file() -> str:
+    """Where ``doctor --save`` writes measured settings (``TORCH_FASTLOAD_TUNING_FILE``)."""
+    return os.environ.get("TORCH_FASTLOAD_TUNING_FILE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "torch_fastload", "tuning.json")
+
+
+def _tuned() -> dict[str, Any]:
+    """The tunable options recorded in the tuning file (re-read when the file changes)."""
+    path = tuning_file()
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return {}
+    if _tuning_cache.get("key") != (path, stamp):
+        try:
+            with open(path) as f:
+                recorded = json.load(f).get("settings", {})
+            values = {k: OPTIONS[k].parse(k, v) for k, v in recorded.items() if k in OPTIONS and OPTIONS[k].tunable}
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ValueError(f"torch_fastload tuning file {path} is unreadable ({exc}); "
+                             "re-run `python -m torch_fastload doctor --save` or delete it") from None
+        _tuning_cache.update(key=(path, stamp), values=values)
+    return _tuning_cache["values"]
+
+
+def _lookup(name: str) -> tuple[Any, str]:
     try:
         option = OPTIONS[name]
     except KeyError:
@@ -116,14 +190,28 @@ def get(name: str) -> Any:
     with _lock:
         for layer in reversed(_overrides):
             if name in layer:
-                return layer[name]
+                return layer[name], "override"
     raw = os.environ.get(option.env)
     if raw is not None and raw != "":
         try:
-            return option.parse(name, raw)
+            return option.parse(name, raw), option.env
         except ValueError as exc:
-            raise ValueError(f"{exc} (from environment variable {option.env})") from None
-    return option.default
+            raise ValueError(f"{exc} (from environment variable {option.env}={raw!r})") from None
+    if option.tunable:
+        tuned = _tuned()
+        if name in tuned:
+            return tuned[name], "tuning file"
+    return option.default, "default"
+
+
+def get(name: str) -> Any:
+    """The value in effect: ``override``, else the environment, else the tuning file, else the default."""
+    return _lookup(name)[0]
+
+
+def source(name: str) -> str:
+    """Where the value of ``name`` in effect comes from: override, an env var, tuning file or default."""
+    return _lookup(name)[1]
 
 
 def resolve(name: str, value: Any) -> Any:
@@ -160,7 +248,9 @@ def override(**values: Any) -> Iterator[None]:
 
 def describe() -> str:
     """A table of every option, its value in effect and where to change it."""
-    rows = [f"{'option':<18} {'value':<10} {'env var':<34} meaning"]
+    rows = [f"{'option':<18} {'value':<10} {'from':<12} {'env var':<34} meaning"]
     for option in OPTIONS.values():
-        rows.append(f"{option.name:<18} {str(get(option.name)):<10} {option.env:<34} {option.help}")
+        value, origin = _lookup(option.name)
+        origin = "env" if origin.startswith("TORCH_FASTLOAD") else origin
+        rows.append(f"{option.name:<18} {str(value):<10} {origin:<12} {option.env:<34} {option.help}")
     return "\n".join(rows)

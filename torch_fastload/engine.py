@@ -5,8 +5,8 @@ persistent thread pool with the GIL released, after bounds-checking every range 
 file and the buffer (an index file is input, and input can be hostile). This module only turns
 Python objects (tensors, arrays, paths) into what ``_C`` takes and fills in defaults:
 
-    TORCH_FASTLOAD_NUM_THREADS   threads per call (default 16)
-    TORCH_FASTLOAD_TASK_SIZE     bytes per task, e.g. 4194304, 4M or 4MiB (default 4 MiB)
+    TORCH_FASTLOAD_NUM_THREADS   threads per call (default 16; config option ``io_threads``)
+    TORCH_FASTLOAD_TASK_SIZE     bytes per task, e.g. 4194304, 4M or 4MiB (default 4 MiB; ``io_task_size``)
 
 Errors: ``FileNotFoundError`` / ``IsADirectoryError`` / ``PermissionError`` / ``OSError`` for
 files, :class:`RangeError` (a ``ValueError``) for a range outside its file or the buffer, and
@@ -18,10 +18,11 @@ the buffer, but never returns as if it had succeeded.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Sequence, Tuple, Union
 
 import numpy as np
+
+from . import config
 
 try:
     from . import _C
@@ -54,8 +55,8 @@ __all__ = [
     "DEFAULT_TASK_SIZE",
 ]
 
-DEFAULT_NUM_THREADS = 16
-DEFAULT_TASK_SIZE = 4 << 20
+DEFAULT_NUM_THREADS = config.OPTIONS["io_threads"].default
+DEFAULT_TASK_SIZE = config.OPTIONS["io_task_size"].default
 MAX_THREADS = 256  # mirrors tfl::kMaxThreads
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -76,31 +77,16 @@ def _require() -> Any:
     return _C
 
 
-def _parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", text, re.IGNORECASE)
-    if not match:
-        raise ValueError(f"not a byte count: {text!r}")
-    return int(match.group(1)) << (10 * " kmgt".index((match.group(2) or " ").lower()))
-
-
-def _env_int(name: str, default: int, parse=int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return parse(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a valid value") from None
-
-
 def default_num_threads() -> int:
-    """Threads per call: ``TORCH_FASTLOAD_NUM_THREADS`` or 16 (reads are I/O bound, not core bound)."""
-    return _check_threads(_env_int("TORCH_FASTLOAD_NUM_THREADS", DEFAULT_NUM_THREADS), "TORCH_FASTLOAD_NUM_THREADS")
+    """Threads per call: ``config.get('io_threads')`` (``TORCH_FASTLOAD_NUM_THREADS``, the doctor's
+    tuning file, or 16: reads are I/O bound, not core bound)."""
+    return config.get("io_threads")
 
 
 def default_task_size() -> int:
-    """Bytes per task: ``TORCH_FASTLOAD_TASK_SIZE`` (accepts 4M / 4MiB) or 4 MiB."""
-    return _check_task_size(_env_int("TORCH_FASTLOAD_TASK_SIZE", DEFAULT_TASK_SIZE, _parse_size), "TORCH_FASTLOAD_TASK_SIZE")
+    """Bytes per task: ``config.get('io_task_size')`` (``TORCH_FASTLOAD_TASK_SIZE``, accepts 4M /
+    4MiB; the doctor's tuning file; or 4 MiB)."""
+    return config.get("io_task_size")
 
 
 def _check_threads(value: Any, name: str = "num_threads") -> int:

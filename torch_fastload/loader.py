@@ -37,9 +37,10 @@ import torch.utils.data as tud
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind, _SingleProcessDataLoaderIter
 
 from . import config
+from . import io as fio
 from .errors import BatchTooLargeError, LoaderShutdownError, PoolError, capture, wrap
 from .pool import PinnedPool
-from .staging import ParallelCopier, deferred_collate, gather_rows, plan_batch
+from .staging import ParallelCopier, PendingRead, deferred_collate, gather_rows, plan_batch
 from .stats import LoaderStats, StatsSnapshot
 from .transfer import CopyEngine, InFlightCopy
 
@@ -104,6 +105,9 @@ class DataLoader(tud.DataLoader):
     fetch_threads: threads running per-sample Python when ``num_workers == 0``.
     pool_slots, slot_bytes: the pinned pool (``slot_bytes=0``: sized by the first batch).
     oversize: a batch larger than a slot: ``'grow'`` the pool, or ``'error'``.
+    io_mode, o_direct, io_threads, io_task_size: how file-backed sources (``sources/``) are
+        read: ``'auto'`` (GDS where usable, else the C++ engine into the pinned slot),
+        ``'gds'``, ``'pinned'`` or ``'posix'``; ``loader.io`` says which path is in effect.
     """
 
     def __init__(
@@ -131,6 +135,10 @@ class DataLoader(tud.DataLoader):
         pool_slots: int | None = None,
         slot_bytes: int | None = None,
         oversize: str | None = None,
+        io_mode: str | None = None,
+        o_direct: bool | None = None,
+        io_threads: int | None = None,
+        io_task_size: int | None = None,
         **torch_kwargs,
     ):
         unknown = set(torch_kwargs) - _TORCH_INIT_PARAMS
@@ -151,6 +159,12 @@ class DataLoader(tud.DataLoader):
         self.pool_slots = config.resolve("pool_slots", pool_slots)
         self.slot_bytes = config.resolve("slot_bytes", slot_bytes)
         self.oversize = config.resolve("oversize", oversize)
+        self.io_mode = config.resolve("io_mode", io_mode)
+        self.o_direct = config.resolve("o_direct", o_direct)
+        self.io_threads = config.resolve("io_threads", io_threads)
+        self.io_task_size = config.resolve("io_task_size", io_task_size)
+        self._io_path: fio.IoPath | None = None
+        self._reader: fio.Reader | None = None
         self._user_collate = collate_fn
         self._stats = LoaderStats()
         self._resources_lock = threading.Lock()
@@ -184,6 +198,23 @@ class DataLoader(tud.DataLoader):
             self._stats.reset()
         return snapshot
 
+    @property
+    def io(self) -> fio.IoPath:
+        """The file-read path in effect (gds, kvikio-compat, engine-posix, ...) and why."""
+        with self._resources_lock:
+            if self._io_path is None:
+                self._io_path = fio.select(self.io_mode, self.device, self.o_direct, self.io_threads,
+                                           self.io_task_size)
+            return self._io_path
+
+    def _file_reader(self) -> fio.Reader:
+        path = self.io
+        with self._resources_lock:
+            if self._reader is None:
+                self._reader = fio.make_reader(path)
+                self._stats.set_io(str(path))
+            return self._reader
+
     # -- resources shared by this loader's iterators --------------------------------------
     def _resources(self) -> tuple[CopyEngine, ParallelCopier]:
         with self._resources_lock:
@@ -209,10 +240,18 @@ class DataLoader(tud.DataLoader):
                     raise PoolError("could not retire the old pool to grow it")
                 slot_bytes = max(nbytes, int(pool.slot_bytes * 1.25))
             else:
-                slot_bytes = max(nbytes, self.slot_bytes)
+                slot_bytes = max(nbytes, self.slot_bytes or self._slot_bytes_hint())
             self._pool = PinnedPool(self.pool_slots, slot_bytes, pin=self.device.type == "cuda")
             self._stats.set_pool(self._pool.num_slots, self._pool.slot_bytes, regrew=regrow)
             return self._pool
+
+    def _slot_bytes_hint(self) -> int:
+        """Sources of variable-size batches (packed records) bound a batch's bytes up front, so
+        the pool is sized once instead of growing batch by batch."""
+        hint = getattr(self.dataset, "__fastload_slot_bytes__", None)
+        if hint is None or not self._auto_collation or self.batch_size is None:
+            return 0
+        return int(hint(self.batch_size))
 
     def close(self) -> None:
         """Stop every iterator, wait for copies in flight, free the pinned pool and threads."""
@@ -421,10 +460,20 @@ class _Pipeline:
 
     def _stage_and_copy(self, index: int, batch) -> _Ready:
         plan = plan_batch(batch, collated=self.loader._auto_collation)
+        items = plan.copy_list()
+        reads = [(offset, src) for offset, src in items if isinstance(src, PendingRead)]
+        reader = self.loader._file_reader() if reads else None
+        device_reads = reads if reader is not None and reader.path.to_device else []
+        skip = [(offset, offset + int(src.lengths.sum())) for offset, src in device_reads]
         moved: list = []
 
         def unpack(flat: torch.Tensor):
             return plan.unpack(flat, lambda tensor: self.engine.move_passthrough(tensor, moved))
+
+        def read_into_device(flat: torch.Tensor) -> None:
+            started = time.perf_counter()
+            nbytes = reader.read(flat, device_reads)
+            self.stats.add_stage("read", time.perf_counter() - started, nbytes)
 
         if plan.total_bytes == 0:
             copy = self.engine.start(torch.empty(0, dtype=torch.uint8), unpack)
@@ -440,15 +489,21 @@ class _Pipeline:
                     raise
             copy = None
             try:
+                if reads and not device_reads:
+                    started = time.perf_counter()
+                    nbytes = reader.read(slot.buffer, reads)
+                    self.stats.add_stage("read", time.perf_counter() - started, nbytes)
                 started = time.perf_counter()
-                self.copier.copy_into(slot.buffer, plan.copy_list())
-                self.stats.add_stage("stage", time.perf_counter() - started, plan.payload_bytes)
-                copy = self.engine.start(slot.buffer[:plan.total_bytes], unpack)
+                staged = self.copier.copy_into(slot.buffer, items)
+                self.stats.add_stage("stage", time.perf_counter() - started, staged)
+                span = slot.buffer[:plan.total_bytes]
+                copy = self.engine.start(span, unpack, skip=skip, fill=read_into_device if skip else None,
+                                         stop=self.stop)
             finally:
                 pool.release(slot, copy.done if copy is not None else None)
         copy.moved = moved
         with self._lock:
-            self._copies.append((copy, plan.payload_bytes))
+            self._copies.append((copy, plan.payload_bytes - sum(end - begin for begin, end in skip)))
         self._count_copy_times()
         return _Ready(index, copy, plan.samples, plan.payload_bytes)
 

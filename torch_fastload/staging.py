@@ -73,16 +73,27 @@ class PendingGather(Pending):
 
 
 class PendingRead(Pending):
-    """Rows of a file (``row_bytes`` at each of ``offsets``), read by the C++ engine into the slot."""
+    """Byte ranges of files, read by an I/O backend (``io.py``) back to back into the slot.
 
-    __slots__ = ("path", "offsets", "row_bytes")
+    Range ``i`` is ``lengths[i]`` bytes at ``offsets[i]`` of ``paths[file_index[i]]``; together
+    they fill ``shape`` of ``dtype`` exactly (fixed-size rows, or one ragged uint8 slab).
+    """
 
-    def __init__(self, path: str, offsets: np.ndarray, row_bytes: int, shape: tuple, dtype: torch.dtype):
-        self.path = path
+    __slots__ = ("paths", "file_index", "offsets", "lengths")
+
+    def __init__(self, paths, offsets, lengths, shape: tuple, dtype: torch.dtype, file_index=None):
+        self.paths = [paths] if isinstance(paths, (str, bytes, os.PathLike)) else list(paths)
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-        self.row_bytes = row_bytes
+        self.lengths = (np.full(len(self.offsets), lengths, dtype=np.int64) if np.isscalar(lengths)
+                        else np.ascontiguousarray(lengths, dtype=np.int64))
+        self.file_index = (np.zeros(len(self.offsets), dtype=np.int64) if file_index is None
+                           else np.ascontiguousarray(file_index, dtype=np.int64))
         self.shape = tuple(shape)
         self.dtype = dtype
+        if not (len(self.lengths) == len(self.offsets) == len(self.file_index)):
+            raise ValueError("offsets, lengths and file_index of a PendingRead differ in length")
+        if int(self.lengths.sum()) != _nbytes(self.shape, dtype):
+            raise ValueError(f"ranges of {int(self.lengths.sum())} bytes cannot fill shape {self.shape} of {dtype}")
 
 
 def gather_rows(tensors: tuple, indices) -> list:
@@ -277,29 +288,27 @@ class ParallelCopier:
             self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="fastload-copy")
 
     def copy_into(self, dst: torch.Tensor, items: list[tuple[int, Any]]) -> int:
-        """Copy each source (tensor or PendingGather) to ``dst[offset:]``; returns the bytes copied."""
+        """Copy each source (tensor or PendingGather) to ``dst[offset:]``; returns the bytes copied.
+
+        ``PendingRead`` fields are not copied here: an I/O backend (``io.Reader``) reads them."""
         capacity = dst.numel()
         total = 0
-        contiguous, gathers, fallback, reads = [], [], [], []
+        contiguous, gathers, fallback = [], [], []
         for offset, src in items:
             nbytes = _nbytes(src.shape, src.dtype)
             if offset < 0 or offset + nbytes > capacity:
                 raise ValueError(f"staging range [{offset}, {offset + nbytes}) is outside the "
                                  f"{capacity}-byte destination")
-            total += nbytes
-            if not nbytes:
+            if not nbytes or isinstance(src, PendingRead):
                 continue
-            if isinstance(src, PendingRead):
-                reads.append((offset, src))
-            elif isinstance(src, PendingGather):
+            total += nbytes
+            if isinstance(src, PendingGather):
                 (gathers if self.native and _plain_contiguous(src.source) and src.source.device.type == "cpu"
                  else fallback).append((offset, src))
             elif src.device.type != "cpu" or not _plain_contiguous(src):
                 fallback.append((offset, src))
             else:
                 contiguous.append((offset, src, nbytes))
-        if reads:
-            _read_rows(dst, reads, self.native)
         if self.native:
             self._native_copy(dst.data_ptr(), contiguous, gathers)
         else:
@@ -307,9 +316,7 @@ class ParallelCopier:
         for offset, src in fallback:
             view = dst[offset:offset + _nbytes(src.shape, src.dtype)]
             view = view.view(src.dtype).view(src.shape)
-            if isinstance(src, PendingRead):
-                reads.append((offset, src))
-            elif isinstance(src, PendingGather):
+            if isinstance(src, PendingGather):
                 torch.index_select(src.source, 0, src.index, out=view)
             else:
                 view.copy_(src)
@@ -357,32 +364,6 @@ class ParallelCopier:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-
-
-def _read_rows(dst: torch.Tensor, reads: list, native: bool) -> None:
-    """Every PendingRead's rows into ``dst`` at their offsets: one engine call for the batch."""
-    paths = list(dict.fromkeys(read.path for _, read in reads))
-    which = {path: i for i, path in enumerate(paths)}
-    file_index = np.concatenate([np.full(len(r.offsets), which[r.path], np.int64) for _, r in reads])
-    offsets = np.concatenate([r.offsets for _, r in reads])
-    lengths = np.concatenate([np.full(len(r.offsets), r.row_bytes, np.int64) for _, r in reads])
-    dst_offsets = np.concatenate([off + np.arange(len(r.offsets), dtype=np.int64) * r.row_bytes for off, r in reads])
-    if native:
-        from . import engine
-
-        engine.read_ranges(paths, file_index, offsets, lengths, dst, dst_offsets)
-        return
-    view = dst.numpy()  # no C++ engine: plain preads, still bounded and checked for early EOF
-    fds = [os.open(path, os.O_RDONLY) for path in paths]
-    try:
-        for fi, off, length, at in zip(file_index, offsets, lengths, dst_offsets):
-            data = os.pread(fds[fi], int(length), int(off))
-            if len(data) != length:
-                raise EOFError(f"unexpected end of file {paths[fi]!r} reading offset={off}, length={length}")
-            view[at:at + length] = np.frombuffer(data, dtype=np.uint8)
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def _copy_list(items: list[tuple[np.ndarray, np.ndarray]]) -> None:

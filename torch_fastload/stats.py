@@ -8,9 +8,10 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = ["LoaderStats", "StatsSnapshot", "STAGES"]
 
-#: Pipeline stages timed per batch: per-sample Python / worker hand-over, pageable -> slot
-#: memcpy, and the slot -> device copy (timed with CUDA events on the GPU path).
-STAGES = ("fetch", "stage", "copy")
+#: Pipeline stages timed per batch: per-sample Python / worker hand-over, file reads (into the
+#: slot, or into device memory on the GDS path), pageable -> slot memcpy, and the slot -> device
+#: copy (timed with CUDA events on the GPU path).
+STAGES = ("fetch", "read", "stage", "copy")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class StatsSnapshot:
     pool_slot_bytes: int = 0
     pool_regrows: int = 0
     errors: int = 0
+    io: str = ""  # the file-read path in effect (io.IoPath), empty until a source reads a file
 
     @property
     def wait_fraction(self) -> float:
@@ -63,7 +65,7 @@ class StatsSnapshot:
 
     def __str__(self) -> str:
         lines = [
-            f"torch_fastload stats  path={self.path}",
+            f"torch_fastload stats  path={self.path}" + (f"\n  file reads: {self.io}" if self.io else ""),
             f"  batches {self.batches}  samples {self.samples}  bytes {self.bytes / 1e9:.3f} GB"
             f"  wall {self.wall_s:.3f} s  ->  {self.samples_per_s:,.0f} samples/s, {self.gbps:.2f} GB/s",
             f"  input wait {self.wait_s:.3f} s = {100 * self.wait_fraction:.1f}% of wall time",
@@ -89,6 +91,7 @@ class LoaderStats:
         self.pool_slots = 0
         self.pool_slot_bytes = 0
         self.pool_regrows = 0
+        self.io = ""
         self.reset()
 
     def reset(self) -> None:
@@ -118,6 +121,10 @@ class LoaderStats:
             self.pool_slots = slots
             self.pool_slot_bytes = slot_bytes
             self.pool_regrows += int(regrew)
+
+    def set_io(self, description: str) -> None:
+        with self._lock:
+            self.io = description
 
     def request_started(self) -> float:
         now = time.perf_counter()
@@ -154,4 +161,5 @@ class LoaderStats:
                 pool_slot_bytes=self.pool_slot_bytes,
                 pool_regrows=self.pool_regrows,
                 errors=self.errors,
+                io=self.io,
             )

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
+
+from .pool import _wait_event
 
 __all__ = ["CopyEngine", "InFlightCopy"]
 
@@ -49,14 +51,22 @@ class CopyEngine:
         self.stream = torch.cuda.Stream(device=device) if self.is_cuda else None
         self.debug_delay_cycles = 0  # tests: delay every copy to widen race windows
 
-    def start(self, span: torch.Tensor, unpack: Callable[[torch.Tensor], Any]) -> InFlightCopy:
+    def start(self, span: torch.Tensor, unpack: Callable[[torch.Tensor], Any], *,
+              skip: Sequence[tuple[int, int]] = (), fill: Callable[[torch.Tensor], None] | None = None,
+              stop=None) -> InFlightCopy:
         """Enqueue the copy of ``span`` (uint8 host bytes) and return without waiting.
 
         ``unpack(flat)`` builds the batch from the device bytes; it runs on the copy stream
         before the completion event, so tensors it moves itself are covered by that event.
+        ``skip``: byte ranges ``[begin, end)`` not copied from ``span`` because ``fill(flat)``
+        writes them straight into device memory (GDS reads). ``fill`` runs on this thread,
+        synchronously, once the new buffer is free of earlier work on the copy stream (the
+        caching allocator may hand back a block that stream still writes to).
         """
         nbytes = span.numel()
         if not self.is_cuda:
+            if fill is not None:
+                raise ValueError("device reads need a CUDA device")
             started = time.perf_counter()
             flat = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin_cpu_output)
             flat.copy_(span)
@@ -68,7 +78,16 @@ class CopyEngine:
                 torch.cuda._sleep(self.debug_delay_cycles)
             start.record(self.stream)
             flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            flat.copy_(span, non_blocking=True)
+            if skip:
+                for begin, stop_at in _complement(skip, nbytes):
+                    flat[begin:stop_at].copy_(span[begin:stop_at], non_blocking=True)
+            else:
+                flat.copy_(span, non_blocking=True)
+            if fill is not None:
+                allocated = torch.cuda.Event()
+                allocated.record(self.stream)
+                _wait_event(allocated, stop, None, "the copy stream before a device read")
+                fill(flat)
             batch = unpack(flat)
             end.record(self.stream)
         return InFlightCopy(flat, batch, end, (start, end))
@@ -104,3 +123,15 @@ class CopyEngine:
                 return False
             time.sleep(1e-4)
         return True
+
+
+def _complement(ranges: Sequence[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """The parts of ``[0, size)`` outside the sorted, disjoint ``ranges``."""
+    gaps, cursor = [], 0
+    for begin, end in sorted(ranges):
+        if begin > cursor:
+            gaps.append((cursor, begin))
+        cursor = max(cursor, end)
+    if cursor < size:
+        gaps.append((cursor, size))
+    return gaps

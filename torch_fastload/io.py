@@ -1,0 +1,374 @@
+"""Read backends: which code moves file bytes into a batch, and which one is in effect.
+
+A batch's file-backed fields are ``staging.PendingRead`` ranges. One ``Reader`` per loader
+executes them, into the pinned slot or straight into GPU memory:
+
+    mode in effect    reads with                          into
+    gds               kvikio CuFile (cuFile, GPUDirect)    device memory (no pinned hop)
+    kvikio-compat     kvikio CuFile, GDS unavailable       the pinned slot (or device memory
+                      (POSIX reads on kvikio's threads)    when io_mode='gds' was forced)
+    engine-posix      the C++ engine, pread                the pinned slot
+    engine-odirect    the C++ engine, O_DIRECT             the pinned slot
+    python-posix      os.pread (engine not built)          the pinned slot
+
+``select(io_mode, device, o_direct)`` turns the requested ``io_mode`` (auto | gds | pinned |
+posix) into an ``IoPath`` saying which mode runs and why; the loader reports it in its stats
+and logs it, never silently. Every backend checks every range against its file's size before
+reading, reads whole ranges or raises (``RangeError`` / ``ShortReadError`` / ``OSError`` naming
+the file, offset and length), and never returns a partly filled batch.
+
+NOTE [kvikio and streams]: kvikio's device reads in compat mode copy bounce buffers on
+per-thread streams created with ``CU_STREAM_DEFAULT``, which synchronize with the legacy
+default stream that training usually runs on. So ``auto`` only reads into device memory when
+real GDS is there (cuFile DMA, no stream); otherwise reads land in pinned slots and the H2D
+copy runs on the loader's non-blocking copy stream. ``benchmarks/file_loader.py`` times both.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import config, engine
+from .engine import RangeError, ShortReadError
+from .staging import PendingRead
+
+__all__ = ["IoPath", "GdsStatus", "Reader", "select", "make_reader", "gds_status", "batch_ranges", "coalesce"]
+
+log = logging.getLogger("torch_fastload")
+
+MODES = ("gds", "kvikio-compat", "engine-posix", "engine-odirect", "python-posix")
+
+
+@dataclass(frozen=True)
+class GdsStatus:
+    """Whether cuFile can DMA from storage into GPU memory here, and if not, why not."""
+
+    available: bool
+    kvikio_version: str | None
+    compat_mode: str | None  # kvikio's setting: ON, OFF or AUTO
+    reasons: tuple  # why GDS is not usable (empty when it is)
+
+    def __str__(self) -> str:
+        if self.kvikio_version is None:
+            return "kvikio not installed: " + "; ".join(self.reasons)
+        state = "GDS available" if self.available else "GDS unavailable (" + "; ".join(self.reasons) + ")"
+        return f"kvikio {self.kvikio_version}, compat_mode={self.compat_mode}: {state}"
+
+
+def _kvikio():
+    """kvikio, or None where it is not installed (or cannot load its libraries)."""
+    try:
+        import kvikio
+        import kvikio.cufile_driver  # noqa: F401
+        import kvikio.defaults  # noqa: F401
+    except Exception:  # ImportError, or an OSError from a missing libcufile
+        return None
+    return kvikio
+
+
+@functools.lru_cache(maxsize=1)
+def gds_status() -> GdsStatus:
+    """Probe kvikio, the cuFile driver and the nvidia-fs kernel module (cached)."""
+    kvikio = _kvikio()
+    if kvikio is None:
+        return GdsStatus(False, None, None, ("pip install kvikio-cu12 or kvikio-cu13 for GDS and kvikio reads",))
+    reasons = []
+    try:
+        with open("/proc/modules") as f:
+            if not any(line.split(" ", 1)[0] == "nvidia_fs" for line in f):
+                reasons.append("the nvidia-fs kernel module is not loaded")
+    except OSError:
+        reasons.append("/proc/modules is unreadable")
+    if not os.path.isdir("/run/udev"):
+        reasons.append("/run/udev is missing (cuFile cannot enumerate devices, as in most containers)")
+    try:
+        compat = kvikio.defaults.get("compat_mode")
+        compat = getattr(compat, "name", str(compat))
+    except Exception as exc:
+        compat = f"unknown ({exc})"
+    available = False
+    try:
+        available = bool(kvikio.cufile_driver.get("is_gds_available"))
+        if not available:
+            reasons.append("cuFile reports GDS unavailable")
+    except Exception as exc:
+        reasons.append(f"the cuFile driver did not load ({str(exc).splitlines()[0]})")
+    try:
+        if kvikio.defaults.is_compat_mode_preferred():
+            reasons.append("kvikio prefers compat mode (KVIKIO_COMPAT_MODE or no cuFile)")
+            available = False
+    except Exception:
+        pass
+    return GdsStatus(available and not reasons, getattr(kvikio, "__version__", "?"), compat, tuple(reasons))
+
+
+@dataclass(frozen=True)
+class IoPath:
+    """The read path in effect for a loader: what was asked for, what runs, and why."""
+
+    requested: str
+    mode: str  # one of MODES
+    to_device: bool  # reads land in GPU memory (no pinned hop)
+    threads: int
+    task_size: int
+    why: str
+
+    def __str__(self) -> str:
+        where = "device memory" if self.to_device else "pinned slot"
+        return (f"{self.mode} -> {where} ({self.threads} threads x {self.task_size / 2**20:g} MiB tasks; "
+                f"io_mode={self.requested}: {self.why})")
+
+
+def select(io_mode: str | None = None, device: torch.device | str = "cpu", o_direct: bool | None = None,
+           threads: int | None = None, task_size: int | None = None) -> IoPath:
+    """The read path for ``io_mode`` (None: configured) on ``device``; raises where it cannot run."""
+    requested = config.resolve("io_mode", io_mode)
+    o_direct = config.resolve("o_direct", o_direct)
+    threads = config.resolve("io_threads", threads)
+    task_size = config.resolve("io_task_size", task_size)
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    has_engine = engine.available()
+
+    def engine_path(why: str) -> IoPath:
+        if has_engine:
+            return IoPath(requested, "engine-odirect" if o_direct else "engine-posix", False, threads, task_size, why)
+        if o_direct:
+            raise ValueError("o_direct=True needs the C++ engine (torch_fastload._C), which is not built: "
+                             "run `pip install -e .` or pass o_direct=False")
+        return IoPath(requested, "python-posix", False, threads, task_size,
+                      why + "; the C++ engine is not built, so plain os.pread reads one range at a time")
+
+    if requested == "posix":
+        return engine_path("the C++ engine was asked for")
+    if o_direct and requested == "gds":
+        raise ValueError("o_direct=True applies to the C++ engine (io_mode='posix' or 'auto'); "
+                         "cuFile chooses direct I/O itself under io_mode='gds'")
+    status = gds_status() if requested != "posix" else None
+    if requested == "gds":
+        if not cuda:
+            raise ValueError(f"io_mode='gds' reads into GPU memory, but the loader's device is {device}")
+        if status.kvikio_version is None:
+            raise ValueError(f"io_mode='gds' needs kvikio: {status}")
+        if status.available:
+            return IoPath(requested, "gds", True, threads, task_size, "cuFile DMA from storage into GPU memory")
+        why = "GDS unavailable: " + "; ".join(status.reasons)
+        warnings.warn(f"torch_fastload: io_mode='gds' runs in kvikio compat mode ({why}); kvikio's "
+                      "device reads then synchronize with the default stream. io_mode='auto' reads into "
+                      "pinned slots instead.", RuntimeWarning, stacklevel=3)
+        return IoPath(requested, "kvikio-compat", True, threads, task_size, why)
+    if requested == "pinned":
+        if o_direct or status.kvikio_version is None or not cuda:
+            reason = ("o_direct asked for" if o_direct else "kvikio is not installed" if status.kvikio_version is None
+                      else "kvikio needs a CUDA device")
+            return engine_path(f"pinned slots through the C++ engine ({reason})")
+        return IoPath(requested, "kvikio-compat", False, threads, task_size,
+                      "kvikio's thread pool reads into the pinned slot; the H2D copy runs on the loader's stream")
+    # auto
+    if cuda and not o_direct and status.available:
+        return IoPath(requested, "gds", True, threads, task_size, "GDS is available")
+    why = ("o_direct asked for" if o_direct else f"device is {device}" if not cuda
+           else "GDS unavailable: " + "; ".join(status.reasons))
+    return engine_path(why)
+
+
+# ------------------------------------------------------------------------------------------
+# the ranges of a batch
+# ------------------------------------------------------------------------------------------
+
+
+def batch_ranges(reads: list[tuple[int, PendingRead]]):
+    """``(paths, file_index, offsets, lengths, dst_offsets)`` of every range of a batch's
+    ``(slot offset, PendingRead)`` fields, each field's ranges packed back to back."""
+    paths: list = []
+    which: dict = {}
+    file_index, offsets, lengths, dst_offsets = [], [], [], []
+    for at, read in reads:
+        remap = np.empty(len(read.paths), dtype=np.int64)
+        for i, path in enumerate(read.paths):
+            key = os.fspath(path)
+            if key not in which:
+                which[key] = len(paths)
+                paths.append(key)
+            remap[i] = which[key]
+        file_index.append(remap[read.file_index] if len(read.file_index) else read.file_index)
+        offsets.append(read.offsets)
+        lengths.append(read.lengths)
+        starts = np.empty(len(read.lengths), dtype=np.int64)
+        if len(starts):
+            starts[0] = 0
+            np.cumsum(read.lengths[:-1], out=starts[1:])
+        dst_offsets.append(at + starts)
+    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    return paths, cat(file_index), cat(offsets), cat(lengths), cat(dst_offsets)
+
+
+def coalesce(file_index, offsets, lengths, dst_offsets):
+    """Merge ranges adjacent both in their file and in the destination (what the engine does
+    in C++), for backends that issue one call per range. Returns the four arrays, merged."""
+    keep = lengths > 0
+    file_index, offsets, lengths, dst_offsets = (a[keep] for a in (file_index, offsets, lengths, dst_offsets))
+    if len(offsets) < 2:
+        return file_index, offsets, lengths, dst_offsets
+    order = np.lexsort((dst_offsets, offsets, file_index))
+    file_index, offsets, lengths, dst_offsets = (a[order] for a in (file_index, offsets, lengths, dst_offsets))
+    joins = ((file_index[1:] == file_index[:-1]) & (offsets[1:] == offsets[:-1] + lengths[:-1])
+             & (dst_offsets[1:] == dst_offsets[:-1] + lengths[:-1]))
+    starts = np.flatnonzero(np.concatenate(([True], ~joins)))
+    merged = np.add.reduceat(lengths, starts)
+    return file_index[starts], offsets[starts], merged, dst_offsets[starts]
+
+
+def _open_checked(paths, file_index, offsets, lengths) -> list[int]:
+    """Open every file, and check every range against its size, before any byte is read."""
+    fds: list[int] = []
+    try:
+        sizes = []
+        for path in paths:
+            fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))  # NONBLOCK: a FIFO never hangs
+            info = os.fstat(fds[-1])
+            if stat.S_ISDIR(info.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+            if not stat.S_ISREG(info.st_mode):
+                raise ValueError(f"not a regular file: {path!r}")
+            sizes.append(info.st_size)
+        sizes = np.array(sizes, dtype=np.int64)
+        if len(offsets):
+            bad = (offsets < 0) | (lengths < 0) | (offsets + lengths > sizes[file_index])
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise RangeError(f"range #{i} (offset={int(offsets[i])}, length={int(lengths[i])}) of "
+                                 f"'{paths[file_index[i]]}': reads past the end of the file "
+                                 f"({int(sizes[file_index[i]])} bytes)")
+        return fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+# ------------------------------------------------------------------------------------------
+# readers
+# ------------------------------------------------------------------------------------------
+
+
+class Reader:
+    """Reads a batch's ``PendingRead`` fields into a slot (host) or a device buffer."""
+
+    def __init__(self, path: IoPath):
+        self.path = path
+
+    @property
+    def mode(self) -> str:
+        return self.path.mode
+
+    def read(self, dst: torch.Tensor, reads: list[tuple[int, PendingRead]]) -> int:
+        """Read every field of ``reads`` to ``dst`` (uint8, 1-D) at its offset; returns the bytes."""
+        if not reads:
+            return 0
+        expected = "cuda" if self.path.to_device else "cpu"
+        if dst.device.type != expected:
+            raise ValueError(f"{self.mode} reads into {expected} memory, got a buffer on {dst.device}")
+        return self._read(dst, *batch_ranges(reads))
+
+    def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class EngineReader(Reader):
+    """The C++ engine: one call per batch, GIL released, ranges coalesced and sliced in C++."""
+
+    def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> int:
+        return engine.read_ranges(paths, file_index, offsets, lengths, dst, dst_offsets,
+                                  num_threads=self.path.threads, task_size=self.path.task_size,
+                                  o_direct=self.path.mode == "engine-odirect")
+
+
+class PythonReader(Reader):
+    """``os.pread`` per coalesced range: the fallback where the C++ engine is not built."""
+
+    def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> int:
+        view = dst.numpy()
+        if len(dst_offsets) and (int((dst_offsets + lengths).max()) > view.size or int(dst_offsets.min()) < 0):
+            raise RangeError(f"ranges exceed the {view.size}-byte destination")
+        fds = _open_checked(paths, file_index, offsets, lengths)
+        try:
+            for fi, off, length, at in zip(*coalesce(file_index, offsets, lengths, dst_offsets)):
+                got = 0
+                while got < length:
+                    data = os.pread(fds[fi], int(length - got), int(off + got))
+                    if not data:
+                        raise ShortReadError(f"unexpected end of file at byte {int(off + got)} while reading "
+                                             f"file '{paths[fi]}', offset={int(off)}, length={int(length)}")
+                    view[at + got:at + got + len(data)] = np.frombuffer(data, dtype=np.uint8)
+                    got += len(data)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return int(lengths.sum())
+
+
+class KvikioReader(Reader):
+    """kvikio's ``CuFile.pread`` per coalesced range, all in flight at once on kvikio's pool."""
+
+    def __init__(self, path: IoPath):
+        super().__init__(path)
+        self.kvikio = _kvikio()
+        if self.kvikio is None:
+            raise ValueError(f"{path.mode} needs kvikio, which does not import here")
+        if self.kvikio.defaults.get("num_threads") != path.threads:
+            self.kvikio.defaults.set("num_threads", path.threads)  # process-wide: kvikio has one pool
+
+    def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> int:
+        total = dst.numel()
+        if len(dst_offsets) and (int((dst_offsets + lengths).max()) > total or int(dst_offsets.min()) < 0):
+            raise RangeError(f"ranges exceed the {total}-byte destination")
+        fds = _open_checked(paths, file_index, offsets, lengths)  # typed errors before kvikio sees a path
+        for fd in fds:
+            os.close(fd)
+        host = None if self.path.to_device else dst.numpy()
+        files = [self.kvikio.CuFile(p, "r") for p in paths]
+        futures, error = [], None
+        try:
+            for fi, off, length, at in zip(*coalesce(file_index, offsets, lengths, dst_offsets)):
+                view = dst[at:at + length] if host is None else host[at:at + length]
+                futures.append((fi, off, length, files[fi].pread(view, int(length), int(off),
+                                                                  task_size=self.path.task_size)))
+        finally:
+            for fi, off, length, future in futures:  # every read in flight finishes before we leave
+                try:
+                    got = future.get()
+                except Exception as exc:
+                    error = error or exc
+                    continue
+                if got != length and error is None:
+                    error = ShortReadError(f"kvikio read {got} of {int(length)} bytes from file '{paths[fi]}', "
+                                           f"offset={int(off)}, length={int(length)} (was it truncated?)")
+            for f in files:
+                f.close()
+        if error is not None:
+            raise error
+        return int(lengths.sum())
+
+
+def make_reader(path: IoPath) -> Reader:
+    """The reader that implements ``path`` (logged once per loader at INFO)."""
+    log.info("torch_fastload reads files with %s", path)
+    if path.mode in ("gds", "kvikio-compat"):
+        return KvikioReader(path)
+    if path.mode == "python-posix":
+        return PythonReader(path)
+    return EngineReader(path)
