@@ -10,13 +10,21 @@
 from . import config
 from .errors import BatchTooLargeError, FastloadError, LoaderShutdownError, PoolError
 from .loader import DataLoader
+from .packing import pack, pack_image_folder
 from .pool import PinnedPool
+from .sources import ArrayDataset, ArrayFile, RecordBatch, RecordDataset
 from .stats import StatsSnapshot
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader",
+    "ArrayDataset",
+    "ArrayFile",
+    "RecordDataset",
+    "RecordBatch",
+    "pack",
+    "pack_image_folder",
     "PinnedPool",
     "StatsSnapshot",
     "config",

@@ -43,9 +43,13 @@ def _int_between(minimum: int, maximum: int) -> Callable[[str, Any], int]:
     at_least = _int_at_least(minimum)
 
     def parse(name: str, value: Any) -> int:
-        as_int = at_least(name, value)
-        if as_int > maximum:
-            raise ValueError(f"torch_fastload option {name!r} must be an integer in [{minimum}, {maximum}], got {value!r}")
+        try:
+            as_int = at_least(name, value)
+        except ValueError:
+            as_int = None
+        if as_int is None or as_int > maximum:
+            raise ValueError(f"torch_fastload option {name!r} must be an integer in [{minimum}, {maximum}], "
+                             f"got {value!r}") from None
         return as_int
 
     return parse

@@ -145,6 +145,8 @@ class DataLoader(tud.DataLoader):
         if unknown:
             raise TypeError(f"DataLoader got unexpected keyword argument(s) {sorted(unknown)} "
                             f"(torch {torch.__version__} does not know them either)")
+        if collate_fn is None and callable(getattr(dataset, "collate", None)):
+            collate_fn = dataset.collate  # sources collate their own samples (ragged records)
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             False,  # torch never pins: the loader stages into its own pinned pool
@@ -287,10 +289,10 @@ class DataLoader(tud.DataLoader):
 def _batch_reader(loader: DataLoader):
     """``indices -> batch of Pending fields`` where the dataset can describe a whole batch as
     reads (``__fastload_batch__``) or as row gathers (a TensorDataset); None otherwise. Only
-    with the default collate, whose result these reproduce exactly."""
-    if loader._user_collate is not None or not loader._auto_collation:
-        return None
+    with the default collate or the source's own ``collate``, whose result these reproduce."""
     dataset = loader.dataset
+    if not loader._auto_collation or loader._user_collate not in (None, getattr(dataset, "collate", None)):
+        return None
     if (isinstance(dataset, tud.TensorDataset) and type(dataset).__getitem__ is tud.TensorDataset.__getitem__
             and dataset.tensors
             and all(t.device.type == "cpu" and t.layout == torch.strided for t in dataset.tensors)):

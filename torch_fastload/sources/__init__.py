@@ -7,5 +7,7 @@ stager executes straight into the pinned slot.
 """
 
 from .arrays import ArrayDataset, ArrayFile, ArrayFormatError, read_npy_header
+from .records import RecordBatch, RecordDataset, RecordFormatError
 
-__all__ = ["ArrayDataset", "ArrayFile", "ArrayFormatError", "read_npy_header"]
+__all__ = ["ArrayDataset", "ArrayFile", "ArrayFormatError", "read_npy_header",
+           "RecordDataset", "RecordBatch", "RecordFormatError"]

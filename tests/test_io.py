@@ -1,0 +1,180 @@
+"""Read backends: which io_mode runs where (reported, never silent), coalescing, and on the GPU
+machine every backend (engine, kvikio into pinned slots, kvikio/GDS into device memory) giving
+torch's batches, with typed errors for files damaged between planning and reading."""
+
+import os
+import traceback
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import torch_fastload
+from torch_fastload import DataLoader, RecordDataset, engine, io, pack
+from torch_fastload.sources import ArrayDataset, ArrayFile
+
+from test_loader import ListSampler, assert_same
+
+
+@pytest.fixture
+def no_kvikio(monkeypatch):
+    monkeypatch.setattr(io, "_kvikio", lambda: None)
+    io.gds_status.cache_clear()
+    yield
+    io.gds_status.cache_clear()
+
+
+def test_posix_and_auto_on_the_cpu():
+    path = io.select("posix", "cpu")
+    assert (path.mode, path.to_device, path.threads, path.task_size) == ("engine-posix", False, 16, 4 << 20)
+    assert io.select("posix", "cpu", o_direct=True).mode == "engine-odirect"
+    auto = io.select("auto", "cpu", threads=3, task_size=1 << 20)
+    assert auto.mode == "engine-posix" and "device is cpu" in auto.why and auto.threads == 3
+    assert "engine-posix -> pinned slot (3 threads x 1 MiB tasks; io_mode=auto" in str(auto)
+
+
+def test_explicit_modes_that_cannot_run_say_why(no_kvikio):
+    with pytest.raises(ValueError, match="reads into GPU memory, but the loader's device is cpu"):
+        io.select("gds", "cpu")
+    with pytest.raises(ValueError, match="o_direct=True applies to the C\\+\\+ engine"):
+        io.select("gds", "cpu", o_direct=True)
+    pinned = io.select("pinned", "cpu")
+    assert pinned.mode == "engine-posix" and "kvikio is not installed" in pinned.why
+    assert "pip install kvikio" in str(io.gds_status())
+    with pytest.raises(ValueError, match="must be one of"):
+        io.select("nvme", "cpu")
+
+
+def test_without_the_engine(monkeypatch):
+    monkeypatch.setattr(engine, "available", lambda: False)
+    path = io.select("auto", "cpu")
+    assert path.mode == "python-posix" and "not built" in path.why
+    with pytest.raises(ValueError, match="o_direct=True needs the C\\+\\+ engine"):
+        io.select("posix", "cpu", o_direct=True)
+
+
+def test_io_mode_from_the_environment_and_loader_arguments(tmp_path, monkeypatch):
+    np.save(tmp_path / "x.npy", np.arange(40, dtype=np.float32).reshape(10, 4))
+    monkeypatch.setenv("TORCH_FASTLOAD_O_DIRECT", "1")
+    monkeypatch.setenv("TORCH_FASTLOAD_NUM_THREADS", "3")
+    loader = DataLoader(ArrayDataset(tmp_path / "x.npy"), batch_size=5, device="cpu")
+    assert loader.io.mode == "engine-odirect" and loader.io.threads == 3
+    assert loader.stats().io == ""  # nothing read yet
+    assert torch.equal(torch.cat(list(loader)), torch.arange(40, dtype=torch.float32).reshape(10, 4))
+    stats = loader.stats()
+    assert stats.io.startswith("engine-odirect") and "file reads: engine-odirect" in str(stats)
+    assert stats.stage_bytes["read"] == 160 and stats.stage_s["read"] > 0
+    override = DataLoader(ArrayDataset(tmp_path / "x.npy"), batch_size=5, device="cpu", o_direct=False,
+                          io_task_size="64KiB")
+    assert override.io.mode == "engine-posix" and override.io.task_size == 65536
+    with pytest.raises(ValueError, match="'io_threads' must be an integer in \\[1, 256\\], got 0"):
+        DataLoader(ArrayDataset(tmp_path / "x.npy"), io_threads=0)
+
+
+def test_coalesce_matches_the_engine_plan(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(1 << 16))
+    rng = np.random.default_rng(0)
+    offsets = np.sort(rng.choice(np.arange(0, 60000, 100), 40, replace=False))
+    offsets[5:15] = offsets[5] + 100 * np.arange(10)  # a run of neighbours
+    lengths = np.full(40, 100, np.int64)
+    dst = np.zeros(40, np.int64)
+    dst[1:] = np.cumsum(lengths)[:-1]
+    dst[20:] += 7  # a hole in the destination breaks the run there
+    merged = io.coalesce(np.zeros(40, np.int64), offsets.astype(np.int64), lengths, dst)
+    plan = engine.plan_ranges(str(path), None, offsets, lengths, 5000, dst, task_size=1 << 30)
+    assert [tuple(int(v) for v in r) for r in zip(*merged)] == [tuple(r) for r in plan[0]]
+
+
+# ------------------------------------------------------------------------------------------
+# every backend on the GPU machine
+# ------------------------------------------------------------------------------------------
+
+
+def expected_mode(io_mode):
+    gds = io.gds_status().available
+    return {"auto": "gds" if gds else "engine-posix", "posix": "engine-posix", "pinned": "kvikio-compat",
+            "gds": "gds" if gds else "kvikio-compat"}[io_mode]
+
+
+def make_sources(tmp_path):
+    rng = np.random.default_rng(1)
+    features = rng.standard_normal((500, 3, 37)).astype(np.float32)  # 444-byte rows: nothing aligned
+    labels = rng.integers(0, 10, 500)
+    np.save(tmp_path / "x.npy", features)
+    np.save(tmp_path / "y.npy", labels)
+    records = [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(0, 20000, 300)]
+    pack(zip(records, rng.integers(0, 5, 300).tolist()), tmp_path / "pack", shard_size=1 << 20, progress=False)
+    return ArrayDataset(tmp_path / "x.npy", tmp_path / "y.npy"), RecordDataset(tmp_path / "pack")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("io_mode", ["auto", "posix", "pinned", "gds"])
+def test_every_backend_gives_torchs_batches_on_the_gpu(tmp_path, io_mode):
+    arrays, records = make_sources(tmp_path)
+    for dataset, extra in ((arrays, {}), (records, {"collate_fn": records.collate})):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = DataLoader(dataset, batch_size=32, shuffle=True, io_mode=io_mode, io_threads=4,
+                                io_task_size=1 << 16, generator=torch.Generator().manual_seed(2))
+            ours = list(loader)
+        theirs = list(torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True,
+                                                  generator=torch.Generator().manual_seed(2), **extra))
+        assert loader.io.mode == expected_mode(io_mode)
+        assert loader.io.to_device == (io_mode == "gds" or loader.io.mode == "gds")
+        if io_mode == "gds" and not io.gds_status().available:
+            assert any("compat mode" in str(w.message) for w in caught)
+        leaf = ours[0][0] if dataset is arrays else ours[0].data
+        assert leaf.is_cuda
+        assert_same(ours, theirs)
+        stats = loader.stats()
+        assert stats.io.startswith(loader.io.mode) and stats.stage_bytes["read"] > 0
+        loader.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("io_mode", ["posix", "pinned", "gds"])
+def test_file_truncated_before_the_read_is_a_typed_error_on_every_backend(tmp_path, io_mode):
+    arrays, records = make_sources(tmp_path)
+    os.truncate(tmp_path / "x.npy", 128 + 100 * 444 + 10)  # rows 100.. are gone
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        it = iter(DataLoader(arrays, batch_size=50, io_mode=io_mode))
+    assert next(it)[0].shape == (50, 3, 37)
+    assert next(it)[0].shape == (50, 3, 37)
+    with pytest.raises(engine.RangeError) as info:
+        next(it)
+    text = "".join(traceback.format_exception(info.value))
+    assert "x.npy" in text and "offset=" in text and "batch 2" in text
+    it.close()
+
+
+@pytest.mark.cuda
+def test_o_direct_file_cut_at_a_page_boundary(tmp_path):
+    rows = np.random.default_rng(3).integers(0, 2**31, (64, 1024), dtype=np.int32)  # 4 KiB rows
+    rows.tofile(tmp_path / "r.bin")
+    dataset = ArrayDataset(ArrayFile.raw(tmp_path / "r.bin", np.int32, (1024,)))
+    loader = DataLoader(dataset, batch_size=16, o_direct=True)
+    assert loader.io.mode == "engine-odirect"
+    it = iter(loader)
+    assert torch.equal(next(it).cpu(), torch.from_numpy(rows[:16]))
+    os.truncate(tmp_path / "r.bin", 40 * 4096)  # a clean page boundary inside batch 2
+    assert torch.equal(next(it).cpu(), torch.from_numpy(rows[16:32]))
+    with pytest.raises(engine.RangeError, match="r.bin.*end of the file \\(163840 bytes\\)"):
+        next(it)
+    it.close()
+
+
+@pytest.mark.cuda
+def test_gds_status_is_reported():
+    status = io.gds_status()
+    text = str(status)
+    if status.kvikio_version is None:
+        pytest.fail(f"kvikio is expected on the GPU machine: {text}")
+    assert status.available or status.reasons, text
+    print(text)
+
+
+def test_package_exports_the_sources():
+    assert torch_fastload.ArrayDataset is ArrayDataset and torch_fastload.RecordDataset is RecordDataset

@@ -1,0 +1,220 @@
+"""Packed records: variable-length samples (JPEG bytes, token sequences, blobs) in shard files.
+
+Layout of a pack (written by ``torch_fastload.pack`` / ``python -m torch_fastload pack``)::
+
+    meta.json        format, version, record count, shard files and sizes, class names
+    index.npy        int64 (N, 3): shard, offset, length of every record
+    labels.npy       int64 (N,), when the records are labelled
+    names.txt        one source name per record, when the writer knew them (error messages)
+    shard-00000.bin  records back to back (optionally padded to an alignment)
+
+A batch of records is one read plan: every record's byte range goes back to back into one
+slab (pinned, or device memory on the GDS path), so a batch costs one engine call, and the
+batch arrives as ``RecordBatch(data, offsets, labels)``: record ``i`` is
+``data[offsets[i]:offsets[i + 1]]``.
+
+The index is input: it is checked against the shard files when the pack is opened (every
+range inside its shard) and again by the engine at read time (a shard may shrink later).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import NamedTuple, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import FastloadError
+from ..staging import ALIGN, PendingRead
+
+__all__ = ["RecordDataset", "RecordBatch", "RecordFormatError", "FORMAT", "VERSION"]
+
+FORMAT = "torch_fastload.records"
+VERSION = 1
+
+
+class RecordFormatError(FastloadError, ValueError):
+    """A pack whose metadata, index or shards do not describe readable records."""
+
+    def __init__(self, path: str, problem: str):
+        self.path = path
+        super().__init__(f"{path}: {problem}")
+
+
+class RecordBatch(NamedTuple):
+    """A batch of records in one slab: record ``i`` is ``data[offsets[i]:offsets[i + 1]]``."""
+
+    data: torch.Tensor  # uint8, every record's bytes back to back
+    offsets: torch.Tensor  # int64, len(batch) + 1 offsets into ``data``
+    labels: Optional[torch.Tensor]  # int64 per record, or None for unlabelled packs
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def split(self) -> list[torch.Tensor]:
+        """One uint8 view per record (reads ``offsets`` on the host: a sync if it is on a GPU)."""
+        bounds = self.offsets.tolist()
+        return [self.data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _load_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise RecordFormatError(path, "missing: not a finished pack (the writer writes meta.json last)") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RecordFormatError(path, f"not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise RecordFormatError(path, f"not a {FORMAT} pack (format={meta.get('format') if isinstance(meta, dict) else meta!r})")
+    if meta.get("version") != VERSION:
+        raise RecordFormatError(path, f"version {meta.get('version')!r} is not supported (this reader: {VERSION})")
+    return meta
+
+
+def _load_int64(path: str, shape_ok, what: str) -> np.ndarray:
+    try:
+        array = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except (ValueError, OSError, EOFError) as exc:
+        raise RecordFormatError(path, f"not a readable .npy {what} ({exc})") from None
+    if array.dtype != np.int64 or not shape_ok(array.shape):
+        raise RecordFormatError(path, f"{what} must be int64 of the documented shape, got {array.dtype} {array.shape}")
+    return array
+
+
+class RecordDataset(Dataset):
+    """A pack of records: ``ds[i]`` is ``(uint8 tensor, label)`` (just the tensor when unlabelled).
+
+    With torch_fastload's DataLoader a batch is read straight into one slab and arrives as a
+    ``RecordBatch``; with torch's own DataLoader pass ``collate_fn=dataset.collate`` to get
+    the same ``RecordBatch`` (the tests check they are equal).
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = os.fspath(root)
+        if not os.path.isdir(self.root):
+            raise (FileNotFoundError if not os.path.exists(self.root) else NotADirectoryError)(
+                f"pack directory {self.root!r} does not exist" if not os.path.exists(self.root)
+                else f"{self.root!r} is not a pack directory")
+        meta_path = os.path.join(self.root, "meta.json")
+        meta = _load_json(meta_path)
+        try:
+            count = int(meta["num_records"])
+            shards = [(str(s["file"]), int(s["bytes"])) for s in meta["shards"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordFormatError(meta_path, f"missing or malformed field ({exc!r})") from None
+        if count < 0 or any(os.sep in name or name in ("", ".", "..") for name, _ in shards):
+            raise RecordFormatError(meta_path, "negative record count or a shard name that is a path")
+        self.meta = meta
+        self.classes = meta.get("classes")
+        self.shard_paths = [os.path.join(self.root, name) for name, _ in shards]
+        index_path = os.path.join(self.root, "index.npy")
+        self.index = _load_int64(index_path, lambda s: len(s) == 2 and s[1] == 3, "index (N, 3)")
+        if len(self.index) != count:
+            raise RecordFormatError(index_path, f"holds {len(self.index)} records, meta.json says {count}")
+        labels_path = os.path.join(self.root, "labels.npy")
+        self.labels = (_load_int64(labels_path, lambda s: s == (count,), f"labels ({count},)")
+                       if meta.get("labels", False) else None)
+        self._check_ranges(index_path, shards)
+        self._names: list | None = None
+
+    def _check_ranges(self, index_path: str, shards) -> None:
+        """Every record inside its shard as the shard is now (hostile or stale index => error)."""
+        sizes = []
+        for path, (_, recorded) in zip(self.shard_paths, shards):
+            size = os.stat(path).st_size  # FileNotFoundError names the shard
+            if not os.path.isfile(path):
+                raise RecordFormatError(path, "shard is not a regular file")
+            if size != recorded:
+                raise RecordFormatError(path, f"shard has {size} bytes, meta.json recorded {recorded} "
+                                              "(truncated or rewritten since it was packed)")
+            sizes.append(size)
+        if not len(self.index):
+            return
+        shard, offset, length = self.index.T
+        sizes = np.asarray(sizes, dtype=np.int64)
+        bad = (shard < 0) | (shard >= len(sizes)) | (offset < 0) | (length < 0)
+        end_ok = np.zeros(len(shard), dtype=bool)
+        ok = ~bad
+        end_ok[ok] = offset[ok] <= sizes[shard[ok]] - length[ok]  # no int64 overflow
+        bad |= ~end_ok
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            s, o, n = (int(v) for v in self.index[i])
+            where = (f"shard {s} ('{self.shard_paths[s]}', {int(sizes[s])} bytes)" if 0 <= s < len(sizes)
+                     else f"shard {s} (the pack has {len(sizes)} shards)")
+            raise RecordFormatError(index_path, f"record {i}: offset={o}, length={n} in {where} lies outside "
+                                                f"its shard ({int(bad.sum())} bad record(s) in all)")
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _check(self, indices) -> np.ndarray:
+        raw = np.asarray(indices, dtype=np.int64).reshape(-1)
+        index = np.where(raw < 0, raw + len(self), raw)
+        bad = (index < 0) | (index >= len(self))
+        if bad.any():
+            raise IndexError(f"record index {int(raw[bad][0])} is out of range for the pack {self.root!r} "
+                             f"({len(self)} records)")
+        return index
+
+    def name(self, i: int) -> str:
+        """Where record ``i`` came from (its source file name), for error messages."""
+        if self._names is None:
+            path = os.path.join(self.root, "names.txt")
+            try:
+                with open(path, encoding="utf-8") as f:
+                    self._names = f.read().split("\n")[:len(self)]
+            except FileNotFoundError:
+                self._names = []
+        i = int(self._check([i])[0])
+        if i < len(self._names):
+            return self._names[i]
+        shard, offset, length = (int(v) for v in self.index[i])
+        return f"record {i} ('{self.shard_paths[shard]}' offset={offset} length={length})"
+
+    def __getitem__(self, i):
+        i = int(self._check([i])[0])
+        shard, offset, length = (int(v) for v in self.index[i])
+        path = self.shard_paths[shard]
+        with open(path, "rb") as f:
+            data = os.pread(f.fileno(), length, offset)
+        if len(data) != length:
+            raise EOFError(f"record {i}: file '{path}' ended at byte {offset + len(data)} while reading "
+                           f"offset={offset}, length={length} (truncated after the pack was opened?)")
+        tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8) if length else torch.empty(0, dtype=torch.uint8)
+        return tensor if self.labels is None else (tensor, int(self.labels[i]))
+
+    def collate(self, samples: list) -> RecordBatch:
+        """``RecordBatch`` of ``[ds[i] for i in batch]``: pass as torch DataLoader's ``collate_fn``."""
+        tensors = samples if self.labels is None else [t for t, _ in samples]
+        lengths = torch.tensor([len(t) for t in tensors], dtype=torch.int64)
+        offsets = torch.zeros(len(tensors) + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        data = torch.cat(tensors) if tensors else torch.empty(0, dtype=torch.uint8)
+        labels = None if self.labels is None else torch.tensor([label for _, label in samples], dtype=torch.int64)
+        return RecordBatch(data, offsets, labels)
+
+    def __fastload_batch__(self, indices) -> RecordBatch:
+        """The batch ``collate`` would make, its bytes left as one read plan for the loader."""
+        index = self._check(indices)
+        rows = self.index[index]
+        lengths = rows[:, 2]
+        offsets = np.zeros(len(index) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        data = PendingRead(self.shard_paths, rows[:, 1], lengths, (int(offsets[-1]),), torch.uint8,
+                           file_index=rows[:, 0])
+        labels = None if self.labels is None else torch.from_numpy(self.labels[index])
+        return RecordBatch(data, torch.from_numpy(offsets), labels)
+
+    def __fastload_slot_bytes__(self, batch_size: int) -> int:
+        """Bytes that any batch of ``batch_size`` records fits in (sizes the pool once)."""
+        k = min(batch_size, len(self))
+        largest = int(np.partition(self.index[:, 2], len(self) - k)[len(self) - k:].sum()) if k else 0
+        return largest + 2 * (batch_size + 1) * 8 + 3 * ALIGN
