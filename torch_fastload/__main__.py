@@ -10,8 +10,10 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "pack": ("torch_fastload.packing", "pack an image folder or a folder of files into record shards"),
     "bench": ("torch_fastload.bench",
               "torch DataLoader vs torch_fastload on a generated dataset (samples/s, input wait, GB/s)"),
+    "doctor": ("torch_fastload.doctor", "measure GPU link, H2D, GDS, storage and the I/O engine; --save the best settings"),
 }
 
 
