@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "device_stager.h"
 #include "engine.h"
 
 namespace py = pybind11;
@@ -148,6 +149,16 @@ py::list plan_ranges(std::vector<std::string> paths, const I64Array& file_index,
   return out;
 }
 
+int64_t stager_read(tfl::DeviceStager& stager, std::vector<std::string> paths, const I64Array& file_index,
+                    const I64Array& offsets, const I64Array& lengths, uint64_t dst_ptr, int64_t dst_size,
+                    const I64Array& dst_offsets, uint64_t stream, int num_threads, int64_t task_size, bool o_direct,
+                    bool wait_for_chunks) {
+  const tfl::ReadRequest req = make_request(std::move(paths), file_index, offsets, lengths, dst_ptr, dst_size,
+                                            dst_offsets, num_threads, task_size, o_direct);
+  py::gil_scoped_release nogil;
+  return stager.read(req, static_cast<uintptr_t>(stream), wait_for_chunks);
+}
+
 int64_t copy_ranges(const I64Array& dst_ptrs, const I64Array& src_ptrs, const I64Array& sizes, int num_threads,
                     int64_t task_size, bool streaming) {
   std::vector<int64_t> dst = to_vector(dst_ptrs, "dst_ptrs"), src = to_vector(src_ptrs, "src_ptrs"),
@@ -195,6 +206,26 @@ PYBIND11_MODULE(_C, m) {
         "memcpy(dst_ptrs[i], src_ptrs[i], sizes[i]) for every i on the pool; ranges must not overlap.\n"
         "streaming=True uses non-temporal stores (for destinations the CPU does not read next).\n"
         "Returns the total bytes copied.");
+  py::class_<tfl::DeviceStager>(m, "DeviceStager",
+                                 "File ranges into GPU memory through a ring of pinned chunks that stays in\n"
+                                 "the CPU cache: pread into a chunk, H2D on the caller's stream, event-guarded reuse.")
+      .def(py::init<uint64_t, int64_t, int64_t>(), py::arg("ring_ptr"), py::arg("ring_bytes"), py::arg("chunk_bytes"),
+           "ring_ptr: pinned host memory the caller keeps alive until idle() returns True.")
+      .def("read", &stager_read, py::arg("paths"), py::arg("file_index"), py::arg("offsets"), py::arg("lengths"),
+           py::arg("dst_ptr"), py::arg("dst_size"), py::arg("dst_offsets"), py::arg("stream"),
+           py::arg("num_threads") = 16, py::arg("task_size") = int64_t(4) << 20, py::arg("o_direct") = false,
+           py::arg("wait_for_chunks") = true,
+           "Read every range into device memory at dst_ptr + dst_offsets[i], copies enqueued on `stream`;\n"
+           "returns the bytes once every copy is enqueued. Same checks and errors as read_ranges.")
+      .def(
+          "idle",
+          [](tfl::DeviceStager& s, double timeout) {
+            py::gil_scoped_release nogil;
+            return s.idle(timeout);
+          },
+          py::arg("timeout") = 10.0, "Wait until no enqueued copy reads the ring; False on timeout.")
+      .def_property_readonly("chunk_bytes", &tfl::DeviceStager::chunk_bytes)
+      .def_property_readonly("chunks", &tfl::DeviceStager::chunks);
   m.def(
       "pool_size", [] { return tfl::ThreadPool::instance().num_workers(); },
       "Worker threads in the persistent pool (the calling thread works too).");

@@ -1,4 +1,5 @@
 #include "engine.h"
+#include "plan.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -139,24 +140,6 @@ void ThreadPool::run(size_t n, size_t width,
 
 namespace {
 
-struct File {
-  std::string path;
-  int fd = -1;
-  int64_t size = 0;
-  File() = default;
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-  ~File() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-// A contiguous piece of one file going to one contiguous piece of the destination.
-struct Piece {
-  int32_t file;
-  int64_t off, len, dst;
-};
-
 std::string describe(int64_t i, int64_t off, int64_t len, int64_t dst) {
   return "range #" + std::to_string(i) + " (offset=" + std::to_string(off) + ", length=" + std::to_string(len) +
          ", dst_offset=" + std::to_string(dst) + ")";
@@ -224,6 +207,8 @@ char* bounce_buffer(int64_t bytes) {
   return buffer.ptr;
 }
 
+}  // namespace
+
 void read_piece(const File& f, const Piece& p, char* dst, bool direct, const std::atomic<bool>& stop) {
   if (!direct) {
     pread_full(f, p, dst, p.off, p.len, p.len, false, stop);
@@ -241,6 +226,8 @@ void read_piece(const File& f, const Piece& p, char* dst, bool direct, const std
   if (pread_full(f, p, buf, first, end - first, last - first, true, stop))
     std::memcpy(dst, buf + (p.off - first), static_cast<size_t>(p.len));
 }
+
+namespace {
 
 // Opens one file for reading and records its size. Every failure names the first range using it.
 void open_file(File& f, bool direct, const std::string& range) {
@@ -312,10 +299,6 @@ std::vector<size_t> pack_tasks(std::vector<P>& pieces, int64_t task_size) {
   return bounds;
 }
 
-struct ReadPiece : Piece {
-  ReadPiece slice(int64_t from, int64_t n) const { return {{file, off + from, n, dst + from}}; }
-};
-
 [[noreturn]] void bad_range(const ReadRequest& r, int64_t i, const std::string& why) {
   const int64_t fi = r.file_index[i];
   std::string path = (fi >= 0 && fi < static_cast<int64_t>(r.paths.size())) ? r.paths[fi] : std::string();
@@ -324,15 +307,8 @@ struct ReadPiece : Piece {
   throw Error(Error::kRange, msg + ": " + why, path);
 }
 
-struct Plan {
-  std::vector<std::unique_ptr<File>> files;  // by file_index; null where unreferenced
-  std::vector<ReadPiece> pieces;
-  std::vector<size_t> bounds;  // task t reads pieces[bounds[t], bounds[t + 1])
-  int64_t total = 0;
-};
+}  // namespace
 
-// Validates every range, opens and sizes the files, coalesces and slices into tasks.
-// Reads nothing, so a hostile request fails here before any byte is written.
 Plan make_plan(const ReadRequest& r) {
   Plan plan;
   const size_t n = r.file_index.size();
@@ -416,8 +392,6 @@ Plan make_plan(const ReadRequest& r) {
   plan.total = total;
   return plan;
 }
-
-}  // namespace
 
 std::vector<std::vector<PlannedRead>> plan_ranges(const ReadRequest& r) {
   Plan plan = make_plan(r);

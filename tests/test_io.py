@@ -14,7 +14,7 @@ import torch_fastload
 from torch_fastload import DataLoader, RecordDataset, engine, io, pack
 from torch_fastload.sources import ArrayDataset, ArrayFile
 
-from test_loader import ListSampler, assert_same
+from test_loader import assert_same
 
 
 @pytest.fixture
@@ -122,7 +122,8 @@ def test_every_backend_gives_torchs_batches_on_the_gpu(tmp_path, io_mode):
         theirs = list(torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True,
                                                   generator=torch.Generator().manual_seed(2), **extra))
         assert loader.io.mode == expected_mode(io_mode)
-        assert loader.io.to_device == (io_mode == "gds" or loader.io.mode == "gds")
+        assert loader.io.to_device == (io_mode != "pinned")  # the engine streams through its ring
+        assert (loader.io.ring_chunks > 0) == loader.io.mode.startswith("engine")
         if io_mode == "gds" and not io.gds_status().available:
             assert any("compat mode" in str(w.message) for w in caught)
         leaf = ours[0][0] if dataset is arrays else ours[0].data
@@ -164,6 +165,49 @@ def test_o_direct_file_cut_at_a_page_boundary(tmp_path):
     with pytest.raises(engine.RangeError, match="r.bin.*end of the file \\(163840 bytes\\)"):
         next(it)
     it.close()
+
+
+def _ring_read(tmp_path, wait_for_chunks: bool) -> bool:
+    """Read 4 MiB in 64 KiB tasks through a 2-chunk ring while the copy stream is held back by
+    a sleeping kernel, so every chunk is reused while its copies wait; True if bytes match."""
+    data = np.random.default_rng(4).integers(0, 256, 4 << 20, dtype=np.uint8)
+    path = tmp_path / "ring.bin"
+    data.tofile(path)
+    stager = engine.DeviceStager(64 << 10, 2)
+    stream = torch.cuda.Stream()
+    dst = torch.empty(len(data), dtype=torch.uint8, device="cuda")
+    offsets = np.arange(0, len(data), 4096)[::-1].copy()  # nothing coalesces: 64 tasks
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)  # ~25 ms: the first copies wait behind this
+        stager.read(str(path), None, offsets, np.full(len(offsets), 4096), dst, offsets, stream=stream.cuda_stream,
+                    num_threads=4, task_size=64 << 10, wait_for_chunks=wait_for_chunks)
+    stream.synchronize()
+    assert stager.close()
+    return bool(torch.equal(dst.cpu(), torch.from_numpy(data)))
+
+
+@pytest.mark.cuda
+def test_ring_chunks_wait_for_their_copies(tmp_path):
+    assert _ring_read(tmp_path, wait_for_chunks=True)
+
+
+@pytest.mark.cuda
+def test_negative_control_ring_reused_without_waiting_corrupts(tmp_path):
+    assert not _ring_read(tmp_path, wait_for_chunks=False), "the race window did not open: the wait test proves nothing"
+
+
+@pytest.mark.cuda
+def test_ring_under_delayed_copies_in_the_loader(tmp_path):
+    arrays, records = make_sources(tmp_path)
+    loader = DataLoader(records, batch_size=40, shuffle=True, io_threads=8, io_task_size=16 << 10,
+                        generator=torch.Generator().manual_seed(9))
+    loader._resources()[0].debug_delay_cycles = 20_000_000  # copies queue up behind sleeps
+    ours = [torch_fastload.RecordBatch(*(t.cpu() if t is not None else None for t in b)) for b in loader]
+    theirs = list(torch.utils.data.DataLoader(records, batch_size=40, shuffle=True, collate_fn=records.collate,
+                                              generator=torch.Generator().manual_seed(9)))
+    assert loader.io.ring_chunks == 10
+    assert_same(ours, theirs)
+    loader.close()
 
 
 @pytest.mark.cuda

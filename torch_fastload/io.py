@@ -7,13 +7,17 @@ executes them, into the pinned slot or straight into GPU memory:
     gds               kvikio CuFile (cuFile, GPUDirect)    device memory (no pinned hop)
     kvikio-compat     kvikio CuFile, GDS unavailable       the pinned slot (or device memory
                       (POSIX reads on kvikio's threads)    when io_mode='gds' was forced)
-    engine-posix      the C++ engine, pread                the pinned slot
-    engine-odirect    the C++ engine, O_DIRECT             the pinned slot
+    engine-posix      the C++ engine, pread                device memory through a pinned ring
+                                                           of cache-sized chunks (CUDA), or the
+                                                           slot (io_mode='pinned', or the CPU)
+    engine-odirect    the C++ engine, O_DIRECT             the same
     python-posix      os.pread (engine not built)          the pinned slot
 
 ``select(io_mode, device, o_direct)`` turns the requested ``io_mode`` (auto | gds | pinned |
 posix) into an ``IoPath`` saying which mode runs and why; the loader reports it in its stats
-and logs it, never silently. Every backend checks every range against its file's size before
+and logs it, never silently. ``pinned`` always stages whole batches in the pinned pool (one
+H2D copy per batch); ``posix`` and ``auto`` without GDS stream file bytes to the GPU through
+the engine's ring (``engine.DeviceStager``), which reads faster than a whole-batch slot. Every backend checks every range against its file's size before
 reading, reads whole ranges or raises (``RangeError`` / ``ShortReadError`` / ``OSError`` naming
 the file, offset and length), and never returns a partly filled batch.
 
@@ -31,18 +35,20 @@ import functools
 import logging
 import os
 import stat
+import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from . import config, engine
 from .engine import RangeError, ShortReadError
+from .pool import _wait_event
 from .staging import PendingRead
 
-__all__ = ["IoPath", "GdsStatus", "Reader", "select", "make_reader", "gds_status", "batch_ranges", "coalesce"]
+__all__ = ["IoPath", "GdsStatus", "Reader", "select", "make_reader", "gds_status", "batch_ranges", "coalesce",
+           "ring_chunks"]
 
 log = logging.getLogger("torch_fastload")
 
@@ -118,15 +124,25 @@ class IoPath:
 
     requested: str
     mode: str  # one of MODES
-    to_device: bool  # reads land in GPU memory (no pinned hop)
+    to_device: bool  # reads land in GPU memory (no whole-batch pinned slot)
     threads: int
     task_size: int
     why: str
+    ring_chunks: int = 0  # engine on CUDA: pinned chunks of task_size between the file and the GPU
 
     def __str__(self) -> str:
-        where = "device memory" if self.to_device else "pinned slot"
+        if self.ring_chunks:
+            where = f"GPU memory via a pinned ring of {self.ring_chunks} chunks"
+        else:
+            where = "GPU memory" if self.to_device else "pinned slot"
         return (f"{self.mode} -> {where} ({self.threads} threads x {self.task_size / 2**20:g} MiB tasks; "
                 f"io_mode={self.requested}: {self.why})")
+
+
+def ring_chunks(threads: int) -> int:
+    """Chunks in the engine's pinned ring: one per thread reading plus slack for chunks whose
+    copies are still queued, few enough that the ring stays in the CPU's last-level cache."""
+    return threads + max(2, threads // 4)
 
 
 def select(io_mode: str | None = None, device: torch.device | str = "cpu", o_direct: bool | None = None,
@@ -140,9 +156,12 @@ def select(io_mode: str | None = None, device: torch.device | str = "cpu", o_dir
     cuda = device.type == "cuda"
     has_engine = engine.available()
 
-    def engine_path(why: str) -> IoPath:
+    def engine_path(why: str, ring: bool = True) -> IoPath:
         if has_engine:
-            return IoPath(requested, "engine-odirect" if o_direct else "engine-posix", False, threads, task_size, why)
+            mode = "engine-odirect" if o_direct else "engine-posix"
+            if cuda and ring:
+                return IoPath(requested, mode, True, threads, task_size, why, ring_chunks(threads))
+            return IoPath(requested, mode, False, threads, task_size, why)
         if o_direct:
             raise ValueError("o_direct=True needs the C++ engine (torch_fastload._C), which is not built: "
                              "run `pip install -e .` or pass o_direct=False")
@@ -171,7 +190,7 @@ def select(io_mode: str | None = None, device: torch.device | str = "cpu", o_dir
         if o_direct or status.kvikio_version is None or not cuda:
             reason = ("o_direct asked for" if o_direct else "kvikio is not installed" if status.kvikio_version is None
                       else "kvikio needs a CUDA device")
-            return engine_path(f"pinned slots through the C++ engine ({reason})")
+            return engine_path(f"pinned slots through the C++ engine ({reason})", ring=False)
         return IoPath(requested, "kvikio-compat", False, threads, task_size,
                       "kvikio's thread pool reads into the pinned slot; the H2D copy runs on the loader's stream")
     # auto
@@ -265,6 +284,8 @@ def _open_checked(paths, file_index, offsets, lengths) -> list[int]:
 class Reader:
     """Reads a batch's ``PendingRead`` fields into a slot (host) or a device buffer."""
 
+    copies_on_stream = True  # device reads are copies on the loader's stream (timed with it)
+
     def __init__(self, path: IoPath):
         self.path = path
 
@@ -282,19 +303,36 @@ class Reader:
         return self._read(dst, *batch_ranges(reads))
 
     def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> int:
-        raise NotImplementedError
+        raise NotImplementedError  # each backend implements it
 
-    def close(self) -> None:
-        pass
+    def close(self, timeout: float = 10.0) -> None:
+        """Free what the reader holds once no copy reads it any more."""
 
 
 class EngineReader(Reader):
-    """The C++ engine: one call per batch, GIL released, ranges coalesced and sliced in C++."""
+    """The C++ engine: one call per batch, GIL released, ranges coalesced and sliced in C++.
+    On a CUDA device the bytes stream to GPU memory through the engine's pinned ring, the
+    copies enqueued on the current (the loader's copy) stream."""
+
+    def __init__(self, path: IoPath):
+        super().__init__(path)
+        self.stager = engine.DeviceStager(path.task_size, path.ring_chunks) if path.ring_chunks else None
+        self.unsafe_ring_reuse = False  # tests: skip the per-chunk wait to prove it is needed
 
     def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> int:
-        return engine.read_ranges(paths, file_index, offsets, lengths, dst, dst_offsets,
-                                  num_threads=self.path.threads, task_size=self.path.task_size,
-                                  o_direct=self.path.mode == "engine-odirect")
+        common = dict(num_threads=self.path.threads, task_size=self.path.task_size,
+                      o_direct=self.path.mode == "engine-odirect")
+        if self.stager is None:
+            return engine.read_ranges(paths, file_index, offsets, lengths, dst, dst_offsets, **common)
+        stream = torch.cuda.current_stream(dst.device).cuda_stream
+        return self.stager.read(paths, file_index, offsets, lengths, dst, dst_offsets, stream=stream,
+                                wait_for_chunks=not self.unsafe_ring_reuse, **common)
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self.stager is not None and not self.stager.close(timeout):
+            warnings.warn(f"torch_fastload: copies out of the pinned ring still running after {timeout} s; "
+                          "the ring is kept alive instead of freed", RuntimeWarning, stacklevel=2)
+        self.stager = None
 
 
 class PythonReader(Reader):
@@ -322,7 +360,11 @@ class PythonReader(Reader):
 
 
 class KvikioReader(Reader):
-    """kvikio's ``CuFile.pread`` per coalesced range, all in flight at once on kvikio's pool."""
+    """kvikio's ``CuFile.pread`` per coalesced range, all in flight at once on kvikio's pool.
+    Its device writes are host-synchronous and off our streams: before them, the buffer's
+    allocation (stream-ordered on the copy stream) must have settled."""
+
+    copies_on_stream = False
 
     def __init__(self, path: IoPath):
         super().__init__(path)
@@ -340,6 +382,11 @@ class KvikioReader(Reader):
         for fd in fds:
             os.close(fd)
         host = None if self.path.to_device else dst.numpy()
+        if host is None:
+            settled = torch.cuda.Event()
+            settled.record(torch.cuda.current_stream(dst.device))
+            _wait_event(settled, None, time.monotonic() + config.get("shutdown_timeout"),
+                        "the copy stream before a kvikio device read")
         files = [self.kvikio.CuFile(p, "r") for p in paths]
         futures, error = [], None
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import inspect
 import itertools
+import math
 import queue
 import threading
 import time
@@ -40,7 +41,7 @@ from . import config
 from . import io as fio
 from .errors import BatchTooLargeError, LoaderShutdownError, PoolError, capture, wrap
 from .pool import PinnedPool
-from .staging import ParallelCopier, PendingRead, deferred_collate, gather_rows, plan_batch
+from .staging import ALIGN, ParallelCopier, PendingRead, deferred_collate, gather_rows, plan_batch
 from .stats import LoaderStats, StatsSnapshot
 from .transfer import CopyEngine, InFlightCopy
 
@@ -263,6 +264,9 @@ class DataLoader(tud.DataLoader):
         with self._resources_lock:
             if self._engine is not None:
                 self._engine.synchronize(timeout)
+            if self._reader is not None:
+                self._reader.close(timeout)
+                self._reader = None
             if self._pool is not None:
                 self._pool.close(timeout=timeout)
                 self._pool = None
@@ -298,6 +302,21 @@ def _batch_reader(loader: DataLoader):
             and all(t.device.type == "cpu" and t.layout == torch.strided for t in dataset.tensors)):
         return lambda indices: gather_rows(dataset.tensors, indices)
     return getattr(dataset, "__fastload_batch__", None)
+
+
+def _pack_host_fields(items: list) -> tuple[list, list, int]:
+    """The non-file fields of a batch packed into a slot: ``(slot items, (slot offset, batch
+    offset, bytes) copies, slot bytes)``; file fields are read straight into the device."""
+    host, copies, cursor = [], [], 0
+    for offset, src in items:
+        if isinstance(src, PendingRead):
+            continue
+        nbytes = math.prod(src.shape) * src.dtype.itemsize
+        cursor = -(-cursor // ALIGN) * ALIGN
+        host.append((cursor, src))
+        copies.append((cursor, offset, nbytes))
+        cursor += nbytes
+    return host, copies, cursor
 
 
 class _InThreadSource(_SingleProcessDataLoaderIter):
@@ -465,23 +484,25 @@ class _Pipeline:
         items = plan.copy_list()
         reads = [(offset, src) for offset, src in items if isinstance(src, PendingRead)]
         reader = self.loader._file_reader() if reads else None
-        device_reads = reads if reader is not None and reader.path.to_device else []
-        skip = [(offset, offset + int(src.lengths.sum())) for offset, src in device_reads]
+        to_device = reader is not None and reader.path.to_device
+        if to_device:  # file fields go straight to the device; the slot holds the rest, packed
+            host, copies, host_bytes = _pack_host_fields(items)
+        else:
+            host, copies, host_bytes = items, None, plan.total_bytes
         moved: list = []
 
         def unpack(flat: torch.Tensor):
             return plan.unpack(flat, lambda tensor: self.engine.move_passthrough(tensor, moved))
 
-        def read_into_device(flat: torch.Tensor) -> None:
+        def read_into(buffer: torch.Tensor) -> None:
             started = time.perf_counter()
-            nbytes = reader.read(flat, device_reads)
+            nbytes = reader.read(buffer, reads)
             self.stats.add_stage("read", time.perf_counter() - started, nbytes)
 
-        if plan.total_bytes == 0:
-            copy = self.engine.start(torch.empty(0, dtype=torch.uint8), unpack)
-        else:
+        pool = slot = copy = None
+        if host_bytes:
             while True:
-                pool = self.loader._pool_for(plan.total_bytes, index)
+                pool = self.loader._pool_for(host_bytes, index)
                 try:
                     slot = pool.acquire(self.stop, poll=self.poll)
                     break
@@ -489,23 +510,24 @@ class _Pipeline:
                     if pool.closed and not self.stop.is_set():
                         continue  # another iterator re-sized the shared pool meanwhile
                     raise
-            copy = None
-            try:
-                if reads and not device_reads:
-                    started = time.perf_counter()
-                    nbytes = reader.read(slot.buffer, reads)
-                    self.stats.add_stage("read", time.perf_counter() - started, nbytes)
+        try:
+            if reads and not to_device:
+                read_into(slot.buffer)
+            if slot is not None:
                 started = time.perf_counter()
-                staged = self.copier.copy_into(slot.buffer, items)
+                staged = self.copier.copy_into(slot.buffer, host)
                 self.stats.add_stage("stage", time.perf_counter() - started, staged)
-                span = slot.buffer[:plan.total_bytes]
-                copy = self.engine.start(span, unpack, skip=skip, fill=read_into_device if skip else None,
-                                         stop=self.stop)
-            finally:
+            span = slot.buffer[:host_bytes] if slot is not None else None
+            copy = self.engine.start(span, unpack, nbytes=plan.total_bytes, copies=copies,
+                                     fill=read_into if to_device else None)
+        finally:
+            if slot is not None:
                 pool.release(slot, copy.done if copy is not None else None)
         copy.moved = moved
+        on_stream = plan.payload_bytes if not to_device or reader.copies_on_stream else \
+            sum(n for _, _, n in copies)
         with self._lock:
-            self._copies.append((copy, plan.payload_bytes - sum(end - begin for begin, end in skip)))
+            self._copies.append((copy, on_stream))
         self._count_copy_times()
         return _Ready(index, copy, plan.samples, plan.payload_bytes)
 

@@ -78,6 +78,7 @@ def pack(items: Iterable, out_dir: str | os.PathLike, *, labels: Sequence[int] |
     shards: list = []
     bar = _progress(total, f"packing {os.path.basename(out_dir) or out_dir}", progress)
     shard_file = None
+    shard_name = ""
     shard_bytes = 0
     started = time.perf_counter()
     try:

@@ -17,8 +17,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .pool import _wait_event
-
 __all__ = ["CopyEngine", "InFlightCopy"]
 
 
@@ -51,25 +49,28 @@ class CopyEngine:
         self.stream = torch.cuda.Stream(device=device) if self.is_cuda else None
         self.debug_delay_cycles = 0  # tests: delay every copy to widen race windows
 
-    def start(self, span: torch.Tensor, unpack: Callable[[torch.Tensor], Any], *,
-              skip: Sequence[tuple[int, int]] = (), fill: Callable[[torch.Tensor], None] | None = None,
-              stop=None) -> InFlightCopy:
-        """Enqueue the copy of ``span`` (uint8 host bytes) and return without waiting.
+    def start(self, span: torch.Tensor | None, unpack: Callable[[torch.Tensor], Any], *,
+              nbytes: int | None = None, copies: Sequence[tuple[int, int, int]] | None = None,
+              fill: Callable[[torch.Tensor], None] | None = None) -> InFlightCopy:
+        """Enqueue the batch's copy to the device and return without waiting.
 
+        The batch occupies ``nbytes`` (default ``span.numel()``) on the device. ``copies``:
+        ``(span offset, batch offset, bytes)`` pieces of the host ``span`` (default: all of it,
+        1:1). ``fill(flat)`` then writes the rest straight into device memory (file reads);
+        it runs with the copy stream current, so stream-ordered writes follow the allocation.
         ``unpack(flat)`` builds the batch from the device bytes; it runs on the copy stream
         before the completion event, so tensors it moves itself are covered by that event.
-        ``skip``: byte ranges ``[begin, end)`` not copied from ``span`` because ``fill(flat)``
-        writes them straight into device memory (GDS reads). ``fill`` runs on this thread,
-        synchronously, once the new buffer is free of earlier work on the copy stream (the
-        caching allocator may hand back a block that stream still writes to).
         """
-        nbytes = span.numel()
+        nbytes = span.numel() if nbytes is None else nbytes
+        if copies is None:
+            copies = [(0, 0, nbytes)] if nbytes else []
         if not self.is_cuda:
             if fill is not None:
                 raise ValueError("device reads need a CUDA device")
             started = time.perf_counter()
             flat = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin_cpu_output)
-            flat.copy_(span)
+            for src, dst, n in copies:
+                flat[dst:dst + n].copy_(span[src:src + n])
             return InFlightCopy(flat, unpack(flat), None, None, time.perf_counter() - started)
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             start = torch.cuda.Event(enable_timing=True)
@@ -78,15 +79,9 @@ class CopyEngine:
                 torch.cuda._sleep(self.debug_delay_cycles)
             start.record(self.stream)
             flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            if skip:
-                for begin, stop_at in _complement(skip, nbytes):
-                    flat[begin:stop_at].copy_(span[begin:stop_at], non_blocking=True)
-            else:
-                flat.copy_(span, non_blocking=True)
+            for src, dst, n in copies:
+                flat[dst:dst + n].copy_(span[src:src + n], non_blocking=True)
             if fill is not None:
-                allocated = torch.cuda.Event()
-                allocated.record(self.stream)
-                _wait_event(allocated, stop, None, "the copy stream before a device read")
                 fill(flat)
             batch = unpack(flat)
             end.record(self.stream)
@@ -124,14 +119,3 @@ class CopyEngine:
             time.sleep(1e-4)
         return True
 
-
-def _complement(ranges: Sequence[tuple[int, int]], size: int) -> list[tuple[int, int]]:
-    """The parts of ``[0, size)`` outside the sorted, disjoint ``ranges``."""
-    gaps, cursor = [], 0
-    for begin, end in sorted(ranges):
-        if begin > cursor:
-            gaps.append((cursor, begin))
-        cursor = max(cursor, end)
-    if cursor < size:
-        gaps.append((cursor, size))
-    return gaps

@@ -1,0 +1,57 @@
+#include "cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+#include <string>
+
+#include "engine.h"
+
+namespace tfl::cuda {
+
+namespace {
+
+template <class F>
+void resolve(void* lib, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(::dlsym(lib, name));
+  if (fn == nullptr) throw Error(Error::kInvalid, std::string("libcuda.so.1 has no ") + name);
+}
+
+}  // namespace
+
+const Api& api() {
+  static Api table{};
+  static std::once_flag once;
+  static std::string failure;
+  std::call_once(once, [] {
+    void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* why = ::dlerror();
+      failure = std::string("the CUDA driver (libcuda.so.1) could not be loaded: ") + (why ? why : "unknown");
+      return;
+    }
+    try {
+      resolve(lib, "cuCtxGetCurrent", table.ctx_get_current);
+      resolve(lib, "cuCtxSetCurrent", table.ctx_set_current);
+      resolve(lib, "cuEventCreate", table.event_create);
+      resolve(lib, "cuEventDestroy_v2", table.event_destroy);
+      resolve(lib, "cuEventRecord", table.event_record);
+      resolve(lib, "cuEventQuery", table.event_query);
+      resolve(lib, "cuMemcpyHtoDAsync_v2", table.memcpy_htod_async);
+      resolve(lib, "cuGetErrorString", table.get_error_string);
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  });
+  if (!failure.empty()) throw Error(Error::kInvalid, failure);
+  return table;
+}
+
+void check(Result r, const char* what) {
+  if (r == kSuccess) return;
+  const char* text = nullptr;
+  if (api().get_error_string(r, &text) != kSuccess || text == nullptr) text = "unknown error";
+  throw Error(Error::kInvalid, std::string(what) + " failed: CUDA error " + std::to_string(r) + " (" + text + ")");
+}
+
+}  // namespace tfl::cuda

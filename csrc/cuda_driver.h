@@ -1,0 +1,38 @@
+// The few CUDA driver calls the engine makes, resolved from libcuda.so.1 at first use.
+// The module therefore builds without the CUDA toolkit and imports on machines without a
+// GPU; only DeviceStager needs a driver, and it says so with a clear error where none loads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tfl::cuda {
+
+using Result = int;  // CUresult
+using Context = void*;
+using Stream = void*;
+using Event = void*;
+using DevicePtr = unsigned long long;
+
+constexpr Result kSuccess = 0;
+constexpr Result kNotReady = 600;  // CUDA_ERROR_NOT_READY
+constexpr unsigned kEventDisableTiming = 0x2;
+
+struct Api {
+  Result (*ctx_get_current)(Context*);
+  Result (*ctx_set_current)(Context);
+  Result (*event_create)(Event*, unsigned);
+  Result (*event_destroy)(Event);
+  Result (*event_record)(Event, Stream);
+  Result (*event_query)(Event);
+  Result (*memcpy_htod_async)(DevicePtr, const void*, size_t, Stream);
+  Result (*get_error_string)(Result, const char**);
+};
+
+// The driver's entry points; throws tfl::Error (kInvalid) naming what is missing.
+const Api& api();
+
+// Throws tfl::Error with the driver's message when `r` is not kSuccess.
+void check(Result r, const char* what);
+
+}  // namespace tfl::cuda
