@@ -95,21 +95,24 @@ void DeviceStager::release(size_t c) {
 }
 
 int64_t DeviceStager::read(const ReadRequest& req, uintptr_t stream_handle, bool wait_for_chunks) {
-  std::lock_guard<std::mutex> call(call_mu_);
   const auto& cu = cuda::api();
   ReadRequest r = req;
   r.task_size = std::min(r.task_size, chunk_bytes_);  // O_DIRECT rounds up to kDirectAlign: still fits
+  r.order_by_destination = true;  // a task fills one stretch of the batch: one large H2D copy each
   const Plan plan = make_plan(r);
   if (plan.total > 0 && r.dst_ptr == 0) throw Error(Error::kInvalid, "dst_ptr (device memory) is null");
   cuda::Context ctx = nullptr;
   cuda::check(cu.ctx_get_current(&ctx), "cuCtxGetCurrent");
   if (ctx == nullptr)
     throw Error(Error::kInvalid, "no CUDA context is current on the calling thread (use the loader's device first)");
-  if (ctx_ == nullptr) {
-    for (Chunk& c : chunks_) cuda::check(cu.event_create(&c.done, cuda::kEventDisableTiming), "cuEventCreate");
-    ctx_ = ctx;
-  } else if (ctx != ctx_) {
-    throw Error(Error::kInvalid, "DeviceStager is bound to another CUDA context (one stager per device)");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ctx_ == nullptr) {
+      for (Chunk& c : chunks_) cuda::check(cu.event_create(&c.done, cuda::kEventDisableTiming), "cuEventCreate");
+      ctx_ = ctx;
+    } else if (ctx != ctx_) {
+      throw Error(Error::kInvalid, "DeviceStager is bound to another CUDA context (one stager per device)");
+    }
   }
   const auto stream = reinterpret_cast<cuda::Stream>(stream_handle);
   const cuda::DevicePtr base = static_cast<cuda::DevicePtr>(r.dst_ptr);

@@ -31,6 +31,7 @@ class DeviceStager {
   // Reads req's ranges into device memory [req.dst_ptr, req.dst_ptr + req.dst_size) with copies
   // on `stream` (a CUstream / cudaStream_t); returns once every copy is enqueued, not done.
   // Tasks are at most chunk_bytes. The calling thread's CUDA context is used by every worker.
+  // Several threads may read at once (they share the ring and the engine's thread pool).
   // wait_for_chunks=false skips the reuse wait: only for tests proving the wait matters.
   int64_t read(const ReadRequest& req, uintptr_t stream, bool wait_for_chunks = true);
 
@@ -53,8 +54,7 @@ class DeviceStager {
 
   std::vector<Chunk> chunks_;
   int64_t chunk_bytes_;
-  cuda::Context ctx_ = nullptr;  // the context the events belong to
-  std::mutex call_mu_;           // one read() at a time
+  cuda::Context ctx_ = nullptr;  // the context the events belong to (set once, under mu_)
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<size_t> free_;  // oldest-released first, so its copy has had longest to finish

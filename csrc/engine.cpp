@@ -367,6 +367,7 @@ Plan make_plan(const ReadRequest& r) {
   for (size_t k = 0; k < n; ++k)
     if (r.lengths[k] > 0) order.push_back(k);
   auto before = [&](size_t a, size_t b) {
+    if (r.order_by_destination && r.dst_offsets[a] != r.dst_offsets[b]) return r.dst_offsets[a] < r.dst_offsets[b];
     if (r.file_index[a] != r.file_index[b]) return r.file_index[a] < r.file_index[b];
     if (r.offsets[a] != r.offsets[b]) return r.offsets[a] < r.offsets[b];
     return r.dst_offsets[a] < r.dst_offsets[b];

@@ -69,6 +69,9 @@ struct ReadRequest {
   // O_DIRECT: page cache bypassed; unaligned pieces go through a per-thread aligned bounce
   // buffer of up to task_size + 8 KiB, kept for reuse.
   bool o_direct = false;
+  // Order (and so group into tasks) by destination rather than by file offset: a task then
+  // fills one contiguous stretch of the destination (one H2D copy per task for DeviceStager).
+  bool order_by_destination = false;
 };
 
 // One read of a plan: file bytes [offset, offset + length) to dst_offset.

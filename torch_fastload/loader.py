@@ -2,10 +2,11 @@
 
 Pipeline of one iterator (each arrow a bounded queue; every wait polls a stop flag):
 
-    fetch thread  --fetched-->  stage thread  --ready-->  consumer's next()
-    (torch workers or           (plan, pinned slot,       (consumer stream waits on
-     in-thread per-sample        threaded memcpy, H2D      the batch's event,
-     Python, in order)           on the copy stream)       record_stream)
+    fetch thread  --fetched-->  stage threads  --ready-->  consumer's next()
+    (torch workers or           (2 batches at once:       (back in order; consumer
+     in-thread per-sample        plan, file reads or       stream waits on the batch's
+     Python, in order)           pinned slot + memcpy,     event, record_stream)
+                                 H2D on the copy stream)
 
 Batches keep their order; an exception fetching or staging batch k is raised by the k-th
 ``next()`` and later batches still arrive, as with torch. The pinned pool, the copy stream
@@ -49,6 +50,9 @@ __all__ = ["DataLoader"]
 
 _TORCH_INIT_PARAMS = set(inspect.signature(tud.DataLoader.__init__).parameters)
 _END = object()
+#: Batches staged at once: while one's read or copy runs in C++ without the GIL, the other's
+#: per-batch Python (plan, slot, stream calls) runs; the consumer restores the order.
+STAGE_WORKERS = 2
 
 
 @dataclass
@@ -354,10 +358,14 @@ class _Pipeline:
         self.finished = False
         uid = next(self._ids)
         self.fetch_thread = threading.Thread(target=self._fetch_loop, name=f"fastload-fetch-{uid}", daemon=True)
-        self.stage_thread = threading.Thread(target=self._stage_loop, name=f"fastload-stage-{uid}", daemon=True)
+        self.stage_workers = [threading.Thread(target=self._stage_loop, name=f"fastload-stage-{uid}.{k}", daemon=True)
+                              for k in range(STAGE_WORKERS)]
+        self._reorder: dict = {}  # staged batches that arrived ahead of their turn, by index
+        self._next_index = 0
         _LIVE_PIPELINES.add(self)
         self.fetch_thread.start()
-        self.stage_thread.start()
+        for worker in self.stage_workers:
+            worker.start()
 
     # -- queue helpers: every wait is bounded and honours the stop flag ---------------------
     def _put(self, q: queue.Queue, item) -> bool:
@@ -450,21 +458,23 @@ class _Pipeline:
                 if not self._put(self.fetched, (index, batch)):
                     return
                 index += 1
-            self._put(self.fetched, _END)
+            self._put(self.fetched, (index, _END))
         except BaseException:
-            self._put(self.fetched, _Fatal(capture("fetch thread", index)))
+            self._put(self.fetched, (index, _Fatal(capture("fetch thread", index))))
 
-    # -- stage thread ---------------------------------------------------------------------
+    # -- stage threads --------------------------------------------------------------------
     def _stage_loop(self) -> None:
+        """One of STAGE_WORKERS threads; batches leave in any order, ``next()`` restores it."""
         try:
             while True:
                 item = self._get(self.fetched)
                 if item is None:
                     return
-                if item is _END or isinstance(item, _Fatal):
+                index, batch = item
+                if batch is _END or isinstance(batch, _Fatal):
+                    self._put(self.fetched, item)  # the other workers stop on it too
                     self._put(self.ready, item)
                     return
-                index, batch = item
                 if not isinstance(batch, _Failure):
                     try:
                         batch = self._stage_and_copy(index, batch)
@@ -472,10 +482,10 @@ class _Pipeline:
                         if self.stop.is_set():
                             return
                         batch = _Failure(index, capture("stage/copy", index))
-                if not self._put(self.ready, batch):
+                if not self._put(self.ready, (index, batch)):
                     return
         except BaseException:
-            self._put(self.ready, _Fatal(capture("stage thread")))
+            self._put(self.ready, (None, _Fatal(capture("stage thread"))))
         finally:
             self._count_copy_times()
 
@@ -562,22 +572,27 @@ class _Pipeline:
         return item.copy.batch
 
     def _next_ready(self):
+        """The batch whose turn it is (stage workers finish out of order)."""
         timeout = self.loader.timeout
         deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
         while True:
             if self.stop.is_set():
                 raise LoaderShutdownError("this DataLoader iterator was shut down")
+            if self._next_index in self._reorder:
+                self._next_index += 1
+                return self._reorder.pop(self._next_index - 1)
+            alive = any(worker.is_alive() for worker in self.stage_workers)
             try:
-                return self.ready.get(timeout=self.poll)
+                index, item = self.ready.get(timeout=self.poll)
             except queue.Empty:
-                pass
-            if not self.stage_thread.is_alive():
-                try:
-                    return self.ready.get_nowait()
-                except queue.Empty:
-                    raise LoaderShutdownError("the staging thread exited without delivering a batch") from None
-            if deadline is not None and time.monotonic() > deadline:
-                raise RuntimeError(f"DataLoader timed out after {timeout} seconds")
+                if not alive and self.ready.empty():
+                    raise LoaderShutdownError("the staging threads exited without delivering a batch") from None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RuntimeError(f"DataLoader timed out after {timeout} seconds") from None
+                continue
+            if index is None:  # a stage thread itself broke: raised at once
+                return item
+            self._reorder[index] = item
 
     def shutdown(self) -> None:
         """Stop both threads, wait for copies in flight, return the slots. Idempotent."""
@@ -588,10 +603,11 @@ class _Pipeline:
         self.stop.set()
         timeout = config.get("shutdown_timeout")
         deadline = time.monotonic() + timeout
-        for thread in (self.stage_thread, self.fetch_thread):
+        threads = [*self.stage_workers, self.fetch_thread]
+        for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
-        stuck = [t.name for t in (self.fetch_thread, self.stage_thread) if t.is_alive()]
+        stuck = [t.name for t in threads if t.is_alive()]
         if stuck:
             warnings.warn(f"torch_fastload: thread(s) {stuck} did not stop within {timeout} s "
                           "(a dataset __getitem__ still running?); they are left as daemons",
