@@ -12,9 +12,11 @@ Runs (batch --batch, shuffled as in training; the consumer touches every batch o
   torch            torch.utils.data.DataLoader over the per-sample dataset (memmap rows / one
                    pread per record), pin_memory=True, num_workers in --torch-workers (best
                    kept), ``.cuda(non_blocking=True)`` per batch; --torch-batches batches
-  fastload         torch_fastload.DataLoader, io_mode auto (here: the C++ engine streaming to
-                   the GPU through its pinned ring), hot (page cache) and cold (page cache
-                   dropped per file with posix_fadvise DONTNEED): buffered and O_DIRECT
+  fastload         torch_fastload.DataLoader, io_mode auto, hot (page cache) and cold (page
+                   cache dropped per file with posix_fadvise DONTNEED): buffered and O_DIRECT.
+                   Hot files are mapped, registered and DMA'd straight from the page cache;
+                   cold ones stream through the engine's pinned ring
+  fastload-ring    the same with map_budget=0: every byte through the ring, hot
   fastload-slot    io_mode='pinned' without kvikio's help: the engine into whole-batch pinned
                    slots, one H2D per batch (the path before the ring), hot
   fastload-kvikio  io_mode='pinned' (kvikio's threads into the pinned pool), hot
@@ -362,6 +364,7 @@ def fastload_run(label, dataset, args, device, *, epochs=1, cold_paths=None, **l
                      {"loader": "fastload", "io": io_path, "io_mode": loader.io.mode, "epochs": epochs,
                       "cold": bool(cold_paths), "resident_before": resident})
     result["stats"] = loader.stats().as_dict()
+    result["io_bytes"] = result["stats"]["io_bytes"]
     loader.close()
     return result
 
@@ -585,6 +588,9 @@ def main(argv=None) -> int:
     runs.append(attempt("fastload", lambda: fastload_run("arrays fastload hot", arrays, args, device,
                                                          epochs=args.hot_epochs)))
     if cuda:
+        with torch_fastload.config.override(map_budget=0):
+            runs.append(attempt("ring", lambda: fastload_run("arrays fastload-ring hot", arrays, args, device,
+                                                             epochs=args.hot_epochs)))
         slot = lambda: fastload_run("arrays fastload-slot hot", arrays, args, device,  # noqa: E731
                                     epochs=args.hot_epochs, io_mode="pinned")
         with _without_kvikio():

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "device_stager.h"
+#include "mapped_file.h"
 #include "engine.h"
 
 namespace py = pybind11;
@@ -159,6 +160,21 @@ int64_t stager_read(tfl::DeviceStager& stager, std::vector<std::string> paths, c
   return stager.read(req, static_cast<uintptr_t>(stream), wait_for_chunks);
 }
 
+int64_t mapped_copy(const std::vector<const tfl::MappedFile*>& files, const I64Array& file_index,
+                    const I64Array& offsets, const I64Array& lengths, uint64_t dst_ptr, int64_t dst_size,
+                    const I64Array& dst_offsets, const std::vector<uint64_t>& streams) {
+  std::vector<std::string> paths;
+  for (const tfl::MappedFile* f : files) {
+    if (f == nullptr) throw py::value_error("a mapped file is None");
+    paths.push_back(f->path());
+  }
+  const tfl::ReadRequest req =
+      make_request(std::move(paths), file_index, offsets, lengths, dst_ptr, dst_size, dst_offsets, 1, 1, false);
+  std::vector<uintptr_t> handles(streams.begin(), streams.end());
+  py::gil_scoped_release nogil;
+  return tfl::copy_mapped(files, req, handles);
+}
+
 int64_t copy_ranges(const I64Array& dst_ptrs, const I64Array& src_ptrs, const I64Array& sizes, int num_threads,
                     int64_t task_size, bool streaming) {
   std::vector<int64_t> dst = to_vector(dst_ptrs, "dst_ptrs"), src = to_vector(src_ptrs, "src_ptrs"),
@@ -226,6 +242,27 @@ PYBIND11_MODULE(_C, m) {
           py::arg("timeout") = 10.0, "Wait until no enqueued copy reads the ring; False on timeout.")
       .def_property_readonly("chunk_bytes", &tfl::DeviceStager::chunk_bytes)
       .def_property_readonly("chunks", &tfl::DeviceStager::chunks);
+  py::class_<tfl::MappedFile>(m, "MappedFile",
+                               "A file mapped read-only and registered with CUDA: the GPU's copy engines read\n"
+                               "its page-cache pages directly. Pins the file's pages in RAM while it lives.")
+      .def(py::init([](const std::string& path) {
+             py::gil_scoped_release nogil;  // registering faults every page in
+             return new tfl::MappedFile(path);
+           }),
+           py::arg("path"))
+      .def_property_readonly("path", &tfl::MappedFile::path)
+      .def_property_readonly("size", &tfl::MappedFile::size);
+  m.def("mapped_copy", &mapped_copy, py::arg("files"), py::arg("file_index"), py::arg("offsets"), py::arg("lengths"),
+        py::arg("dst_ptr"), py::arg("dst_size"), py::arg("dst_offsets"), py::arg("streams"),
+        "Enqueue DMA copies of (files[file_index[i]], offsets[i], lengths[i]) to device memory at\n"
+        "dst_ptr + dst_offsets[i], round-robin over `streams`; every range checked first.");
+  m.def(
+      "page_cache_residency",
+      [](const std::string& path) {
+        py::gil_scoped_release nogil;
+        return tfl::page_cache_residency(path);
+      },
+      py::arg("path"), "(resident pages, total pages) of the file in the page cache (mincore).");
   m.def(
       "pool_size", [] { return tfl::ThreadPool::instance().num_workers(); },
       "Worker threads in the persistent pool (the calling thread works too).");

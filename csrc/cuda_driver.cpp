@@ -39,6 +39,8 @@ const Api& api() {
       resolve(lib, "cuEventQuery", table.event_query);
       resolve(lib, "cuMemcpyHtoDAsync_v2", table.memcpy_htod_async);
       resolve(lib, "cuGetErrorString", table.get_error_string);
+      resolve(lib, "cuMemHostRegister_v2", table.mem_host_register);
+      resolve(lib, "cuMemHostUnregister", table.mem_host_unregister);
     } catch (const Error& e) {
       failure = e.what();
     }

@@ -17,6 +17,7 @@ using DevicePtr = unsigned long long;
 constexpr Result kSuccess = 0;
 constexpr Result kNotReady = 600;  // CUDA_ERROR_NOT_READY
 constexpr unsigned kEventDisableTiming = 0x2;
+constexpr unsigned kHostRegisterReadOnly = 0x08;  // CU_MEMHOSTREGISTER_READ_ONLY
 
 struct Api {
   Result (*ctx_get_current)(Context*);
@@ -26,6 +27,8 @@ struct Api {
   Result (*event_record)(Event, Stream);
   Result (*event_query)(Event);
   Result (*memcpy_htod_async)(DevicePtr, const void*, size_t, Stream);
+  Result (*mem_host_register)(void*, size_t, unsigned);
+  Result (*mem_host_unregister)(void*);
   Result (*get_error_string)(Result, const char**);
 };
 

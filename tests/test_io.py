@@ -158,9 +158,9 @@ def test_o_direct_file_cut_at_a_page_boundary(tmp_path):
     dataset = ArrayDataset(ArrayFile.raw(tmp_path / "r.bin", np.int32, (1024,)))
     loader = DataLoader(dataset, batch_size=16, o_direct=True)
     assert loader.io.mode == "engine-odirect"
+    os.truncate(tmp_path / "r.bin", 40 * 4096)  # after planning: a clean page boundary inside batch 2
     it = iter(loader)
     assert torch.equal(next(it).cpu(), torch.from_numpy(rows[:16]))
-    os.truncate(tmp_path / "r.bin", 40 * 4096)  # a clean page boundary inside batch 2
     assert torch.equal(next(it).cpu(), torch.from_numpy(rows[16:32]))
     with pytest.raises(engine.RangeError, match="r.bin.*end of the file \\(163840 bytes\\)"):
         next(it)
@@ -199,14 +199,74 @@ def test_negative_control_ring_reused_without_waiting_corrupts(tmp_path):
 @pytest.mark.cuda
 def test_ring_under_delayed_copies_in_the_loader(tmp_path):
     arrays, records = make_sources(tmp_path)
-    loader = DataLoader(records, batch_size=40, shuffle=True, io_threads=8, io_task_size=16 << 10,
-                        generator=torch.Generator().manual_seed(9))
+    with torch_fastload.config.override(map_budget=0):  # every byte through the ring
+        loader = DataLoader(records, batch_size=40, shuffle=True, io_threads=8, io_task_size=16 << 10,
+                            generator=torch.Generator().manual_seed(9))
     loader._resources()[0].debug_delay_cycles = 20_000_000  # copies queue up behind sleeps
     ours = [torch_fastload.RecordBatch(*(t.cpu() if t is not None else None for t in b)) for b in loader]
     theirs = list(torch.utils.data.DataLoader(records, batch_size=40, shuffle=True, collate_fn=records.collate,
                                               generator=torch.Generator().manual_seed(9)))
-    assert loader.io.ring_chunks == 10
+    assert loader.io.ring_chunks == 10 and loader.io.map_budget == 0
     assert_same(ours, theirs)
+    assert set(loader.stats().io_bytes) == {"engine-posix"}
+    loader.close()
+
+
+def drop_from_page_cache(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("budget", ["25%", 0])
+def test_resident_files_are_dma_copied_from_the_page_cache(tmp_path, budget):
+    arrays, records = make_sources(tmp_path)
+    with torch_fastload.config.override(map_budget=budget):
+        for dataset in (arrays, records):
+            for path in (dataset.shard_paths if dataset is records else [f.path for f in dataset.files]):
+                open(path, "rb").read()  # resident
+            loader = DataLoader(dataset, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(1))
+            ours = list(loader)
+            theirs = list(torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True,
+                                                      collate_fn=getattr(dataset, "collate", None),
+                                                      generator=torch.Generator().manual_seed(1)))
+            assert_same(ours, theirs)
+            moved = loader.stats().io_bytes
+            assert set(moved) == ({"mapped"} if budget else {"engine-posix"}), moved
+            assert "DMA'd directly" in str(loader.io) if budget else "DMA" not in str(loader.io)
+            loader.close()
+
+
+@pytest.mark.cuda
+def test_cold_files_are_not_mapped_and_truncation_after_mapping_is_an_error(tmp_path):
+    arrays, _ = make_sources(tmp_path)
+    features, labels = (f.path for f in arrays.files)
+    drop_from_page_cache(features)
+    open(labels, "rb").read()
+    assert engine.page_cache_residency(features) < 0.5
+    loader = DataLoader(arrays, batch_size=50)
+    it = iter(loader)
+    next(it)
+    it.close()
+    moved = loader.stats().io_bytes
+    assert moved["engine-posix"] >= 50 * 444 and moved["mapped"] >= 50 * 8  # features read, labels mapped
+    open(features, "rb").read()
+    loader._file_reader().mapped.recheck_s = 0  # look again at once: now resident, so mapped
+    it = iter(loader)
+    next(it)
+    it.close()
+    assert loader._file_reader().mapped.pinned_bytes == os.path.getsize(features) + os.path.getsize(labels)
+    os.truncate(features, 128 + 100 * 444)
+    it = iter(loader)
+    assert next(it)[0].shape == (50, 3, 37)
+    next(it)
+    with pytest.raises(engine.RangeError, match="x.npy"):
+        next(it)
+    it.close()
     loader.close()
 
 

@@ -73,6 +73,31 @@ def _byte_size(name: str, value: Any) -> int:
     return _positive_int(name, value)
 
 
+def physical_memory() -> int:
+    """Bytes of RAM (0 where unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _size_or_share_of_ram(name: str, value: Any) -> int:
+    """A byte count (``0`` disables), or a share of physical memory such as ``'25%'``."""
+    text = str(value).strip()
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 <= share <= 100:
+            raise ValueError(f"torch_fastload option {name!r} must be a byte count or a percentage of RAM, "
+                             f"got {value!r}")
+        return int(physical_memory() * share / 100)
+    if text == "0":
+        return 0
+    return _byte_size(name, value)
+
+
 def _positive_float(name: str, value: Any) -> float:
     try:
         as_float = float(value)
@@ -147,6 +172,9 @@ OPTIONS: dict[str, Option] = {
                env_name="TORCH_FASTLOAD_NUM_THREADS", tunable=True),
         Option("io_task_size", 4 << 20, _byte_size, "bytes per read task (reads are sliced and coalesced to it)",
                env_name="TORCH_FASTLOAD_TASK_SIZE", tunable=True),
+        Option("map_budget", "25%", _size_or_share_of_ram,
+               "page cache the engine may pin by mapping files that are already resident and letting the "
+               "GPU copy from them directly (no CPU copy); a byte count, a share of RAM, or 0 to never map"),
         Option("shutdown_timeout", 10.0, _positive_float,
                "seconds to wait for in-flight reads and copies and for threads to join on shutdown"),
         Option("poll_interval", 0.05, _positive_float,
@@ -205,7 +233,7 @@ def _lookup(name: str) -> tuple[Any, str]:
         tuned = _tuned()
         if name in tuned:
             return tuned[name], "tuning file"
-    return option.default, "default"
+    return option.parse(name, option.default), "default"
 
 
 def get(name: str) -> Any:

@@ -18,6 +18,8 @@ the buffer, but never returns as if it had succeeded.
 from __future__ import annotations
 
 import os
+import time
+import warnings
 from typing import Any, Sequence, Tuple, Union
 
 import numpy as np
@@ -45,6 +47,8 @@ __all__ = [
     "available",
     "read_ranges",
     "DeviceStager",
+    "MappedFiles",
+    "page_cache_residency",
     "plan_ranges",
     "copy_ranges",
     "pool_size",
@@ -269,6 +273,66 @@ class DeviceStager:
 
 
 _LEAKED_RINGS: list = []
+
+
+def page_cache_residency(path) -> float:
+    """Share of ``path``'s pages in the page cache now (1.0 for an empty file)."""
+    cached, total = _require().page_cache_residency(os.fsdecode(path))
+    return cached / total if total else 1.0
+
+
+class MappedFiles:
+    """Files the GPU copies from directly: mapped read-only and registered with CUDA, so a
+    batch's ranges are DMA copies out of the page cache, with no CPU copy at all.
+
+    Registering pins a file's pages in RAM until ``close()``, so a file is mapped only when it
+    is already (almost) all resident and fits what is left of ``budget`` bytes; other files
+    are read as usual. A file refused for being cold is looked at again after ``recheck_s``.
+    """
+
+    def __init__(self, budget: int, min_resident: float = 0.9, recheck_s: float = 10.0):
+        self.budget = int(budget)
+        self.min_resident = min_resident
+        self.recheck_s = recheck_s
+        self.pinned_bytes = 0
+        self._mapped: dict = {}  # path -> _C.MappedFile
+        self._refused: dict = {}  # path -> (monotonic time, reason)
+
+    def get(self, path: str):
+        """The registered mapping of ``path``, or None where it is not (yet) worth mapping."""
+        mapped = self._mapped.get(path)
+        if mapped is not None:
+            return mapped
+        refused = self._refused.get(path)
+        if refused is not None and (refused[1] == "final" or time.monotonic() - refused[0] < self.recheck_s):
+            return None
+        reason = self._refusal(path)
+        if reason is not None:
+            self._refused[path] = (time.monotonic(), reason)
+            return None
+        try:
+            mapped = _require().MappedFile(path)
+        except (OSError, ValueError) as exc:  # e.g. read-only registration unsupported: read instead
+            warnings.warn(f"torch_fastload: could not map {path!r} for direct GPU copies ({exc}); "
+                          "reading it through the engine instead", RuntimeWarning, stacklevel=2)
+            self._refused[path] = (time.monotonic(), "final")
+            return None
+        self._mapped[path] = mapped
+        self.pinned_bytes += mapped.size
+        return mapped
+
+    def _refusal(self, path: str) -> str | None:
+        size = os.path.getsize(path)
+        if size > self.budget - self.pinned_bytes:
+            return "final" if size > self.budget else "over the budget left"
+        if page_cache_residency(path) < self.min_resident:
+            return "not resident"
+        return None
+
+    def close(self) -> None:
+        """Unmap and unpin every file; the caller makes sure no copy still reads them."""
+        self._mapped.clear()
+        self.pinned_bytes = 0
 
 
 def _prepare(paths, file_index, offsets, lengths, dst_offsets):

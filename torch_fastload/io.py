@@ -129,10 +129,13 @@ class IoPath:
     task_size: int
     why: str
     ring_chunks: int = 0  # engine on CUDA: pinned chunks of task_size between the file and the GPU
+    map_budget: int = 0  # engine on CUDA: page cache it may pin to DMA resident files directly
 
     def __str__(self) -> str:
         if self.ring_chunks:
             where = f"GPU memory via a pinned ring of {self.ring_chunks} chunks"
+            if self.map_budget:
+                where += f"; page-cache-resident files (<= {self.map_budget / 2**30:.1f} GiB) DMA'd directly"
         else:
             where = "GPU memory" if self.to_device else "pinned slot"
         return (f"{self.mode} -> {where} ({self.threads} threads x {self.task_size / 2**20:g} MiB tasks; "
@@ -152,6 +155,7 @@ def select(io_mode: str | None = None, device: torch.device | str = "cpu", o_dir
     o_direct = config.resolve("o_direct", o_direct)
     threads = config.resolve("io_threads", threads)
     task_size = config.resolve("io_task_size", task_size)
+    map_budget = config.get("map_budget")
     device = torch.device(device)
     cuda = device.type == "cuda"
     has_engine = engine.available()
@@ -160,7 +164,8 @@ def select(io_mode: str | None = None, device: torch.device | str = "cpu", o_dir
         if has_engine:
             mode = "engine-odirect" if o_direct else "engine-posix"
             if cuda and ring:
-                return IoPath(requested, mode, True, threads, task_size, why, ring_chunks(threads))
+                budget = 0 if o_direct else map_budget  # O_DIRECT asks to leave the page cache alone
+                return IoPath(requested, mode, True, threads, task_size, why, ring_chunks(threads), budget)
             return IoPath(requested, mode, False, threads, task_size, why)
         if o_direct:
             raise ValueError("o_direct=True needs the C++ engine (torch_fastload._C), which is not built: "
@@ -293,16 +298,18 @@ class Reader:
     def mode(self) -> str:
         return self.path.mode
 
-    def read(self, dst: torch.Tensor, reads: list[tuple[int, PendingRead]]) -> int:
-        """Read every field of ``reads`` to ``dst`` (uint8, 1-D) at its offset; returns the bytes."""
+    def read(self, dst: torch.Tensor, reads: list[tuple[int, PendingRead]]) -> dict[str, int]:
+        """Read every field of ``reads`` to ``dst`` (uint8, 1-D) at its offset; returns the bytes
+        moved by each path (``{"engine-posix": n}``, or ``{"mapped": m, "engine-posix": n}``)."""
         if not reads:
-            return 0
+            return {}
         expected = "cuda" if self.path.to_device else "cpu"
         if dst.device.type != expected:
             raise ValueError(f"{self.mode} reads into {expected} memory, got a buffer on {dst.device}")
-        return self._read(dst, *batch_ranges(reads))
+        moved = self._read(dst, *batch_ranges(reads))
+        return moved if isinstance(moved, dict) else {self.mode: moved}
 
-    def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> int:
+    def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> int | dict[str, int]:
         raise NotImplementedError  # each backend implements it
 
     def close(self, timeout: float = 10.0) -> None:
@@ -311,28 +318,67 @@ class Reader:
 
 class EngineReader(Reader):
     """The C++ engine: one call per batch, GIL released, ranges coalesced and sliced in C++.
-    On a CUDA device the bytes stream to GPU memory through the engine's pinned ring, the
-    copies enqueued on the current (the loader's copy) stream."""
+
+    On a CUDA device, files already resident in the page cache (within ``map_budget``) are
+    mapped and registered, and their ranges are DMA copies straight out of the page cache
+    (``engine.MappedFiles``: no CPU copy); the rest streams through the engine's pinned ring.
+    Either way the copies are enqueued on the current (the loader's copy) stream."""
+
+    #: streams the mapped DMA copies are spread over (the copy engines work in parallel)
+    mapped_streams = 2
 
     def __init__(self, path: IoPath):
         super().__init__(path)
         self.stager = engine.DeviceStager(path.task_size, path.ring_chunks) if path.ring_chunks else None
+        self.mapped = engine.MappedFiles(path.map_budget) if path.map_budget else None
+        self._aux_streams: list = []
         self.unsafe_ring_reuse = False  # tests: skip the per-chunk wait to prove it is needed
 
-    def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> int:
+    def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets):
         common = dict(num_threads=self.path.threads, task_size=self.path.task_size,
                       o_direct=self.path.mode == "engine-odirect")
         if self.stager is None:
             return engine.read_ranges(paths, file_index, offsets, lengths, dst, dst_offsets, **common)
-        stream = torch.cuda.current_stream(dst.device).cuda_stream
-        return self.stager.read(paths, file_index, offsets, lengths, dst, dst_offsets, stream=stream,
-                                wait_for_chunks=not self.unsafe_ring_reuse, **common)
+        moved = {}
+        if self.mapped is not None:
+            maps = [self.mapped.get(p) for p in paths]
+            if any(m is not None for m in maps):
+                direct = np.array([m is not None for m in maps])[file_index]
+                moved["mapped"] = self._copy_mapped(dst, maps, file_index[direct], offsets[direct],
+                                                    lengths[direct], dst_offsets[direct])
+                rest = ~direct
+                file_index, offsets, lengths, dst_offsets = (a[rest] for a in (file_index, offsets, lengths,
+                                                                                 dst_offsets))
+        if len(offsets):
+            stream = torch.cuda.current_stream(dst.device).cuda_stream
+            moved[self.mode] = self.stager.read(paths, file_index, offsets, lengths, dst, dst_offsets, stream=stream,
+                                                wait_for_chunks=not self.unsafe_ring_reuse, **common)
+        return moved
+
+    def _copy_mapped(self, dst, maps, file_index, offsets, lengths, dst_offsets) -> int:
+        used = sorted(set(file_index.tolist()))
+        remap = np.zeros(len(maps), dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        main = torch.cuda.current_stream(dst.device)
+        while len(self._aux_streams) < self.mapped_streams - 1:
+            self._aux_streams.append(torch.cuda.Stream(dst.device))
+        for aux in self._aux_streams:
+            aux.wait_stream(main)  # the buffer's allocation is ordered on the main stream
+        moved = engine._require().mapped_copy([maps[i] for i in used], remap[file_index], offsets, lengths,
+                                              dst.data_ptr(), dst.numel(), dst_offsets,
+                                              [main.cuda_stream] + [s.cuda_stream for s in self._aux_streams])
+        for aux in self._aux_streams:
+            main.wait_stream(aux)  # the batch's completion event covers every copy
+        return moved
 
     def close(self, timeout: float = 10.0) -> None:
+        """Called once the loader's copy stream is idle (every copy out of the ring or a mapping)."""
         if self.stager is not None and not self.stager.close(timeout):
             warnings.warn(f"torch_fastload: copies out of the pinned ring still running after {timeout} s; "
                           "the ring is kept alive instead of freed", RuntimeWarning, stacklevel=2)
         self.stager = None
+        if self.mapped is not None:
+            self.mapped.close()
 
 
 class PythonReader(Reader):

@@ -506,8 +506,9 @@ class _Pipeline:
 
         def read_into(buffer: torch.Tensor) -> None:
             started = time.perf_counter()
-            nbytes = reader.read(buffer, reads)
-            self.stats.add_stage("read", time.perf_counter() - started, nbytes)
+            moved = reader.read(buffer, reads)
+            self.stats.add_stage("read", time.perf_counter() - started, sum(moved.values()))
+            self.stats.add_io(moved)
 
         pool = slot = copy = None
         if host_bytes:

@@ -29,6 +29,7 @@ class StatsSnapshot:
     pool_regrows: int = 0
     errors: int = 0
     io: str = ""  # the file-read path in effect (io.IoPath), empty until a source reads a file
+    io_bytes: dict = field(default_factory=dict)  # bytes read by each path (mapped, engine-posix, ...)
 
     @property
     def wait_fraction(self) -> float:
@@ -65,7 +66,8 @@ class StatsSnapshot:
 
     def __str__(self) -> str:
         lines = [
-            f"torch_fastload stats  path={self.path}" + (f"\n  file reads: {self.io}" if self.io else ""),
+            f"torch_fastload stats  path={self.path}" + (f"\n  file reads: {self.io}" if self.io else "")
+            + ("".join(f"\n    {kind}: {n / 1e9:.3f} GB" for kind, n in self.io_bytes.items())),
             f"  batches {self.batches}  samples {self.samples}  bytes {self.bytes / 1e9:.3f} GB"
             f"  wall {self.wall_s:.3f} s  ->  {self.samples_per_s:,.0f} samples/s, {self.gbps:.2f} GB/s",
             f"  input wait {self.wait_s:.3f} s = {100 * self.wait_fraction:.1f}% of wall time",
@@ -104,6 +106,7 @@ class LoaderStats:
             self.errors = 0
             self.stage_s = {stage: 0.0 for stage in STAGES}
             self.stage_bytes = {stage: 0 for stage in STAGES}
+            self.io_bytes = {}
             self._first_request: float | None = None
             self._last_return: float | None = None
 
@@ -125,6 +128,11 @@ class LoaderStats:
     def set_io(self, description: str) -> None:
         with self._lock:
             self.io = description
+
+    def add_io(self, moved: dict) -> None:
+        with self._lock:
+            for kind, nbytes in moved.items():
+                self.io_bytes[kind] = self.io_bytes.get(kind, 0) + nbytes
 
     def request_started(self) -> float:
         now = time.perf_counter()
@@ -162,4 +170,5 @@ class LoaderStats:
                 pool_regrows=self.pool_regrows,
                 errors=self.errors,
                 io=self.io,
+                io_bytes=dict(self.io_bytes),
             )
