@@ -251,7 +251,10 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("path"))
       .def_property_readonly("path", &tfl::MappedFile::path)
-      .def_property_readonly("size", &tfl::MappedFile::size);
+      .def_property_readonly("size", &tfl::MappedFile::size)
+      .def_property_readonly(
+          "data_ptr", [](const tfl::MappedFile& f) { return reinterpret_cast<uintptr_t>(f.data()); },
+          "Address of byte 0: also the device address (unified addressing) for zero-copy kernels.");
   m.def("mapped_copy", &mapped_copy, py::arg("files"), py::arg("file_index"), py::arg("offsets"), py::arg("lengths"),
         py::arg("dst_ptr"), py::arg("dst_size"), py::arg("dst_offsets"), py::arg("streams"),
         "Enqueue DMA copies of (files[file_index[i]], offsets[i], lengths[i]) to device memory at\n"

@@ -18,6 +18,7 @@ the buffer, but never returns as if it had succeeded.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 from typing import Any, Sequence, Tuple, Union
@@ -297,9 +298,14 @@ class MappedFiles:
         self.pinned_bytes = 0
         self._mapped: dict = {}  # path -> _C.MappedFile
         self._refused: dict = {}  # path -> (monotonic time, reason)
+        self._lock = threading.Lock()  # the loader's stage workers read at the same time
 
     def get(self, path: str):
         """The registered mapping of ``path``, or None where it is not (yet) worth mapping."""
+        with self._lock:
+            return self._get(path)
+
+    def _get(self, path: str):
         mapped = self._mapped.get(path)
         if mapped is not None:
             return mapped
@@ -331,8 +337,9 @@ class MappedFiles:
 
     def close(self) -> None:
         """Unmap and unpin every file; the caller makes sure no copy still reads them."""
-        self._mapped.clear()
-        self.pinned_bytes = 0
+        with self._lock:
+            self._mapped.clear()
+            self.pinned_bytes = 0
 
 
 def _prepare(paths, file_index, offsets, lengths, dst_offsets):

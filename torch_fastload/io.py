@@ -35,6 +35,7 @@ import functools
 import logging
 import os
 import stat
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -149,13 +150,13 @@ def ring_chunks(threads: int) -> int:
 
 
 def select(io_mode: str | None = None, device: torch.device | str = "cpu", o_direct: bool | None = None,
-           threads: int | None = None, task_size: int | None = None) -> IoPath:
+           threads: int | None = None, task_size: int | None = None, map_budget: int | str | None = None) -> IoPath:
     """The read path for ``io_mode`` (None: configured) on ``device``; raises where it cannot run."""
     requested = config.resolve("io_mode", io_mode)
     o_direct = config.resolve("o_direct", o_direct)
     threads = config.resolve("io_threads", threads)
     task_size = config.resolve("io_task_size", task_size)
-    map_budget = config.get("map_budget")
+    map_budget = config.resolve("map_budget", map_budget)
     device = torch.device(device)
     cuda = device.type == "cuda"
     has_engine = engine.available()
@@ -332,6 +333,7 @@ class EngineReader(Reader):
         self.stager = engine.DeviceStager(path.task_size, path.ring_chunks) if path.ring_chunks else None
         self.mapped = engine.MappedFiles(path.map_budget) if path.map_budget else None
         self._aux_streams: list = []
+        self._lock = threading.Lock()
         self.unsafe_ring_reuse = False  # tests: skip the per-chunk wait to prove it is needed
 
     def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets):
@@ -360,8 +362,9 @@ class EngineReader(Reader):
         remap = np.zeros(len(maps), dtype=np.int64)
         remap[used] = np.arange(len(used))
         main = torch.cuda.current_stream(dst.device)
-        while len(self._aux_streams) < self.mapped_streams - 1:
-            self._aux_streams.append(torch.cuda.Stream(dst.device))
+        with self._lock:
+            while len(self._aux_streams) < self.mapped_streams - 1:
+                self._aux_streams.append(torch.cuda.Stream(dst.device))
         for aux in self._aux_streams:
             aux.wait_stream(main)  # the buffer's allocation is ordered on the main stream
         moved = engine._require().mapped_copy([maps[i] for i in used], remap[file_index], offsets, lengths,

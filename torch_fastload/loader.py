@@ -110,9 +110,11 @@ class DataLoader(tud.DataLoader):
     fetch_threads: threads running per-sample Python when ``num_workers == 0``.
     pool_slots, slot_bytes: the pinned pool (``slot_bytes=0``: sized by the first batch).
     oversize: a batch larger than a slot: ``'grow'`` the pool, or ``'error'``.
-    io_mode, o_direct, io_threads, io_task_size: how file-backed sources (``sources/``) are
-        read: ``'auto'`` (GDS where usable, else the C++ engine into the pinned slot),
-        ``'gds'``, ``'pinned'`` or ``'posix'``; ``loader.io`` says which path is in effect.
+    io_mode, o_direct, io_threads, io_task_size, map_budget: how file-backed sources
+        (``sources/``) are read: ``'auto'`` (GDS where usable, else the C++ engine: files
+        resident in the page cache within ``map_budget`` are DMA'd straight from it, the rest
+        streams through a pinned ring), ``'gds'``, ``'pinned'`` (whole batches through the
+        pinned pool) or ``'posix'``; ``loader.io`` says which path is in effect.
     """
 
     def __init__(
@@ -144,6 +146,7 @@ class DataLoader(tud.DataLoader):
         o_direct: bool | None = None,
         io_threads: int | None = None,
         io_task_size: int | None = None,
+        map_budget: int | str | None = None,
         **torch_kwargs,
     ):
         unknown = set(torch_kwargs) - _TORCH_INIT_PARAMS
@@ -170,6 +173,7 @@ class DataLoader(tud.DataLoader):
         self.o_direct = config.resolve("o_direct", o_direct)
         self.io_threads = config.resolve("io_threads", io_threads)
         self.io_task_size = config.resolve("io_task_size", io_task_size)
+        self.map_budget = config.resolve("map_budget", map_budget)
         self._io_path: fio.IoPath | None = None
         self._reader: fio.Reader | None = None
         self._user_collate = collate_fn
@@ -211,7 +215,7 @@ class DataLoader(tud.DataLoader):
         with self._resources_lock:
             if self._io_path is None:
                 self._io_path = fio.select(self.io_mode, self.device, self.o_direct, self.io_threads,
-                                           self.io_task_size)
+                                           self.io_task_size, self.map_budget)
             return self._io_path
 
     def _file_reader(self) -> fio.Reader:
