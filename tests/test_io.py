@@ -222,8 +222,38 @@ def drop_from_page_cache(path):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("budget", ["25%", 0])
-def test_resident_files_are_dma_copied_from_the_page_cache(tmp_path, budget):
+def test_uva_gather_of_unaligned_ragged_ranges(tmp_path):
+    from torch_fastload import uva
+
+    assert uva.available(), "torch.cuda._compile_kernel is expected on the GPU machine"
+    rng = np.random.default_rng(6)
+    data = rng.integers(0, 256, 3 << 20, dtype=np.uint8)
+    path = tmp_path / "u.bin"
+    data.tofile(path)
+    mapped = engine._require().MappedFile(str(path))
+    src = uva.host_view(mapped.data_ptr, mapped.size, torch.device("cuda"))
+    lengths = rng.integers(0, 200_000, 300)
+    lengths[:3] = [0, 1, 17]
+    offsets = rng.integers(0, len(data) - lengths)
+    dst_offsets = np.zeros(300, np.int64)
+    dst_offsets[1:] = np.cumsum(lengths + rng.integers(0, 20, 300))[:-1]  # gaps stay untouched
+    dst = torch.full((int(dst_offsets[-1] + lengths[-1]) + 64,), 0xA5, dtype=torch.uint8, device="cuda")
+    uva.gather_ranges(src, dst, offsets, lengths, dst_offsets)
+    expected = np.full(dst.numel(), 0xA5, np.uint8)
+    for o, n, d in zip(offsets, lengths, dst_offsets):
+        expected[d:d + n] = data[o:o + n]
+    assert np.array_equal(dst.cpu().numpy(), expected)
+    del src, mapped
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("budget,kernel", [("25%", True), ("25%", False), (0, True)],
+                         ids=["mapped-kernel", "mapped-dma", "ring"])
+def test_resident_files_are_dma_copied_from_the_page_cache(tmp_path, budget, kernel, monkeypatch):
+    from torch_fastload import uva
+
+    if not kernel:
+        monkeypatch.setattr(uva, "available", lambda: False)
     arrays, records = make_sources(tmp_path)
     with torch_fastload.config.override(map_budget=budget):
         for dataset in (arrays, records):

@@ -1,0 +1,109 @@
+"""Zero-copy gathers: a GPU kernel reads byte ranges straight out of registered host memory.
+
+Host memory registered with CUDA (``cudaHostRegister``; here a file's page-cache mapping,
+``engine.MappedFiles``) is addressable from the GPU at the same address (unified
+addressing). One kernel launch copies every range of a batch into device memory, reading
+host memory over PCIe in aligned 16-byte words: on the H100 machine ~50 GB/s for a batch of
+192 KiB rows, against ~21 GB/s for one DMA copy per row and 0 CPU cores either way.
+
+The kernel is compiled at first use with NVRTC through ``torch.cuda._compile_kernel``
+(torch >= 2.8); where that is missing, ``available()`` is False and callers use DMA copies.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+__all__ = ["available", "host_view", "gather_ranges", "PIECE"]
+
+#: bytes of one range copied by one thread block; longer ranges span several blocks
+PIECE = 64 << 10
+_MAX_BLOCKS_Y = 65535
+
+_SOURCE = r"""
+extern "C" __global__ void gather_ranges(const unsigned char* src, unsigned char* dst,
+                                         const long long* offsets, const long long* lengths,
+                                         const long long* dst_offsets, int piece) {
+  const int r = blockIdx.y;
+  const long long length = lengths[r];
+  const long long start = (long long)blockIdx.x * piece;
+  if (start >= length) return;
+  const long long end = min(length, start + (long long)piece);
+  const unsigned char* s = src + offsets[r];
+  unsigned char* d = dst + dst_offsets[r];
+  // Read the 16-byte-aligned words of the source that cover [start, end): whole PCIe-friendly
+  // loads, never outside the registered pages (they are page aligned and whole).
+  const unsigned long long first = ((unsigned long long)(s + start)) & ~15ULL;
+  const unsigned long long last = ((unsigned long long)(s + end) + 15ULL) & ~15ULL;
+  const long long words = (long long)((last - first) / 16);
+  const bool aligned = ((((unsigned long long)s) ^ ((unsigned long long)d)) & 15ULL) == 0;
+  for (long long w = threadIdx.x; w < words; w += blockDim.x) {
+    const unsigned long long address = first + 16ULL * (unsigned long long)w;
+    const uint4 word = *(const uint4*)address;
+    const long long at = (long long)(address - (unsigned long long)s);
+    if (aligned && at >= start && at + 16 <= end) {
+      *(uint4*)(d + at) = word;
+    } else {
+      const unsigned char* bytes = (const unsigned char*)&word;
+      for (int k = 0; k < 16; ++k) {
+        const long long i = at + k;
+        if (i >= start && i < end) d[i] = bytes[k];
+      }
+    }
+  }
+}
+"""
+
+_kernels: dict = {}
+_lock = threading.Lock()
+
+
+def available() -> bool:
+    """Whether this torch can compile the kernel (NVRTC through torch.cuda._compile_kernel)."""
+    return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
+
+
+def _kernel(device: torch.device):
+    key = torch.cuda.get_device_capability(device)
+    with _lock:
+        if key not in _kernels:
+            with torch.cuda.device(device):
+                _kernels[key] = torch.cuda._compile_kernel(_SOURCE, "gather_ranges")
+        return _kernels[key]
+
+
+class _HostMemory:
+    """``__cuda_array_interface__`` of registered host memory, so torch wraps it without a copy."""
+
+    def __init__(self, address: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
+                                         "version": 3, "strides": None}
+
+
+def host_view(address: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """A uint8 CUDA tensor over ``nbytes`` of registered host memory at ``address`` (no copy).
+    The memory must stay registered while the tensor or any kernel reading it lives."""
+    with torch.cuda.device(device):
+        return torch.as_tensor(_HostMemory(address, nbytes), device=device)
+
+
+def gather_ranges(src: torch.Tensor, dst: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray,
+                  dst_offsets: np.ndarray) -> None:
+    """``dst[dst_offsets[i]:+lengths[i]] = src[offsets[i]:+lengths[i]]`` for every i, in one
+    launch per 65535 ranges on the current stream. ``src`` is a ``host_view`` (or any uint8
+    CUDA tensor); ranges must already be checked against both buffers."""
+    if not len(offsets):
+        return
+    device = dst.device
+    kernel = _kernel(device)
+    table = torch.from_numpy(np.stack([offsets, lengths, dst_offsets]).astype(np.int64, copy=False))
+    # 24 bytes a range, staged through pinned memory so the host never waits on the stream
+    table = table.pin_memory().to(device, non_blocking=True)
+    blocks_x = int(-(-int(lengths.max()) // PIECE))
+    for first in range(0, len(offsets), _MAX_BLOCKS_Y):
+        n = min(_MAX_BLOCKS_Y, len(offsets) - first)
+        kernel(grid=(blocks_x, n, 1), block=(256, 1, 1),
+               args=[src, dst, table[0, first:], table[1, first:], table[2, first:], PIECE])
