@@ -238,7 +238,7 @@ def test_uva_gather_of_unaligned_ragged_ranges(tmp_path):
     dst_offsets = np.zeros(300, np.int64)
     dst_offsets[1:] = np.cumsum(lengths + rng.integers(0, 20, 300))[:-1]  # gaps stay untouched
     dst = torch.full((int(dst_offsets[-1] + lengths[-1]) + 64,), 0xA5, dtype=torch.uint8, device="cuda")
-    uva.gather_ranges(src, dst, offsets, lengths, dst_offsets)
+    uva.gather_ranges(src, dst, offsets, lengths, dst_offsets, uva.RangeTables())
     expected = np.full(dst.numel(), 0xA5, np.uint8)
     for o, n, d in zip(offsets, lengths, dst_offsets):
         expected[d:d + n] = data[o:o + n]

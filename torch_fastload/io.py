@@ -335,6 +335,7 @@ class EngineReader(Reader):
         self.mapped = engine.MappedFiles(path.map_budget) if path.map_budget else None
         self._aux_streams: list = []
         self._views: dict = {}  # path -> CUDA view of its registered mapping (uva.host_view)
+        self._tables = uva.RangeTables()
         self._lock = threading.Lock()
         self.unsafe_ring_reuse = False  # tests: skip the per-chunk wait to prove it is needed
 
@@ -378,7 +379,7 @@ class EngineReader(Reader):
                 raise RangeError(f"range (offset={int(o[k])}, length={int(n[k])}) of '{mapped.path}': reads past "
                                  f"the end of the file ({limit} bytes now / as mapped)")
             _, o, n, d = coalesce(np.zeros(len(o), np.int64), o, n, d)
-            uva.gather_ranges(self._host_view(mapped, dst.device), dst, o, n, d)
+            uva.gather_ranges(self._host_view(mapped, dst.device), dst, o, n, d, self._tables)
         return int(lengths.sum())
 
     def _host_view(self, mapped, device) -> torch.Tensor:

@@ -38,6 +38,17 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
+class _DtypeTable(dict):
+    """numpy -> torch dtypes, worked out once each (batches ask for them on the hot path)."""
+
+    def __missing__(self, dtype):
+        value = self[dtype] = _torch_dtype(dtype)
+        return value
+
+
+_TORCH_DTYPES = _DtypeTable()
+
+
 def _check_dtype(path: str, dtype: np.dtype) -> np.dtype:
     if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in _NUMERIC_KINDS:
         raise ArrayFormatError(path, f"dtype {dtype.str!r} is not a plain numeric dtype")
@@ -114,7 +125,7 @@ class ArrayFile:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _torch_dtype(self.dtype)
+        return _TORCH_DTYPES[self.dtype]
 
     def memmap(self) -> np.memmap:
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
