@@ -41,6 +41,7 @@ const Api& api() {
       resolve(lib, "cuGetErrorString", table.get_error_string);
       resolve(lib, "cuMemHostRegister_v2", table.mem_host_register);
       resolve(lib, "cuMemHostUnregister", table.mem_host_unregister);
+      resolve(lib, "cuLaunchKernel", table.launch_kernel);
     } catch (const Error& e) {
       failure = e.what();
     }

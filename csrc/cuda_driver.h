@@ -13,6 +13,7 @@ using Context = void*;
 using Stream = void*;
 using Event = void*;
 using DevicePtr = unsigned long long;
+using Function = void*;
 
 constexpr Result kSuccess = 0;
 constexpr Result kNotReady = 600;  // CUDA_ERROR_NOT_READY
@@ -29,6 +30,8 @@ struct Api {
   Result (*memcpy_htod_async)(DevicePtr, const void*, size_t, Stream);
   Result (*mem_host_register)(void*, size_t, unsigned);
   Result (*mem_host_unregister)(void*);
+  Result (*launch_kernel)(Function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, Stream,
+                          void**, void**);
   Result (*get_error_string)(Result, const char**);
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <string>
 #include <thread>
 
@@ -101,19 +102,7 @@ int64_t DeviceStager::read(const ReadRequest& req, uintptr_t stream_handle, bool
   r.order_by_destination = true;  // a task fills one stretch of the batch: one large H2D copy each
   const Plan plan = make_plan(r);
   if (plan.total > 0 && r.dst_ptr == 0) throw Error(Error::kInvalid, "dst_ptr (device memory) is null");
-  cuda::Context ctx = nullptr;
-  cuda::check(cu.ctx_get_current(&ctx), "cuCtxGetCurrent");
-  if (ctx == nullptr)
-    throw Error(Error::kInvalid, "no CUDA context is current on the calling thread (use the loader's device first)");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (ctx_ == nullptr) {
-      for (Chunk& c : chunks_) cuda::check(cu.event_create(&c.done, cuda::kEventDisableTiming), "cuEventCreate");
-      ctx_ = ctx;
-    } else if (ctx != ctx_) {
-      throw Error(Error::kInvalid, "DeviceStager is bound to another CUDA context (one stager per device)");
-    }
-  }
+  const cuda::Context ctx = bind_context();
   const auto stream = reinterpret_cast<cuda::Stream>(stream_handle);
   const cuda::DevicePtr base = static_cast<cuda::DevicePtr>(r.dst_ptr);
   const bool direct = r.o_direct;
@@ -162,6 +151,76 @@ int64_t DeviceStager::read(const ReadRequest& req, uintptr_t stream_handle, bool
         }
         release(c);
       });
+  return plan.total;
+}
+
+cuda::Context DeviceStager::bind_context() {
+  const auto& cu = cuda::api();
+  cuda::Context ctx = nullptr;
+  cuda::check(cu.ctx_get_current(&ctx), "cuCtxGetCurrent");
+  if (ctx == nullptr)
+    throw Error(Error::kInvalid, "no CUDA context is current on the calling thread (use the loader's device first)");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ctx_ == nullptr) {
+    for (Chunk& c : chunks_) cuda::check(cu.event_create(&c.done, cuda::kEventDisableTiming), "cuEventCreate");
+    ctx_ = ctx;
+  } else if (ctx != ctx_) {
+    throw Error(Error::kInvalid, "DeviceStager is bound to another CUDA context (one stager per device)");
+  }
+  return ctx;
+}
+
+int64_t DeviceStager::gather_mapped(const std::vector<const MappedFile*>& files, const ReadRequest& req,
+                                    uintptr_t stream_handle, uintptr_t function, int piece_bytes) {
+  const auto& cu = cuda::api();
+  if (files.size() != req.paths.size())
+    throw Error(Error::kInvalid, "one mapped file per path is needed");
+  if (function == 0 || piece_bytes < 16) throw Error(Error::kInvalid, "no gather kernel, or a piece under 16 bytes");
+  ReadRequest r = req;
+  r.order_by_destination = false;  // pieces grouped by file: one launch per file
+  r.task_size = std::numeric_limits<int64_t>::max() / 4;
+  const Plan plan = make_plan(r);  // every range against the file as it is now and the destination
+  if (plan.total > 0 && r.dst_ptr == 0) throw Error(Error::kInvalid, "dst_ptr (device memory) is null");
+  for (const ReadPiece& p : plan.pieces) {
+    const MappedFile* f = files[p.file];
+    if (p.off + p.len > f->size())
+      throw Error(Error::kRange,
+                  "file '" + f->path() + "', offset=" + std::to_string(p.off) + ", length=" + std::to_string(p.len) +
+                      ": past the " + std::to_string(f->size()) + " bytes mapped (the file grew since it was mapped)",
+                  f->path());
+  }
+  bind_context();
+  const auto stream = reinterpret_cast<cuda::Stream>(stream_handle);
+  const std::atomic<bool> never{false};
+  // One table row = 3 int64; a launch's grid.y (one block row per range) is at most 65535.
+  const size_t per_launch = std::min<size_t>(65535, static_cast<size_t>(chunk_bytes_ / 24));
+  unsigned long long dst = static_cast<unsigned long long>(r.dst_ptr);
+  int piece = piece_bytes;
+  for (size_t i = 0; i < plan.pieces.size();) {
+    size_t end = i;
+    while (end < plan.pieces.size() && end - i < per_launch && plan.pieces[end].file == plan.pieces[i].file) ++end;
+    const size_t n = end - i;
+    const size_t c = acquire(never, true);
+    Chunk& chunk = chunks_[c];
+    auto* table = reinterpret_cast<long long*>(chunk.host);
+    long long *offsets = table, *lengths = table + n, *dst_offsets = table + 2 * n;
+    int64_t longest = 0;
+    for (size_t k = 0; k < n; ++k) {
+      const ReadPiece& p = plan.pieces[i + k];
+      offsets[k] = p.off, lengths[k] = p.len, dst_offsets[k] = p.dst;
+      longest = std::max(longest, p.len);
+    }
+    const void* src = files[plan.pieces[i].file]->data();
+    void* params[] = {&src, &dst, &offsets, &lengths, &dst_offsets, &piece};
+    const auto blocks_x = static_cast<unsigned>((longest + piece - 1) / piece);
+    const cuda::Result launched = cu.launch_kernel(reinterpret_cast<cuda::Function>(function), blocks_x,
+                                                   static_cast<unsigned>(n), 1, 256, 1, 1, 0, stream, params, nullptr);
+    if (launched == cuda::kSuccess) cu.event_record(chunk.done, stream);
+    chunk.pending = launched == cuda::kSuccess;
+    release(c);
+    cuda::check(launched, "cuLaunchKernel (gather from the mapped page cache)");
+    i = end;
+  }
   return plan.total;
 }
 

@@ -16,6 +16,7 @@
 
 #include "cuda_driver.h"
 #include "engine.h"
+#include "mapped_file.h"
 
 namespace tfl {
 
@@ -35,6 +36,14 @@ class DeviceStager {
   // wait_for_chunks=false skips the reuse wait: only for tests proving the wait matters.
   int64_t read(const ReadRequest& req, uintptr_t stream, bool wait_for_chunks = true);
 
+  // Gathers req's ranges of mapped files (files[req.file_index[i]]) into device memory with
+  // `function`, the kernel of torch_fastload/uva.py (compiled by the caller), launched on
+  // `stream`: it reads the registered page cache over PCIe, so no CPU copies a byte. Each
+  // launch's table of ranges is written to a ring chunk the kernel reads in place, under the
+  // same event-guarded reuse as read(). Ranges are checked like copy_mapped's.
+  int64_t gather_mapped(const std::vector<const MappedFile*>& files, const ReadRequest& req, uintptr_t stream,
+                        uintptr_t function, int piece_bytes);
+
   // Waits until no enqueued copy reads the ring (polling, up to timeout_s); true when idle.
   bool idle(double timeout_s);
 
@@ -51,6 +60,7 @@ class DeviceStager {
 
   size_t acquire(const std::atomic<bool>& stop, bool wait);
   void release(size_t chunk);
+  cuda::Context bind_context();  // the caller's context; creates the events on first use
 
   std::vector<Chunk> chunks_;
   int64_t chunk_bytes_;

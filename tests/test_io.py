@@ -222,7 +222,7 @@ def drop_from_page_cache(path):
 
 
 @pytest.mark.cuda
-def test_uva_gather_of_unaligned_ragged_ranges(tmp_path):
+def test_gather_kernel_copies_unaligned_ragged_ranges_from_a_mapping(tmp_path):
     from torch_fastload import uva
 
     assert uva.available(), "torch.cuda._compile_kernel is expected on the GPU machine"
@@ -230,20 +230,29 @@ def test_uva_gather_of_unaligned_ragged_ranges(tmp_path):
     data = rng.integers(0, 256, 3 << 20, dtype=np.uint8)
     path = tmp_path / "u.bin"
     data.tofile(path)
+    device = torch.device("cuda")
+    torch.zeros(1, device=device)  # a current context for the registration
     mapped = engine._require().MappedFile(str(path))
-    src = uva.host_view(mapped.data_ptr, mapped.size, torch.device("cuda"))
     lengths = rng.integers(0, 200_000, 300)
     lengths[:3] = [0, 1, 17]
     offsets = rng.integers(0, len(data) - lengths)
     dst_offsets = np.zeros(300, np.int64)
     dst_offsets[1:] = np.cumsum(lengths + rng.integers(0, 20, 300))[:-1]  # gaps stay untouched
-    dst = torch.full((int(dst_offsets[-1] + lengths[-1]) + 64,), 0xA5, dtype=torch.uint8, device="cuda")
-    uva.gather_ranges(src, dst, offsets, lengths, dst_offsets, uva.RangeTables())
+    dst = torch.full((int(dst_offsets[-1] + lengths[-1]) + 64,), 0xA5, dtype=torch.uint8, device=device)
+    stager = engine.DeviceStager(4096, 2)  # 4 KiB chunks: 170 ranges a launch, so two launches
+    stream = torch.cuda.current_stream()
+    moved = stager.gather_mapped([mapped], np.zeros(300, np.int64), offsets, lengths, dst, dst_offsets,
+                                 stream=stream.cuda_stream, function=uva.kernel_handle(device),
+                                 piece_bytes=uva.PIECE)
+    assert moved == lengths.sum()
     expected = np.full(dst.numel(), 0xA5, np.uint8)
     for o, n, d in zip(offsets, lengths, dst_offsets):
         expected[d:d + n] = data[o:o + n]
     assert np.array_equal(dst.cpu().numpy(), expected)
-    del src, mapped
+    with pytest.raises(engine.RangeError, match="u.bin"):
+        stager.gather_mapped([mapped], [0], [len(data) - 5], [10], dst, [0], stream=stream.cuda_stream,
+                             function=uva.kernel_handle(device), piece_bytes=uva.PIECE)
+    assert stager.close()
 
 
 @pytest.mark.cuda

@@ -261,6 +261,20 @@ class DeviceStager:
             o_direct=bool(o_direct), wait_for_chunks=bool(wait_for_chunks),
         )
 
+    def gather_mapped(self, files: list, file_index, offsets, lengths, dst, dst_offsets, *, stream: int,
+                      function: int, piece_bytes: int) -> int:
+        """Ranges of registered mappings (``_C.MappedFile``, one per file index) into ``dst``
+        (CUDA) by the gather kernel ``function`` launched on ``stream``; returns the bytes."""
+        if self._stager is None:
+            raise ValueError("this DeviceStager is closed")
+        if dst.device.type != "cuda" or not dst.is_contiguous():
+            raise ValueError(f"dst must be a contiguous CUDA tensor, got one on {dst.device}")
+        _, file_index, offsets, lengths, dst_offsets = _prepare(
+            [f.path for f in files] or ["-"], file_index, offsets, lengths, dst_offsets)
+        return self._stager.gather_mapped(files, file_index, offsets, lengths, dst.data_ptr(),
+                                          dst.numel() * dst.element_size(), dst_offsets, int(stream),
+                                          int(function), int(piece_bytes))
+
     def close(self, timeout: float = 10.0) -> bool:
         """Wait for copies reading the ring, then free it; False (ring kept alive) on timeout."""
         if self._stager is None:

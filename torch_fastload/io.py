@@ -322,7 +322,7 @@ class EngineReader(Reader):
 
     On a CUDA device, files already resident in the page cache (within ``map_budget``) are
     mapped and registered, and a GPU kernel gathers their ranges straight out of the page
-    cache (``engine.MappedFiles`` + ``uva.gather_ranges``: no CPU copy); the rest streams
+    cache (``engine.MappedFiles`` + uva.py's kernel: no CPU copy); the rest streams
     through the engine's pinned ring. Either way the work is on the current (the loader's
     copy) stream."""
 
@@ -334,8 +334,6 @@ class EngineReader(Reader):
         self.stager = engine.DeviceStager(path.task_size, path.ring_chunks) if path.ring_chunks else None
         self.mapped = engine.MappedFiles(path.map_budget) if path.map_budget else None
         self._aux_streams: list = []
-        self._views: dict = {}  # path -> CUDA view of its registered mapping (uva.host_view)
-        self._tables = uva.RangeTables()
         self._lock = threading.Lock()
         self.unsafe_ring_reuse = False  # tests: skip the per-chunk wait to prove it is needed
 
@@ -361,33 +359,16 @@ class EngineReader(Reader):
         return moved
 
     def _copy_mapped(self, dst, maps, file_index, offsets, lengths, dst_offsets) -> int:
-        """Ranges of mapped files into ``dst``: one zero-copy gather kernel per file (uva.py),
-        or DMA copies where the kernel cannot be compiled."""
+        """Ranges of mapped files into ``dst``: the engine launches uva.py's gather kernel on
+        the copy stream (no GIL, no CPU copy), or DMA copies where it cannot be compiled."""
         used = sorted(set(file_index.tolist()))
         if not uva.available():
             return self._dma_mapped(dst, maps, used, file_index, offsets, lengths, dst_offsets)
-        if len(dst_offsets) and (int(dst_offsets.min()) < 0 or int((dst_offsets + lengths).max()) > dst.numel()):
-            raise RangeError(f"ranges exceed the {dst.numel()}-byte destination")
-        for i in used:
-            mapped = maps[i]
-            mine = file_index == i
-            o, n, d = offsets[mine], lengths[mine], dst_offsets[mine]
-            limit = min(os.stat(mapped.path).st_size, mapped.size)  # the file now, and as mapped
-            bad = (o < 0) | (n < 0) | (o + n > limit)
-            if bad.any():
-                k = int(np.flatnonzero(bad)[0])
-                raise RangeError(f"range (offset={int(o[k])}, length={int(n[k])}) of '{mapped.path}': reads past "
-                                 f"the end of the file ({limit} bytes now / as mapped)")
-            _, o, n, d = coalesce(np.zeros(len(o), np.int64), o, n, d)
-            uva.gather_ranges(self._host_view(mapped, dst.device), dst, o, n, d, self._tables)
-        return int(lengths.sum())
-
-    def _host_view(self, mapped, device) -> torch.Tensor:
-        with self._lock:
-            view = self._views.get(mapped.path)
-            if view is None:
-                view = self._views[mapped.path] = uva.host_view(mapped.data_ptr, mapped.size, device)
-            return view
+        remap = np.zeros(len(maps), dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        return self.stager.gather_mapped([maps[i] for i in used], remap[file_index], offsets, lengths, dst,
+                                         dst_offsets, stream=torch.cuda.current_stream(dst.device).cuda_stream,
+                                         function=uva.kernel_handle(dst.device), piece_bytes=uva.PIECE)
 
     def _dma_mapped(self, dst, maps, used, file_index, offsets, lengths, dst_offsets) -> int:
         """One DMA copy per coalesced range, spread over ``mapped_streams`` streams."""
@@ -412,7 +393,6 @@ class EngineReader(Reader):
             warnings.warn(f"torch_fastload: copies out of the pinned ring still running after {timeout} s; "
                           "the ring is kept alive instead of freed", RuntimeWarning, stacklevel=2)
         self.stager = None
-        self._views.clear()
         if self.mapped is not None:
             self.mapped.close()
 
