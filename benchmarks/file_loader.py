@@ -520,6 +520,8 @@ def main(argv=None) -> int:
     parser.add_argument("--torch-workers", type=positive_int_list, default=[8, 16])
     parser.add_argument("--torch-batches", type=int, default=40)
     parser.add_argument("--overlap-steps", type=int, default=40)
+    parser.add_argument("--cold-threads", type=int, default=64,
+                        help="io_threads for cold runs: random reads want more I/O in flight than hot ones")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cpu-smoke", action="store_true", help="no GPU: tiny data on the CPU, code paths only")
     parser.add_argument("--no-progress", action="store_true")
@@ -601,10 +603,11 @@ def main(argv=None) -> int:
                 runs.append(attempt(label, lambda: fastload_run(label, arrays, args, device, epochs=args.hot_epochs,
                                                                  io_mode=mode)))
     log("arrays (.npy): cold (page cache dropped)")
+    cold = dict(cold_paths=array_files, io_threads=args.cold_threads)
     runs.append(attempt("cold buffered", lambda: fastload_run("arrays fastload cold buffered", arrays, args, device,
-                                                              cold_paths=array_files)))
+                                                              **cold)))
     runs.append(attempt("cold odirect", lambda: fastload_run("arrays fastload cold O_DIRECT", arrays, args, device,
-                                                             cold_paths=array_files, o_direct=True)))
+                                                             o_direct=True, **cold)))
     warm_page_cache(array_files)
 
     log("records (packed shards): hot")
@@ -615,7 +618,8 @@ def main(argv=None) -> int:
                                                             epochs=args.hot_epochs)))
     log("records: cold")
     runs.append(attempt("records cold", lambda: fastload_run("records fastload cold O_DIRECT", records, args,
-                                                             device, cold_paths=records.shard_paths, o_direct=True)))
+                                                             device, cold_paths=records.shard_paths, o_direct=True,
+                                                             io_threads=args.cold_threads)))
     warm_page_cache(array_files)
     report["runs"] = [r for r in runs if r]
 

@@ -163,7 +163,7 @@ int64_t stager_read(tfl::DeviceStager& stager, std::vector<std::string> paths, c
 int64_t stager_gather_mapped(tfl::DeviceStager& stager, const std::vector<const tfl::MappedFile*>& files,
                              const I64Array& file_index, const I64Array& offsets, const I64Array& lengths,
                              uint64_t dst_ptr, int64_t dst_size, const I64Array& dst_offsets, uint64_t stream,
-                             uint64_t function, int piece_bytes) {
+                             uint64_t function, int piece_bytes, int blocks) {
   std::vector<std::string> paths;
   for (const tfl::MappedFile* f : files) {
     if (f == nullptr) throw py::value_error("a mapped file is None");
@@ -173,7 +173,7 @@ int64_t stager_gather_mapped(tfl::DeviceStager& stager, const std::vector<const 
       make_request(std::move(paths), file_index, offsets, lengths, dst_ptr, dst_size, dst_offsets, 1, 1, false);
   py::gil_scoped_release nogil;
   return stager.gather_mapped(files, req, static_cast<uintptr_t>(stream), static_cast<uintptr_t>(function),
-                              piece_bytes);
+                              piece_bytes, blocks);
 }
 
 int64_t mapped_copy(const std::vector<const tfl::MappedFile*>& files, const I64Array& file_index,
@@ -251,7 +251,7 @@ PYBIND11_MODULE(_C, m) {
            "returns the bytes once every copy is enqueued. Same checks and errors as read_ranges.")
       .def("gather_mapped", &stager_gather_mapped, py::arg("files"), py::arg("file_index"), py::arg("offsets"),
            py::arg("lengths"), py::arg("dst_ptr"), py::arg("dst_size"), py::arg("dst_offsets"), py::arg("stream"),
-           py::arg("function"), py::arg("piece_bytes"),
+           py::arg("function"), py::arg("piece_bytes"), py::arg("blocks"),
            "Gather ranges of MappedFiles into device memory with the given CUfunction (uva.py's kernel)\n"
            "on `stream`, its range tables in ring chunks; every range checked first. GIL released.")
       .def(

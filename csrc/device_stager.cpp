@@ -171,11 +171,12 @@ cuda::Context DeviceStager::bind_context() {
 }
 
 int64_t DeviceStager::gather_mapped(const std::vector<const MappedFile*>& files, const ReadRequest& req,
-                                    uintptr_t stream_handle, uintptr_t function, int piece_bytes) {
+                                    uintptr_t stream_handle, uintptr_t function, int piece_bytes, int blocks) {
   const auto& cu = cuda::api();
   if (files.size() != req.paths.size())
     throw Error(Error::kInvalid, "one mapped file per path is needed");
-  if (function == 0 || piece_bytes < 16) throw Error(Error::kInvalid, "no gather kernel, or a piece under 16 bytes");
+  if (function == 0 || piece_bytes < 16 || blocks < 1)
+    throw Error(Error::kInvalid, "no gather kernel, a piece under 16 bytes or no block to run it");
   ReadRequest r = req;
   r.order_by_destination = false;  // pieces grouped by file: one launch per file
   r.task_size = std::numeric_limits<int64_t>::max() / 4;
@@ -192,8 +193,8 @@ int64_t DeviceStager::gather_mapped(const std::vector<const MappedFile*>& files,
   bind_context();
   const auto stream = reinterpret_cast<cuda::Stream>(stream_handle);
   const std::atomic<bool> never{false};
-  // One table row = 3 int64; a launch's grid.y (one block row per range) is at most 65535.
-  const size_t per_launch = std::min<size_t>(65535, static_cast<size_t>(chunk_bytes_ / 24));
+  // One table row = 3 int64 in one ring chunk; the kernel indexes ranges with an int.
+  const size_t per_launch = static_cast<size_t>(std::min<int64_t>(1 << 30, chunk_bytes_ / 24));
   unsigned long long dst = static_cast<unsigned long long>(r.dst_ptr);
   int piece = piece_bytes;
   for (size_t i = 0; i < plan.pieces.size();) {
@@ -211,10 +212,13 @@ int64_t DeviceStager::gather_mapped(const std::vector<const MappedFile*>& files,
       longest = std::max(longest, p.len);
     }
     const void* src = files[plan.pieces[i].file]->data();
-    void* params[] = {&src, &dst, &offsets, &lengths, &dst_offsets, &piece};
-    const auto blocks_x = static_cast<unsigned>((longest + piece - 1) / piece);
-    const cuda::Result launched = cu.launch_kernel(reinterpret_cast<cuda::Function>(function), blocks_x,
-                                                   static_cast<unsigned>(n), 1, 256, 1, 1, 0, stream, params, nullptr);
+    int ranges = static_cast<int>(n);
+    int pieces_per_range = static_cast<int>((longest + piece - 1) / piece);
+    void* params[] = {&src, &dst, &offsets, &lengths, &dst_offsets, &piece, &ranges, &pieces_per_range};
+    const int64_t items = static_cast<int64_t>(n) * pieces_per_range;
+    const auto grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, blocks)));
+    const cuda::Result launched = cu.launch_kernel(reinterpret_cast<cuda::Function>(function), grid, 1, 1, 256, 1,
+                                                   1, 0, stream, params, nullptr);
     if (launched == cuda::kSuccess) cu.event_record(chunk.done, stream);
     chunk.pending = launched == cuda::kSuccess;
     release(c);

@@ -42,7 +42,7 @@ class DeviceStager {
   // launch's table of ranges is written to a ring chunk the kernel reads in place, under the
   // same event-guarded reuse as read(). Ranges are checked like copy_mapped's.
   int64_t gather_mapped(const std::vector<const MappedFile*>& files, const ReadRequest& req, uintptr_t stream,
-                        uintptr_t function, int piece_bytes);
+                        uintptr_t function, int piece_bytes, int blocks);
 
   // Waits until no enqueued copy reads the ring (polling, up to timeout_s); true when idle.
   bool idle(double timeout_s);

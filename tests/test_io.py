@@ -243,7 +243,7 @@ def test_gather_kernel_copies_unaligned_ragged_ranges_from_a_mapping(tmp_path):
     stream = torch.cuda.current_stream()
     moved = stager.gather_mapped([mapped], np.zeros(300, np.int64), offsets, lengths, dst, dst_offsets,
                                  stream=stream.cuda_stream, function=uva.kernel_handle(device),
-                                 piece_bytes=uva.PIECE)
+                                 piece_bytes=uva.PIECE, blocks=7)
     assert moved == lengths.sum()
     expected = np.full(dst.numel(), 0xA5, np.uint8)
     for o, n, d in zip(offsets, lengths, dst_offsets):
@@ -251,7 +251,7 @@ def test_gather_kernel_copies_unaligned_ragged_ranges_from_a_mapping(tmp_path):
     assert np.array_equal(dst.cpu().numpy(), expected)
     with pytest.raises(engine.RangeError, match="u.bin"):
         stager.gather_mapped([mapped], [0], [len(data) - 5], [10], dst, [0], stream=stream.cuda_stream,
-                             function=uva.kernel_handle(device), piece_bytes=uva.PIECE)
+                             function=uva.kernel_handle(device), piece_bytes=uva.PIECE, blocks=7)
     assert stager.close()
 
 

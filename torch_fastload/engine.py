@@ -262,7 +262,7 @@ class DeviceStager:
         )
 
     def gather_mapped(self, files: list, file_index, offsets, lengths, dst, dst_offsets, *, stream: int,
-                      function: int, piece_bytes: int) -> int:
+                      function: int, piece_bytes: int, blocks: int) -> int:
         """Ranges of registered mappings (``_C.MappedFile``, one per file index) into ``dst``
         (CUDA) by the gather kernel ``function`` launched on ``stream``; returns the bytes."""
         if self._stager is None:
@@ -273,7 +273,7 @@ class DeviceStager:
             [f.path for f in files] or ["-"], file_index, offsets, lengths, dst_offsets)
         return self._stager.gather_mapped(files, file_index, offsets, lengths, dst.data_ptr(),
                                           dst.numel() * dst.element_size(), dst_offsets, int(stream),
-                                          int(function), int(piece_bytes))
+                                          int(function), int(piece_bytes), int(blocks))
 
     def close(self, timeout: float = 10.0) -> bool:
         """Wait for copies reading the ring, then free it; False (ring kept alive) on timeout."""

@@ -368,7 +368,8 @@ class EngineReader(Reader):
         remap[used] = np.arange(len(used))
         return self.stager.gather_mapped([maps[i] for i in used], remap[file_index], offsets, lengths, dst,
                                          dst_offsets, stream=torch.cuda.current_stream(dst.device).cuda_stream,
-                                         function=uva.kernel_handle(dst.device), piece_bytes=uva.PIECE)
+                                         function=uva.kernel_handle(dst.device), piece_bytes=uva.PIECE,
+                                         blocks=uva.BLOCKS)
 
     def _dma_mapped(self, dst, maps, used, file_index, offsets, lengths, dst_offsets) -> int:
         """One DMA copy per coalesced range, spread over ``mapped_streams`` streams."""

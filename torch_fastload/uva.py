@@ -14,44 +14,53 @@ first use with NVRTC through ``torch.cuda._compile_kernel``
 
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
 
-__all__ = ["available", "host_view", "kernel_handle", "PIECE"]
+__all__ = ["available", "host_view", "kernel_handle", "PIECE", "BLOCKS"]
 
-#: bytes of one range copied by one thread block; longer ranges span several blocks
+#: bytes of one range one thread block copies at a time; longer ranges span several pieces
 PIECE = 64 << 10
-_MAX_BLOCKS_Y = 65535
+#: thread blocks (of 256 threads) per launch: enough 16-byte reads in flight to fill PCIe
+#: Gen5, few enough SMs that a training kernel beside it keeps the rest (measured on the H100)
+BLOCKS = int(os.environ.get("TORCH_FASTLOAD_GATHER_BLOCKS", "64"))
 
 _SOURCE = r"""
 extern "C" __global__ void gather_ranges(const unsigned char* src, unsigned char* dst,
                                          const long long* offsets, const long long* lengths,
-                                         const long long* dst_offsets, int piece) {
-  const int r = blockIdx.y;
-  const long long length = lengths[r];
-  const long long start = (long long)blockIdx.x * piece;
-  if (start >= length) return;
-  const long long end = min(length, start + (long long)piece);
-  const unsigned char* s = src + offsets[r];
-  unsigned char* d = dst + dst_offsets[r];
-  // Read the 16-byte-aligned words of the source that cover [start, end): whole PCIe-friendly
-  // loads, never outside the registered pages (they are page aligned and whole).
-  const unsigned long long first = ((unsigned long long)(s + start)) & ~15ULL;
-  const unsigned long long last = ((unsigned long long)(s + end) + 15ULL) & ~15ULL;
-  const long long words = (long long)((last - first) / 16);
-  const bool aligned = ((((unsigned long long)s) ^ ((unsigned long long)d)) & 15ULL) == 0;
-  for (long long w = threadIdx.x; w < words; w += blockDim.x) {
-    const unsigned long long address = first + 16ULL * (unsigned long long)w;
-    const uint4 word = *(const uint4*)address;
-    const long long at = (long long)(address - (unsigned long long)s);
-    if (aligned && at >= start && at + 16 <= end) {
-      *(uint4*)(d + at) = word;
-    } else {
-      const unsigned char* bytes = (const unsigned char*)&word;
-      for (int k = 0; k < 16; ++k) {
-        const long long i = at + k;
-        if (i >= start && i < end) d[i] = bytes[k];
+                                         const long long* dst_offsets, int piece, int ranges,
+                                         int pieces_per_range) {
+  // Grid-stride over (range, piece) pairs: a few blocks keep enough 16-byte PCIe reads in
+  // flight to fill the link while leaving most SMs to the training step running beside it.
+  const long long items = (long long)ranges * pieces_per_range;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const int r = (int)(item / pieces_per_range);
+    const long long length = lengths[r];
+    const long long start = (item % pieces_per_range) * (long long)piece;
+    if (start >= length) continue;
+    const long long end = min(length, start + (long long)piece);
+    const unsigned char* s = src + offsets[r];
+    unsigned char* d = dst + dst_offsets[r];
+    // The 16-byte-aligned words of the source that cover [start, end): whole loads, never
+    // outside the registered pages (page aligned and whole).
+    const unsigned long long first = ((unsigned long long)(s + start)) & ~15ULL;
+    const unsigned long long last = ((unsigned long long)(s + end) + 15ULL) & ~15ULL;
+    const long long words = (long long)((last - first) / 16);
+    const bool aligned = ((((unsigned long long)s) ^ ((unsigned long long)d)) & 15ULL) == 0;
+    for (long long w = threadIdx.x; w < words; w += blockDim.x) {
+      const unsigned long long address = first + 16ULL * (unsigned long long)w;
+      const uint4 word = *(const uint4*)address;
+      const long long at = (long long)(address - (unsigned long long)s);
+      if (aligned && at >= start && at + 16 <= end) {
+        *(uint4*)(d + at) = word;
+      } else {
+        const unsigned char* bytes = (const unsigned char*)&word;
+        for (int k = 0; k < 16; ++k) {
+          const long long i = at + k;
+          if (i >= start && i < end) d[i] = bytes[k];
+        }
       }
     }
   }
