@@ -6,11 +6,12 @@ One data file of ``--size`` random bytes (written once with numpy's default_rng 
 reused while its size matches) is read ``--read-bytes`` at a time; consecutive reads rotate
 through the file's windows so hot cells do not all hit the same pages.
 
-  engine   the C++ engine (torch_fastload.engine.read_ranges) reads the window in chunks of
-           max(--chunk-bytes, task) into 3 pinned host buffers used round-robin; each chunk is
-           copied to the GPU with non_blocking=True on a side stream while the next is read
-           (a buffer is reused only after its copy's event completed). Time ends when the last
-           copy completes: file -> GPU, as a torch_fastload batch travels without GDS.
+  engine   the C++ engine's device path, as the loader runs it for files not mapped from the
+           page cache (torch_fastload.engine.DeviceStager): one call per window; each task
+           preads into a chunk of a pinned ring and its H2D copy is enqueued on a stream (a
+           chunk is reused only after its copy's event completed). Time ends when the last copy
+           completes: file -> GPU. (--cpu-smoke: engine.read_ranges into host memory in chunks
+           of max(--chunk-bytes, task).)
   kvikio   kvikio.CuFile(path).pread(device tensor, nbytes, offset, task_size=task) straight into
            GPU memory (GDS where present, else compat mode: POSIX reads + bounce buffers),
            with kvikio.defaults.set("num_threads", threads) per cell.
@@ -67,7 +68,7 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from torch_fastload import config, engine  # noqa: E402
+from torch_fastload import config, engine, io as fio  # noqa: E402
 from torch_fastload._benchutil import (Progress, error_text, fmt, log, machine_info,  # noqa: E402
                                        positive_int_list, sync, table, write_json)
 
@@ -414,62 +415,56 @@ def warm_file(path: str, fd: int, size: int, residency: Residency) -> dict:
 #   'odirect' or 'default'. Dropping the page cache is the caller's job, outside the timing.
 # --------------------------------------------------------------------------------------------
 class EngineBackend:
-    """The C++ engine into pinned buffers, copied to the GPU on a side stream, overlapped."""
+    """The C++ engine's device path, as the loader runs it: ``engine.DeviceStager`` preads each
+    task into a chunk of its pinned ring and enqueues the chunk's H2D copy on a stream."""
 
     name = "engine"
+    RING_BYTES_CAP = 1 << 30  # 64 threads x 64 MiB tasks would otherwise pin 5 GiB
 
-    def __init__(self, device: torch.device, min_chunk: int, max_task: int, max_window: int, buffers: int = 3):
-        self.device, self.min_chunk, self.nbuf = device, min_chunk, buffers
+    def __init__(self, device: torch.device, min_chunk: int):
+        self.device, self.min_chunk = device, min_chunk
         self.cuda = device.type == "cuda"
-        self.max_chunk = self.chunk_bytes(max_task, max_window)
-        self.buffers: list = []
-        self.events: list = []
-        self.stream = None
-        if self.cuda:
-            self.buffers = [aligned_pinned(self.max_chunk) for _ in range(buffers)]
-            self.events = [None] * buffers
-            self.stream = torch.cuda.Stream(device=device)
+        self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+        self._stager = None
+        self._stager_key = None
 
     def chunk_bytes(self, task_size: int, nbytes: int) -> int:
-        return min(nbytes, max(self.min_chunk, task_size))
+        """Bytes per engine call: the whole window on the GPU path, chunks on the CPU smoke."""
+        return nbytes if self.cuda else min(nbytes, max(self.min_chunk, task_size))
 
     def describe(self) -> str:
         if not self.cuda:
             return ("engine.read_ranges straight into a page-aligned host numpy buffer, chunk by chunk "
                     "(cpu smoke: no H2D)")
-        return (f"engine.read_ranges into {self.nbuf} pinned {fmt_size(self.max_chunk)} buffers round-robin, chunks "
-                f"of max({fmt_size(self.min_chunk)}, task); each chunk copy_(non_blocking=True) on a side stream, "
-                "buffer reused after its event; timed to the last copy's completion")
+        return ("engine.DeviceStager.read of the whole window: each task preads into a chunk of a pinned ring "
+                "(threads + threads/4 chunks of the task size, capped at 1 GiB), its H2D copy enqueued on a "
+                "stream, a chunk reused after its event; timed to the last copy's completion")
+
+    def stager(self, threads: int, task_size: int):
+        chunks = max(2, min(fio.ring_chunks(threads), self.RING_BYTES_CAP // task_size))
+        if self._stager_key != (task_size, chunks):
+            if self._stager is not None:
+                self._stager.close()
+            self._stager = engine.DeviceStager(task_size, chunks)
+            self._stager_key = (task_size, chunks)
+        return self._stager
 
     def __call__(self, path, offset, nbytes, dst, threads, task_size, cold) -> float:
         o_direct = cold == "odirect"
-        chunk = self.chunk_bytes(task_size, nbytes)
         if not self.cuda:
+            chunk = self.chunk_bytes(task_size, nbytes)
             t0 = time.perf_counter()
             for start in range(0, nbytes, chunk):
                 n = min(chunk, nbytes - start)
                 engine.read_ranges(path, None, [offset + start], [n], dst[start:start + n],
                                    num_threads=threads, task_size=task_size, o_direct=o_direct)
             return time.perf_counter() - t0
+        stager = self.stager(threads, task_size)
         sync(self.device)
-        self.events = [None] * self.nbuf
-        last = None
         t0 = time.perf_counter()
-        for k, start in enumerate(range(0, nbytes, chunk)):
-            n = min(chunk, nbytes - start)
-            slot = k % self.nbuf
-            if self.events[slot] is not None:
-                self.events[slot].synchronize()  # its previous H2D copy has finished reading it
-            buf = self.buffers[slot]
-            engine.read_ranges(path, None, [offset + start], [n], buf, num_threads=threads, task_size=task_size,
-                               o_direct=o_direct)
-            with torch.cuda.stream(self.stream):
-                dst[start:start + n].copy_(buf[:n], non_blocking=True)
-                last = torch.cuda.Event()
-                last.record(self.stream)
-            self.events[slot] = last
-        if last is not None:
-            last.synchronize()
+        stager.read(path, None, [offset], [nbytes], dst, stream=self.stream.cuda_stream, num_threads=threads,
+                    task_size=task_size, o_direct=o_direct)
+        self.stream.synchronize()
         return time.perf_counter() - t0
 
 
@@ -959,7 +954,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-bytes", type=size_arg, default=None,
                    help="engine: minimum chunk per read_ranges call + H2D copy; a chunk is max(this, task) [64MiB; "
                         "smoke 1MiB]")
-    p.add_argument("--buffers", type=int, default=3, help="engine: pinned buffers used round-robin (2 or 3)")
     p.add_argument("--reps", type=int, default=None, help="reads per hot cell, median reported [3; quick and smoke 2]")
     p.add_argument("--cold-reps", type=int, default=1, help="reads per cold cell (each dropped first)")
     p.add_argument("--link-reps", type=int, default=5, help="samples of the pinned H2D ceiling (256 MiB copies)")
@@ -1007,8 +1001,6 @@ def finish_args(args) -> None:
     for name in ("reps", "cold_reps", "link_reps", "disk_threads"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not 2 <= args.buffers <= 8:
-        raise SystemExit(f"--buffers must be in [2, 8], got {args.buffers}")
 
 
 def main(argv=None) -> int:
@@ -1083,10 +1075,9 @@ def main(argv=None) -> int:
     else:
         dst = torch.empty(args.read_bytes, dtype=torch.uint8, device=device)
     backends: dict = {}
-    all_tasks = args.task_sizes + (args.cold_task_sizes if args.cold else [])
     if "engine" in args.backends:
         if engine.available():
-            backends["engine"] = EngineBackend(device, args.chunk_bytes, max(all_tasks), args.read_bytes, args.buffers)
+            backends["engine"] = EngineBackend(device, args.chunk_bytes)
             results["backends"]["engine"] = {"how": backends["engine"].describe(),
                                              "pool_size_before": engine.pool_size()}
             try:  # O_DIRECT probe: one aligned page
