@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build the extension, run the cuda-marked tests and the whole
 # suite, then the benchmarks. Logs and JSON/PNG land in $OUT (tarred: the tool returns <= 8 files).
-# Usage: bash benchmarks/gpu_suite.sh [quick|full] [tests|bench|all]
+# Usage: bash benchmarks/gpu_suite.sh [quick|full] [tests|bench|files|all]
+#   files: the file-backed read benchmarks only (doctor, file_loader, read_sweep)
+# kvikio is not on the GPU machine: carry its wheels (../shared/scripts/gpu-wheels.sh) in .whl/.
 set -uo pipefail
 mode=${1:-full}; what=${2:-all}
 export PYTHONUNBUFFERED=1
@@ -11,6 +13,10 @@ log() { echo "=== $* [$(date +%T)]"; }
 log "machine"; nvidia-smi --query-gpu=name,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], 'gpus', torch.cuda.device_count())"
 nproc; free -g | head -2
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 log "build"; python3 setup.py -q build_ext --inplace 2>&1 | tail -3
 python3 -c "import torch_fastload._C as c; print('_C ok', [n for n in dir(c) if not n.startswith('__')])"
 } 2>&1 | tee "$OUT/res/suite.log"
@@ -21,6 +27,15 @@ if [[ $what == tests || $what == all ]]; then
     log "all tests" | tee -a "$OUT/res/suite.log"
     timeout 900 python3 -m pytest tests -q -x -rs 2>&1 | tee "$OUT/res/all_tests.log" | tail -15
   fi
+fi
+if [[ $what == files || $what == all ]]; then
+  q=""; [[ $mode == quick ]] && q="--quick"
+  log "doctor" | tee -a "$OUT/res/suite.log"
+  timeout 240 python3 -m torch_fastload doctor --size 2G --no-progress --json "$OUT/res/doctor.json" 2>&1 | tee "$OUT/res/doctor.log" | tail -30
+  log "file_loader" | tee -a "$OUT/res/suite.log"
+  timeout 400 python3 benchmarks/file_loader.py $q --no-progress --out "$OUT/res" 2>&1 | tee "$OUT/res/file_loader.log" | tail -45
+  log "read_sweep" | tee -a "$OUT/res/suite.log"
+  timeout 500 python3 benchmarks/read_sweep.py $q --no-progress --out "$OUT/res" 2>&1 | tee "$OUT/res/read_sweep.log" | tail -30
 fi
 if [[ $what == bench || $what == all ]]; then
   q=""; [[ $mode == quick ]] && q="--quick"
