@@ -9,14 +9,14 @@ mode=${1:-full}; what=${2:-all}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT/res"
 log() { echo "=== $* [$(date +%T)]"; }
+if ls .whl/*.whl >/dev/null 2>&1; then  # outside the { } | tee below: that runs in a subshell
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/fastload-site .whl/*.whl \
+    && export PYTHONPATH=/tmp/fastload-site${PYTHONPATH:+:$PYTHONPATH} || echo "kvikio wheels did not install"
+fi
 {
 log "machine"; nvidia-smi --query-gpu=name,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], 'gpus', torch.cuda.device_count())"
 nproc; free -g | head -2
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
 log "build"; python3 setup.py -q build_ext --inplace 2>&1 | tail -3
 python3 -c "import torch_fastload._C as c; print('_C ok', [n for n in dir(c) if not n.startswith('__')])"
 } 2>&1 | tee "$OUT/res/suite.log"

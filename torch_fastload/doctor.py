@@ -13,7 +13,7 @@ Sections, each measured by one function returning a dict and printed by ``render
     storage   a test file in --dir: write + fsync, cold O_DIRECT, cold buffered, hot reads;
               the filesystem and block device under it
     sweep     the C++ engine's threads x task size on the page-cached test file (file -> GPU
-              through double-buffered pinned chunks where CUDA is available), and the
+              through the engine's pinned ring where CUDA is available), and the
               recommended setting
 
 Every section fails soft: an exception prints ``<section>: failed: <Type: message>`` and the
@@ -360,40 +360,53 @@ def measure_storage(path: str, size: int) -> dict:
 # 5. sweep
 # --------------------------------------------------------------------------------------------
 class _FilePass:
-    """One pass over the file in 64 MiB read calls: into two alternating host buffers, and on
-    CUDA on to the GPU (H2D of each chunk on a side stream; a buffer is refilled only after the
-    event recorded after its copy has completed, as the loader's slot pool does)."""
+    """One pass over the file as the loader reads it. On CUDA: the engine's device path
+    (``engine.DeviceStager``: each task preads into a chunk of a pinned ring and enqueues its
+    H2D copy; one call per 64 MiB), timed until the copies finished. Without CUDA: 64 MiB
+    read calls into two alternating host buffers."""
 
     def __init__(self, path: str, size: int, cuda: bool):
         self.path, self.size, self.cuda = path, size, cuda
         self.chunk = min(CHUNK, size)
+        self._stager, self._stager_key = None, None
         if cuda:
-            self.host = [torch.empty(self.chunk, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
             self.device_buf = torch.empty(size, dtype=torch.uint8, device="cuda")
             self.stream = torch.cuda.Stream()
         else:
             self.host = [np.ones(self.chunk, dtype=np.uint8) for _ in range(2)]  # touched
 
+    def _stager_for(self, threads: int, task_size: int):
+        from .io import ring_chunks
+
+        if self._stager_key != (threads, task_size):
+            if self._stager is not None:
+                self._stager.close()
+            self._stager = engine.DeviceStager(task_size, ring_chunks(threads))
+            self._stager_key = (threads, task_size)
+        return self._stager
+
     def run(self, threads: int, task_size: int) -> float:
         """Seconds for one pass (file -> host, or file -> GPU with the copies finished)."""
-        events: list = [None, None]
+        stager = self._stager_for(threads, task_size) if self.cuda else None
         start = time.perf_counter()
         for i, offset in enumerate(range(0, self.size, self.chunk)):
-            n, b = min(self.chunk, self.size - offset), i % 2
-            if events[b] is not None:
-                events[b].synchronize()
-            got = engine.read_ranges(self.path, None, [offset], [n], self.host[b], num_threads=threads,
-                                     task_size=task_size)
+            n = min(self.chunk, self.size - offset)
+            if stager is not None:
+                got = stager.read(self.path, None, [offset], [n], self.device_buf[offset:offset + n],
+                                  stream=self.stream.cuda_stream, num_threads=threads, task_size=task_size)
+            else:
+                got = engine.read_ranges(self.path, None, [offset], [n], self.host[i % 2], num_threads=threads,
+                                         task_size=task_size)
             if got != n:
                 raise RuntimeError(f"read {got} of {n} bytes at offset {offset} of {self.path}")
-            if self.cuda:
-                with torch.cuda.stream(self.stream):
-                    self.device_buf[offset:offset + n].copy_(self.host[b][:n], non_blocking=True)
-                    events[b] = torch.cuda.Event()
-                    events[b].record(self.stream)
         if self.cuda:
             self.stream.synchronize()
         return time.perf_counter() - start
+
+    def close(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
 
 def recommend(cells: list[dict]) -> dict:
@@ -432,12 +445,14 @@ def sweep(path: str, size: int, threads: list[int], task_sizes: list[int], min_s
                 bar.update(1, note=f"{t} x {_size_text(task)}: {gbps:.2f} GB/s")
     finally:
         bar.close()
+        runner.close()
         del runner
         if cuda:
             torch.cuda.empty_cache()
     chunk = _size_text(min(CHUNK, size))
-    what = (f"file -> GPU: {chunk} reads into 2 alternating pinned buffers, H2D on a side stream"
-            if cuda else f"file -> host memory: {chunk} reads into 2 alternating buffers")
+    what = (f"file -> GPU: the engine's device path (pinned ring of io_threads + io_threads/4 chunks of the "
+            f"task size, H2D per task), {chunk} per call" if cuda
+            else f"file -> host memory: {chunk} reads into 2 alternating buffers")
     return {"what": what, "to_gpu": cuda, "size": size, "chunk": min(CHUNK, size), "threads": threads,
             "task_sizes": task_sizes, "gbps": grid, "cells": cells, "recommended": recommend(cells)}
 
