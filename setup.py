@@ -41,7 +41,7 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.1", "numpy"],
     extras_require={
-        "test": ["pytest", "tqdm", "psutil", "pybind11>=2.10", "setuptools>=64"],
+        "test": ["pytest", "tqdm", "psutil", "pybind11>=2.10", "setuptools>=64", "matplotlib", "torchvision"],
         "bench": ["matplotlib", "tqdm"],
     },
     zip_safe=False,

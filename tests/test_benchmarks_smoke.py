@@ -7,16 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_read_sweep_cpu_smoke(tmp_path):
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        pytest.skip("matplotlib is not installed (pip install matplotlib): this smoke run also checks read_sweep.png")
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "benchmarks" / "read_sweep.py"), "--cpu-smoke", "--out", str(out),
            "--dir", str(tmp_path / "data"), "--no-progress"]
@@ -32,3 +26,18 @@ def test_read_sweep_cpu_smoke(tmp_path):
     assert kvikio and all(c["status"] == "ok" or c.get("reason") for c in kvikio), kvikio
     assert (out / "read_sweep.png").is_file()
     assert "total time" in res.stdout
+
+
+def test_file_loader_cpu_smoke(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "file_loader.py"), "--cpu-smoke", "--out", str(out),
+           "--dir", str(tmp_path / "data"), "--no-progress"]
+    res = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"rc {res.returncode}\nstdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
+    report = json.loads((out / "file_loader.json").read_text())
+    assert not report.get("failures"), report.get("failures")
+    names = {r["name"] for r in report["runs"]}
+    assert {"arrays fastload hot", "arrays fastload cold O_DIRECT", "records fastload hot"} <= names
+    assert all(r["gbps"] > 0 and r["samples"] > 0 for r in report["runs"])
+    assert report["baselines"]["disk_odirect_gbps"] > 0 and report["verdicts"]
+    assert (out / "file_loader.png").is_file()

@@ -95,15 +95,17 @@ def test_soak_keeps_rss_and_pool_flat(no_leaked_threads):
     process = psutil.Process()
     loader = DataLoader(VaryingRows(3000), batch_size=None, device="cpu", prefetch=3,
                         slot_bytes=64 * 16384 * 4 + 4096, stage_threads=2)
-    rss = []
-    for epoch in range(2):
+    rss = [[], [], []]
+    for epoch in range(3):
         for i, (rows, index) in enumerate(loader):
             assert rows.shape[0] == 1 + (int(index) * 7919) % 64 and float(rows[0, 0]) == int(index) % 251
             if i % 500 == 499:
                 gc.collect()
-                rss.append(process.memory_info().rss)
+                rss[epoch].append(process.memory_info().rss)
     stats = loader.stats()
-    assert stats.batches == 6000 and stats.pool_regrows == 0
-    growth = max(rss[2:]) - rss[1]
-    assert growth < 64 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over the soak: {[r >> 20 for r in rss]}"
+    assert stats.batches == 9000 and stats.pool_regrows == 0
+    # Epoch 1 warms up (allocator arenas and mmap thresholds step up once, new threads take an
+    # arena); a leak shows as the last epoch growing past the one before it (> ~5 KB a batch).
+    growth = max(rss[2]) - max(rss[1])
+    assert growth < 16 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB in the last epoch: {[[r >> 20 for r in e] for e in rss]}"
     assert pipeline_threads() == []

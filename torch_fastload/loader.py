@@ -262,6 +262,8 @@ class DataLoader(tud.DataLoader):
         hint = getattr(self.dataset, "__fastload_slot_bytes__", None)
         if hint is None or not self._auto_collation or self.batch_size is None:
             return 0
+        if self._reader is not None and self._reader.path.to_device:
+            return 0  # file bytes go straight to the device: slots hold only the small host fields
         return int(hint(self.batch_size))
 
     def close(self) -> None:
@@ -510,9 +512,9 @@ class _Pipeline:
 
         def read_into(buffer: torch.Tensor) -> None:
             started = time.perf_counter()
-            moved = reader.read(buffer, reads)
-            self.stats.add_stage("read", time.perf_counter() - started, sum(moved.values()))
-            self.stats.add_io(moved)
+            by_path = reader.read(buffer, reads)
+            self.stats.add_stage("read", time.perf_counter() - started, sum(by_path.values()))
+            self.stats.add_io(by_path)
 
         pool = slot = copy = None
         if host_bytes:
