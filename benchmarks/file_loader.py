@@ -63,8 +63,8 @@ import torch  # noqa: E402
 
 import torch_fastload  # noqa: E402
 from torch_fastload import DataLoader, RecordDataset, io as fio, pack  # noqa: E402
-from torch_fastload._benchutil import (Progress, cpu_seconds, error_text, fmt, log, machine_info,  # noqa: E402
-                                       positive_int_list, table, write_json)
+from torch_fastload._benchutil import (Progress, cpu_seconds, drop_page_cache, error_text, fmt,  # noqa: E402
+                                       h2d_copy_seconds, log, machine_info, positive_int_list, table, write_json)
 from torch_fastload.sources import ArrayDataset  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -140,17 +140,6 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def drop_page_cache(paths) -> None:
-    """Evict the files from the page cache (clean pages only: they were fsynced)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def resident_fraction(paths) -> float | None:
     """Share of the files' pages in the page cache (kvikio's mincore helper), None if unknown."""
     try:
@@ -179,16 +168,7 @@ def link_h2d(device: torch.device) -> float:
     """Raw pinned H2D GB/s of 256 MiB (median of 5): the link's ceiling."""
     src = torch.empty(256 * MiB, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(256 * MiB, dtype=torch.uint8, device=device)
-    rates = []
-    for i in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src, non_blocking=True)
-        end.record()
-        end.synchronize()
-        if i >= 2:
-            rates.append(src.numel() / (start.elapsed_time(end) / 1e3) / 1e9)
-    return statistics.median(rates)
+    return src.numel() / statistics.median(h2d_copy_seconds(src, dst, 5)) / 1e9
 
 
 def disk_odirect(path: Path, nbytes: int, threads: int = 16, block: int = 4 * MiB) -> float:
@@ -358,7 +338,8 @@ def fastload_run(label, dataset, args, device, *, epochs=1, cold_paths=None, **l
 
     resident = None
     if cold_paths:
-        drop_page_cache(cold_paths)
+        for path in cold_paths:
+            drop_page_cache(path)
         resident = resident_fraction(cold_paths)
     result = measure(label, make, device, None, 1, samples_of(dataset),
                      {"loader": "fastload", "io": io_path, "io_mode": loader.io.mode, "epochs": epochs,
@@ -568,7 +549,8 @@ def main(argv=None) -> int:
     if cuda:
         base["link_gbps"] = attempt("link", lambda: link_h2d(device))
         log(f"  link: raw pinned H2D {fmt(base['link_gbps'])} GB/s")
-    drop_page_cache(array_files)
+    for path in array_files:
+        drop_page_cache(path)
     base["disk_resident_before"] = resident_fraction(array_files)
     base["disk_odirect_gbps"] = attempt("disk", lambda: disk_odirect(features, os.path.getsize(features)))
     log(f"  disk: parallel O_DIRECT (16 threads x 4 MiB, cold) {fmt(base['disk_odirect_gbps'])} GB/s "

@@ -68,9 +68,9 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from torch_fastload import config, engine, io as fio  # noqa: E402
-from torch_fastload._benchutil import (Progress, error_text, fmt, log, machine_info,  # noqa: E402
-                                       positive_int_list, sync, table, write_json)
+from torch_fastload import engine, io as fio  # noqa: E402
+from torch_fastload._benchutil import (Progress, error_text, fmt, h2d_copy_seconds, log, machine_info,  # noqa: E402
+                                       positive_int_list, size_arg, size_list, sync, table, write_json)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 PAGE = 4096
@@ -98,24 +98,6 @@ DESIGN_REFERENCE = {  # DESIGN.md, measured facts of the H100 test machine
 # --------------------------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------------------------
-def size_arg(text: str) -> int:
-    """A byte count: 4194304, 4M, 4MiB, 256KiB (torch_fastload.config.parse_size)."""
-    try:
-        value = config.parse_size(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"cannot parse size {text!r} (try 4MiB, 256KiB, 1GiB)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be > 0, got {text!r}")
-    return value
-
-
-def size_list(text: str) -> list[int]:
-    values = [size_arg(v) for v in str(text).split(",") if v.strip()]
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated sizes, got {text!r}")
-    return values
-
-
 def fmt_size(n: int) -> str:
     for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
         if n >= unit and n % unit == 0:
@@ -301,17 +283,7 @@ def link_baseline(device: torch.device, nbytes: int, reps: int) -> dict:
                 "samples_gbps": samples}
     src = torch.ones(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    for _ in range(2):
-        dst.copy_(src, non_blocking=True)
-    sync(device)
-    samples = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src, non_blocking=True)
-        end.record()
-        end.synchronize()
-        samples.append(gbps(nbytes, start.elapsed_time(end) / 1e3))
+    samples = [gbps(nbytes, seconds) for seconds in h2d_copy_seconds(src, dst, reps)]
     ok = int(dst[0].item()) == 1 and int(dst[-1].item()) == 1
     del src, dst
     return {"what": "pinned (torch.empty(pin_memory=True)) -> cuda copy_(non_blocking=True), CUDA events",

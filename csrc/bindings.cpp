@@ -160,17 +160,21 @@ int64_t stager_read(tfl::DeviceStager& stager, std::vector<std::string> paths, c
   return stager.read(req, static_cast<uintptr_t>(stream), wait_for_chunks);
 }
 
-int64_t stager_gather_mapped(tfl::DeviceStager& stager, const std::vector<const tfl::MappedFile*>& files,
-                             const I64Array& file_index, const I64Array& offsets, const I64Array& lengths,
-                             uint64_t dst_ptr, int64_t dst_size, const I64Array& dst_offsets, uint64_t stream,
-                             uint64_t function, int piece_bytes, int blocks) {
+std::vector<std::string> paths_of(const std::vector<const tfl::MappedFile*>& files) {
   std::vector<std::string> paths;
   for (const tfl::MappedFile* f : files) {
     if (f == nullptr) throw py::value_error("a mapped file is None");
     paths.push_back(f->path());
   }
+  return paths;
+}
+
+int64_t stager_gather_mapped(tfl::DeviceStager& stager, const std::vector<const tfl::MappedFile*>& files,
+                             const I64Array& file_index, const I64Array& offsets, const I64Array& lengths,
+                             uint64_t dst_ptr, int64_t dst_size, const I64Array& dst_offsets, uint64_t stream,
+                             uint64_t function, int piece_bytes, int blocks) {
   const tfl::ReadRequest req =
-      make_request(std::move(paths), file_index, offsets, lengths, dst_ptr, dst_size, dst_offsets, 1, 1, false);
+      make_request(paths_of(files), file_index, offsets, lengths, dst_ptr, dst_size, dst_offsets, 1, 1, false);
   py::gil_scoped_release nogil;
   return stager.gather_mapped(files, req, static_cast<uintptr_t>(stream), static_cast<uintptr_t>(function),
                               piece_bytes, blocks);
@@ -179,13 +183,8 @@ int64_t stager_gather_mapped(tfl::DeviceStager& stager, const std::vector<const 
 int64_t mapped_copy(const std::vector<const tfl::MappedFile*>& files, const I64Array& file_index,
                     const I64Array& offsets, const I64Array& lengths, uint64_t dst_ptr, int64_t dst_size,
                     const I64Array& dst_offsets, const std::vector<uint64_t>& streams) {
-  std::vector<std::string> paths;
-  for (const tfl::MappedFile* f : files) {
-    if (f == nullptr) throw py::value_error("a mapped file is None");
-    paths.push_back(f->path());
-  }
   const tfl::ReadRequest req =
-      make_request(std::move(paths), file_index, offsets, lengths, dst_ptr, dst_size, dst_offsets, 1, 1, false);
+      make_request(paths_of(files), file_index, offsets, lengths, dst_ptr, dst_size, dst_offsets, 1, 1, false);
   std::vector<uintptr_t> handles(streams.begin(), streams.end());
   py::gil_scoped_release nogil;
   return tfl::copy_mapped(files, req, handles);

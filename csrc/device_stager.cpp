@@ -173,29 +173,15 @@ cuda::Context DeviceStager::bind_context() {
 int64_t DeviceStager::gather_mapped(const std::vector<const MappedFile*>& files, const ReadRequest& req,
                                     uintptr_t stream_handle, uintptr_t function, int piece_bytes, int blocks) {
   const auto& cu = cuda::api();
-  if (files.size() != req.paths.size())
-    throw Error(Error::kInvalid, "one mapped file per path is needed");
   if (function == 0 || piece_bytes < 16 || blocks < 1)
     throw Error(Error::kInvalid, "no gather kernel, a piece under 16 bytes or no block to run it");
-  ReadRequest r = req;
-  r.order_by_destination = false;  // pieces grouped by file: one launch per file
-  r.task_size = std::numeric_limits<int64_t>::max() / 4;
-  const Plan plan = make_plan(r);  // every range against the file as it is now and the destination
-  if (plan.total > 0 && r.dst_ptr == 0) throw Error(Error::kInvalid, "dst_ptr (device memory) is null");
-  for (const ReadPiece& p : plan.pieces) {
-    const MappedFile* f = files[p.file];
-    if (p.off + p.len > f->size())
-      throw Error(Error::kRange,
-                  "file '" + f->path() + "', offset=" + std::to_string(p.off) + ", length=" + std::to_string(p.len) +
-                      ": past the " + std::to_string(f->size()) + " bytes mapped (the file grew since it was mapped)",
-                  f->path());
-  }
+  const Plan plan = plan_mapped(files, req, false);  // grouped by file: one launch per file
   bind_context();
   const auto stream = reinterpret_cast<cuda::Stream>(stream_handle);
   const std::atomic<bool> never{false};
   // One table row = 3 int64 in one ring chunk; the kernel indexes ranges with an int.
   const size_t per_launch = static_cast<size_t>(std::min<int64_t>(1 << 30, chunk_bytes_ / 24));
-  unsigned long long dst = static_cast<unsigned long long>(r.dst_ptr);
+  unsigned long long dst = static_cast<unsigned long long>(req.dst_ptr);
   int piece = piece_bytes;
   for (size_t i = 0; i < plan.pieces.size();) {
     size_t end = i;

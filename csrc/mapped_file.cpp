@@ -9,8 +9,6 @@
 #include <cstring>
 #include <limits>
 
-#include "plan.h"
-
 namespace tfl {
 
 namespace {
@@ -72,16 +70,14 @@ MappedFile::~MappedFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-int64_t copy_mapped(const std::vector<const MappedFile*>& files, const ReadRequest& req,
-                    const std::vector<uintptr_t>& streams) {
+Plan plan_mapped(const std::vector<const MappedFile*>& files, const ReadRequest& req, bool order_by_destination) {
   if (files.size() != req.paths.size())
     throw Error(Error::kInvalid, "one mapped file per path is needed, got " + std::to_string(files.size()) +
                                      " for " + std::to_string(req.paths.size()) + " paths");
-  if (streams.empty()) throw Error(Error::kInvalid, "no stream to copy on");
   ReadRequest r = req;
-  r.order_by_destination = true;  // neighbouring ranges in file and batch merge into one copy
-  r.task_size = std::numeric_limits<int64_t>::max() / 4;
-  const Plan plan = make_plan(r);  // every range against the file as it is now and the destination
+  r.order_by_destination = order_by_destination;
+  r.task_size = std::numeric_limits<int64_t>::max() / 4;  // no slicing: one copy or gather row per piece
+  Plan plan = make_plan(r);  // every range against the file as it is now and the destination
   if (plan.total > 0 && r.dst_ptr == 0) throw Error(Error::kInvalid, "dst_ptr (device memory) is null");
   for (const ReadPiece& p : plan.pieces) {
     const MappedFile* f = files[p.file];
@@ -91,11 +87,19 @@ int64_t copy_mapped(const std::vector<const MappedFile*>& files, const ReadReque
                       ": past the " + std::to_string(f->size()) + " bytes mapped (the file grew since it was mapped)",
                   f->path());
   }
+  return plan;
+}
+
+int64_t copy_mapped(const std::vector<const MappedFile*>& files, const ReadRequest& req,
+                    const std::vector<uintptr_t>& streams) {
+  if (streams.empty()) throw Error(Error::kInvalid, "no stream to copy on");
+  // By destination: neighbouring ranges in file and batch merge into one copy.
+  const Plan plan = plan_mapped(files, req, true);
   const auto& cu = cuda::api();
   size_t k = 0;
   for (const ReadPiece& p : plan.pieces) {
     const auto stream = reinterpret_cast<cuda::Stream>(streams[k++ % streams.size()]);
-    cuda::check(cu.memcpy_htod_async(static_cast<cuda::DevicePtr>(r.dst_ptr + p.dst), files[p.file]->data() + p.off,
+    cuda::check(cu.memcpy_htod_async(static_cast<cuda::DevicePtr>(req.dst_ptr + p.dst), files[p.file]->data() + p.off,
                                      static_cast<size_t>(p.len), stream),
                 "cuMemcpyHtoDAsync (mapped file -> device)");
   }

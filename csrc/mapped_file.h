@@ -10,6 +10,7 @@
 
 #include "cuda_driver.h"
 #include "engine.h"
+#include "plan.h"
 
 namespace tfl {
 
@@ -33,6 +34,11 @@ class MappedFile {
   char* data_ = nullptr;
   bool registered_ = false;
 };
+
+// The plan of req's ranges of mapped files (files[req.file_index[i]]): every range checked
+// against its file now (make_plan) and as mapped, and against the destination; coalesced, not
+// sliced. Shared by copy_mapped and DeviceStager::gather_mapped.
+Plan plan_mapped(const std::vector<const MappedFile*>& files, const ReadRequest& req, bool order_by_destination);
 
 // Enqueues DMA copies of req's ranges from the mapped files (files[req.file_index[i]]) into
 // device memory [req.dst_ptr, +dst_size), round-robin over `streams`. Ranges are checked

@@ -12,6 +12,7 @@ import torch
 
 import torch_fastload
 from torch_fastload import DataLoader, RecordDataset, engine, io, pack
+from torch_fastload._benchutil import drop_page_cache
 from torch_fastload.sources import ArrayDataset, ArrayFile
 
 from test_loader import assert_same
@@ -212,15 +213,6 @@ def test_ring_under_delayed_copies_in_the_loader(tmp_path):
     loader.close()
 
 
-def drop_from_page_cache(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.cuda
 def test_gather_kernel_copies_unaligned_ragged_ranges_from_a_mapping(tmp_path):
     from torch_fastload import uva
@@ -284,7 +276,7 @@ def test_resident_files_are_dma_copied_from_the_page_cache(tmp_path, budget, ker
 def test_cold_files_are_not_mapped_and_truncation_after_mapping_is_an_error(tmp_path):
     arrays, _ = make_sources(tmp_path)
     features, labels = (f.path for f in arrays.files)
-    drop_from_page_cache(features)
+    drop_page_cache(features)
     open(labels, "rb").read()
     assert engine.page_cache_residency(features) < 0.5
     loader = DataLoader(arrays, batch_size=50)

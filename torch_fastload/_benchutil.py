@@ -24,8 +24,8 @@ except Exception:  # pragma: no cover - tqdm missing
     _tqdm = None
 
 __all__ = ["log", "error_text", "fmt", "table", "Progress", "write_json", "int_list", "positive_int_list",
-           "float_list", "run_quiet", "cpu_affinity", "machine_basics", "git_state", "machine_info", "cpu_seconds", "sync",
-           "InflightWindow"]
+           "float_list", "size_arg", "size_list", "run_quiet", "cpu_affinity", "machine_basics", "git_state",
+           "machine_info", "cpu_seconds", "sync", "h2d_copy_seconds", "drop_page_cache", "InflightWindow"]
 
 GiB = 1 << 30
 
@@ -124,6 +124,27 @@ def positive_int_list(text: str) -> list[int]:
 def float_list(text: str) -> list[float]:
     """'0,1.5,2': numbers >= 0."""
     return _number_list(text, float, "numbers", 0, "numbers >= 0")
+
+
+def size_arg(text: str) -> int:
+    """'4194304', '4M', '4MiB', '256KiB': a positive byte count (torch_fastload.config.parse_size)."""
+    from .config import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a byte count such as 512M, 4MiB or 1GiB, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive byte count, got {text!r}")
+    return value
+
+
+def size_list(text: str) -> list[int]:
+    """'1MiB,4MiB,16MiB': positive byte counts."""
+    values = [size_arg(v) for v in str(text).split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated byte counts, got {text!r}")
+    return values
 
 
 # --------------------------------------------------------------------------------------------
@@ -261,6 +282,32 @@ def cpu_seconds() -> float:
     except ImportError:
         total += _proc_children_cpu(os.getpid())
     return total
+
+
+def h2d_copy_seconds(src: torch.Tensor, dst: torch.Tensor, reps: int, warmup: int = 2) -> list[float]:
+    """Seconds of each of ``reps`` ``dst.copy_(src, non_blocking=True)`` host -> device copies,
+    timed with CUDA events after ``warmup`` untimed ones."""
+    times = []
+    for i in range(warmup + reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src, non_blocking=True)
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end) / 1e3)
+    return times
+
+
+def drop_page_cache(path, offset: int = 0, length: int = 0) -> None:
+    """Evict a file's pages (``length`` 0: to its end) from the page cache, so the next read
+    comes from storage. fsync first: posix_fadvise(DONTNEED) drops clean pages only."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def sync(device: torch.device) -> None:

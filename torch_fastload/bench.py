@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from torch_fastload._benchutil import (InflightWindow, Progress, cpu_seconds, fmt, int_list, log, machine_info,
-                                       sync, table)
+from torch_fastload._benchutil import (InflightWindow, Progress, cpu_seconds, fmt, h2d_copy_seconds, int_list, log,
+                                       machine_info, sync, table)
 
 __all__ = ["main", "build_parser", "make_dataset", "SmallConvNet", "CudaSleeper"]
 
@@ -182,17 +182,9 @@ def time_transfer_ms(nbytes: int, device: torch.device, reps: int = 10) -> float
         return None
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).fill_(1)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    times = []
-    for i in range(reps + 2):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src, non_blocking=True)
-        end.record()
-        end.synchronize()
-        if i >= 2:
-            times.append(start.elapsed_time(end))
+    times = h2d_copy_seconds(src, dst, reps)
     del src, dst
-    return statistics.median(times)
+    return statistics.median(times) * 1e3
 
 
 def time_compute_ms(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, steps: int = 20) -> float:

@@ -42,8 +42,9 @@ import numpy as np
 import torch
 
 from torch_fastload import config, engine, io
-from torch_fastload._benchutil import (Progress, error_text, fmt, log, machine_info, positive_int_list, run_quiet,
-                                       table, write_json)
+from torch_fastload._benchutil import (Progress, drop_page_cache, error_text, fmt, h2d_copy_seconds, log,
+                                       machine_info, positive_int_list, run_quiet, size_arg, size_list, table,
+                                       write_json)
 
 __all__ = ["main", "build_parser", "gpu_info", "measure_h2d", "gds_info", "measure_storage", "sweep",
            "recommend", "save_tuning", "render"]
@@ -83,15 +84,6 @@ def _kv(rows: list[tuple[str, Any]], indent: str = "  ") -> str:
     """``key   value`` lines with the values aligned."""
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{indent}{k:<{width}}  {v}" for k, v in rows)
-
-
-def _drop_cache(path: str) -> None:
-    """Ask the kernel to drop the file's (clean) pages: the next buffered read comes from disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _read_file(path: str, size: int, dst, threads: int, task_size: int, o_direct: bool = False) -> float:
@@ -207,17 +199,7 @@ def measure_h2d(nbytes: int, reps: int = 5) -> dict:
     result: dict = {"bytes": nbytes, "reps": reps}
     try:
         for kind, src in sources.items():
-            for _ in range(2):  # warm-up
-                dst.copy_(src, non_blocking=True)
-            torch.cuda.synchronize(device)
-            rates = []
-            for _ in range(reps):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                dst.copy_(src, non_blocking=True)
-                end.record()
-                end.synchronize()
-                rates.append(_gbps(nbytes, start.elapsed_time(end) / 1e3))
+            rates = [_gbps(nbytes, seconds) for seconds in h2d_copy_seconds(src, dst, reps)]
             result[kind] = {"gbps": statistics.median(rates), "samples_gbps": rates}
     finally:
         del dst, sources
@@ -342,14 +324,14 @@ def measure_storage(path: str, size: int) -> dict:
     dst.fill(0)  # touch every page now, so no read below times page faults
     read = lambda **kw: _read_file(path, size, dst, STORAGE_THREADS, STORAGE_TASK, **kw)  # noqa: E731
 
-    _drop_cache(path)
+    drop_page_cache(path)
     try:
         result["cold_odirect"] = {"gbps": _gbps(size, read(o_direct=True))}
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise
         result["cold_odirect"] = {"skipped": f"the filesystem refuses O_DIRECT (EINVAL) ({result['filesystem']['fstype']})"}
-    _drop_cache(path)
+    drop_page_cache(path)
     result["cold_buffered"] = {"gbps": _gbps(size, read())}
     read()  # the file is in the page cache now; time the next read
     result["hot"] = {"gbps": _gbps(size, read())}
@@ -609,20 +591,6 @@ def _section(name: str, fn: Callable[..., dict], *args, **kwargs) -> dict:
 # --------------------------------------------------------------------------------------------
 # command line
 # --------------------------------------------------------------------------------------------
-def _size_arg(text: str) -> int:
-    try:
-        value = config.parse_size(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a byte count such as 512M or 1GiB, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive byte count, got {text!r}")
-    return value
-
-
-def _size_list_arg(text: str) -> list[int]:
-    return [_size_arg(t) for t in text.split(",") if t.strip()] or [_size_arg(text)]
-
-
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog or "python -m torch_fastload doctor",
@@ -631,11 +599,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                     "Defaults in [brackets] are full / --quick.")
     p.add_argument("--dir", default=".", help="directory whose filesystem to test; a temporary file is "
                                               "written there and deleted [.]")
-    p.add_argument("--size", type=_size_arg, default=None, help="test file size, e.g. 512M, 1GiB [1GiB / 256MiB]")
-    p.add_argument("--h2d-size", type=_size_arg, default=None, help="bytes per H2D copy [256MiB / 64MiB]")
+    p.add_argument("--size", type=size_arg, default=None, help="test file size, e.g. 512M, 1GiB [1GiB / 256MiB]")
+    p.add_argument("--h2d-size", type=size_arg, default=None, help="bytes per H2D copy [256MiB / 64MiB]")
     p.add_argument("--threads", type=positive_int_list, default=None,
                    help="sweep thread counts, comma-separated [1,2,4,8,16,32 / 1,4,16]")
-    p.add_argument("--tasks", type=_size_list_arg, default=None,
+    p.add_argument("--tasks", type=size_list, default=None,
                    help="sweep task sizes, comma-separated [256K,1M,4M,16M / 1M,4M]")
     p.add_argument("--quick", action="store_true", help="smaller file, copies and sweep")
     p.add_argument("--save", action="store_true",
