@@ -1,20 +1,15 @@
 """Shutdown paths that need a fresh interpreter: KeyboardInterrupt and interpreter exit; and a soak."""
 
-import gc
+import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
 
-import psutil
 import pytest
 import torch
 from torch.utils.data import Dataset
-
-from torch_fastload import DataLoader
-
-from conftest import pipeline_threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +73,8 @@ def test_interpreter_exit_with_live_iterator(num_workers):
 
 
 class VaryingRows(Dataset):
-    """Batches of varying sizes (1..64 rows of 64 KiB), as with bucketed sequence lengths."""
+    """Batches of varying sizes (1..64 rows of 64 KiB), as with bucketed sequence lengths
+    (test_cuda's GPU soak uses it; the CPU soak below runs the same in a fresh process)."""
 
     def __init__(self, n):
         self.n = n
@@ -91,21 +87,62 @@ class VaryingRows(Dataset):
         return torch.full((rows, 16384), float(i % 251)), torch.tensor(i)
 
 
-def test_soak_keeps_rss_and_pool_flat(no_leaked_threads):
+_SOAK = textwrap.dedent("""
+    import ctypes, gc, json, sys
+    import psutil, torch
+    from torch.utils.data import Dataset
+    from torch_fastload import DataLoader
+
+    class VaryingRows(Dataset):
+        def __len__(self):
+            return 3000
+
+        def __getitem__(self, i):
+            return torch.full((1 + (i * 7919) % 64, 16384), float(i % 251)), torch.tensor(i)
+
+    leaked = []  # the negative control keeps 16 KiB of every batch: a leak of the kind to catch
     process = psutil.Process()
-    loader = DataLoader(VaryingRows(3000), batch_size=None, device="cpu", prefetch=3,
+    loader = DataLoader(VaryingRows(), batch_size=None, device="cpu", prefetch=3,
                         slot_bytes=64 * 16384 * 4 + 4096, stage_threads=2)
     rss = [[], [], []]
     for epoch in range(3):
         for i, (rows, index) in enumerate(loader):
             assert rows.shape[0] == 1 + (int(index) * 7919) % 64 and float(rows[0, 0]) == int(index) % 251
+            if sys.argv[1] == "leak":
+                leaked.append(rows[0].clone())
             if i % 500 == 499:
                 gc.collect()
+                ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap back to the OS: RSS = live memory
                 rss[epoch].append(process.memory_info().rss)
     stats = loader.stats()
-    assert stats.batches == 9000 and stats.pool_regrows == 0
-    # Epoch 1 warms up (allocator arenas and mmap thresholds step up once, new threads take an
-    # arena); a leak shows as the last epoch growing past the one before it (> ~5 KB a batch).
-    growth = max(rss[2]) - max(rss[1])
-    assert growth < 16 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB in the last epoch: {[[r >> 20 for r in e] for e in rss]}"
-    assert pipeline_threads() == []
+    loader.close()
+    threads = [t.name for t in __import__("threading").enumerate() if t.name.startswith("fastload-")]
+    print(json.dumps({"rss": rss, "batches": stats.batches, "regrows": stats.pool_regrows, "threads": threads}))
+""")
+
+
+def _soak(mode: str) -> dict:
+    """Three epochs of 3000 varying batches in a fresh process (the allocator state that earlier
+    tests leave behind would blur RSS), sampling RSS every 500 batches."""
+    out = run_script(_SOAK.replace('sys.argv[1] == "leak"', repr(mode == "leak")), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _last_epoch_growth(result: dict) -> int:
+    # Epoch 1 warms up (allocator arenas and thresholds step up once); a leak shows as the last
+    # epoch growing past the one before it (16 MiB over 3000 batches: > ~5 KB a batch).
+    rss = result["rss"]
+    return max(rss[2]) - max(rss[1])
+
+
+def test_soak_keeps_rss_and_pool_flat():
+    result = _soak("clean")
+    assert result["batches"] == 9000 and result["regrows"] == 0 and result["threads"] == []
+    growth = _last_epoch_growth(result)
+    assert growth < 16 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB in the last epoch: {result['rss']}"
+
+
+def test_negative_control_soak_catches_a_small_leak():
+    growth = _last_epoch_growth(_soak("leak"))
+    assert growth >= 16 * 2**20, f"a 16 KiB-a-batch leak grew RSS by only {growth / 2**20:.1f} MiB"
