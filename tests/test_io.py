@@ -152,12 +152,16 @@ def test_file_truncated_before_the_read_is_a_typed_error_on_every_backend(tmp_pa
     it.close()
 
 
-@pytest.mark.cuda
-def test_o_direct_file_cut_at_a_page_boundary(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_o_direct_file_cut_at_a_page_boundary(tmp_path, device):
+    from test_engine import o_direct_reason
+
+    if reason := o_direct_reason(tmp_path):
+        pytest.skip(reason)
     rows = np.random.default_rng(3).integers(0, 2**31, (64, 1024), dtype=np.int32)  # 4 KiB rows
     rows.tofile(tmp_path / "r.bin")
     dataset = ArrayDataset(ArrayFile.raw(tmp_path / "r.bin", np.int32, (1024,)))
-    loader = DataLoader(dataset, batch_size=16, o_direct=True)
+    loader = DataLoader(dataset, batch_size=16, o_direct=True, device=device)
     assert loader.io.mode == "engine-odirect"
     os.truncate(tmp_path / "r.bin", 40 * 4096)  # after planning: a clean page boundary inside batch 2
     it = iter(loader)
