@@ -10,12 +10,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_read_sweep_cpu_smoke(tmp_path):
+def run_smoke(script: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """``benchmarks/<script> --cpu-smoke`` with its data and output under ``tmp_path``."""
     out = tmp_path / "out"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "read_sweep.py"), "--cpu-smoke", "--out", str(out),
+    cmd = [sys.executable, str(REPO / "benchmarks" / script), "--cpu-smoke", "--out", str(out),
            "--dir", str(tmp_path / "data"), "--no-progress"]
     res = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, f"rc {res.returncode}\nstdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
+    return res, out
+
+
+def test_read_sweep_cpu_smoke(tmp_path):
+    res, out = run_smoke("read_sweep.py", tmp_path)
     results = json.loads((out / "read_sweep.json").read_text())
     hot = [c for c in results["cells"] if c["backend"] == "engine" and c["mode"] == "hot"]
     assert hot, "no engine hot cells in read_sweep.json"
@@ -29,11 +35,7 @@ def test_read_sweep_cpu_smoke(tmp_path):
 
 
 def test_file_loader_cpu_smoke(tmp_path):
-    out = tmp_path / "out"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "file_loader.py"), "--cpu-smoke", "--out", str(out),
-           "--dir", str(tmp_path / "data"), "--no-progress"]
-    res = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, f"rc {res.returncode}\nstdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
+    _, out = run_smoke("file_loader.py", tmp_path)
     report = json.loads((out / "file_loader.json").read_text())
     assert not report.get("failures"), report.get("failures")
     names = {r["name"] for r in report["runs"]}
