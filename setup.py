@@ -36,13 +36,15 @@ setup(
     version="0.1.0",
     description="A PyTorch DataLoader extension whose training loop never waits for input",
     packages=find_packages(include=["torch_fastload", "torch_fastload.*"]),
+    package_data={"torch_fastload.vision": ["photos/*.jpg", "photos/README.md"]},
     ext_modules=ext_modules,
     cmdclass={"build_ext": build_ext},
     python_requires=">=3.9",
     install_requires=["torch>=2.1", "numpy"],
     extras_require={
-        "test": ["pytest", "tqdm", "psutil", "pybind11>=2.10", "setuptools>=64", "matplotlib", "torchvision"],
+        "test": ["pytest", "tqdm", "psutil", "pybind11>=2.10", "setuptools>=64", "matplotlib", "torchvision", "pillow"],
         "bench": ["matplotlib", "tqdm"],
+        "vision": ["torchvision", "pillow"],
     },
     zip_safe=False,
 )

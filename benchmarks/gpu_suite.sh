@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build the extension, run the cuda-marked tests and the whole
 # suite, then the benchmarks. Logs and JSON/PNG land in $OUT (tarred: the tool returns <= 8 files).
-# Usage: bash benchmarks/gpu_suite.sh [quick|full] [tests|bench|files|all]
+# Usage: bash benchmarks/gpu_suite.sh [quick|full] [tests|bench|files|images|all]
 #   files: the file-backed read benchmarks only (doctor, file_loader, read_sweep)
+#   images: image tests and imagenet_loader; train: imagenet_train (ResNet-50/18 end to end)
 # kvikio is not on the GPU machine: carry its wheels (../shared/scripts/gpu-wheels.sh) in .whl/.
 set -uo pipefail
 mode=${1:-full}; what=${2:-all}
@@ -36,6 +37,16 @@ if [[ $what == files || $what == all ]]; then
   timeout 400 python3 benchmarks/file_loader.py $q --no-progress --out "$OUT/res" 2>&1 | tee "$OUT/res/file_loader.log" | tail -45
   log "read_sweep" | tee -a "$OUT/res/suite.log"
   timeout 500 python3 benchmarks/read_sweep.py $q --no-progress --out "$OUT/res" 2>&1 | tee "$OUT/res/read_sweep.log" | tail -30
+fi
+if [[ $what == images || $what == all ]]; then
+  log "image tests" | tee -a "$OUT/res/suite.log"
+  timeout 300 python3 -m pytest tests/test_images.py -v -rs -s 2>&1 | tee "$OUT/res/image_tests.log" | tail -40
+  log "imagenet_loader" | tee -a "$OUT/res/suite.log"
+  timeout 400 python3 benchmarks/imagenet_loader.py --no-progress --out "$OUT/res" 2>&1 | tee "$OUT/res/imagenet_loader.log" | tail -25
+fi
+if [[ $what == train || $what == all ]]; then
+  log "imagenet_train" | tee -a "$OUT/res/suite.log"
+  timeout 600 python3 benchmarks/imagenet_train.py --no-progress --out "$OUT/res" 2>&1 | tee "$OUT/res/imagenet_train.log" | tail -25
 fi
 if [[ $what == bench || $what == all ]]; then
   q=""; [[ $mode == quick ]] && q="--quick"

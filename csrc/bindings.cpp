@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "device_stager.h"
+#include "image_probe.h"
 #include "mapped_file.h"
 #include "engine.h"
 
@@ -286,6 +287,29 @@ PYBIND11_MODULE(_C, m) {
         return tfl::page_cache_residency(path);
       },
       py::arg("path"), "(resident pages, total pages) of the file in the page cache (mincore).");
+  m.def(
+      "probe_images",
+      [](uint64_t data_ptr, int64_t size, const I64Array& offsets) {
+        const std::vector<int64_t> bounds = to_vector(offsets, "offsets");
+        if (bounds.empty()) throw py::value_error("offsets must hold count + 1 values");
+        for (size_t i = 0; i + 1 < bounds.size(); ++i)
+          if (bounds[i] < 0 || bounds[i + 1] < bounds[i] || bounds[i + 1] > size)
+            throw py::value_error("image " + std::to_string(i) + " spans [" + std::to_string(bounds[i]) + ", " +
+                                  std::to_string(bounds[i + 1]) + ") outside the " + std::to_string(size) +
+                                  "-byte buffer");
+        const int64_t count = static_cast<int64_t>(bounds.size()) - 1;
+        std::string out(static_cast<size_t>(count * tfl::kProbeColumns) * sizeof(int64_t), '\0');
+        {
+          py::gil_scoped_release nogil;
+          tfl::probe_images(reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(data_ptr)), size, bounds.data(),
+                            count, reinterpret_cast<int64_t*>(&out[0]));
+        }
+        return py::bytes(out);
+      },
+      py::arg("data_ptr"), py::arg("size"), py::arg("offsets"),
+      "Header probe of the encoded images [offsets[i], offsets[i+1]) of a host buffer: int64 rows of\n"
+      "(format, height, width, components, flags, status) as bytes (see csrc/image_probe.h). GIL released.");
+  m.attr("PROBE_COLUMNS") = tfl::kProbeColumns;
   m.def(
       "pool_size", [] { return tfl::ThreadPool::instance().num_workers(); },
       "Worker threads in the persistent pool (the calling thread works too).");

@@ -21,12 +21,15 @@ slots back. ``DataLoader.close()`` (or garbage collection, or interpreter exit) 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import inspect
 import itertools
 import math
 import queue
+import sys
 import threading
 import time
+import traceback
 import warnings
 import weakref
 from collections import deque
@@ -176,6 +179,7 @@ class DataLoader(tud.DataLoader):
         self.map_budget = config.resolve("map_budget", map_budget)
         self._io_path: fio.IoPath | None = None
         self._reader: fio.Reader | None = None
+        self._host_reader: fio.Reader | None = None
         self._user_collate = collate_fn
         self._stats = LoaderStats()
         self._resources_lock = threading.Lock()
@@ -226,6 +230,19 @@ class DataLoader(tud.DataLoader):
                 self._stats.set_io(str(path))
             return self._reader
 
+    def _slot_reader(self) -> fio.Reader:
+        """A reader into host slots, for sources that finish batches themselves (image decode
+        reads the encoded bytes on the host: nvJPEG takes host bitstreams)."""
+        with self._resources_lock:
+            if self._host_reader is None:
+                mode = "pinned" if self.io_mode == "pinned" else "posix"
+                path = fio.select(mode, "cpu", self.o_direct, self.io_threads, self.io_task_size, 0)
+                path = dataclasses.replace(path, why=f"{path.why}; the source decodes from host memory "
+                                                     "(nvJPEG takes host bitstreams)")
+                self._host_reader = fio.make_reader(path)
+                self._stats.set_io(str(path))
+            return self._host_reader
+
     # -- resources shared by this loader's iterators --------------------------------------
     def _resources(self) -> tuple[CopyEngine, ParallelCopier]:
         with self._resources_lock:
@@ -262,7 +279,7 @@ class DataLoader(tud.DataLoader):
         hint = getattr(self.dataset, "__fastload_slot_bytes__", None)
         if hint is None or not self._auto_collation or self.batch_size is None:
             return 0
-        if self._reader is not None and self._reader.path.to_device:
+        if self._reader is not None and self._reader.path.to_device and _finisher(self) is None:
             return 0  # file bytes go straight to the device: slots hold only the small host fields
         return int(hint(self.batch_size))
 
@@ -274,9 +291,10 @@ class DataLoader(tud.DataLoader):
         with self._resources_lock:
             if self._engine is not None:
                 self._engine.synchronize(timeout)
-            if self._reader is not None:
-                self._reader.close(timeout)
-                self._reader = None
+            for reader in (self._reader, self._host_reader):
+                if reader is not None:
+                    reader.close(timeout)
+            self._reader = self._host_reader = None
             if self._pool is not None:
                 self._pool.close(timeout=timeout)
                 self._pool = None
@@ -314,6 +332,13 @@ def _batch_reader(loader: DataLoader):
     return getattr(dataset, "__fastload_batch__", None)
 
 
+def _finisher(loader: DataLoader):
+    """The source's ``__fastload_finish__`` where its batches take the planned path, else None."""
+    if _batch_reader(loader) is None or loader.num_workers > 0:
+        return None
+    return getattr(loader.dataset, "__fastload_finish__", None)
+
+
 def _pack_host_fields(items: list) -> tuple[list, list, int]:
     """The non-file fields of a batch packed into a slot: ``(slot items, (slot offset, batch
     offset, bytes) copies, slot bytes)``; file fields are read straight into the device."""
@@ -327,6 +352,12 @@ def _pack_host_fields(items: list) -> tuple[list, list, int]:
         copies.append((cursor, offset, nbytes))
         cursor += nbytes
     return host, copies, cursor
+
+
+def _leading_dim(batch) -> int:
+    """Samples in a finished batch: the first tensor's (or list's) length."""
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    return len(first) if isinstance(first, (torch.Tensor, list)) else 1
 
 
 class _InThreadSource(_SingleProcessDataLoaderIter):
@@ -356,6 +387,7 @@ class _Pipeline:
         self.fetched: queue.Queue = queue.Queue(maxsize=loader.prefetch)
         self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch)
         self.engine, self.copier = loader._resources()
+        self._finish = _finisher(loader) if isinstance(source, _InThreadSource) else None
         self.stats = loader._stats
         self.stats.path = (f"pinned-pool -> {loader.device}" if loader.device.type == "cuda"
                            else "cpu (pageable slots, no pinning)")
@@ -495,7 +527,47 @@ class _Pipeline:
         finally:
             self._count_copy_times()
 
+    def _acquire_slot(self, nbytes: int, index: int):
+        while True:
+            pool = self.loader._pool_for(nbytes, index)
+            try:
+                return pool, pool.acquire(self.stop, poll=self.poll)
+            except PoolError:
+                if pool.closed and not self.stop.is_set():
+                    continue  # another iterator re-sized the shared pool meanwhile
+                raise
+
+    def _stage_and_finish(self, index: int, batch, finish) -> _Ready:
+        """Read the batch's files into a slot, then let the source build the device batch from
+        it (``__fastload_finish__``: decode + augment) on the copy stream. The slot returns to
+        the pool once everything enqueued on the stream so far has completed."""
+        plan = plan_batch(batch, collated=True)
+        items = plan.copy_list()
+        reads = [(offset, src) for offset, src in items if isinstance(src, PendingRead)]
+        reader = self.loader._slot_reader()
+        pool, slot = self._acquire_slot(plan.total_bytes, index)
+        copy = None
+        try:
+            started = time.perf_counter()
+            by_path = reader.read(slot.buffer, reads)
+            self.stats.add_stage("read", time.perf_counter() - started, sum(by_path.values()))
+            self.stats.add_io(by_path)
+            self.copier.copy_into(slot.buffer, [item for item in items if not isinstance(item[1], PendingRead)])
+            host = plan.unpack(slot.buffer[:plan.total_bytes], lambda tensor: tensor)
+            counts: dict = {}
+            started = time.perf_counter()
+            copy = self.engine.run(lambda: finish(host, self.loader.device, counts))
+            self.stats.add_stage("decode", time.perf_counter() - started)
+            self.stats.add_decoded(counts)
+        finally:
+            pool.release(slot, copy.done if copy is not None else None)
+        samples = _leading_dim(copy.batch)
+        return _Ready(index, copy, samples, plan.payload_bytes)
+
     def _stage_and_copy(self, index: int, batch) -> _Ready:
+        finish = self._finish
+        if finish is not None:
+            return self._stage_and_finish(index, batch, finish)
         plan = plan_batch(batch, collated=self.loader._auto_collation)
         items = plan.copy_list()
         reads = [(offset, src) for offset, src in items if isinstance(src, PendingRead)]
@@ -518,15 +590,7 @@ class _Pipeline:
 
         pool = slot = copy = None
         if host_bytes:
-            while True:
-                pool = self.loader._pool_for(host_bytes, index)
-                try:
-                    slot = pool.acquire(self.stop, poll=self.poll)
-                    break
-                except PoolError:
-                    if pool.closed and not self.stop.is_set():
-                        continue  # another iterator re-sized the shared pool meanwhile
-                    raise
+            pool, slot = self._acquire_slot(host_bytes, index)
         try:
             if reads and not to_device:
                 read_into(slot.buffer)
@@ -617,8 +681,8 @@ class _Pipeline:
         stuck = [t.name for t in threads if t.is_alive()]
         if stuck:
             warnings.warn(f"torch_fastload: thread(s) {stuck} did not stop within {timeout} s "
-                          "(a dataset __getitem__ still running?); they are left as daemons",
-                          RuntimeWarning, stacklevel=2)
+                          "(a dataset __getitem__ still running?); they are left as daemons. Where they are:\n"
+                          + _where([t for t in threads if t.is_alive()]), RuntimeWarning, stacklevel=2)
         self.engine.synchronize(max(0.0, deadline - time.monotonic()))
         self._count_copy_times()
         for q in (self.fetched, self.ready):
@@ -631,6 +695,17 @@ class _Pipeline:
                 and not (self.loader.persistent_workers and self.loader.num_workers > 0)):
             self.source._shutdown_workers()
         _LIVE_PIPELINES.discard(self)
+
+
+def _where(threads: list) -> str:
+    """The innermost frames of each thread (what a stuck thread is doing)."""
+    frames = sys._current_frames()
+    out = []
+    for thread in threads:
+        frame = frames.get(thread.ident)
+        stack = traceback.format_stack(frame, limit=-4) if frame is not None else ["  (no frame)\n"]
+        out.append(f"  {thread.name}:\n" + "".join(stack))
+    return "".join(out)
 
 
 class _FastloadIter:

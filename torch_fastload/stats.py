@@ -9,9 +9,10 @@ from dataclasses import asdict, dataclass, field
 __all__ = ["LoaderStats", "StatsSnapshot", "STAGES"]
 
 #: Pipeline stages timed per batch: per-sample Python / worker hand-over, file reads (into the
-#: slot, or into device memory on the GDS path), pageable -> slot memcpy, and the slot -> device
-#: copy (timed with CUDA events on the GPU path).
-STAGES = ("fetch", "read", "stage", "copy")
+#: slot, or into device memory on the GDS path), pageable -> slot memcpy, the slot -> device
+#: copy (timed with CUDA events on the GPU path), and a source's finishing step (image decode
+#: and augmentation; host wall time of the stage thread).
+STAGES = ("fetch", "read", "stage", "copy", "decode")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class StatsSnapshot:
     errors: int = 0
     io: str = ""  # the file-read path in effect (io.IoPath), empty until a source reads a file
     io_bytes: dict = field(default_factory=dict)  # bytes read by each path (mapped, engine-posix, ...)
+    decoded: dict = field(default_factory=dict)  # images per decode route (nvjpeg, cpu:cmyk, ...), skipped
 
     @property
     def wait_fraction(self) -> float:
@@ -77,6 +79,8 @@ class StatsSnapshot:
             seconds = self.stage_s.get(stage, 0.0)
             per_batch = 1e3 * seconds / self.batches if self.batches else 0.0
             lines.append(f"  {stage:<6} {seconds:>9.3f} {per_batch:>9.2f} {self.stage_gbps(stage):>8.2f}")
+        if self.decoded:
+            lines.append("  images: " + ", ".join(f"{route} {n}" for route, n in sorted(self.decoded.items())))
         lines.append(
             f"  pool: {self.pool_slots} slots x {self.pool_slot_bytes / 2**20:.2f} MiB"
             f" = {self.pool_bytes / 2**20:.1f} MiB, regrows {self.pool_regrows}, batch errors {self.errors}"
@@ -107,6 +111,7 @@ class LoaderStats:
             self.stage_s = {stage: 0.0 for stage in STAGES}
             self.stage_bytes = {stage: 0 for stage in STAGES}
             self.io_bytes = {}
+            self.decoded = {}
             self._first_request: float | None = None
             self._last_return: float | None = None
 
@@ -133,6 +138,11 @@ class LoaderStats:
         with self._lock:
             for kind, nbytes in moved.items():
                 self.io_bytes[kind] = self.io_bytes.get(kind, 0) + nbytes
+
+    def add_decoded(self, counts: dict) -> None:
+        with self._lock:
+            for route, n in counts.items():
+                self.decoded[route] = self.decoded.get(route, 0) + n
 
     def request_started(self) -> float:
         now = time.perf_counter()
@@ -171,4 +181,5 @@ class LoaderStats:
                 errors=self.errors,
                 io=self.io,
                 io_bytes=dict(self.io_bytes),
+                decoded=dict(self.decoded),
             )

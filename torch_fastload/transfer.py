@@ -22,7 +22,7 @@ __all__ = ["CopyEngine", "InFlightCopy"]
 
 @dataclass
 class InFlightCopy:
-    flat: torch.Tensor  # the batch's bytes on the target device
+    flat: torch.Tensor | None  # the batch's bytes on the target device (None: built by ``run``)
     batch: Any  # the batch, its staged tensors being typed views of ``flat``
     done: object | None  # torch.cuda.Event recorded after the copy (None: already complete)
     timing: tuple | None  # (start, end) CUDA events for the stats
@@ -87,13 +87,32 @@ class CopyEngine:
             end.record(self.stream)
         return InFlightCopy(flat, batch, end, (start, end))
 
+    def run(self, produce: Callable[[], Any]) -> InFlightCopy:
+        """``produce()`` with the copy stream current, its batch covered by the completion event:
+        for sources that build their batch on the device themselves (image decode + augment).
+        Every tensor of the batch is ``record_stream``'d for the consumer at hand-off."""
+        if not self.is_cuda:
+            started = time.perf_counter()
+            batch = produce()
+            return InFlightCopy(None, batch, None, None, time.perf_counter() - started)
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record(self.stream)
+            batch = produce()
+            end.record(self.stream)
+        copy = InFlightCopy(None, batch, end, (start, end))
+        copy.moved = _device_tensors(batch)
+        return copy
+
     def hand_off(self, copy: InFlightCopy) -> None:
         """Make the consumer's current stream wait for the copy; called on the consumer thread."""
         if not self.is_cuda:
             return
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_event(copy.done)
-        copy.flat.record_stream(consumer)
+        if copy.flat is not None:
+            copy.flat.record_stream(consumer)
         for tensor in copy.moved:
             tensor.record_stream(consumer)
 
@@ -119,3 +138,14 @@ class CopyEngine:
             time.sleep(1e-4)
         return True
 
+
+
+def _device_tensors(batch: Any) -> list:
+    """The CUDA tensors of a nested batch (tuples, lists, dicts)."""
+    if isinstance(batch, torch.Tensor):
+        return [batch] if batch.is_cuda else []
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return [t for item in batch for t in _device_tensors(item)]
+    return []

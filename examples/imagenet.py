@@ -1,0 +1,352 @@
+"""ImageNet training in the style of the PyTorch ImageNet example, fed by torch_fastload.
+
+    python examples/imagenet.py                          # embedded default: generated real-photo JPEGs
+    python examples/imagenet.py --data /datasets/imagenet --arch resnet50 --epochs 90
+    torchrun --nproc-per-node 2 examples/imagenet.py --data /datasets/imagenet   # DDP
+    python examples/imagenet.py --loader torch           # the same model fed by torch's DataLoader
+
+--data is an ImageNet folder with train/ and val/ (``<class>/<image>.JPEG``), or a folder of
+two packs made by ``python -m torch_fastload pack`` (train/ and val/ holding meta.json).
+Without --data a folder of ImageNet-like JPEGs (real photographs, ~110 KB, 500x375, with a
+CMYK, a grayscale and a PNG-named-.JPEG file) is generated once under --sample-dir.
+
+--loader fastload (default): encoded bytes read by the C++ engine, decoded by nvJPEG and
+augmented on the GPU (torch_fastload.sources.ImageFolder). --loader torch: torchvision's
+ImageFolder + PIL transforms + torch DataLoader(num_workers, pin_memory). --loader synthetic:
+one batch kept on the GPU (the step time with no input pipeline at all, for comparison).
+
+Training: SGD (momentum 0.9, nesterov off, weight decay 1e-4, no decay on norms and biases),
+learning rate 0.1 x batch/256 with linear warmup and cosine decay, bf16 autocast,
+channels_last, top-1/top-5 validation each epoch, a checkpoint each epoch (--resume continues
+from it). --json writes the figures (train images/s, input-wait fraction, step time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torchvision
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+import torch_fastload  # noqa: E402
+from torch_fastload.sources import ImageFolder, PackedImageFolder  # noqa: E402
+from torch_fastload.vision import EvalTransform, TrainTransform  # noqa: E402
+from torch_fastload.vision.sample_data import make_image_folder  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--data", help="ImageNet folder (train/, val/) or a folder of train/val packs")
+    p.add_argument("--sample-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "torch_fastload",
+                                                         "imagenet-sample"),
+                   help="where the embedded default dataset is generated (once)")
+    p.add_argument("--sample-classes", type=int, default=100)
+    p.add_argument("--sample-train-per-class", type=int, default=40)
+    p.add_argument("--sample-val-per-class", type=int, default=10)
+    p.add_argument("--arch", default="resnet50", help="a torchvision.models constructor name")
+    p.add_argument("--loader", choices=("fastload", "torch", "synthetic"), default="fastload")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--steps-per-epoch", type=int, default=0, help="stop each epoch after N steps (0: all)")
+    p.add_argument("--batch-size", type=int, default=256, help="per GPU")
+    p.add_argument("--lr", type=float, default=None, help="default 0.1 x global batch / 256")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--warmup-epochs", type=float, default=0.5)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--workers", type=int, default=16, help="worker processes of --loader torch")
+    p.add_argument("--no-amp", action="store_true", help="train in float32 (default: bf16 autocast)")
+    p.add_argument("--no-channels-last", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--evaluate", action="store_true", help="only validate (with --resume)")
+    p.add_argument("--no-val", action="store_true", help="skip validation")
+    p.add_argument("--checkpoint-dir", default="checkpoints")
+    p.add_argument("--resume", help="checkpoint to continue from")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup-steps", type=int, default=10, help="steps left out of the throughput figures")
+    p.add_argument("--json", help="write the run's figures here")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+# -- distributed -----------------------------------------------------------------------------
+
+def setup_distributed():
+    """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; a plain launch is rank 0 of 1."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl")
+        return dist.get_rank(), dist.get_world_size(), torch.device("cuda", local_rank)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return 0, 1, device
+
+
+def all_reduce_sum(values: list[float], device) -> list[float]:
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+# -- data ------------------------------------------------------------------------------------
+
+def find_data(args, rank: int) -> tuple[str, str]:
+    if args.data:
+        train, val = os.path.join(args.data, "train"), os.path.join(args.data, "val")
+        for split in (train, val):
+            if not os.path.isdir(split):
+                raise SystemExit(f"--data {args.data}: expected {split} (an ImageFolder or a pack)")
+        return train, val
+    if rank == 0:
+        make_image_folder(args.sample_dir, args.sample_classes, args.sample_train_per_class,
+                          args.sample_val_per_class, progress=not args.no_progress)
+    if dist.is_initialized():
+        dist.barrier()
+    return make_image_folder(args.sample_dir, args.sample_classes, args.sample_train_per_class,
+                             args.sample_val_per_class, progress=False)
+
+
+def fastload_dataset(path: str, transform):
+    if os.path.exists(os.path.join(path, "meta.json")):
+        return PackedImageFolder(path, transform)
+    return ImageFolder(path, transform)
+
+
+def make_loaders(args, train_dir, val_dir, device, world_size, rank):
+    channels_last = not args.no_channels_last
+    # bf16 input under bf16 autocast: the first conv would cast to bf16 anyway; half the bytes
+    dtype = torch.bfloat16 if (not args.no_amp and device.type == "cuda") else torch.float32
+    sampler_kw = {}
+    if args.loader in ("fastload", "synthetic"):
+        train_ds = fastload_dataset(train_dir, TrainTransform(dtype=dtype, channels_last=channels_last))
+        val_ds = fastload_dataset(val_dir, EvalTransform(dtype=dtype, channels_last=channels_last))
+        make = torch_fastload.DataLoader
+        loader_kw = dict(device=device)
+    else:
+        import torchvision.transforms as T
+
+        norm = T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+        train_ds = torchvision.datasets.ImageFolder(train_dir, T.Compose(
+            [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm]))
+        val_ds = torchvision.datasets.ImageFolder(val_dir, T.Compose(
+            [T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm]))
+        make = torch.utils.data.DataLoader
+        loader_kw = dict(num_workers=args.workers, pin_memory=True, persistent_workers=args.workers > 0)
+    train_sampler = val_sampler = None
+    if world_size > 1:
+        train_sampler = torch.utils.data.distributed.DistributedSampler(train_ds, world_size, rank, shuffle=True,
+                                                                        seed=args.seed)
+        val_sampler = torch.utils.data.distributed.DistributedSampler(val_ds, world_size, rank, shuffle=False)
+    train = make(train_ds, batch_size=args.batch_size, shuffle=train_sampler is None, sampler=train_sampler,
+                 drop_last=True, **loader_kw, **sampler_kw)
+    val = make(val_ds, batch_size=args.batch_size, shuffle=False, sampler=val_sampler, **loader_kw)
+    return train, val, train_sampler, len(train_ds.classes)
+
+
+class SyntheticBatches:
+    """One realistic batch held on the GPU, yielded ``steps`` times: the step time of the model
+    with no input pipeline, the baseline of the end-to-end figures."""
+
+    def __init__(self, loader, steps: int, device):
+        x, y = next(iter(loader))
+        self.x, self.y, self.steps = x.to(device), y.to(device), steps
+
+    def __iter__(self):
+        for _ in range(self.steps):
+            yield self.x, self.y
+
+    def __len__(self):
+        return self.steps
+
+
+# -- training --------------------------------------------------------------------------------
+
+def param_groups(model, weight_decay):
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim <= 1 else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_at(step, total, warmup, base):
+    if step < warmup:
+        return base * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * base * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def accuracy(output, target, topk=(1, 5)):
+    k = min(max(topk), output.shape[1])
+    pred = output.topk(k, 1).indices
+    correct = pred.eq(target.view(-1, 1))
+    return [correct[:, :min(t, k)].any(1).float().sum() for t in topk]
+
+
+def progress(iterable, total, desc, enabled):
+    if not enabled:
+        return iterable
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, total=total, desc=desc, dynamic_ncols=True, mininterval=1.0)
+
+
+def train_epoch(model, loader, criterion, optimizer, schedule, epoch, args, device, state):
+    model.train()
+    channels_last = not args.no_channels_last
+    steps = len(loader) if not args.steps_per_epoch else min(args.steps_per_epoch, len(loader))
+    it = iter(loader)
+    timed_images = timed_wait = 0.0
+    timed_start = None
+    bar = progress(range(steps), steps, f"epoch {epoch} train", state["show"])
+    loss_sum = torch.zeros((), device=device)
+    for i in bar:
+        if timed_start is None and state["step"] >= state["timing_from"]:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            timed_start = time.perf_counter()
+        waited = time.perf_counter()
+        try:
+            images, target = next(it)
+        except StopIteration:
+            break
+        images = images.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        wait = time.perf_counter() - waited
+        for group in optimizer.param_groups:
+            group["lr"] = schedule(state["step"])
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=not args.no_amp):
+            output = model(images)
+            loss = criterion(output, target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach()
+        if timed_start is not None:
+            timed_images += len(target)
+            timed_wait += wait
+        state["step"] += 1
+        if state["show"] and i % 20 == 0 and hasattr(bar, "set_postfix"):
+            bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{optimizer.param_groups[0]['lr']:.3f}")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    del it
+    if timed_start is not None:
+        elapsed = time.perf_counter() - timed_start
+        state["timed"].append((timed_images, timed_wait, elapsed))
+    return (loss_sum / max(1, steps)).item()
+
+
+@torch.no_grad()
+def validate(model, loader, device, args, show):
+    model.eval()
+    channels_last = not args.no_channels_last
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    for images, target in progress(loader, len(loader), "validate", show):
+        images = images.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=not args.no_amp):
+            output = model(images)
+        top1, top5 = accuracy(output.float(), target)
+        totals += torch.stack([top1.double(), top5.double(), torch.tensor(float(len(target)), device=device,
+                                                                          dtype=torch.float64)])
+    top1, top5, n = all_reduce_sum(totals.tolist(), device)
+    return 100.0 * top1 / max(n, 1), 100.0 * top5 / max(n, 1)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    rank, world_size, device = setup_distributed()
+    torch.manual_seed(args.seed + rank)
+    show = rank == 0 and not args.no_progress
+    train_dir, val_dir = find_data(args, rank)
+    train_loader, val_loader, train_sampler, classes = make_loaders(args, train_dir, val_dir, device, world_size,
+                                                                    rank)
+    model = getattr(torchvision.models, args.arch)(num_classes=classes).to(device)
+    if not args.no_channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if args.compile:
+        model = torch.compile(model)
+    ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index]) if world_size > 1 else model
+    base_lr = args.lr if args.lr is not None else 0.1 * args.batch_size * world_size / 256
+    optimizer = torch.optim.SGD(param_groups(model, args.weight_decay), lr=base_lr, momentum=args.momentum)
+    criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    steps_per_epoch = len(train_loader) if not args.steps_per_epoch else min(args.steps_per_epoch, len(train_loader))
+    total_steps = steps_per_epoch * args.epochs
+    warmup = int(args.warmup_epochs * steps_per_epoch)
+    state = {"step": 0, "timing_from": args.warmup_steps, "timed": [], "show": show}
+    start_epoch, best_top1 = 0, 0.0
+    if args.resume:
+        checkpoint = torch.load(args.resume, map_location=device, weights_only=True)
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start_epoch, state["step"], best_top1 = checkpoint["epoch"] + 1, checkpoint["step"], checkpoint["best_top1"]
+        state["timing_from"] = state["step"] + args.warmup_steps
+        if rank == 0:
+            print(f"resumed from {args.resume}: epoch {start_epoch}, step {state['step']}")
+    if args.evaluate:
+        top1, top5 = validate(ddp_model, val_loader, device, args, show)
+        print(f"validation: top-1 {top1:.2f}%  top-5 {top5:.2f}%")
+        return {"top1": top1, "top5": top5}
+    if args.loader == "synthetic":
+        train_loader = SyntheticBatches(train_loader, steps_per_epoch, device)
+    history = []
+    for epoch in range(start_epoch, args.epochs):
+        if train_sampler is not None:
+            train_sampler.set_epoch(epoch)
+        loss = train_epoch(ddp_model, train_loader, criterion, optimizer,
+                           lambda s: lr_at(s, total_steps, warmup, base_lr), epoch, args, device, state)
+        top1 = top5 = float("nan")
+        if not args.no_val:
+            top1, top5 = validate(ddp_model, val_loader, device, args, show)
+        history.append({"epoch": epoch, "loss": loss, "top1": top1, "top5": top5})
+        if rank == 0:
+            print(f"epoch {epoch}: train loss {loss:.4f}  val top-1 {top1:.2f}%  top-5 {top5:.2f}%", flush=True)
+            best_top1 = max(best_top1, top1 if top1 == top1 else 0.0)
+            os.makedirs(args.checkpoint_dir, exist_ok=True)
+            path = os.path.join(args.checkpoint_dir, f"{args.arch}-last.pt")
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                        "step": state["step"], "best_top1": best_top1, "args": vars(args)}, path + ".tmp")
+            os.replace(path + ".tmp", path)  # a preempted save never leaves a torn checkpoint
+    images, wait, elapsed = (sum(t[k] for t in state["timed"]) for k in range(3))
+    images, = all_reduce_sum([images], device)
+    result = {
+        "arch": args.arch, "loader": args.loader, "world_size": world_size, "batch_size": args.batch_size,
+        "timed_steps": int(images // (args.batch_size * world_size)) if images else 0,
+        "train_images_per_s": images / elapsed if elapsed else 0.0,
+        "step_ms": 1e3 * elapsed / max(1, images / (args.batch_size * world_size)),
+        "input_wait_fraction": wait / elapsed if elapsed else 0.0,
+        "history": history, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
+    if args.loader == "fastload" and hasattr(train_loader, "stats"):
+        stats = train_loader.stats()
+        result["loader_stats"] = {"decoded": stats.decoded, "wait_fraction": stats.wait_fraction, "io": stats.io}
+    if rank == 0:
+        print(f"{args.arch} / {args.loader}: {result['train_images_per_s']:,.0f} train images/s, step "
+              f"{result['step_ms']:.1f} ms, input wait {100 * result['input_wait_fraction']:.1f}% "
+              f"(steps after the first {args.warmup_steps})")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,409 @@
+"""Image pipeline: header probe, routing, decode, transforms, ImageFolder / packs through the loader.
+
+CPU tests run in CI; the ``cuda`` tests check nvJPEG against the CPU decode and the fused
+transform kernel against its torchvision reference on the GPU machine.
+"""
+
+import io
+import logging
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import torch_fastload
+from torch_fastload import DataLoader
+from torch_fastload.sources import ImageFolder, PackedImageFolder
+from torch_fastload.vision import EvalTransform, TrainTransform, decode, transforms
+from torch_fastload.vision.decode import ImageDecodeError, probe, probe_python, route
+from torch_fastload.vision.sample_data import make_image_folder
+
+tv = pytest.importorskip("torchvision")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """10 classes x 4 train images of real photographs, with a gray, CMYK, PNG-named-.JPEG and
+    progressive file (the 4000x3000 one is left to the GPU tests: slow on a 2-core CPU)."""
+    root = tmp_path_factory.mktemp("images")
+    train, val = make_image_folder(str(root), classes=10, train_per_class=4, val_per_class=2,
+                                   edge_cases=("gray", "cmyk", "png", "progressive"), progress=False)
+    return train, val
+
+
+def encoded(image: Image.Image, **save) -> bytes:
+    out = io.BytesIO()
+    image.save(out, **save)
+    return out.getvalue()
+
+
+def photo(size=(64, 48)) -> Image.Image:
+    rng = np.random.default_rng(0)
+    base = np.linspace(0, 255, size[0] * size[1] * 3).reshape(size[1], size[0], 3)
+    return Image.fromarray((base + rng.normal(0, 10, base.shape)).clip(0, 255).astype(np.uint8))
+
+
+def slab(blobs):
+    offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in blobs], out=offsets[1:])
+    return np.frombuffer(b"".join(blobs), dtype=np.uint8).copy(), offsets
+
+
+# -- probe ---------------------------------------------------------------------------------
+
+def test_probe_reads_format_size_components_and_flags():
+    img = photo()
+    blobs = [encoded(img, format="JPEG"), encoded(img, format="JPEG", progressive=True),
+             encoded(img.convert("L"), format="JPEG"), encoded(img.convert("CMYK"), format="JPEG"),
+             encoded(img, format="PNG"), encoded(img, format="GIF"), encoded(img, format="BMP"),
+             encoded(img, format="WEBP"), b"", b"not an image at all"]
+    data, offsets = slab(blobs)
+    info = probe(data, offsets)
+    fmt, h, w, comps, flags, status = info.T
+    assert fmt.tolist() == [1, 1, 1, 1, 2, 3, 5, 4, 0, 0]
+    assert (h[:7] == 48).all() and (w[:7] == 64).all()
+    assert comps[:4].tolist() == [3, 3, 1, 4]
+    assert flags[1] & decode.PROGRESSIVE and not flags[0] & decode.PROGRESSIVE
+    assert flags[3] & decode.ADOBE  # PIL writes CMYK JPEGs with an Adobe segment
+    assert status.tolist() == [0, 0, 0, 0, 0, 0, 0, 0, decode.EMPTY, decode.BAD_HEADER]
+
+
+def test_probe_finds_truncation_anywhere():
+    jpeg = encoded(photo((200, 150)), format="JPEG", quality=90)
+    png = encoded(photo(), format="PNG")
+    cuts = [jpeg[:n] for n in (3, 20, 200, len(jpeg) // 2, len(jpeg) - 2, len(jpeg) - 1)] + [png[:len(png) - 5]]
+    info = probe(*slab(cuts))
+    assert (info[:, 5] == decode.TRUNCATED).all(), info
+    assert probe(*slab([jpeg + b"trailing junk after EOI"]))[0, 5] == 0  # real files carry trailers
+
+
+def test_probe_engine_matches_python_twin_on_damaged_files():
+    """The C++ probe and its Python twin agree on thousands of cut and bit-flipped images."""
+    pytest.importorskip("torch_fastload._C")
+    rng = np.random.default_rng(7)
+    sources = [encoded(photo((96, 64)), format="JPEG", progressive=p, quality=q) for p in (False, True)
+               for q in (50, 95)] + [encoded(photo(), format="PNG"), encoded(photo(), format="GIF")]
+    blobs = []
+    for _ in range(3000):
+        blob = bytearray(sources[int(rng.integers(len(sources)))])
+        if rng.random() < 0.5:
+            blob = blob[:int(rng.integers(0, len(blob) + 1))]
+        for _ in range(int(rng.integers(0, 4))):
+            if blob:
+                blob[int(rng.integers(len(blob)))] = int(rng.integers(256))
+        blobs.append(bytes(blob))
+    data, offsets = slab(blobs)
+    assert np.array_equal(probe(data, offsets), probe_python(data, offsets))
+
+
+def test_probe_rejects_offsets_outside_the_buffer():
+    pytest.importorskip("torch_fastload._C")
+    from torch_fastload import _C
+
+    data = np.zeros(16, dtype=np.uint8)
+    with pytest.raises(ValueError, match="outside the 16-byte buffer"):
+        _C.probe_images(data.ctypes.data, 16, np.array([0, 8, 32]))
+
+
+def test_routes_send_what_nvjpeg_cannot_take_to_the_cpu():
+    img = photo()
+    blobs = [encoded(img, format="JPEG"), encoded(img.convert("CMYK"), format="JPEG"),
+             encoded(img, format="PNG"), encoded(img.convert("L"), format="JPEG"),
+             encoded(img, format="JPEG")[:100]]
+    info = probe(*slab(blobs))
+    cuda = torch.device("cuda")
+    assert route(info, cuda, 1 << 30) == ["nvjpeg", "cpu:cmyk", "cpu:png", "nvjpeg",
+                                           "error:" + decode.STATUS_TEXT[decode.TRUNCATED]]
+    assert route(info[:1], cuda, 100)[0] == "cpu:huge"
+    assert route(info[:1], torch.device("cpu"), 1 << 30)[0] == "cpu:device-cpu"
+
+
+# -- decode and transforms on the CPU ---------------------------------------------------------
+
+def test_cpu_decode_handles_cmyk_gray_and_png_as_rgb():
+    img = photo()
+    for blob in (encoded(img.convert("CMYK"), format="JPEG"), encoded(img.convert("L"), format="JPEG"),
+                 encoded(img, format="PNG")):
+        out = decode.decode_cpu(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+        assert out.shape == (3, 48, 64) and out.dtype == torch.uint8 and out.is_contiguous()
+    png = decode.decode_cpu(torch.frombuffer(bytearray(encoded(img, format="PNG")), dtype=torch.uint8))
+    assert torch.equal(png, torch.from_numpy(np.array(img)).permute(2, 0, 1))
+
+
+def test_train_geometry_follows_random_resized_crop_rules():
+    t = TrainTransform(size=224)
+    rng = np.random.default_rng(0)
+    h = rng.integers(100, 1000, 5000)
+    w = rng.integers(100, 1000, 5000)
+    g = t.geometry(h, w, np.random.default_rng(1))
+    assert (g.top >= 0).all() and (g.left >= 0).all()
+    assert (g.top + g.height <= h).all() and (g.left + g.width <= w).all()
+    area = g.height * g.width / (h * w)
+    assert area.min() >= 0.08 * 0.95 and area.max() <= 1.0
+    aspect = g.width / g.height
+    assert aspect.min() > 0.70 and aspect.max() < 1.40  # 3/4 .. 4/3 after rounding
+    assert 0.45 < g.flip.mean() < 0.55
+    again = t.geometry(h, w, np.random.default_rng(1))
+    assert np.array_equal(again.table(), g.table())
+
+
+def test_train_geometry_falls_back_to_a_central_crop_for_extreme_shapes():
+    g = TrainTransform(size=224, scale=(0.99, 1.0)).geometry(np.array([10]), np.array([1000]),
+                                                             np.random.default_rng(0))
+    assert g.height[0] == 10 and g.width[0] == round(10 * 4 / 3) and g.left[0] == (1000 - 13) // 2
+
+
+def test_eval_transform_matches_torchvision_resize_center_crop():
+    """Our geometry + arithmetic vs torchvision's own Resize(256) + CenterCrop(224) pipeline."""
+    from torchvision.transforms import v2
+
+    image = torch.from_numpy(np.array(photo((500, 375)))).permute(2, 0, 1).contiguous()
+    t = EvalTransform()
+    ours = t.apply([image], t.geometry(np.array([375]), np.array([500])), torch.device("cpu"))[0]
+    pipeline = v2.Compose([v2.ToDtype(torch.float32, scale=False), v2.Resize(256, antialias=True),
+                           v2.CenterCrop(224)])
+    theirs = pipeline(image) / 255.0
+    theirs = (theirs - torch.tensor(t.mean).view(3, 1, 1)) / torch.tensor(t.std).view(3, 1, 1)
+    assert torch.allclose(ours, theirs, atol=1e-4)
+
+
+def test_transform_dtype_and_channels_last():
+    image = torch.randint(0, 256, (3, 60, 80), dtype=torch.uint8)
+    t = TrainTransform(size=32, dtype=torch.bfloat16, channels_last=True)
+    out = t.apply([image, image], t.geometry(np.array([60, 60]), np.array([80, 80]), np.random.default_rng(1)),
+                  torch.device("cpu"))
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 32, 32)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        TrainTransform(dtype=torch.int32)
+
+
+def test_geometry_outside_the_image_is_refused():
+    image = torch.zeros((3, 10, 10), dtype=torch.uint8)
+    bad = transforms.Geometry(*(np.array([v]) for v in (5, 0, 10, 10, 8, 8, 0, 0, 0)), 8)
+    with pytest.raises(ValueError, match="outside the image"):
+        transforms.apply([image], bad, torch.device("cpu"))
+
+
+# -- ImageFolder through the loader (CPU) ------------------------------------------------------
+
+def test_image_folder_matches_torchvision_classes_and_order(folder):
+    train, _ = folder
+    ours = ImageFolder(train)
+    theirs = tv.datasets.ImageFolder(train)
+    assert ours.classes == theirs.classes and ours.class_to_idx == theirs.class_to_idx
+    assert ours.samples == [(p, t) for p, t in theirs.samples]
+    assert ours.targets == theirs.targets
+
+
+def test_loader_yields_decoded_transformed_batches_with_labels(folder, no_leaked_threads):
+    _, val = folder
+    ds = ImageFolder(val, "val")
+    loader = DataLoader(ds, batch_size=8, device="cpu")
+    images, labels = [], []
+    for x, y in loader:
+        assert x.shape[1:] == (3, 224, 224) and x.dtype == torch.float32
+        images.append(x)
+        labels.append(y)
+    images, labels = torch.cat(images), torch.cat(labels)
+    assert labels.tolist() == ds.targets
+    for i in (0, 1, 5, len(ds) - 1):  # the sample path (ds[i]) computes the same pixels
+        x, y = ds[i]
+        assert y == labels[i] and torch.allclose(x, images[i], atol=1e-5)
+    stats = loader.stats()
+    assert sum(stats.decoded.values()) == len(ds) and set(stats.decoded) <= {"cpu:device-cpu", "cpu:png"}
+    assert "nvJPEG takes host bitstreams" in stats.io
+
+
+def test_train_batches_are_deterministic_per_seed(folder):
+    train, _ = folder
+
+    def run(seed, threads):
+        torch.manual_seed(0)
+        ds = ImageFolder(train, "train", seed=seed)
+        loader = DataLoader(ds, batch_size=8, shuffle=True, device="cpu", io_threads=threads)
+        return [x for x, _ in loader]
+
+    a, b, c = run(3, 1), run(3, 8), run(4, 1)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_edge_cases_decode_on_cpu_and_are_counted(folder):
+    train, _ = folder
+    ds = ImageFolder(train, transform=None)
+    batch = next(iter(DataLoader(ds, batch_size=len(ds), device="cpu")))
+    images, labels = batch
+    assert len(images) == len(ds) and all(im.shape[0] == 3 and im.dtype == torch.uint8 for im in images)
+    for path, image in zip(ds.paths, images):  # the same pixels as torchvision's CPU decode
+        reference = tv.io.decode_image(tv.io.read_file(path), mode=tv.io.ImageReadMode.RGB)
+        assert torch.equal(image, reference), path
+
+
+def test_torch_dataloader_reads_the_same_dataset(folder):
+    _, val = folder
+    ds = ImageFolder(val, "val")
+    x, y = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
+    ours_x, ours_y = next(iter(DataLoader(ds, batch_size=4, device="cpu")))
+    assert torch.allclose(x, ours_x, atol=1e-5) and torch.equal(y, ours_y)
+
+
+def test_packed_folder_gives_the_same_batches(folder, tmp_path):
+    _, val = folder
+    torch_fastload.pack_image_folder(val, tmp_path / "pack", progress=False)
+    folder_batches = list(DataLoader(ImageFolder(val, "val"), batch_size=6, device="cpu"))
+    packed = PackedImageFolder(tmp_path / "pack", "val")
+    assert packed.classes == ImageFolder(val).classes
+    packed_batches = list(DataLoader(packed, batch_size=6, device="cpu"))
+    for (x1, y1), (x2, y2) in zip(folder_batches, packed_batches, strict=True):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+
+
+def corrupt_copy(src, dst, damage):
+    shutil.copytree(src, dst)
+    victim = sorted(os.path.join(d, f) for d, _, fs in os.walk(dst) for f in fs if f.endswith(".JPEG"))[3]
+    with open(victim, "rb") as f:
+        data = f.read()
+    with open(victim, "wb") as f:
+        f.write(damage(data))
+    return victim
+
+
+@pytest.mark.parametrize("damage, reason", [(lambda d: d[: len(d) // 2], "truncated"),
+                                             (lambda d: b"\0" * len(d), "bad or missing header"),
+                                             (lambda d: b"", "empty file")])
+def test_bad_file_raises_a_typed_error_naming_it(folder, tmp_path, damage, reason, no_leaked_threads):
+    _, val = folder
+    victim = corrupt_copy(val, tmp_path / "val", damage)
+    loader = DataLoader(ImageFolder(tmp_path / "val", "val"), batch_size=4, device="cpu")
+    with pytest.raises(ImageDecodeError, match=reason) as info:
+        for _ in loader:
+            pass
+    assert victim in str(info.value) and info.value.name.startswith(victim)
+
+
+def test_on_error_skip_drops_counts_and_logs_every_bad_file(folder, tmp_path, caplog):
+    _, val = folder
+    victim = corrupt_copy(val, tmp_path / "val", lambda d: d[:1000])
+    ds = ImageFolder(tmp_path / "val", "val", on_error="skip")
+    loader = DataLoader(ds, batch_size=4, device="cpu")
+    with caplog.at_level(logging.WARNING, logger="torch_fastload"):
+        labels = torch.cat([y for _, y in loader])
+    assert len(labels) == len(ds) - 1
+    expected = [t for p, t in ds.samples if p != victim]
+    assert labels.tolist() == expected
+    assert loader.stats().decoded["skipped"] == 1
+    assert any(victim in record.getMessage() for record in caplog.records)
+
+
+def test_missing_file_names_it(folder, tmp_path):
+    _, val = folder
+    shutil.copytree(val, tmp_path / "val")
+    ds = ImageFolder(tmp_path / "val", "val")
+    os.remove(ds.paths[2])
+    with pytest.raises(FileNotFoundError) as info:
+        for _ in DataLoader(ds, batch_size=4, device="cpu"):
+            pass
+    assert ds.paths[2] in str(info.value)
+
+
+def test_bad_arguments_are_refused(folder, tmp_path):
+    _, val = folder
+    with pytest.raises(ValueError, match="on_error"):
+        ImageFolder(val, on_error="ignore")
+    with pytest.raises(ValueError, match="transform must be"):
+        ImageFolder(val, transform="augment")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ImageFolder(tmp_path / "nowhere")
+    with pytest.raises(IndexError, match="out of range"):
+        ImageFolder(val)[10_000]
+
+
+# -- GPU ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpu_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu-images")
+    return make_image_folder(str(root), classes=8, train_per_class=24, val_per_class=4, progress=False)
+
+
+@pytest.mark.cuda
+def test_nvjpeg_decode_matches_cpu_decode(gpu_folder):
+    """GPU-decoded pixels vs libjpeg-turbo on the CPU, same files: nvJPEG's IDCT and chroma
+    upsampling differ slightly, so the tolerance is on the mean and the 99.9th percentile."""
+    train, _ = gpu_folder
+    ds = ImageFolder(train, transform=None)
+    loader = DataLoader(ds, batch_size=64, device="cuda")
+    diffs = []
+    for images, _ in loader:
+        assert all(im.is_cuda for im in images)
+        diffs.extend(images)
+    assert loader.stats().decoded.get("nvjpeg", 0) >= len(ds) - 5
+    assert {"cpu:cmyk", "cpu:png"} <= set(loader.stats().decoded)
+    errors = []
+    for path, image in zip(ds.paths, diffs):
+        cpu = tv.io.decode_image(tv.io.read_file(path), mode=tv.io.ImageReadMode.RGB)
+        assert image.shape == cpu.shape, path
+        d = (image.cpu().int() - cpu.int()).abs().float()
+        errors.append((d.mean().item(), d.flatten().quantile(0.999).item() if d.numel() < 16e6 else 0.0))
+    means, tails = np.array(errors).T
+    print(f"nvJPEG vs CPU: mean |diff| max {means.max():.3f}, 99.9th percentile max {tails.max():.1f}")
+    assert means.max() <= 1.5 and tails.max() <= 16
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype, channels_last", [(torch.float32, False), (torch.float32, True),
+                                                  (torch.bfloat16, True), (torch.float16, False)])
+def test_transform_kernel_matches_reference(dtype, channels_last):
+    if not transforms.kernel_available():
+        pytest.skip("torch.cuda._compile_kernel is missing")
+    g = torch.Generator().manual_seed(0)
+    shapes = [(375, 500), (500, 333), (60, 90), (2000, 3000), (224, 224), (17, 1000)]
+    images = [torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8).cuda() for h, w in shapes]
+    heights, widths = np.array([s[0] for s in shapes]), np.array([s[1] for s in shapes])
+    for t in (TrainTransform(dtype=dtype, channels_last=channels_last),
+              EvalTransform(dtype=dtype, channels_last=channels_last)):
+        geometry = t.geometry(heights, widths, np.random.default_rng(5))
+        out = t.apply(images, geometry, torch.device("cuda"))
+        assert out.dtype == dtype and out.is_contiguous(
+            memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        reference = torch.stack([transforms.reference(im, geometry, i) for i, im in enumerate(images)])
+        tol = 1e-3 if dtype == torch.float32 else 3e-2
+        assert torch.allclose(out.float(), reference, atol=tol), (out.float() - reference).abs().max()
+
+
+@pytest.mark.cuda
+def test_gpu_loader_end_to_end_with_edge_cases(gpu_folder, no_leaked_threads):
+    train, val = gpu_folder
+    ds = ImageFolder(train, TrainTransform(dtype=torch.bfloat16, channels_last=True), seed=0)
+    loader = DataLoader(ds, batch_size=32, shuffle=True, device="cuda")
+    seen = 0
+    for x, y in loader:
+        assert x.is_cuda and y.is_cuda and x.dtype == torch.bfloat16 and x.shape[1:] == (3, 224, 224)
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        assert torch.isfinite(x.float()).all() and x.float().std() > 0.3
+        seen += len(y)
+    assert seen == len(ds)
+    decoded = loader.stats().decoded
+    assert decoded["nvjpeg"] >= len(ds) - 3 and decoded["cpu:cmyk"] == 1 and decoded["cpu:png"] == 1
+    # validation on the GPU equals the CPU reference path of the same files
+    vds = ImageFolder(val, "val")
+    gpu = torch.cat([x.cpu() for x, _ in DataLoader(vds, batch_size=16, device="cuda")])
+    cpu = torch.cat([x for x, _ in DataLoader(vds, batch_size=16, device="cpu")])
+    assert (gpu - cpu).abs().mean() < 0.02  # decode differences only (nvJPEG vs libjpeg-turbo)
+
+
+@pytest.mark.cuda
+def test_gpu_skip_and_error_paths(gpu_folder, tmp_path):
+    _, val = gpu_folder
+    victim = corrupt_copy(val, tmp_path / "val", lambda d: d[: len(d) // 3])
+    with pytest.raises(ImageDecodeError, match="truncated"):
+        for _ in DataLoader(ImageFolder(tmp_path / "val", "val"), batch_size=8, device="cuda"):
+            pass
+    loader = DataLoader(ImageFolder(tmp_path / "val", "val", on_error="skip"), batch_size=8, device="cuda")
+    total = sum(len(y) for _, y in loader)
+    assert total == len(loader.dataset) - 1 and loader.stats().decoded["skipped"] == 1
+    del victim

@@ -1,0 +1,324 @@
+"""Decoding a batch of encoded images: nvJPEG on the GPU where it can, the CPU where it cannot.
+
+Every image's header is probed first (``probe``: the C++ engine, GIL released; a Python
+twin where the engine is not built). The probe routes each image:
+
+- ``nvjpeg``: 8-bit Huffman JPEGs with 1 or 3 components up to ``gpu_max_pixels``, decoded
+  as one batch by ``torchvision.io.decode_jpeg(device='cuda')`` (nvJPEG; baseline JPEGs on the
+  hardware decoder of A100/H100-class GPUs);
+- the CPU (torchvision's libjpeg-turbo / libpng, then PIL), counted by reason: ``cmyk``
+  (4-component JPEGs: ImageNet's train set has 22), ``png``/``gif``/``webp``/``bmp`` (a PNG
+  named .JPEG: ImageNet has one), ``jpeg-unsupported`` (arithmetic, lossless, 12-bit),
+  ``huge`` (above ``gpu_max_pixels``), ``nvjpeg-error`` (nvJPEG refused a file the probe
+  passed), ``device-cpu`` (the loader's device is the CPU);
+- an error: empty, truncated (no end-of-image marker: a cut download) or unreadable files raise
+  ``ImageDecodeError`` naming the file, or with ``on_error="skip"`` are dropped from the batch,
+  each skip counted and logged.
+
+The encoded bytes stay in the loader's pinned slot: nvJPEG's API takes host bitstreams and
+DMAs them itself, so the slab needs no separate host-to-device copy.
+"""
+
+from __future__ import annotations
+
+import io as _io
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from ..errors import FastloadError
+
+__all__ = ["ImageDecodeError", "BatchDecoder", "probe", "FORMATS", "PROBE_COLUMNS"]
+
+log = logging.getLogger("torch_fastload")
+
+FORMATS = {0: "unknown", 1: "jpeg", 2: "png", 3: "gif", 4: "webp", 5: "bmp"}
+JPEG, PNG = 1, 2
+PROGRESSIVE, ARITHMETIC, LOSSLESS, HIGH_PRECISION, ADOBE = 1, 2, 4, 8, 16
+OK, EMPTY, TRUNCATED, BAD_HEADER = 0, 1, 2, 3
+STATUS_TEXT = {EMPTY: "empty file", TRUNCATED: "truncated: the file ends before its end-of-image marker",
+               BAD_HEADER: "not a readable image: bad or missing header"}
+PROBE_COLUMNS = 6  # format, height, width, components, flags, status
+RGB = 3  # torchvision.io.ImageReadMode.RGB
+
+
+class ImageDecodeError(FastloadError, ValueError):
+    """An image that cannot be decoded: names the file, its index in the dataset and why."""
+
+    def __init__(self, name: str, index: int | None, reason: str):
+        self.name = name
+        self.index = index
+        self.reason = reason
+        where = f"image {index} " if index is not None else "image "
+        super().__init__(f"{where}'{name}': {reason}")
+
+
+# ------------------------------------------------------------------------------------------
+# header probe
+# ------------------------------------------------------------------------------------------
+
+
+def probe(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """int64 ``(N, 6)``: format, height, width, components, flags, status of every image
+    ``data[offsets[i]:offsets[i + 1]]`` (``data``: 1-D uint8, contiguous)."""
+    data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    try:
+        from .. import _C
+    except ImportError:
+        return probe_python(data, offsets)
+    raw = _C.probe_images(data.ctypes.data, data.size, offsets)
+    return np.frombuffer(raw, dtype=np.int64).reshape(-1, PROBE_COLUMNS).copy()
+
+
+def probe_python(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The probe in Python (the engine's twin, used where it is not built and to test it)."""
+    out = np.zeros((len(offsets) - 1, PROBE_COLUMNS), dtype=np.int64)
+    buf = data.tobytes()
+    for k in range(len(offsets) - 1):
+        out[k] = _probe_one(buf[int(offsets[k]):int(offsets[k + 1])])
+    return out
+
+
+def _probe_one(p: bytes) -> tuple:
+    n = len(p)
+    if n == 0:
+        return (0, 0, 0, 0, 0, EMPTY)
+    if p[:3] == b"\xff\xd8\xff":
+        return _probe_jpeg(p)
+    if p[:8] == b"\x89PNG\r\n\x1a\n":
+        if n < 26 or p[12:16] != b"IHDR":
+            return (PNG, 0, 0, 0, 0, TRUNCATED if n < 26 else BAD_HEADER)
+        width, height = int.from_bytes(p[16:20], "big"), int.from_bytes(p[20:24], "big")
+        comps = {0: 1, 2: 3, 3: 3, 4: 2}.get(p[25], 4)
+        flags = HIGH_PRECISION if p[24] != 8 else 0
+        status = TRUNCATED if n < 45 or p[n - 8:n - 4] != b"IEND" else OK
+        return (PNG, height, width, comps, flags, status)
+    if p[:6] in (b"GIF87a", b"GIF89a"):
+        if n < 10:
+            return (3, 0, 0, 0, 0, TRUNCATED)
+        return (3, int.from_bytes(p[8:10], "little"), int.from_bytes(p[6:8], "little"), 3, 0, OK)
+    if n >= 12 and p[:4] == b"RIFF" and p[8:12] == b"WEBP":
+        return (4, 0, 0, 0, 0, TRUNCATED if int.from_bytes(p[4:8], "little") + 8 > n else OK)
+    if p[:2] == b"BM":
+        width = height = 0
+        if n >= 26:
+            width = int.from_bytes(p[18:22], "little")
+            height = int.from_bytes(p[22:26], "little")
+            if height >= 1 << 31:
+                height = (1 << 32) - height
+        return (5, height, width, 0, 0, TRUNCATED if n < 14 or int.from_bytes(p[2:6], "little") > n else OK)
+    return (0, 0, 0, 0, 0, BAD_HEADER)
+
+
+def _skip_entropy(p: bytes, i: int) -> int:
+    n = len(p)
+    while i < n:
+        i = p.find(b"\xff", i)
+        if i < 0 or i + 1 >= n:
+            return n
+        nxt = p[i + 1]
+        if nxt == 0 or 0xD0 <= nxt <= 0xD7 or nxt == 0xFF:
+            i += 1 if nxt == 0xFF else 2
+            continue
+        return i
+    return n
+
+
+def _probe_jpeg(p: bytes) -> tuple:
+    n = len(p)
+    height = width = comps = flags = 0
+    have_frame = False
+    i = 2
+    while True:
+        if i >= n:
+            return (JPEG, height, width, comps, flags, TRUNCATED)
+        if p[i] != 0xFF:
+            i = p.find(b"\xff", i)
+            if i < 0:
+                return (JPEG, height, width, comps, flags, TRUNCATED)
+            continue
+        while i < n and p[i] == 0xFF:
+            i += 1
+        if i >= n:
+            return (JPEG, height, width, comps, flags, TRUNCATED)
+        marker = p[i]
+        i += 1
+        if marker == 0xD9:
+            return (JPEG, height, width, comps, flags, OK if have_frame else BAD_HEADER)
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            continue
+        if i + 2 > n:
+            return (JPEG, height, width, comps, flags, TRUNCATED)
+        length = int.from_bytes(p[i:i + 2], "big")
+        if length < 2:
+            return (JPEG, height, width, comps, flags, BAD_HEADER)
+        if i + length > n:
+            return (JPEG, height, width, comps, flags, TRUNCATED)
+        seg = p[i + 2:i + length]
+        is_sof = 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC)
+        if is_sof and not have_frame:
+            if len(seg) < 6:
+                return (JPEG, height, width, comps, flags, BAD_HEADER)
+            have_frame = True
+            if seg[0] != 8:
+                flags |= HIGH_PRECISION
+            height, width, comps = int.from_bytes(seg[1:3], "big"), int.from_bytes(seg[3:5], "big"), seg[5]
+            if marker in (0xC2, 0xC6, 0xCA, 0xCE):
+                flags |= PROGRESSIVE
+            if marker >= 0xC9:
+                flags |= ARITHMETIC
+            if marker == 0xC3 or 0xC5 <= marker <= 0xC7 or marker == 0xCB or marker >= 0xCD:
+                flags |= LOSSLESS
+        elif marker == 0xEE and seg[:5] == b"Adobe":
+            flags |= ADOBE
+        i += length
+        if marker == 0xDA:
+            if not have_frame:
+                return (JPEG, height, width, comps, flags, BAD_HEADER)
+            i = _skip_entropy(p, i)
+
+
+# ------------------------------------------------------------------------------------------
+# decoding
+# ------------------------------------------------------------------------------------------
+
+
+def route(info: np.ndarray, device: torch.device, gpu_max_pixels: int) -> list[str]:
+    """Where each probed image is decoded: 'nvjpeg', 'cpu:<reason>' or 'error:<reason>'."""
+    routes = []
+    cuda = device.type == "cuda"
+    for fmt, height, width, comps, flags, status in info.tolist():
+        if status != OK:
+            routes.append("error:" + STATUS_TEXT[status])
+        elif fmt != JPEG:
+            routes.append("cpu:" + FORMATS[fmt])
+        elif not cuda:
+            routes.append("cpu:device-cpu")
+        elif comps == 4 or (flags & ADOBE and comps != 3 and comps != 1):
+            routes.append("cpu:cmyk")
+        elif flags & (ARITHMETIC | LOSSLESS | HIGH_PRECISION) or comps not in (1, 3):
+            routes.append("cpu:jpeg-unsupported")
+        elif height * width > gpu_max_pixels or height == 0 or width == 0:
+            routes.append("cpu:huge" if height * width > gpu_max_pixels else "cpu:jpeg-unsupported")
+        else:
+            routes.append("nvjpeg")
+    return routes
+
+
+def _ops():
+    """torchvision's decode ops (torch.ops: no per-call deprecation warning, GIL released)."""
+    import torchvision  # noqa: F401  (registers torch.ops.image)
+
+    return torch.ops.image
+
+
+def decode_cpu(encoded: torch.Tensor) -> torch.Tensor:
+    """``(3, H, W)`` uint8 on the CPU: torchvision (libjpeg-turbo, libpng, ...), then PIL."""
+    try:
+        image = _ops().decode_image(encoded, RGB, False)
+    except RuntimeError as first:
+        try:
+            from PIL import Image
+
+            with Image.open(_io.BytesIO(encoded.numpy().tobytes())) as pil:
+                array = np.asarray(pil.convert("RGB"))
+        except Exception as exc:
+            raise ValueError(f"undecodable ({first}; PIL: {exc})") from None
+        image = torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+    if image.shape[0] == 1:
+        image = image.expand(3, -1, -1)
+    return image.contiguous()
+
+
+class BatchDecoder:
+    """Decodes a batch's slab of encoded images to ``(3, H, W)`` uint8 tensors on ``device``."""
+
+    def __init__(self, device, *, on_error: str = "raise", gpu_max_pixels: int = 8192 * 8192,
+                 cpu_threads: int | None = None):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.device = torch.device(device)
+        self.on_error = on_error
+        self.gpu_max_pixels = int(gpu_max_pixels)
+        self.cpu_threads = cpu_threads or min(8, os.cpu_count() or 1)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.cpu_threads, thread_name_prefix="fastload-decode")
+        return self._pool
+
+    def decode(self, data: torch.Tensor, offsets: np.ndarray, name, counts: dict):
+        """Decode ``data[offsets[i]:offsets[i+1]]`` for every i.
+
+        ``name(i)`` names image i (its file, for errors). Returns ``(images, kept, info)``:
+        the decoded images of the kept positions (all of them unless ``on_error="skip"``
+        dropped some) and the probe rows. ``counts`` gains one count per image per route.
+        """
+        view = data.numpy() if data.device.type == "cpu" else data.cpu().numpy()
+        info = probe(view, offsets)
+        routes = route(info, self.device, self.gpu_max_pixels)
+        n = len(routes)
+        images: list = [None] * n
+        failed: dict[int, str] = {}
+        slices = [data[int(offsets[i]):int(offsets[i + 1])] for i in range(n)]
+        for i, r in enumerate(routes):
+            if r.startswith("error:"):
+                failed[i] = r[len("error:"):]
+        gpu = [i for i, r in enumerate(routes) if r == "nvjpeg"]
+        if gpu:
+            for i, image in zip(gpu, self._decode_gpu([slices[i] for i in gpu], gpu, routes)):
+                images[i] = image
+        cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]
+        if cpu:
+            for i, result in zip(cpu, self._executor().map(_try_decode_cpu, [slices[i] for i in cpu])):
+                if isinstance(result, str):
+                    failed[i] = result
+                else:
+                    images[i] = result.to(self.device, non_blocking=False) if self.device.type == "cuda" else result
+        for i, r in enumerate(routes):
+            if i not in failed:
+                counts[r] = counts.get(r, 0) + 1
+        if failed:
+            if self.on_error == "raise":
+                i = min(failed)
+                raise ImageDecodeError(name(i), None, failed[i])
+            for i in sorted(failed):
+                log.warning("torch_fastload: skipped image '%s': %s", name(i), failed[i])
+            counts["skipped"] = counts.get("skipped", 0) + len(failed)
+        kept = np.array([i for i in range(n) if i not in failed], dtype=np.int64)
+        return [images[i] for i in kept], kept, info
+
+    def _decode_gpu(self, encoded: list, positions: list, routes: list) -> list:
+        """nvJPEG for the whole list; where it refuses the batch, one by one, the refused on the CPU."""
+        ops = _ops()
+        try:
+            return ops.decode_jpegs_cuda(encoded, RGB, self.device)
+        except RuntimeError:
+            pass
+        out = []
+        for k, tensor in enumerate(encoded):
+            try:
+                out.append(ops.decode_jpegs_cuda([tensor], RGB, self.device)[0])
+            except RuntimeError:
+                routes[positions[k]] = "cpu:nvjpeg-error"
+                result = _try_decode_cpu(tensor)
+                out.append(result.to(self.device) if isinstance(result, torch.Tensor) else result)
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def _try_decode_cpu(encoded: torch.Tensor):
+    """The decoded image, or the reason it failed (a string) for the caller to raise or skip."""
+    try:
+        return decode_cpu(encoded)
+    except (ValueError, RuntimeError) as exc:
+        return str(exc)
