@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     common = ["--sample-dir", str(args.dir), "--sample-classes", str(args.classes), "--sample-train-per-class",
               str(args.per_class), "--sample-val-per-class", "10" if not args.cpu_smoke else "2",
               "--batch-size", str(args.batch), "--epochs", str(args.epochs), "--warmup-steps", str(args.warmup_steps),
-              "--workers", str(args.workers), "--checkpoint-dir", str(args.out / "checkpoints"), "--no-progress"]
+              "--workers", str(args.workers), "--checkpoint-dir", str(args.dir) + "-checkpoints", "--no-progress"]
     if args.cpu_smoke:
         common += ["--steps-per-epoch", "3", "--no-amp"]
     report = {"machine": machine_info(cuda), "args": {k: str(v) for k, v in vars(args).items()}, "runs": [],

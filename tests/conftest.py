@@ -1,5 +1,6 @@
 import gc
 import threading
+import time
 
 import pytest
 import torch
@@ -34,4 +35,7 @@ def no_leaked_threads():
     before = pipeline_threads()
     yield
     gc.collect()
+    deadline = time.monotonic() + 5.0  # an iterator collected off the main thread stops asynchronously
+    while pipeline_threads() != before and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert pipeline_threads() == before

@@ -703,7 +703,7 @@ def _where(threads: list) -> str:
     out = []
     for thread in threads:
         frame = frames.get(thread.ident)
-        stack = traceback.format_stack(frame, limit=-4) if frame is not None else ["  (no frame)\n"]
+        stack = traceback.format_stack(frame, limit=8) if frame is not None else ["  (no frame)\n"]
         out.append(f"  {thread.name}:\n" + "".join(stack))
     return "".join(out)
 
@@ -728,8 +728,16 @@ class _FastloadIter:
         self._pipeline.shutdown()
 
     def __del__(self):
+        # Garbage collection runs finalizers on whichever thread allocates: it may be a thread
+        # the pipeline waits on (a decode or copy pool worker), so joining there would stall
+        # both until the join times out. Off the main thread, stop at once and join elsewhere.
+        pipeline = self._pipeline
         try:
-            self._pipeline.shutdown()
+            if threading.current_thread() is threading.main_thread():
+                pipeline.shutdown()
+                return
+            pipeline.stop.set()
+            threading.Thread(target=pipeline.shutdown, name="fastload-reaper", daemon=True).start()
         except Exception:
             pass
 

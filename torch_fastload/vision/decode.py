@@ -24,6 +24,7 @@ from __future__ import annotations
 import io as _io
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -246,6 +247,7 @@ class BatchDecoder:
         self.gpu_max_pixels = int(gpu_max_pixels)
         self.cpu_threads = cpu_threads or min(8, os.cpu_count() or 1)
         self._pool: ThreadPoolExecutor | None = None
+        self.seconds = {"probe": 0.0, "nvjpeg": 0.0, "cpu": 0.0}  # host wall time per step (diagnostics)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -259,6 +261,7 @@ class BatchDecoder:
         the decoded images of the kept positions (all of them unless ``on_error="skip"``
         dropped some) and the probe rows. ``counts`` gains one count per image per route.
         """
+        started = time.perf_counter()
         view = data.numpy() if data.device.type == "cpu" else data.cpu().numpy()
         info = probe(view, offsets)
         routes = route(info, self.device, self.gpu_max_pixels)
@@ -270,9 +273,16 @@ class BatchDecoder:
             if r.startswith("error:"):
                 failed[i] = r[len("error:"):]
         gpu = [i for i, r in enumerate(routes) if r == "nvjpeg"]
+        now = time.perf_counter()
+        self.seconds["probe"] += now - started
         if gpu:
             for i, image in zip(gpu, self._decode_gpu([slices[i] for i in gpu], gpu, routes)):
-                images[i] = image
+                if isinstance(image, str):  # refused by nvJPEG and the CPU: the reason
+                    failed[i] = image
+                else:
+                    images[i] = image
+        started, now = now, time.perf_counter()
+        self.seconds["nvjpeg"] += now - started
         cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]
         if cpu:
             for i, result in zip(cpu, self._executor().map(_try_decode_cpu, [slices[i] for i in cpu])):
@@ -280,6 +290,7 @@ class BatchDecoder:
                     failed[i] = result
                 else:
                     images[i] = result.to(self.device, non_blocking=False) if self.device.type == "cuda" else result
+        self.seconds["cpu"] += time.perf_counter() - now
         for i, r in enumerate(routes):
             if i not in failed:
                 counts[r] = counts.get(r, 0) + 1
