@@ -301,8 +301,15 @@ def main(argv=None) -> dict:
             print(f"resumed from {args.resume}: epoch {start_epoch}, step {state['step']}")
     if args.evaluate:
         top1, top5 = validate(ddp_model, val_loader, device, args, show)
-        print(f"validation: top-1 {top1:.2f}%  top-5 {top5:.2f}%")
-        return {"top1": top1, "top5": top5}
+        result = {"top1": top1, "top5": top5}
+        if rank == 0:
+            print(f"validation: top-1 {top1:.2f}%  top-5 {top5:.2f}%")
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(result, f, indent=1)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return result
     if args.loader == "synthetic":
         train_loader = SyntheticBatches(train_loader, steps_per_epoch, device)
     history = []

@@ -43,3 +43,28 @@ def test_file_loader_cpu_smoke(tmp_path):
     assert all(r["gbps"] > 0 and r["samples"] > 0 for r in report["runs"])
     assert report["baselines"]["disk_odirect_gbps"] > 0 and report["verdicts"]
     assert (out / "file_loader.png").is_file()
+
+
+def test_imagenet_loader_cpu_smoke(tmp_path):
+    res, out = run_smoke("imagenet_loader.py", tmp_path)
+    report = json.loads((out / "imagenet_loader.json").read_text())
+    assert not report["failures"], report["failures"]
+    names = {r["name"] for r in report["runs"]}
+    assert {"torch", "fastload-folder", "fastload-packed", "fastload-folder-bf16-cl"} <= names
+    assert all(r["images_per_s"] > 0 and r["cores"] >= 0 for r in report["runs"])
+    fastload = next(r for r in report["runs"] if r["name"] == "fastload-folder")
+    assert fastload["decoded"].get("cpu:png", 0) >= 1  # the PNG named .JPEG was routed and counted
+    assert (out / "imagenet_loader.png").is_file() and "vs torch" in res.stdout
+
+
+def test_imagenet_train_cpu_smoke(tmp_path):
+    """examples/imagenet.py fed three ways (synthetic, fastload, torch) on tiny data."""
+    res, out = run_smoke("imagenet_train.py", tmp_path)
+    report = json.loads((out / "imagenet_train.json").read_text())
+    assert not report["failures"], report["failures"]
+    loaders = {(r["arch"], r["loader"]) for r in report["runs"]}
+    assert loaders == {("resnet18", "synthetic"), ("resnet18", "fastload"), ("resnet18", "torch")}
+    assert all(r["train_images_per_s"] > 0 for r in report["runs"])
+    fastload = next(r for r in report["runs"] if r["loader"] == "fastload")
+    assert 0.0 <= fastload["history"][-1]["top1"] <= 100.0  # validated
+    assert (out / "imagenet_train.png").is_file()

@@ -55,3 +55,18 @@ loader, ds = make_loader()
 print("loader alone ms/batch", 1e3 * loader_alone(loader), flush=True)
 dt, st, per = fed(loader, ds)
 print(f"fed step ms {1e3*dt:.1f}  wait {100*st.wait_fraction:.0f}%  decoder host ms per batch: {per}", flush=True)
+# Interference or starvation? The model on its own device batch while a thread runs the
+# loader flat out beside it (batches discarded): the step slows only by what decode and
+# augmentation take from the GPU; the fed step above adds any waiting for input.
+running = True
+def drain():
+    while running:
+        for _ in loader:
+            if not running:
+                break
+thread = __import__("threading").Thread(target=drain, daemon=True)
+thread.start()
+time.sleep(2.0)
+print(f"model step beside a free-running loader ms {1e3 * model_alone():.1f}", flush=True)
+running = False
+thread.join(30)
