@@ -282,7 +282,8 @@ def test_bad_file_raises_a_typed_error_naming_it(folder, tmp_path, damage, reaso
     with pytest.raises(ImageDecodeError, match=reason) as info:
         for _ in loader:
             pass
-    assert victim in str(info.value) and info.value.name.startswith(victim)
+    assert victim in str(info.value) and info.value.name == victim
+    assert ImageFolder(tmp_path / "val").paths[info.value.index] == victim
 
 
 def test_on_error_skip_drops_counts_and_logs_every_bad_file(folder, tmp_path, caplog):

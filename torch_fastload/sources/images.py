@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..staging import ALIGN, PendingRead
-from ..vision.decode import BatchDecoder, ImageDecodeError, decode_cpu, probe
+from ..vision.decode import STATUS_TEXT, BatchDecoder, ImageDecodeError, decode_cpu, probe
 from ..vision.transforms import EvalTransform, TrainTransform
 
 __all__ = ["ImageFolder", "PackedImageFolder", "EncodedImages", "ImageDecodeError"]
@@ -120,8 +120,6 @@ class _EncodedImageSource(Dataset):
         index = int(self._check([i])[0])
         encoded = self.read_bytes(index)
         info = probe(encoded.numpy(), np.array([0, encoded.numel()]))[0]
-        from ..vision.decode import STATUS_TEXT
-
         if info[5] != 0:
             raise ImageDecodeError(self.name(index), index, STATUS_TEXT[int(info[5])])
         try:
@@ -173,8 +171,8 @@ class _EncodedImageSource(Dataset):
         device = torch.device(device)
         indices = batch.indices
 
-        def describe(k: int) -> str:
-            return f"{self.name(int(indices[k]))} (index {int(indices[k])})"
+        def describe(k: int) -> tuple[str, int]:
+            return self.name(int(indices[k])), int(indices[k])
 
         images, kept, _ = self.decoder(device).decode(batch.data, batch.offsets, describe, counts)
         labels = torch.from_numpy(np.ascontiguousarray(batch.labels[kept]))

@@ -257,7 +257,8 @@ class BatchDecoder:
     def decode(self, data: torch.Tensor, offsets: np.ndarray, name, counts: dict):
         """Decode ``data[offsets[i]:offsets[i+1]]`` for every i.
 
-        ``name(i)`` names image i (its file, for errors). Returns ``(images, kept, info)``:
+        ``name(i)`` is ``(file name, dataset index)`` of image i, for errors and the log.
+        Returns ``(images, kept, info)``:
         the decoded images of the kept positions (all of them unless ``on_error="skip"``
         dropped some) and the probe rows. ``counts`` gains one count per image per route.
         """
@@ -297,9 +298,9 @@ class BatchDecoder:
         if failed:
             if self.on_error == "raise":
                 i = min(failed)
-                raise ImageDecodeError(name(i), None, failed[i])
+                raise ImageDecodeError(*name(i), failed[i])
             for i in sorted(failed):
-                log.warning("torch_fastload: skipped image '%s': %s", name(i), failed[i])
+                log.warning("torch_fastload: skipped image %d '%s': %s", name(i)[1], name(i)[0], failed[i])
             counts["skipped"] = counts.get("skipped", 0) + len(failed)
         kept = np.array([i for i in range(n) if i not in failed], dtype=np.int64)
         return [images[i] for i in kept], kept, info
