@@ -1,0 +1,114 @@
+"""FeatureStore: random row gathers from an on-disk feature matrix, per tier, and bad input."""
+
+import numpy as np
+import pytest
+import torch
+
+from torch_fastload.sources.arrays import ArrayFormatError
+from torch_fastload.sources.features import FeatureStore, FeatureStoreError
+
+pytest.importorskip("torch_fastload._C")
+
+
+@pytest.fixture
+def npy(tmp_path):
+    rng = np.random.default_rng(0)
+    features = rng.standard_normal((5000, 48)).astype(np.float32)
+    path = tmp_path / "features.npy"
+    np.save(path, features)
+    return path, features
+
+
+def random_ids(n, size, seed=1):
+    return np.random.default_rng(seed).integers(0, n, size)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_storage_gather_returns_rows_in_request_order_with_duplicates(npy, device):
+    path, features = npy
+    store = FeatureStore(path, device=device)
+    ids = random_ids(len(features), 3000)  # many duplicates
+    out = store.gather(ids)
+    assert out.device.type == device and out.shape == (3000, 48)
+    assert torch.equal(out.cpu(), torch.from_numpy(features[ids]))
+    stats = store.stats()
+    assert stats.rows == 3000 and stats.unique_rows == len(np.unique(ids)) == stats.storage_rows
+    assert store.gather(torch.tensor([4999, 0, 4999])).cpu().equal(torch.from_numpy(features[[4999, 0, 4999]]))
+    assert store.gather([]).shape == (0, 48)
+
+
+@pytest.mark.parametrize("o_direct", [False, True])
+def test_raw_bf16_file_and_o_direct(tmp_path, o_direct):
+    values = torch.randn(3000, 64).to(torch.bfloat16)
+    path = tmp_path / "features.bf16"
+    values.view(torch.uint16).numpy().tofile(path)
+    store = FeatureStore(path, shape=(3000, 64), dtype=torch.bfloat16, device="cpu", o_direct=o_direct)
+    ids = random_ids(3000, 777)
+    assert torch.equal(store.gather(ids), values[torch.from_numpy(ids)])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_cache_tier_serves_hot_rows_and_counts_hits(npy, device):
+    path, features = npy
+    hot = np.arange(1000)
+    store = FeatureStore(path, device=device, cache_ids=hot)
+    ids = np.concatenate([np.arange(0, 1000, 7), np.arange(2000, 2100)])
+    out = store.gather(ids)
+    assert torch.equal(out.cpu(), torch.from_numpy(features[ids]))
+    stats = store.stats()
+    assert stats.cache_hits == len(np.arange(0, 1000, 7)) and stats.storage_rows == 100
+    assert 0.0 < stats.cache_hit_rate < 1.0
+
+
+@pytest.mark.cuda
+def test_uva_tier_gathers_from_registered_host_memory(npy):
+    path, features = npy
+    store = FeatureStore(path, device="cuda", pin=True)
+    ids = random_ids(len(features), 4096)
+    assert torch.equal(store.gather(ids).cpu(), torch.from_numpy(features[ids]))
+    assert store.stats().uva_rows == len(np.unique(ids)) and store.stats().storage_rows == 0
+
+
+@pytest.mark.cuda
+def test_cache_larger_than_gpu_memory_is_refused(tmp_path):
+    path = tmp_path / "huge.f32"
+    with open(path, "wb") as f:
+        f.truncate(200 << 30)  # sparse: 200 GiB of zeros on disk, no blocks written
+    n = (200 << 30) // (4 * 1024)
+    with pytest.raises(FeatureStoreError, match="does not fit"):
+        FeatureStore(path, shape=(n, 1024), dtype=torch.float32, device="cuda", cache_ids=np.arange(n))
+
+
+def test_bad_ids_are_refused_with_their_values(npy):
+    path, _ = npy
+    store = FeatureStore(path, device="cpu")
+    with pytest.raises(FeatureStoreError, match=r"\[5000, 7000\].*outside \[0, 5000\)"):
+        store.gather([1, 5000, 7000])
+    with pytest.raises(FeatureStoreError, match=r"\[-1\]"):
+        store.gather([-1, 3])
+    with pytest.raises(FeatureStoreError, match="must be integers"):
+        store.gather(torch.tensor([1.0, 2.0]))
+    with pytest.raises(FeatureStoreError, match="must be integers"):
+        store.gather(np.array([0.5]))
+    with pytest.raises(FeatureStoreError, match="outside"):
+        FeatureStore(path, device="cpu", cache_ids=[5000])
+
+
+def test_short_or_malformed_files_are_refused(npy, tmp_path):
+    path, features = npy
+    data = path.read_bytes()
+    short = tmp_path / "short.npy"
+    short.write_bytes(data[: len(data) - 100])
+    with pytest.raises(ArrayFormatError, match="only"):
+        FeatureStore(short, device="cpu")
+    np.save(tmp_path / "vector.npy", np.zeros(10, dtype=np.float32))
+    with pytest.raises(ArrayFormatError, match="2-D"):
+        FeatureStore(tmp_path / "vector.npy", device="cpu")
+    raw = tmp_path / "raw.f32"
+    raw.write_bytes(b"\0" * 1000)
+    with pytest.raises(ArrayFormatError, match="needs 4000 bytes"):
+        FeatureStore(raw, shape=(10, 100), dtype=torch.float32, device="cpu")
+    with pytest.raises(FeatureStoreError, match="needs shape"):
+        FeatureStore(raw, device="cpu")
+    with pytest.raises(FileNotFoundError):
+        FeatureStore(tmp_path / "missing.npy", device="cpu")
