@@ -68,3 +68,14 @@ def test_imagenet_train_cpu_smoke(tmp_path):
     fastload = next(r for r in report["runs"] if r["loader"] == "fastload")
     assert 0.0 <= fastload["history"][-1]["top1"] <= 100.0  # validated
     assert (out / "imagenet_train.png").is_file()
+
+
+def test_feature_gather_cpu_smoke(tmp_path):
+    res, out = run_smoke("feature_gather.py", tmp_path)
+    report = json.loads((out / "feature_gather.json").read_text())
+    assert not report["failures"], report["failures"]
+    assert {r["mode"] for r in report["hot"]} == {"mmap", "storage"}  # uva/cache need a GPU
+    assert all(r["gbps"] > 0 for r in report["hot"])
+    cold = {r["mode"] for r in report["cold"]}
+    assert {"mmap", "storage buffered", "storage O_DIRECT", "disk 4 KiB random O_DIRECT"} <= cold
+    assert (out / "feature_gather.png").is_file() and "hot gathers" in res.stdout

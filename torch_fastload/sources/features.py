@@ -9,10 +9,11 @@ the rows ``ids`` as one tensor on the store's device, in request order, from thr
 - ``uva``: with ``pin=True`` the file's page-cache mapping is registered with CUDA and the
   GPU gathers rows straight out of host memory (zero-copy, no CPU copy), for matrices that
   fit in RAM;
-- ``storage``: the rest. Ids are sorted and deduplicated, each unique row is one range, the
-  C++ engine reads them in parallel (coalescing neighbours, ``o_direct`` for data larger
-  than the page cache) into a pinned buffer, one H2D copy moves them, and an
-  ``index_select`` on the GPU puts them back in request order (duplicates included).
+- ``storage``: the rest. Ids are sorted and deduplicated and mapped to the aligned 4 KiB
+  pages holding their rows; the C++ engine reads those pages in parallel (neighbours
+  coalesced; ``o_direct`` for data larger than the page cache) into a pinned buffer, one H2D
+  copy moves it, and one gather on the GPU cuts every row out of its page straight into
+  request order (duplicates included).
 
 Ids are validated first: out of range, negative or non-integer ids raise with the values;
 nothing is clipped. Left for the rest of issue 5: prefetching the next mini-batches' gathers,
@@ -36,6 +37,9 @@ from ..errors import FastloadError
 from .arrays import ArrayFormatError, _torch_dtype, read_npy_header
 
 __all__ = ["FeatureStore", "FeatureStoreError", "GatherStats"]
+
+#: reads are whole aligned pages (what O_DIRECT needs; neighbouring rows share one read)
+PAGE = 4096
 
 class FeatureStoreError(FastloadError, ValueError):
     """Bad ids, a bad feature file or a cache that cannot be held."""
@@ -79,6 +83,7 @@ class FeatureStore:
                 raise ArrayFormatError(self.path, f"shape {self.shape} of {dtype} needs {needed} bytes, the file "
                                                   f"has {size}")
         self.num_nodes, self.dim = self.shape
+        self.file_size = os.stat(self.path).st_size
         self.row_bytes = self.dim * self.dtype.itemsize
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
@@ -128,8 +133,8 @@ class FeatureStore:
             if need > free:
                 raise FeatureStoreError(f"a cache of {len(ids)} rows x {self.row_bytes} bytes = {need / 2**30:.2f} "
                                         f"GiB does not fit in the {free / 2**30:.2f} GiB free on {self.device}")
-        rows = self._read_rows(ids)
-        self.cache = rows.to(self.device)
+        with self._lock:
+            self.cache = self._rows_from_storage(ids, np.arange(len(ids)), torch.device("cpu")).to(self.device)
         self._cache_slot = np.full(self.num_nodes, -1, dtype=np.int32)
         self._cache_slot[ids] = np.arange(len(ids), dtype=np.int32)
 
@@ -144,27 +149,64 @@ class FeatureStore:
         self._host_rows = flat.view(self.dtype).view(self.num_nodes, self.dim)
 
     # -- reads ----------------------------------------------------------------------------
-    def _read_rows(self, unique_ids: np.ndarray, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Rows ``unique_ids`` (sorted) read by the engine into ``out`` (a host tensor)."""
-        n = len(unique_ids)
-        if out is None:
-            out = torch.empty((n, self.dim), dtype=self.dtype)
-        offsets = self.offset + unique_ids * self.row_bytes
-        if n:
-            engine.read_ranges(self.path, None, offsets, np.full(n, self.row_bytes, dtype=np.int64),
-                               out.view(torch.uint8).view(-1), num_threads=self.io_threads, o_direct=self.o_direct)
-        return out
+    def _plan_pages(self, unique_ids: np.ndarray):
+        """The aligned pages holding rows ``unique_ids`` (sorted): ``(pages, row_element)`` where
+        ``pages`` are the file's page numbers, read back to back, and ``row_element[i]`` is where
+        row i starts in that buffer, in elements of the dtype."""
+        start = self.offset + unique_ids * self.row_bytes
+        first = start // PAGE
+        last = (start + self.row_bytes - 1) // PAGE
+        counts = last - first + 1
+        if int(counts.max()) == 1:  # ids are sorted, so pages are too: drop repeats without a sort
+            pages = first[np.concatenate(([True], first[1:] != first[:-1]))]
+        else:  # rows spanning pages: every page they touch
+            total = int(counts.sum())
+            base = np.repeat(first, counts)
+            within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+            pages = np.unique(base + within)
+        at = np.searchsorted(pages, first)  # a row's pages are consecutive in the buffer too
+        row_byte = at * PAGE + (start - first * PAGE)
+        return pages, row_byte // self.dtype.itemsize
 
-    def _pinned_buffer(self, rows: int) -> torch.Tensor:
-        need = rows * self.row_bytes
-        if self._pinned is None or self._pinned.numel() < need:
-            size = 1 << max(20, math.ceil(math.log2(max(need, 1))))
+    def _read_pages(self, pages: np.ndarray, buffer: torch.Tensor) -> int:
+        """Pages ``pages`` of the file into ``buffer`` back to back (the last one cut at EOF)."""
+        offsets = pages * PAGE
+        lengths = np.minimum(PAGE, self.file_size - offsets)
+        engine.read_ranges(self.path, None, offsets, lengths, buffer, np.arange(len(pages), dtype=np.int64) * PAGE,
+                           num_threads=self.io_threads, o_direct=self.o_direct)
+        return int(lengths.sum())
+
+    def _rows_from_storage(self, unique_ids: np.ndarray, select: np.ndarray, device: torch.device) -> torch.Tensor:
+        """Rows ``unique_ids[select]`` on ``device``: the engine reads the aligned 4 KiB pages
+        holding them (neighbouring pages coalesced; what O_DIRECT needs, and fewer reads than
+        one per row where rows share pages) into the pinned buffer, one copy moves the
+        buffer, one gather on the device cuts the rows out of their pages."""
+        pages, row_element = self._plan_pages(unique_ids)
+        buffer = self._pinned_buffer(len(pages) * PAGE)
+        self._stats.storage_bytes += self._read_pages(pages, buffer)
+        moved = buffer.to(device, non_blocking=True) if device.type == "cuda" else buffer
+        elements = moved.view(self.dtype)
+        windows = elements.as_strided((elements.numel() - self.dim + 1, self.dim), (1, 1))
+        index = torch.from_numpy(row_element[select]).to(device, non_blocking=True)
+        return windows.index_select(0, index)
+
+    def reserve(self, ids_per_gather: int) -> None:
+        """Allocate the pinned buffer for gathers of up to ``ids_per_gather`` ids now (pinning
+        costs ~1 GB/s; done lazily, the first gathers would pay for it)."""
+        pages_per_row = 1 + -(-self.row_bytes // PAGE)
+        self._pinned_buffer(int(ids_per_gather) * pages_per_row * PAGE)
+
+    def _pinned_buffer(self, nbytes: int) -> torch.Tensor:
+        if self._pinned is None or self._pinned.numel() < nbytes:
+            size = 1 << max(20, math.ceil(math.log2(max(nbytes, 1))))
             self._pinned = torch.empty(size, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
-        return self._pinned[:need].view(self.dtype).view(rows, self.dim)
+        return self._pinned[:nbytes]
 
     def gather(self, ids) -> torch.Tensor:
         """Rows ``ids`` (any integer array or tensor) as ``(len(ids), D)`` on the device, in order."""
         ids = self.check_ids(ids)
+        if not len(ids):
+            return torch.empty((0, self.dim), dtype=self.dtype, device=self.device)
         unique, inverse = np.unique(ids, return_inverse=True)
         cuda = self.device.type == "cuda"
         with self._lock:  # one gather at a time uses the pinned buffer
@@ -187,16 +229,16 @@ class FeatureStore:
                     at = torch.from_numpy(miss).to(self.device, non_blocking=True)
                     rows = torch.from_numpy(unique[miss]).to(self.device, non_blocking=True)
                     out_unique.index_copy_(0, at, self._host_rows.index_select(0, rows))  # zero-copy UVA
+                elif len(miss) == len(unique):  # storage only: one gather straight into request order
+                    out_unique = None
+                    result = self._rows_from_storage(unique, inverse.reshape(-1), self.device)
                 elif len(miss):
-                    staged = self._read_rows(unique[miss], self._pinned_buffer(len(miss)))
-                    moved = staged.to(self.device, non_blocking=True)
-                    if len(miss) == len(unique):
-                        out_unique = moved
-                    else:
-                        at = torch.from_numpy(miss).to(self.device, non_blocking=True)
-                        out_unique.index_copy_(0, at, moved)
-                result = out_unique.index_select(0, torch.from_numpy(inverse.reshape(-1)).to(self.device,
-                                                                                             non_blocking=True))
+                    at = torch.from_numpy(miss).to(self.device, non_blocking=True)
+                    out_unique.index_copy_(0, at, self._rows_from_storage(unique[miss], np.arange(len(miss)),
+                                                                          self.device))
+                if out_unique is not None:
+                    result = out_unique.index_select(0, torch.from_numpy(inverse.reshape(-1)).to(
+                        self.device, non_blocking=True))
                 if cuda:
                     done = torch.cuda.Event()
                     done.record(stream)
@@ -213,7 +255,6 @@ class FeatureStore:
                 s.uva_rows += len(miss)
             else:
                 s.storage_rows += len(miss)
-                s.storage_bytes += len(miss) * self.row_bytes
         return result
 
     def stats(self, reset: bool = False) -> GatherStats:
