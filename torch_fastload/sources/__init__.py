@@ -12,6 +12,8 @@ sources decode and augment there).
 from .arrays import ArrayDataset, ArrayFile, ArrayFormatError, read_npy_header
 from .records import RecordBatch, RecordDataset, RecordFormatError
 from .images import EncodedImages, ImageFolder, PackedImageFolder
+from .features import FeatureStore, FeatureStoreError
 
 __all__ = ["ArrayDataset", "ArrayFile", "ArrayFormatError", "read_npy_header",
-           "RecordDataset", "RecordBatch", "RecordFormatError", "ImageFolder", "PackedImageFolder", "EncodedImages"]
+           "RecordDataset", "RecordBatch", "RecordFormatError", "ImageFolder", "PackedImageFolder", "EncodedImages",
+           "FeatureStore", "FeatureStoreError"]
