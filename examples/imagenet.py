@@ -301,15 +301,9 @@ def main(argv=None) -> dict:
             print(f"resumed from {args.resume}: epoch {start_epoch}, step {state['step']}")
     if args.evaluate:
         top1, top5 = validate(ddp_model, val_loader, device, args, show)
-        result = {"top1": top1, "top5": top5}
         if rank == 0:
             print(f"validation: top-1 {top1:.2f}%  top-5 {top5:.2f}%")
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(result, f, indent=1)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        return result
+        return finish({"top1": top1, "top5": top5}, args, rank)
     if args.loader == "synthetic":
         train_loader = SyntheticBatches(train_loader, steps_per_epoch, device)
     history = []
@@ -347,9 +341,14 @@ def main(argv=None) -> dict:
         print(f"{args.arch} / {args.loader}: {result['train_images_per_s']:,.0f} train images/s, step "
               f"{result['step_ms']:.1f} ms, input wait {100 * result['input_wait_fraction']:.1f}% "
               f"(steps after the first {args.warmup_steps})")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
+    return finish(result, args, rank)
+
+
+def finish(result: dict, args, rank: int) -> dict:
+    """Write --json (rank 0) and leave the process group."""
+    if rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
     if dist.is_initialized():
         dist.destroy_process_group()
     return result

@@ -37,6 +37,21 @@ class CSRGraph:
         if len(self.indices) and (int(self.indices.min()) < 0 or int(self.indices.max()) >= n):
             raise ValueError(f"neighbour ids must lie in [0, {n})")
 
+        self._scratch = threading.local()
+
+    def _scratch_arrays(self):
+        """This thread's (stamp, position, generation) over all nodes, generation bumped."""
+        local = self._scratch
+        if getattr(local, "stamp", None) is None:
+            local.stamp = np.zeros(self.num_nodes, dtype=np.int32)
+            local.position = np.zeros(self.num_nodes, dtype=np.int64)
+            local.generation = 0
+        local.generation += 1
+        if local.generation >= np.iinfo(np.int32).max:
+            local.stamp[:] = 0
+            local.generation = 1
+        return local.stamp, local.position, local.generation
+
     @property
     def num_nodes(self) -> int:
         return len(self.indptr) - 1
@@ -56,10 +71,18 @@ class SampledBatch:
 
 def sample_neighbors(graph: CSRGraph, seeds: np.ndarray, fanouts: Sequence[int], rng: np.random.Generator):
     """``(n_id, edge_index)``: up to ``fanout`` uniform neighbours (with replacement, duplicates
-    merged) per node, hop by hop; ``n_id`` starts with the seeds in their order."""
+    merged) per node, hop by hop; ``n_id`` starts with the seeds in their order.
+
+    Per-thread scratch arrays over all nodes (a generation stamp and a local position) find a
+    hop's new nodes and relabel edges without sorting the sampled set."""
     seeds = np.asarray(seeds, dtype=np.int64)
+    stamp, position, generation = graph._scratch_arrays()
+    n = graph.num_nodes
+    stamp[seeds] = generation
+    position[seeds] = np.arange(len(seeds))
     all_nodes = [seeds]
     src_parts, dst_parts = [], []
+    count = len(seeds)
     frontier = seeds
     for fanout in fanouts:
         start = graph.indptr[frontier]
@@ -67,22 +90,22 @@ def sample_neighbors(graph: CSRGraph, seeds: np.ndarray, fanouts: Sequence[int],
         has = degree > 0
         f = frontier[has]
         picks = rng.integers(0, np.iinfo(np.int64).max, size=(len(f), fanout)) % degree[has][:, None]
-        neighbours = graph.indices[start[has][:, None] + picks].astype(np.int64)
-        pairs = np.unique(np.stack([np.repeat(f, fanout), neighbours.reshape(-1)], axis=1), axis=0)
-        dst_parts.append(pairs[:, 0])
-        src_parts.append(pairs[:, 1])
-        known = np.concatenate(all_nodes)
-        new = np.setdiff1d(np.unique(pairs[:, 1]), known, assume_unique=False)
+        neighbours = graph.indices[start[has][:, None] + picks].astype(np.int64).reshape(-1)
+        keys = np.unique(np.repeat(f, fanout) * n + neighbours)  # one sort of the hop's pairs
+        dst, src = np.divmod(keys, n)
+        dst_parts.append(dst)
+        src_parts.append(src)
+        fresh = src[stamp[src] != generation]
+        new = np.unique(fresh)
+        stamp[new] = generation
+        position[new] = count + np.arange(len(new))
+        count += len(new)
         all_nodes.append(new)
         frontier = new
     nodes = np.concatenate(all_nodes)
-    # local ids: position in ``nodes`` (seeds are unique in a batch; later hops are disjoint)
-    sorter = np.argsort(nodes, kind="stable")
     src = np.concatenate(src_parts) if src_parts else np.zeros(0, dtype=np.int64)
     dst = np.concatenate(dst_parts) if dst_parts else np.zeros(0, dtype=np.int64)
-    local_src = sorter[np.searchsorted(nodes, src, sorter=sorter)]
-    local_dst = sorter[np.searchsorted(nodes, dst, sorter=sorter)]
-    return nodes, np.stack([local_src, local_dst])
+    return nodes, np.stack([position[src], position[dst]])
 
 
 class NeighborBatches:
