@@ -146,3 +146,21 @@ def test_soak_keeps_rss_and_pool_flat():
 def test_negative_control_soak_catches_a_small_leak():
     growth = _last_epoch_growth(_soak("leak"))
     assert growth >= 16 * 2**20, f"a 16 KiB-a-batch leak grew RSS by only {growth / 2**20:.1f} MiB"
+
+
+def test_config_reads_reenter_from_a_finalizer_on_the_same_thread():
+    """GC may collect a DataLoader (whose close() reads the config) while this very thread is
+    inside a config lookup; the lookup lock must let that nested read through instead of
+    deadlocking (it hung a full test run once)."""
+    import threading
+
+    from torch_fastload import config
+
+    def nested():
+        with config._lock:  # as if the finalizer ran during a lookup
+            config.get("shutdown_timeout")
+
+    worker = threading.Thread(target=nested, daemon=True)
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive(), "config lookup deadlocked when re-entered on the same thread"

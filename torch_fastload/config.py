@@ -182,7 +182,9 @@ OPTIONS: dict[str, Option] = {
     )
 }
 
-_lock = threading.Lock()
+# Re-entrant: a DataLoader collected by the garbage collector while this thread holds the
+# lock (GC can run at any allocation) reads the config again from its finalizer.
+_lock = threading.RLock()
 _overrides: list[dict[str, Any]] = []
 
 
