@@ -42,9 +42,11 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.1", "numpy"],
     extras_require={
-        "test": ["pytest", "tqdm", "psutil", "pybind11>=2.10", "setuptools>=64", "matplotlib", "torchvision", "pillow"],
+        "test": ["pytest", "tqdm", "psutil", "pybind11>=2.10", "setuptools>=64", "matplotlib", "torchvision", "pillow",
+                 "torch_geometric"],
         "bench": ["matplotlib", "tqdm"],
         "vision": ["torchvision", "pillow"],
+        "gnn": ["torch_geometric", "tqdm"],
     },
     zip_safe=False,
 )

@@ -93,3 +93,32 @@ def test_gnn_example_learns_on_the_cpu(tmp_path):
     result = json.loads(out.read_text())
     assert result["test"]["accuracy"] > 0.5  # 32 communities: chance is ~3%
     assert result["store_stats"]["cache_hits"] > 0
+
+
+def test_pyg_feature_store_serves_gathers(graph_dir):
+    pyg = pytest.importorskip("torch_geometric")
+    from torch_fastload.gnn.pyg import CSRGraphStore, FastloadFeatureStore
+
+    features = np.load(graph_dir["paths"]["features"])
+    store = FastloadFeatureStore()
+    store["node", "x", None] = FeatureStore(graph_dir["paths"]["features"], device="cpu")
+    store["node", "y", None] = torch.from_numpy(graph_dir["labels"])
+    index = torch.tensor([7, 3, 2999, 7])
+    assert torch.equal(store["node", "x", index], torch.from_numpy(features[index.numpy()]))
+    assert torch.equal(store["node", "y", index], torch.from_numpy(graph_dir["labels"][index.numpy()]))
+    out = store.multi_get_tensor([pyg.data.TensorAttr("node", "x", index), pyg.data.TensorAttr("node", "y", index)])
+    assert torch.equal(out[0], torch.from_numpy(features[index.numpy()]))
+    assert store.get_tensor_size("node", "x") == (3000, 16)
+    assert {(a.group_name, a.attr_name) for a in store.get_all_tensor_attrs()} == {("node", "x"), ("node", "y")}
+    graph = CSRGraphStore()
+    graph.put_csr(graph_dir["indptr"], graph_dir["indices"], ("node", "to", "node"), 3000)
+    row, colptr = graph.get_edge_index(("node", "to", "node"), "csc")
+    assert torch.equal(colptr, torch.from_numpy(graph_dir["indptr"])) and len(row) == len(graph_dir["indices"])
+    if not (pyg.typing.WITH_PYG_LIB or pyg.typing.WITH_TORCH_SPARSE):
+        return  # PyG's NeighborLoader needs pyg-lib or torch-sparse for its sampler
+    from torch_geometric.loader import NeighborLoader
+
+    loader = NeighborLoader((store, graph), num_neighbors=[5, 5], input_nodes=("node", torch.arange(100)),
+                            batch_size=50)
+    batch = next(iter(loader))
+    assert torch.equal(batch["node"].x, torch.from_numpy(features[batch["node"].n_id.numpy()]))
