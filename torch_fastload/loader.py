@@ -560,7 +560,7 @@ class _Pipeline:
             self.stats.add_stage("decode", time.perf_counter() - started)
             self.stats.add_decoded(counts)
         finally:
-            pool.release(slot, copy.done if copy is not None else None)
+            pool.release(slot, copy.done if copy is not None else self.engine.fence())
         samples = _leading_dim(copy.batch)
         return _Ready(index, copy, samples, plan.payload_bytes)
 

@@ -105,6 +105,15 @@ class CopyEngine:
         copy.moved = _device_tensors(batch)
         return copy
 
+    def fence(self):
+        """An event recorded on the copy stream now (None on the CPU): what a slot waits on when
+        a batch failed halfway, so work already enqueued from it finishes before reuse."""
+        if not self.is_cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
     def hand_off(self, copy: InFlightCopy) -> None:
         """Make the consumer's current stream wait for the copy; called on the consumer thread."""
         if not self.is_cuda:
