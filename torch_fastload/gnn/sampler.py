@@ -128,7 +128,6 @@ class NeighborBatches:
         self.device = torch.device(device) if device is not None else (store.device if store is not None else
                                                                        torch.device("cpu"))
         self.epoch = 0
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return -(-len(self.seeds) // self.batch_size)

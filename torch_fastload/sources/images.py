@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..staging import ALIGN, PendingRead
+from .records import largest_batch_bytes
 from ..vision.decode import STATUS_TEXT, BatchDecoder, ImageDecodeError, decode_cpu, probe
 from ..vision.transforms import EvalTransform, TrainTransform
 
@@ -147,10 +148,7 @@ class _EncodedImageSource(Dataset):
         return EncodedImages(data, bounds, self.labels[index], index, seed)
 
     def __fastload_slot_bytes__(self, batch_size: int) -> int:
-        sizes = self._sizes()
-        k = min(batch_size, len(sizes))
-        largest = int(np.partition(sizes, len(sizes) - k)[len(sizes) - k:].sum()) if k else 0
-        return largest + ALIGN
+        return largest_batch_bytes(self._sizes(), batch_size) + ALIGN
 
     def _sizes(self) -> np.ndarray:
         raise NotImplementedError

@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 from ..errors import FastloadError
 from ..staging import ALIGN, PendingRead
 
-__all__ = ["RecordDataset", "RecordBatch", "RecordFormatError", "FORMAT", "VERSION"]
+__all__ = ["RecordDataset", "RecordBatch", "RecordFormatError", "FORMAT", "VERSION", "largest_batch_bytes"]
 
 FORMAT = "torch_fastload.records"
 VERSION = 1
@@ -59,6 +59,13 @@ class RecordBatch(NamedTuple):
         """One uint8 view per record (reads ``offsets`` on the host: a sync if it is on a GPU)."""
         bounds = self.offsets.tolist()
         return [self.data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def largest_batch_bytes(sizes: np.ndarray, batch_size: int) -> int:
+    """The bytes of the ``batch_size`` largest items: what any batch of variable-size items
+    fits in (sizes a pinned pool once)."""
+    k = min(batch_size, len(sizes))
+    return int(np.partition(sizes, len(sizes) - k)[len(sizes) - k:].sum()) if k else 0
 
 
 def _load_json(path: str) -> dict:
@@ -215,6 +222,4 @@ class RecordDataset(Dataset):
 
     def __fastload_slot_bytes__(self, batch_size: int) -> int:
         """Bytes that any batch of ``batch_size`` records fits in (sizes the pool once)."""
-        k = min(batch_size, len(self))
-        largest = int(np.partition(self.index[:, 2], len(self) - k)[len(self) - k:].sum()) if k else 0
-        return largest + 2 * (batch_size + 1) * 8 + 3 * ALIGN
+        return largest_batch_bytes(self.index[:, 2], batch_size) + 2 * (batch_size + 1) * 8 + 3 * ALIGN
