@@ -9,9 +9,11 @@
 
 from . import config
 from .errors import BatchTooLargeError, FastloadError, LoaderShutdownError, PoolError
+from .distributed import DistributedSampler, shard_indices
 from .loader import DataLoader
 from .packing import pack, pack_image_folder
 from .pool import PinnedPool
+from .resume import ResumeError, batch_generator, batch_numpy_rng
 from .sources import ArrayDataset, ArrayFile, RecordBatch, RecordDataset
 from .stats import StatsSnapshot
 
@@ -19,6 +21,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader",
+    "DistributedSampler",
+    "shard_indices",
+    "ResumeError",
+    "batch_generator",
+    "batch_numpy_rng",
     "ArrayDataset",
     "ArrayFile",
     "RecordDataset",

@@ -33,7 +33,7 @@ import traceback
 import warnings
 import weakref
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind, _Sing
 
 from . import config
 from . import io as fio
+from . import resume as _resume
 from .errors import BatchTooLargeError, LoaderShutdownError, PoolError, capture, wrap
 from .pool import PinnedPool
 from .staging import ALIGN, ParallelCopier, PendingRead, deferred_collate, gather_rows, plan_batch
@@ -64,6 +65,7 @@ class _Failure:
 
     index: int
     error: Any  # errors.CapturedError
+    samples = 0
 
 
 @dataclass
@@ -118,6 +120,12 @@ class DataLoader(tud.DataLoader):
         resident in the page cache within ``map_budget`` are DMA'd straight from it, the rest
         streams through a pinned ring), ``'gds'``, ``'pinned'`` (whole batches through the
         pinned pool) or ``'posix'``; ``loader.io`` says which path is in effect.
+
+    ``in_order=False`` (torch's argument) hands out whichever batch is ready first; each
+    sample still arrives exactly once per epoch. ``state_dict()`` / ``load_state_dict()``
+    checkpoint an epoch part-way (batches yielded, not prefetched) and resume it exactly, for
+    every source, with other thread counts, and for a ``DistributedSampler`` at another world
+    size (see ``torch_fastload.resume``).
     """
 
     def __init__(
@@ -187,6 +195,9 @@ class DataLoader(tud.DataLoader):
         self._engine: CopyEngine | None = None
         self._copier: ParallelCopier | None = None
         self._pipelines: weakref.WeakSet = weakref.WeakSet()
+        self._progress: _resume.EpochProgress | None = None  # of the latest iterator
+        self._pending_resume: dict | None = None
+        self._resumed_index_sampler = None  # set only while __iter__ builds a resumed iterator
         _LIVE_LOADERS.add(self)
         if self.device.type == "cpu" and self.pin_memory_requested and not torch.cuda.is_available():
             warnings.warn("pin_memory=True but no CUDA device is available: batches will not be pinned",
@@ -197,14 +208,93 @@ class DataLoader(tud.DataLoader):
         if self.persistent_workers and self.num_workers > 0:
             for pipeline in list(self._pipelines):  # the torch iterator is shared: stop its reader
                 pipeline.shutdown()
-        if self.num_workers > 0:
-            source = super().__iter__()
+        state, self._pending_resume = self._pending_resume, None
+        generators = _resume.generators_of(self)
+        user_rng = None
+        if state is not None and state["epoch_in_progress"]:
+            user_rng = torch.default_generator.get_state()  # put back once the epoch's draws are redone
+            _resume.restore(generators, state["rng"])
+            rng_at_start = dict(state["rng"])
         else:
-            collate = deferred_collate if (self._user_collate is None and self._auto_collation) else self.collate_fn
-            source = _InThreadSource(self, collate)
-        pipeline = _Pipeline(self, source)
+            if state is not None:
+                _resume.restore(generators, state["rng"])
+            rng_at_start = _resume.capture(generators)
+        progress = _resume.EpochProgress(rng=rng_at_start, sampler=_resume.describe_sampler(self))
+        # NOTE [determinism] in resume.py: every draw that decides the epoch happens here.
+        try:
+            self._resumed_index_sampler = self._resumed_batches(state, progress)
+            if self.num_workers > 0:
+                in_order, self.in_order = getattr(self, "in_order", True), True
+                try:  # torch's workers keep their order: batch numbers follow the sampler
+                    source = super().__iter__()
+                finally:
+                    self.in_order = in_order
+            else:
+                collate = deferred_collate if (self._user_collate is None and self._auto_collation) else \
+                    self.collate_fn
+                source = _InThreadSource(self, collate)
+                source._sampler_iter = _first_pulled(source._sampler_iter)
+        finally:
+            self._resumed_index_sampler = None
+            if user_rng is not None:
+                torch.default_generator.set_state(user_rng)
+        progress.base_seed = int(source._base_seed) & (2**63 - 1)
+        self._progress = progress
+        pipeline = _Pipeline(self, source, progress)
         self._pipelines.add(pipeline)
         return _FastloadIter(pipeline)
+
+    @property
+    def _index_sampler(self):
+        resumed = self._resumed_index_sampler if "_resumed_index_sampler" in self.__dict__ else None
+        return resumed if resumed is not None else tud.DataLoader._index_sampler.fget(self)
+
+    def _resumed_batches(self, state, progress: _resume.EpochProgress):
+        """The index batches left in a checkpointed epoch, numbered as in the epoch; None when
+        the epoch starts from its beginning."""
+        if state is None or not state["epoch_in_progress"]:
+            return None
+        progress.samples = state["samples_yielded"]
+        prefix, extra = state["batches_yielded"], set(state["yielded_out_of_order"])
+        kind = state["sampler"]["kind"]
+        if kind == "iterable":  # no indices to skip: the batches are fetched again and dropped
+            progress.prefix = progress.discard_prefix = prefix
+            progress.extra, progress.discard = set(extra), set(extra)
+            return None
+        numbers: deque = deque()
+        progress.numbers = numbers
+        if kind == "distributed":
+            start, prefix, extra = _resume.distributed_plan(self, state)
+            progress.sampler["start"] = start
+            batches = _resume.distributed_batches(self, start)
+            total = len(batches)
+        else:
+            batches = tud.DataLoader._index_sampler.fget(self)
+            try:
+                total = len(batches)
+            except TypeError:
+                total = None
+            if total is not None and prefix + len(extra) > total:
+                raise _resume.ResumeError(f"the state has {prefix + len(extra)} batches yielded, the epoch has {total}")
+        progress.prefix, progress.extra = prefix, set(extra)
+        return _resume.NumberedBatches(batches, prefix, extra, numbers, total)
+
+    def state_dict(self) -> dict:
+        """Where the current epoch stands, as a JSON-serializable dict: the batches yielded to
+        the user so far (not those prefetched), how the epoch's indices were drawn and the random
+        generators' states at its start. Between epochs (no iterator yet, or the last one
+        exhausted): the generators' states for the next epoch."""
+        return _resume.state_of(self, self._progress)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next ``iter(loader)`` yield exactly the batches the checkpointed epoch had
+        left (for a ``DistributedSampler``: call ``set_epoch`` with the checkpoint's epoch first,
+        at this or another world size). Raises ``ResumeError`` (why, and the values) where this
+        loader cannot continue that epoch."""
+        state = _resume.check_state(self, state)
+        if "dataset" in state and callable(getattr(self.dataset, "load_state_dict", None)):
+            self.dataset.load_state_dict(state["dataset"])
+        self._pending_resume = state
 
     def stats(self, reset: bool = False) -> StatsSnapshot:
         """Input-wait time, per-stage times, bytes and GB/s since creation (or the last reset)."""
@@ -360,6 +450,15 @@ def _leading_dim(batch) -> int:
     return len(first) if isinstance(first, (torch.Tensor, list)) else 1
 
 
+def _first_pulled(indices):
+    """``indices`` with the first item already drawn (on the calling thread: see NOTE [determinism])."""
+    try:
+        first = next(indices)
+    except StopIteration:
+        return iter(())
+    return itertools.chain([first], indices)
+
+
 class _InThreadSource(_SingleProcessDataLoaderIter):
     """torch's single-process iterator (same sampler and seed draws) for the fetch thread.
 
@@ -379,9 +478,11 @@ class _Pipeline:
 
     _ids = itertools.count()
 
-    def __init__(self, loader: DataLoader, source):
+    def __init__(self, loader: DataLoader, source, progress: _resume.EpochProgress):
         self.loader = loader
         self.source = source
+        self.progress = progress
+        self.in_order = getattr(loader, "in_order", True)
         self.stop = threading.Event()
         self.poll = config.get("poll_interval")
         self.fetched: queue.Queue = queue.Queue(maxsize=loader.prefetch)
@@ -400,6 +501,8 @@ class _Pipeline:
                               for k in range(STAGE_WORKERS)]
         self._reorder: dict = {}  # staged batches that arrived ahead of their turn, by index
         self._next_index = 0
+        self._delivered = 0
+        self._end_index: int | None = None  # where _END sits (out-of-order mode holds it back)
         _LIVE_PIPELINES.add(self)
         self.fetch_thread.start()
         for worker in self.stage_workers:
@@ -425,80 +528,110 @@ class _Pipeline:
 
     # -- fetch thread ---------------------------------------------------------------------
     def _fetched_batches(self):
-        """Batches (or the exception of each failed batch) in sampler order."""
+        """``(epoch batch number, batch or the exception that batch raised)`` in sampler order
+        (or as fetched, with ``in_order=False``)."""
         if isinstance(self.source, _InThreadSource):
             read_batch = _batch_reader(self.loader)
             if read_batch is not None:
-                return self._planned_batches(read_batch)
+                return self._in_thread_batches(read_batch)
             if self.loader.fetch_threads > 1 and self.source._dataset_kind == _DatasetKind.Map:
                 return self._parallel_batches()
-        return self._sequential_batches()
+            return self._in_thread_batches(self.source._dataset_fetcher.fetch)
+        return self._worker_batches()
 
-    def _sequential_batches(self):
-        while True:
-            try:
-                yield self.source.__next__()
-            except StopIteration:
-                return
-            except Exception as exc:
-                yield exc
-                if getattr(self.source, "_shutdown", False):
-                    return  # torch shut its workers down (one died): nothing more will come
+    def _keyed(self, number: int, fetch, indices):
+        """``fetch(indices)`` with the batch's key current (``resume.batch_generator``)."""
+        with _resume._KeyScope(_resume.BatchKey(self.progress.base_seed, number)):
+            return fetch(indices)
 
-    def _planned_batches(self, read_batch):
-        """Batches described whole (row gathers, file reads) and executed by the stager straight
-        into the slot, with no per-sample Python at all."""
+    def _in_thread_batches(self, fetch):
+        """Per-sample fetches, or batches described whole (row gathers, file reads) and executed
+        by the stager straight into the slot with no per-sample Python at all."""
         while True:
             try:
                 indices = self.source._next_index()
             except StopIteration:
                 return
+            number = self.progress.next_number()
             try:
-                yield read_batch(indices)
+                yield number, self._keyed(number, fetch, indices)
+            except StopIteration:  # an IterableDataset ended
+                return
             except Exception as exc:
-                yield exc
+                yield number, exc
+
+    def _worker_batches(self):
+        """torch's worker processes, in their order (batch numbers follow the sampler's pulls)."""
+        while True:
+            try:
+                batch = self.source.__next__()
+            except StopIteration:
+                return
+            except Exception as exc:
+                batch = exc
+            yield self.progress.next_number(), batch
+            if isinstance(batch, Exception) and getattr(self.source, "_shutdown", False):
+                return  # torch shut its workers down (one died): nothing more will come
 
     def _parallel_batches(self):
-        """``fetch_threads`` batches fetched at once (map-style datasets), yielded in order."""
+        """``fetch_threads`` batches fetched at once (map-style datasets); in sampler order, or
+        as they complete with ``in_order=False``."""
         threads = self.loader.fetch_threads
         fetch = self.source._dataset_fetcher.fetch
-        pending: deque = deque()
+        pending: deque = deque()  # (number, future)
         with ThreadPoolExecutor(threads, thread_name_prefix="fastload-sample") as executor:
             exhausted = False
             while pending or not exhausted:
                 while not exhausted and len(pending) < 2 * threads and not self.stop.is_set():
                     try:
-                        pending.append(executor.submit(fetch, self.source._next_index()))
+                        indices = self.source._next_index()
                     except StopIteration:
                         exhausted = True
+                        break
+                    number = self.progress.next_number()
+                    pending.append((number, executor.submit(self._keyed, number, fetch, indices)))
                 if self.stop.is_set():
-                    for future in pending:
+                    for _, future in pending:
                         future.cancel()
                     return
+                if not pending:
+                    continue
+                if not self.in_order:
+                    wait([future for _, future in pending], timeout=self.poll, return_when=FIRST_COMPLETED)
+                    done = next((item for item in pending if item[1].done()), None)
+                    if done is None:
+                        continue
+                    pending.remove(done)
+                else:
+                    done = pending.popleft()
+                number, future = done
                 try:
-                    yield pending.popleft().result()
+                    yield number, future.result()
                 except Exception as exc:
-                    yield exc
+                    yield number, exc
 
     def _fetch_loop(self) -> None:
         index = 0
+        progress = self.progress
         try:
             batches = self._fetched_batches()
             while not self.stop.is_set():
                 started = time.perf_counter()
                 try:
-                    batch = next(batches)
+                    number, batch = next(batches)
                 except StopIteration:
                     break
+                if number < progress.discard_prefix or number in progress.discard:
+                    continue  # a resumed IterableDataset epoch: yielded before the checkpoint
                 self.stats.add_stage("fetch", time.perf_counter() - started)
                 if isinstance(batch, Exception):
-                    batch = _Failure(index, wrap(batch, "fetch", index))
-                if not self._put(self.fetched, (index, batch)):
+                    batch = _Failure(number, wrap(batch, "fetch", number))
+                if not self._put(self.fetched, (index, number, batch)):
                     return
                 index += 1
-            self._put(self.fetched, (index, _END))
+            self._put(self.fetched, (index, None, _END))
         except BaseException:
-            self._put(self.fetched, (index, _Fatal(capture("fetch thread", index))))
+            self._put(self.fetched, (index, None, _Fatal(capture("fetch thread", index))))
 
     # -- stage threads --------------------------------------------------------------------
     def _stage_loop(self) -> None:
@@ -508,22 +641,22 @@ class _Pipeline:
                 item = self._get(self.fetched)
                 if item is None:
                     return
-                index, batch = item
+                index, number, batch = item
                 if batch is _END or isinstance(batch, _Fatal):
                     self._put(self.fetched, item)  # the other workers stop on it too
                     self._put(self.ready, item)
                     return
                 if not isinstance(batch, _Failure):
                     try:
-                        batch = self._stage_and_copy(index, batch)
+                        batch = self._stage_and_copy(number, batch)
                     except Exception:
                         if self.stop.is_set():
                             return
-                        batch = _Failure(index, capture("stage/copy", index))
-                if not self._put(self.ready, (index, batch)):
+                        batch = _Failure(number, capture("stage/copy", number))
+                if not self._put(self.ready, (index, number, batch)):
                     return
         except BaseException:
-            self._put(self.ready, (None, _Fatal(capture("stage thread"))))
+            self._put(self.ready, (None, None, _Fatal(capture("stage thread"))))
         finally:
             self._count_copy_times()
 
@@ -628,13 +761,15 @@ class _Pipeline:
         if self.finished:
             raise StopIteration
         started = self.stats.request_started()
-        item = self._next_ready()
+        number, item = self._next_ready()
         if item is _END:
+            self.progress.finished = True
             self.shutdown()
             raise StopIteration
         if isinstance(item, _Fatal):
             self.shutdown()
             item.error.reraise()
+        self.progress.yielded(number, item.samples)  # a failed batch is spent too: it was raised
         if isinstance(item, _Failure):
             self.stats.add_error()
             item.error.reraise()
@@ -642,19 +777,31 @@ class _Pipeline:
         self.stats.delivered(started, item.samples, item.nbytes)
         return item.copy.batch
 
+    def _take(self, index: int):
+        self._delivered += 1
+        return self._reorder.pop(index)
+
     def _next_ready(self):
-        """The batch whose turn it is (stage workers finish out of order)."""
+        """``(number, item)`` of the batch whose turn it is (stage workers finish out of order),
+        or of any staged batch with ``in_order=False`` (the end only once all were delivered)."""
         timeout = self.loader.timeout
         deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
         while True:
             if self.stop.is_set():
                 raise LoaderShutdownError("this DataLoader iterator was shut down")
-            if self._next_index in self._reorder:
-                self._next_index += 1
-                return self._reorder.pop(self._next_index - 1)
+            if self.in_order:
+                if self._next_index in self._reorder:
+                    self._next_index += 1
+                    return self._take(self._next_index - 1)
+            else:
+                staged = [i for i in self._reorder if i != self._end_index]
+                if staged:
+                    return self._take(min(staged))
+                if self._end_index is not None and self._delivered == self._end_index:
+                    return self._take(self._end_index)
             alive = any(worker.is_alive() for worker in self.stage_workers)
             try:
-                index, item = self.ready.get(timeout=self.poll)
+                index, number, item = self.ready.get(timeout=self.poll)
             except queue.Empty:
                 if not alive and self.ready.empty():
                     raise LoaderShutdownError("the staging threads exited without delivering a batch") from None
@@ -662,8 +809,10 @@ class _Pipeline:
                     raise RuntimeError(f"DataLoader timed out after {timeout} seconds") from None
                 continue
             if index is None:  # a stage thread itself broke: raised at once
-                return item
-            self._reorder[index] = item
+                return None, item
+            if item is _END:
+                self._end_index = index
+            self._reorder[index] = (number, item)
 
     def shutdown(self) -> None:
         """Stop both threads, wait for copies in flight, return the slots. Idempotent."""

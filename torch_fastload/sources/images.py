@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..resume import batch_key, batch_numpy_rng
 from ..staging import ALIGN, PendingRead
 from .records import largest_batch_bytes
 from ..vision.decode import STATUS_TEXT, BatchDecoder, ImageDecodeError, decode_cpu, probe
@@ -49,7 +50,7 @@ class EncodedImages(NamedTuple):
     offsets: np.ndarray  # int64 N + 1: image i is data[offsets[i]:offsets[i + 1]]
     labels: np.ndarray  # int64 N
     indices: np.ndarray  # int64 N: the dataset indices (to name files in errors)
-    seed: int  # the batch's augmentation seed (drawn in sampler order: deterministic)
+    seed: tuple  # the batch's augmentation key: (iterator base seed, batch number in the epoch)
 
 
 def _resolve_transform(transform) -> Transform:
@@ -72,7 +73,7 @@ class _EncodedImageSource(Dataset):
         self.on_error = on_error
         self.gpu_max_pixels = int(gpu_max_pixels)
         self.seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else int(seed)
-        self._batches = 0
+        self._batches = 0  # outside a loader's fetch (no batch key): calls are numbered
         self._decoders: dict = {}
         self._lock = threading.Lock()
 
@@ -130,7 +131,7 @@ class _EncodedImageSource(Dataset):
         label = int(self.labels[index])
         if self.transform is None:
             return image, label
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
+        rng = batch_numpy_rng()  # per batch, not per thread: deterministic in fetch threads
         geometry = self.transform.geometry(np.array([image.shape[1]]), np.array([image.shape[2]]), rng)
         out = self.transform.apply([image], geometry, torch.device("cpu"))[0]
         return out, label
@@ -142,10 +143,14 @@ class _EncodedImageSource(Dataset):
         bounds = np.zeros(len(index) + 1, dtype=np.int64)
         np.cumsum(lengths, out=bounds[1:])
         data = PendingRead(paths, offsets, lengths, (int(bounds[-1]),), torch.uint8, file_index=file_index)
-        with self._lock:  # called in sampler order by the fetch thread: seeds follow the batch order
-            seed = self._batches
-            self._batches += 1
-        return EncodedImages(data, bounds, self.labels[index], index, seed)
+        key = batch_key()
+        if key is None:
+            with self._lock:
+                key = (0, self._batches)
+                self._batches += 1
+        else:
+            key = (key.base_seed, key.number)
+        return EncodedImages(data, bounds, self.labels[index], index, key)
 
     def __fastload_slot_bytes__(self, batch_size: int) -> int:
         return largest_batch_bytes(self._sizes(), batch_size) + ALIGN
@@ -177,11 +182,18 @@ class _EncodedImageSource(Dataset):
         labels = labels.to(device, non_blocking=False) if device.type == "cuda" else labels
         if self.transform is None:
             return images, labels
-        rng = np.random.default_rng([self.seed, int(batch.seed)])
+        rng = np.random.default_rng([self.seed, *(int(k) for k in batch.seed)])
         heights = np.array([im.shape[1] for im in images], dtype=np.int64)
         widths = np.array([im.shape[2] for im in images], dtype=np.int64)
         geometry = self.transform.geometry(heights, widths, rng)
         return self.transform.apply(images, geometry, device), labels
+
+    def state_dict(self) -> dict:
+        """The augmentation seed (a loader's checkpoint carries it: resumed crops are the same)."""
+        return {"seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = int(state["seed"])
 
     def __getstate__(self):
         state = dict(self.__dict__)

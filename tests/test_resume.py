@@ -1,0 +1,324 @@
+"""Exact mid-epoch resume for every source, determinism across thread counts, out-of-order mode.
+
+Each source goes through tests/resume_harness.py: checkpoint after 0, 1, k and the last
+batches, resume in a fresh process (other thread counts, another seed for torch's global
+generator), compare the rest with an uninterrupted run.
+"""
+
+import json
+import os
+import random
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset, RandomSampler
+
+import torch_fastload
+from torch_fastload import DataLoader, DistributedSampler, ResumeError, shard_indices
+
+from resume_harness import assert_equal, check_resume, to_cpu
+
+DATA = os.path.join(tempfile.gettempdir(), f"fastload-resume-data-{os.getuid()}")
+
+
+# -- sources (module-level factories: the harness's child process imports them) -------------
+class Augmented(Dataset):
+    """Per-sample Python with random augmentation drawn from the batch's generator."""
+
+    def __init__(self, n=57, augment=True):
+        self.n = n
+        self.augment = augment
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(random.random() * 0.002)  # jitter: threads finish in any order
+        noise = torch.rand(3, generator=torch_fastload.batch_generator()) if self.augment else 0.5
+        return torch.full((3,), float(i)) + noise, i
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        for i in range(45):
+            yield torch.tensor([i, i * i]), i
+
+
+def _array_file(rows=300):
+    os.makedirs(DATA, exist_ok=True)
+    path = os.path.join(DATA, f"rows-{rows}.npy")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp.npy"
+        np.save(tmp, np.arange(rows * 5, dtype=np.float32).reshape(rows, 5))
+        os.replace(tmp, path)
+    return path
+
+
+def sample_path(seed, fetch_threads=1, prefetch=2, num_workers=0, in_order=True, augment=True):
+    torch.manual_seed(seed)
+    return DataLoader(Augmented(augment=augment), batch_size=4, shuffle=True, device="cpu", fetch_threads=fetch_threads,
+                      prefetch=prefetch, num_workers=num_workers, in_order=in_order)
+
+
+def generator_owned(seed, fetch_threads=1):
+    torch.manual_seed(seed)
+    return DataLoader(Augmented(40), batch_size=3, sampler=RandomSampler(range(40), generator=torch.Generator()
+                                                                         .manual_seed(7)),
+                      device="cpu", fetch_threads=fetch_threads, drop_last=True)
+
+
+def iterable(seed, num_workers=0):
+    torch.manual_seed(seed)
+    return DataLoader(Stream(), batch_size=4, device="cpu", num_workers=num_workers)
+
+
+def arrays(seed, stage_threads=1, prefetch=2):
+    torch.manual_seed(seed)
+    return DataLoader(torch_fastload.ArrayDataset(_array_file()), batch_size=16, shuffle=True, device="cpu",
+                      stage_threads=stage_threads, prefetch=prefetch)
+
+
+def records(seed, fetch_threads=1):
+    os.makedirs(DATA, exist_ok=True)
+    root = os.path.join(DATA, "pack")
+    if not os.path.exists(os.path.join(root, "meta.json")):
+        rng = np.random.default_rng(0)
+        items = [(rng.integers(0, 255, int(rng.integers(1, 900)), dtype=np.uint8).tobytes(), i % 5)
+                 for i in range(120)]
+        torch_fastload.pack(items, root + f".{os.getpid()}", shard_size=16 << 10, progress=False)
+        os.replace(root + f".{os.getpid()}", root)
+    torch.manual_seed(seed)
+    return DataLoader(torch_fastload.RecordDataset(root), batch_size=8, shuffle=True, device="cpu",
+                      fetch_threads=fetch_threads)
+
+
+def images(seed, stage_threads=1):
+    pytest.importorskip("torchvision")
+    from torch_fastload.sources import ImageFolder
+    from torch_fastload.vision.sample_data import make_image_folder
+
+    os.makedirs(DATA, exist_ok=True)
+    root = os.path.join(DATA, "images")
+    if not os.path.exists(os.path.join(root, "done")):
+        make_image_folder(root, classes=3, train_per_class=6, val_per_class=1, edge_cases=False, progress=False)
+        open(os.path.join(root, "done"), "w").close()
+    torch.manual_seed(seed)
+    dataset = ImageFolder(os.path.join(root, "train"), "train")  # augmentation seed drawn from torch
+    return DataLoader(dataset, batch_size=4, shuffle=True, device="cpu", stage_threads=stage_threads)
+
+
+def distributed(seed, rank=0, num_replicas=2, epoch=3, batch_size=5, fetch_threads=1):
+    torch.manual_seed(seed)
+    sampler = DistributedSampler(range(53), num_replicas=num_replicas, rank=rank, shuffle=True, seed=11)
+    sampler.set_epoch(epoch)
+    return DataLoader(Augmented(53), batch_size=batch_size, sampler=sampler, device="cpu",
+                      fetch_threads=fetch_threads)
+
+
+# -- the harness over every source -----------------------------------------------------
+@pytest.mark.parametrize("spec, kwargs, child", [
+    ("sample_path", {}, {"fetch_threads": 4, "prefetch": 5}),
+    ("sample_path", {"fetch_threads": 3}, {"fetch_threads": 1}),
+    ("generator_owned", {}, {"fetch_threads": 2}),
+    ("iterable", {}, {}),
+    ("arrays", {}, {"stage_threads": 3, "prefetch": 1}),
+    ("records", {}, {"fetch_threads": 2}),
+    ("distributed", {}, {"fetch_threads": 3}),
+])
+def test_resume_in_a_fresh_process(spec, kwargs, child):
+    check_resume(f"test_resume:{spec}", kwargs, child_overrides=child)
+
+
+def test_resume_images_in_a_fresh_process():
+    pytest.importorskip("torchvision")
+    full = check_resume("test_resume:images", {}, points=(0, 2, 4), child_overrides={"stage_threads": 2})
+    assert full[0][0].shape == (4, 3, 224, 224)
+
+
+def test_resume_with_worker_processes():
+    """The epoch's indices resume exactly (random draws inside worker processes follow torch's
+    per-worker seeding, not per batch: README, "Resuming")."""
+    check_resume("test_resume:sample_path", {"num_workers": 2, "augment": False}, points=(0, 3),
+                 child_overrides={"num_workers": 1}, fresh_process=False)
+
+
+# -- determinism ----------------------------------------------------------------------
+def _epoch(loader):
+    return [to_cpu(b) for b in loader]
+
+
+@pytest.mark.parametrize("spec", ["sample_path", "images"])
+def test_same_seed_same_batches_whatever_the_threads_and_prefetch(spec):
+    factory = {"sample_path": sample_path, "images": images}[spec]
+    thread_arg = "fetch_threads" if spec == "sample_path" else "stage_threads"
+    reference = _epoch(factory(0, **{thread_arg: 1}))
+    for threads in (2, 5):
+        assert_equal(reference, _epoch(factory(0, **{thread_arg: threads})), f"{spec} with {threads} threads")
+    if spec == "sample_path":
+        assert_equal(reference, _epoch(sample_path(0, fetch_threads=3, prefetch=1)), "prefetch 1")
+
+
+def test_global_generator_draws_on_the_calling_thread():
+    """The epoch's shuffle and base seed are drawn inside iter(): the main thread's own draws
+    afterwards (a model's dropout) cannot interleave with them."""
+    torch.manual_seed(0)
+    loader = DataLoader(Augmented(20), batch_size=4, shuffle=True, device="cpu")
+    iterator = iter(loader)
+    after_iter = torch.get_rng_state()
+    first = [to_cpu(b) for b in iterator]
+    torch.manual_seed(0)
+    iter(DataLoader(Augmented(20), batch_size=4, shuffle=True, device="cpu")).close()
+    assert torch.equal(after_iter, torch.get_rng_state())
+    torch.manual_seed(0)
+    iterator = iter(DataLoader(Augmented(20), batch_size=4, shuffle=True, device="cpu"))
+    torch.rand(1000)  # the training step draws while the fetch thread runs
+    assert_equal(first, [to_cpu(b) for b in iterator], "batches")
+
+
+def test_negative_control_a_state_without_the_epochs_generators_resumes_the_wrong_batches():
+    """The harness's comparison is sensitive: the generators' states are what makes it pass."""
+    loader = sample_path(0)
+    iterator = iter(loader)
+    head = [to_cpu(next(iterator)) for _ in range(2)]
+    state = loader.state_dict()
+    rest = [to_cpu(b) for b in iterator]
+    torch.manual_seed(99)
+    state["rng"] = torch_fastload.resume.capture(torch_fastload.resume.generators_of(loader))
+    resumed = sample_path(1)
+    resumed.load_state_dict(state)
+    with pytest.raises(AssertionError, match="values differ"):
+        assert_equal(rest, [to_cpu(b) for b in resumed], "rest")
+    assert len(head) == 2
+
+
+def test_resume_keeps_the_users_global_generator():
+    loader = sample_path(0)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    del iterator
+    resumed = sample_path(5)
+    torch.manual_seed(123)
+    expected = torch.get_rng_state()
+    resumed.load_state_dict(state)
+    iterator = iter(resumed)
+    assert torch.equal(torch.get_rng_state(), expected), "resuming must not move the user's generator"
+    iterator.close()
+
+
+# -- out-of-order mode ------------------------------------------------------------------
+class Straggler(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.05 if i % 16 == 0 else 0.001)
+        return i
+
+
+def test_out_of_order_delivers_each_sample_once_and_overtakes_stragglers():
+    loader = DataLoader(Straggler(), batch_size=4, device="cpu", fetch_threads=4, in_order=False)
+    batches = [b.tolist() for b in loader]
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(64))
+    assert [b[0] for b in batches] != sorted(b[0] for b in batches), "no batch overtook a straggler"
+    in_order = [b.tolist() for b in DataLoader(Straggler(), batch_size=4, device="cpu", fetch_threads=4)]
+    assert in_order == [list(range(i, i + 4)) for i in range(0, 64, 4)]
+
+
+def test_out_of_order_resume_yields_exactly_the_rest():
+    loader = DataLoader(Straggler(), batch_size=4, device="cpu", fetch_threads=4, in_order=False)
+    iterator = iter(loader)
+    head = [next(iterator).tolist() for _ in range(6)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del iterator
+    assert state["batches_yielded"] + len(state["yielded_out_of_order"]) == 6
+    resumed = DataLoader(Straggler(), batch_size=4, device="cpu", fetch_threads=2, in_order=False)
+    resumed.load_state_dict(state)
+    rest = [b.tolist() for b in resumed]
+    assert sorted(i for b in head + rest for i in b) == list(range(64))
+
+
+# -- distributed: sharding and resuming at another world size ----------------------------
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_shard_indices_is_torch_distributed_sampler(drop_last):
+    for n in (0, 1, 10, 11, 53):
+        for world in (1, 2, 3, 4):
+            for rank in range(world):
+                sampler = torch.utils.data.DistributedSampler(range(n), world, rank, seed=4, drop_last=drop_last)
+                sampler.set_epoch(2)
+                assert list(sampler) == shard_indices(n, num_replicas=world, rank=rank, seed=4, epoch=2,
+                                                      drop_last=drop_last)
+
+
+def _samples(batches):
+    return [int(i) for b in batches for i in b[1]]
+
+
+@pytest.mark.parametrize("old_world, new_world, new_batch", [(2, 1, 5), (2, 3, 5), (3, 2, 4), (2, 2, 7)])
+def test_resume_at_another_world_size_covers_the_epoch_once(old_world, new_world, new_batch):
+    """Every rank checkpoints after k batches (rank 0's state is saved); the epoch continues on
+    another number of ranks: no sample repeated or skipped, apart from the new padding."""
+    k = 3
+    seen = []
+    for rank in range(old_world):
+        loader = distributed(0, rank=rank, num_replicas=old_world)
+        iterator = iter(loader)
+        seen += _samples([next(iterator) for _ in range(k)])
+        if rank == 0:
+            state = json.loads(json.dumps(loader.state_dict()))
+        del iterator
+    for rank in range(new_world):
+        loader = distributed(1, rank=rank, num_replicas=new_world, batch_size=new_batch)
+        loader.load_state_dict(state)
+        seen += _samples(loader)
+    counts = np.bincount(seen, minlength=53)
+    assert (counts >= 1).all(), f"skipped samples {np.flatnonzero(counts == 0).tolist()}"
+    assert counts.sum() - 53 < new_world, f"repeated samples beyond padding: {np.flatnonzero(counts > 1).tolist()}"
+
+
+def test_distributed_resume_needs_the_checkpoint_epoch():
+    loader = distributed(0)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    del iterator
+    resumed = distributed(0, epoch=4)
+    resumed.load_state_dict(state)
+    with pytest.raises(ResumeError, match=r"epoch 3 .* epoch 4: call sampler.set_epoch\(3\)"):
+        iter(resumed)
+
+
+# -- bad states -------------------------------------------------------------------------
+def test_bad_states_are_refused_with_the_values():
+    loader = sample_path(0)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    del iterator
+    with pytest.raises(ResumeError, match="format"):
+        sample_path(0).load_state_dict({"batches": 3})
+    other = DataLoader(Augmented(58), batch_size=4, shuffle=True, device="cpu")
+    with pytest.raises(ResumeError, match="58"):
+        other.load_state_dict(state)
+    with pytest.raises(ResumeError, match="batch_size/drop_last were 4/False .* are 5/False"):
+        DataLoader(Augmented(), batch_size=5, shuffle=True, device="cpu").load_state_dict(state)
+    with pytest.raises(ResumeError, match="RandomSampler .* SequentialSampler"):
+        DataLoader(Augmented(), batch_size=4, device="cpu").load_state_dict(state)
+    with pytest.raises(ResumeError, match="'map' sampler, this loader has a 'distributed' one"):
+        DataLoader(Augmented(), batch_size=4, sampler=DistributedSampler(range(57), 1, 0),
+                   device="cpu").load_state_dict(state)
+
+
+def test_state_between_epochs_and_after_the_end():
+    loader = sample_path(0)
+    assert loader.state_dict()["epoch_in_progress"] is False
+    batches = _epoch(loader)
+    state = loader.state_dict()
+    assert state["epoch_in_progress"] is False
+    resumed = sample_path(0)
+    resumed.load_state_dict(state)
+    assert len(_epoch(resumed)) == len(batches)

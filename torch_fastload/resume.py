@@ -1,0 +1,317 @@
+"""Exact mid-epoch resume: what a loader's ``state_dict`` holds and how an epoch continues.
+
+A state counts batches *yielded to the user* (by their number in the epoch), never those
+prefetched. It also holds the random-generator states from the start of the epoch, so a
+resumed iterator draws the same shuffle and the same base seed again, and then skips what
+was yielded. ``DistributedSampler`` epochs are resumed by global position instead
+(``distributed.shard_indices``), which also works at another world size.
+
+NOTE [determinism]: every random draw that decides an epoch happens on the thread that calls
+``iter(loader)``, before any pipeline thread starts (the first batch of indices is pulled
+there), and per-batch randomness in sources comes from ``batch_key()``: the iterator's base
+seed and the batch's number. So thread counts, prefetch depth and timing cannot change a batch.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+import torch
+from torch.utils.data import IterableDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from .distributed import shard_indices
+from .errors import FastloadError
+
+__all__ = ["ResumeError", "batch_key", "batch_generator", "batch_numpy_rng", "STATE_FORMAT"]
+
+STATE_FORMAT = "torch_fastload.DataLoader/1"
+
+
+class ResumeError(FastloadError, ValueError):
+    """A state that this loader cannot continue from (the reason and the values are in the message)."""
+
+
+# -- per-batch keys: randomness that does not depend on which thread runs a batch -------------
+_local = threading.local()
+
+
+@dataclass(frozen=True)
+class BatchKey:
+    base_seed: int  # drawn once per iterator from the loader's generator (torch's _base_seed)
+    number: int  # the batch's number in the epoch
+
+
+def batch_key() -> Optional[BatchKey]:
+    """The key of the batch being fetched on this thread (None outside a fastload fetch)."""
+    return getattr(_local, "key", None)
+
+
+class _KeyScope:
+    def __init__(self, key: Optional[BatchKey]):
+        self.key = key
+
+    def __enter__(self):
+        self.saved = getattr(_local, "key", None)
+        _local.key = self.key
+        self.generators = getattr(_local, "generators", None)
+        _local.generators = None
+
+    def __exit__(self, *exc):
+        _local.key = self.saved
+        _local.generators = self.generators
+
+
+def batch_generator() -> torch.Generator:
+    """A torch generator for the batch being fetched, seeded by its key: draw per-sample
+    augmentation from it (instead of torch's global generator) and a batch is the same whatever
+    thread fetched it, whatever ran beside it. Outside a fetch: torch's default generator."""
+    key = batch_key()
+    if key is None:
+        return torch.default_generator
+    generators = _local.generators = getattr(_local, "generators", None) or {}
+    if "torch" not in generators:
+        generators["torch"] = torch.Generator().manual_seed(_mix(key.base_seed, key.number))
+    return generators["torch"]
+
+
+def batch_numpy_rng():
+    """As ``batch_generator``, for numpy (a ``np.random.Generator``)."""
+    import numpy as np
+
+    key = batch_key()
+    if key is None:  # seeded from torch's generator, so torch.manual_seed and worker seeds apply
+        return np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
+    generators = _local.generators = getattr(_local, "generators", None) or {}
+    if "numpy" not in generators:
+        generators["numpy"] = np.random.default_rng([key.base_seed & (2**63 - 1), key.number])
+    return generators["numpy"]
+
+
+def _mix(a: int, b: int) -> int:
+    return (a * 6364136223846793005 + b * 1442695040888963407 + 1) & (2**63 - 1)
+
+
+# -- random generator states ------------------------------------------------------------
+def _encode(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _decode(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+def generators_of(loader) -> dict[str, torch.Generator]:
+    """The generators an epoch of ``loader`` draws from: its own, its sampler's, torch's default."""
+    found = {"global": torch.default_generator}
+    if loader.generator is not None:
+        found["loader"] = loader.generator
+    sampler = getattr(loader.batch_sampler, "sampler", None) if loader.batch_sampler is not None else None
+    for name, obj in (("sampler", loader.sampler), ("batch_sampler_sampler", sampler)):
+        gen = getattr(obj, "generator", None)
+        if isinstance(gen, torch.Generator) and all(gen is not g for g in found.values()):
+            found[name] = gen
+    return found
+
+
+def capture(generators: dict[str, torch.Generator]) -> dict[str, str]:
+    return {name: _encode(gen.get_state()) for name, gen in generators.items()}
+
+
+def restore(generators: dict[str, torch.Generator], states: dict[str, str]) -> None:
+    missing = set(states) - set(generators)
+    if missing:
+        raise ResumeError(f"the state holds generator(s) {sorted(missing)} that this loader does not have "
+                          f"(it has {sorted(generators)}): build the loader with the same generator and sampler")
+    for name, text in states.items():
+        generators[name].set_state(_decode(text))
+
+
+# -- progress of the epoch being iterated ------------------------------------------------
+@dataclass
+class EpochProgress:
+    """Which batches of the epoch the user has received; the state at the epoch's start."""
+
+    rng: dict  # generator states at the start of the epoch
+    sampler: dict  # how the epoch's indices were made (kind, and for distributed: position)
+    base_seed: int = 0
+    prefix: int = 0  # batches 0..prefix-1 were all yielded
+    extra: set = field(default_factory=set)  # yielded numbers >= prefix (out-of-order mode)
+    samples: int = 0
+    finished: bool = False
+    numbers: Optional[deque] = None  # epoch numbers of the batches pulled so far (resumed epochs)
+    counter: int = 0
+    discard_prefix: int = 0  # an IterableDataset cannot skip: batches fetched again and dropped
+    discard: set = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_number(self) -> int:
+        """The epoch number of the next batch in fetch order."""
+        with self.lock:
+            if self.numbers is not None:
+                return self.numbers.popleft()
+            self.counter += 1
+            return self.counter - 1
+
+    def yielded(self, number: int, samples: int) -> None:
+        with self.lock:
+            self.extra.add(number)
+            while self.prefix in self.extra:
+                self.extra.discard(self.prefix)
+                self.prefix += 1
+            self.samples += samples
+
+
+class NumberedBatches:
+    """A batch sampler's batches with the ones already yielded left out; the epoch number of each
+    batch it hands out is queued on ``numbers`` (the fetch side takes them in the same order)."""
+
+    def __init__(self, batches, skip_prefix: int, skip: set, numbers: deque, total: Optional[int]):
+        self.batches = batches
+        self.skip_prefix = skip_prefix
+        self.skip = skip
+        self.numbers = numbers
+        self.total = total
+
+    def __iter__(self) -> Iterator:
+        for number, batch in enumerate(self.batches):
+            if number < self.skip_prefix or number in self.skip:
+                continue
+            self.numbers.append(number)
+            yield batch
+
+    def __len__(self) -> int:
+        if self.total is None:
+            raise TypeError("the resumed sampler has no length")
+        return self.total - self.skip_prefix - len(self.skip)
+
+
+def is_distributed(sampler) -> bool:
+    """A DistributedSampler whose order is torch's (subclasses that re-order are not)."""
+    return isinstance(sampler, DistributedSampler) and type(sampler).__iter__ is DistributedSampler.__iter__
+
+
+def describe_sampler(loader, progress_start: int = 0) -> dict:
+    if isinstance(loader.dataset, IterableDataset):
+        return {"kind": "iterable", "num_workers": loader.num_workers}
+    sampler = loader.sampler
+    if is_distributed(sampler):
+        return {"kind": "distributed", "num_replicas": sampler.num_replicas, "rank": sampler.rank,
+                "epoch": sampler.epoch, "seed": sampler.seed, "shuffle": sampler.shuffle,
+                "drop_last": sampler.drop_last, "start": progress_start}
+    return {"kind": "map", "sampler": type(sampler).__name__,
+            "batch_sampler": type(loader.batch_sampler).__name__ if loader.batch_sampler is not None else None}
+
+
+def state_of(loader, progress: Optional[EpochProgress]) -> dict:
+    """The JSON-serializable state (see ``DataLoader.state_dict``)."""
+    in_progress = progress is not None and not progress.finished
+    state = {
+        "format": STATE_FORMAT,
+        "epoch_in_progress": in_progress,
+        "batches_yielded": progress.prefix if in_progress else 0,
+        "yielded_out_of_order": sorted(progress.extra) if in_progress else [],
+        "samples_yielded": progress.samples if in_progress else 0,
+        "dataset_length": _length(loader.dataset),
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+    }
+    if in_progress:
+        state["rng"] = dict(progress.rng)
+        state["sampler"] = dict(progress.sampler)
+    else:  # between epochs: the next one draws from the generators as they are now
+        gens = {k: v for k, v in generators_of(loader).items() if k != "global"}
+        state["rng"] = capture(gens)
+        state["sampler"] = describe_sampler(loader)
+    dataset_state = getattr(loader.dataset, "state_dict", None)
+    if callable(dataset_state):
+        state["dataset"] = dataset_state()
+    json.dumps(state)  # a state that is not JSON is a bug here, not in the user's checkpoint
+    return state
+
+
+def _length(dataset) -> Optional[int]:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def check_state(loader, state: Any) -> dict:
+    """Validate a state against the loader before anything is changed (values in the message)."""
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ResumeError(f"not a torch_fastload DataLoader state (format {got!r}, expected {STATE_FORMAT!r})")
+    length = _length(loader.dataset)
+    if state["dataset_length"] != length:
+        raise ResumeError(f"the state is for a dataset of {state['dataset_length']} samples, this loader's has "
+                          f"{length}")
+    if not state["epoch_in_progress"]:
+        return state
+    kind = state["sampler"]["kind"]
+    now = describe_sampler(loader)
+    if kind != now["kind"]:
+        raise ResumeError(f"the state's epoch was sampled by a {kind!r} sampler, this loader has a "
+                          f"{now['kind']!r} one")
+    if kind == "distributed":
+        for key in ("seed", "shuffle", "drop_last"):
+            if state["sampler"][key] != now[key]:
+                raise ResumeError(f"DistributedSampler {key} was {state['sampler'][key]!r} in the state, is "
+                                  f"{now[key]!r} now")
+        resharded = (state["sampler"]["num_replicas"] != now["num_replicas"]
+                     or state["batch_size"] != loader.batch_size)
+        if resharded and state["yielded_out_of_order"]:
+            raise ResumeError(
+                "an epoch checkpointed in out-of-order mode (in_order=False: batches "
+                f"{state['yielded_out_of_order'][:8]} were yielded ahead of batch {state['batches_yielded']}) "
+                f"can only resume at its world size and batch size ({state['sampler']['num_replicas']} x "
+                f"{state['batch_size']}), not {now['num_replicas']} x {loader.batch_size}")
+        return state
+    if state["batch_size"] != loader.batch_size or state["drop_last"] != loader.drop_last:
+        raise ResumeError(f"batch_size/drop_last were {state['batch_size']}/{state['drop_last']} in the state, "
+                          f"are {loader.batch_size}/{loader.drop_last} now: batches are counted, so they must match "
+                          "(a DistributedSampler epoch resumes by sample position instead)")
+    if kind == "map" and (state["sampler"]["sampler"], state["sampler"]["batch_sampler"]) != (
+            now["sampler"], now["batch_sampler"]):
+        raise ResumeError(f"the state's epoch came from sampler {state['sampler']['sampler']} / batch sampler "
+                          f"{state['sampler']['batch_sampler']}, this loader has {now['sampler']} / "
+                          f"{now['batch_sampler']}")
+    if kind == "iterable" and state["sampler"]["num_workers"] != loader.num_workers:
+        raise ResumeError(f"an IterableDataset epoch is split by worker: it resumes only with the same num_workers "
+                          f"({state['sampler']['num_workers']}, not {loader.num_workers})")
+    return state
+
+
+def distributed_plan(loader, state: dict) -> tuple[int, int, set]:
+    """``(start position, batches to skip, out-of-order numbers to skip)`` of a resumed
+    DistributedSampler epoch on this loader (same or another world size / batch size)."""
+    sampler = loader.sampler
+    saved = state["sampler"]
+    if sampler.epoch != saved["epoch"]:
+        raise ResumeError(f"the checkpoint is in epoch {saved['epoch']} but the DistributedSampler is at epoch "
+                          f"{sampler.epoch}: call sampler.set_epoch({saved['epoch']}) before iterating")
+    start = saved["start"]
+    prefix, extra = state["batches_yielded"], set(state["yielded_out_of_order"])
+    if saved["num_replicas"] == sampler.num_replicas and state["batch_size"] == loader.batch_size:
+        return start, prefix, extra
+    consumed = start + prefix * state["batch_size"] * saved["num_replicas"]
+    return min(consumed, len(loader.dataset)), 0, set()
+
+
+def distributed_batches(loader, start: int) -> list:
+    sampler = loader.sampler
+    indices = shard_indices(len(loader.dataset), num_replicas=sampler.num_replicas, rank=sampler.rank,
+                            seed=sampler.seed, epoch=sampler.epoch, shuffle=sampler.shuffle,
+                            drop_last=sampler.drop_last, start=start)
+    size = loader.batch_size
+    if size is None or not loader._auto_collation:
+        return indices  # one sample per "batch"
+    batches = [indices[i:i + size] for i in range(0, len(indices), size)]
+    if loader.drop_last and batches and len(batches[-1]) < size:
+        batches.pop()
+    return batches
