@@ -19,6 +19,20 @@ Training: SGD (momentum 0.9, nesterov off, weight decay 1e-4, no decay on norms 
 learning rate 0.1 x batch/256 with linear warmup and cosine decay, bf16 autocast,
 channels_last, top-1/top-5 validation each epoch, a checkpoint each epoch (--resume continues
 from it). --json writes the figures (train images/s, input-wait fraction, step time).
+
+Distributed (torchrun): one process a GPU (cuda:LOCAL_RANK, backend nccl; on a machine without
+CUDA the processes train on the CPU over gloo, for smoke tests). The training set is sharded by
+torch_fastload.DistributedSampler (torch's where the package has none) with set_epoch each
+epoch; losses, accuracies and throughput are all-reduced; rank 0 alone prints and saves.
+
+    torchrun --nproc-per-node 8 examples/imagenet.py --data /datasets/imagenet
+    torchrun --nnodes 2 --node-rank 0 --master-addr HOST0 --master-port 29500 --nproc-per-node 8 \
+        examples/imagenet.py --data /datasets/imagenet          # and --node-rank 1 on the other node
+
+Mid-epoch checkpoints: --checkpoint-every N also saves every N steps (model, optimizer, the
+schedule's position, epoch, step and the loader's state_dict()); --resume then continues
+inside that epoch with exactly the batches that were left (the loader's load_state_dict();
+a loader without one replays the epoch's order and skips the batches already trained).
 """
 
 from __future__ import annotations
@@ -69,7 +83,10 @@ def parse_args(argv=None):
     p.add_argument("--evaluate", action="store_true", help="only validate (with --resume)")
     p.add_argument("--no-val", action="store_true", help="skip validation")
     p.add_argument("--checkpoint-dir", default="checkpoints")
-    p.add_argument("--resume", help="checkpoint to continue from")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="also checkpoint every STEPS training steps, mid-epoch (0: at epoch ends only)")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after N training steps in all (0: no limit)")
+    p.add_argument("--resume", help="checkpoint to continue from (an epoch end or mid-epoch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-steps", type=int, default=10, help="steps left out of the throughput figures")
     p.add_argument("--json", help="write the run's figures here")
@@ -80,22 +97,38 @@ def parse_args(argv=None):
 # -- distributed -----------------------------------------------------------------------------
 
 def setup_distributed():
-    """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; a plain launch is rank 0 of 1."""
+    """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; a plain launch is rank 0 of 1. Each process
+    takes cuda:LOCAL_RANK with nccl, or the CPU with gloo where there is no CUDA device."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         local_rank = int(os.environ["LOCAL_RANK"])
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl")
-        return dist.get_rank(), dist.get_world_size(), torch.device("cuda", local_rank)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local_rank)
+            device = torch.device("cuda", local_rank)
+            dist.init_process_group("nccl")
+        else:
+            device = torch.device("cpu")
+            dist.init_process_group("gloo")
+        return dist.get_rank(), dist.get_world_size(), device
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return 0, 1, device
 
 
-def all_reduce_sum(values: list[float], device) -> list[float]:
-    if not (dist.is_available() and dist.is_initialized()):
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+def distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def all_reduce(values: list[float], device, op=None) -> list[float]:
+    """``values`` summed (or ``op``) over the ranks; unchanged in a single process."""
+    if not distributed():
+        return list(values)
+    # nccl reduces device tensors, gloo host tensors
+    t = torch.tensor(values, dtype=torch.float64, device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=op if op is not None else dist.ReduceOp.SUM)
     return t.tolist()
+
+
+def all_reduce_sum(values: list[float], device) -> list[float]:
+    return all_reduce(values, device)
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -107,10 +140,10 @@ def find_data(args, rank: int) -> tuple[str, str]:
             if not os.path.isdir(split):
                 raise SystemExit(f"--data {args.data}: expected {split} (an ImageFolder or a pack)")
         return train, val
-    if rank == 0:
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # once per node; the others wait
         make_image_folder(args.sample_dir, args.sample_classes, args.sample_train_per_class,
-                          args.sample_val_per_class, progress=not args.no_progress)
-    if dist.is_initialized():
+                          args.sample_val_per_class, progress=not args.no_progress and rank == 0)
+    if distributed():
         dist.barrier()
     return make_image_folder(args.sample_dir, args.sample_classes, args.sample_train_per_class,
                              args.sample_val_per_class, progress=False)
@@ -142,11 +175,13 @@ def make_loaders(args, train_dir, val_dir, device, world_size, rank):
             [T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm]))
         make = torch.utils.data.DataLoader
         loader_kw = dict(num_workers=args.workers, pin_memory=True, persistent_workers=args.workers > 0)
-    train_sampler = val_sampler = None
+    # the training order is a function of (seed, epoch) alone, on one process too: a resumed run
+    # replays it, and the sampler's state (a mid-epoch checkpoint) can be restored
+    Sampler = getattr(torch_fastload, "DistributedSampler", torch.utils.data.distributed.DistributedSampler)
+    train_sampler = Sampler(train_ds, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    val_sampler = None
     if world_size > 1:
-        train_sampler = torch.utils.data.distributed.DistributedSampler(train_ds, world_size, rank, shuffle=True,
-                                                                        seed=args.seed)
-        val_sampler = torch.utils.data.distributed.DistributedSampler(val_ds, world_size, rank, shuffle=False)
+        val_sampler = Sampler(val_ds, num_replicas=world_size, rank=rank, shuffle=False)
     train = make(train_ds, batch_size=args.batch_size, shuffle=train_sampler is None, sampler=train_sampler,
                  drop_last=True, **loader_kw, **sampler_kw)
     val = make(val_ds, batch_size=args.batch_size, shuffle=False, sampler=val_sampler, **loader_kw)
@@ -202,16 +237,49 @@ def progress(iterable, total, desc, enabled):
     return tqdm(iterable, total=total, desc=desc, dynamic_ncols=True, mininterval=1.0)
 
 
-def train_epoch(model, loader, criterion, optimizer, schedule, epoch, args, device, state):
+def train_epoch(model, loader, criterion, optimizer, schedule, epoch, args, device, state, resume=None,
+                checkpoint=None) -> dict:
+    """One epoch (or what is left of it after a mid-epoch checkpoint: ``resume``). Returns the
+    epoch's figures, all-reduced over the ranks. ``checkpoint(epoch, epoch_step)`` is called
+    every --checkpoint-every steps (on every rank: the loaders' states are gathered)."""
     model.train()
     channels_last = not args.no_channels_last
+    world = dist.get_world_size() if distributed() else 1
     steps = len(loader) if not args.steps_per_epoch else min(args.steps_per_epoch, len(loader))
+    start = 0
+    replay = 0  # batches to draw and drop: a resumed epoch on a loader without load_state_dict
+    if resume is not None and resume["epoch_step"]:
+        done_samples = resume["epoch_step"] * resume["batch_size"] * resume["world_size"]
+        start = done_samples // (args.batch_size * world)
+        if resume["world_size"] != world and done_samples % (args.batch_size * world):
+            print(f"warning: the checkpoint's {done_samples} samples of epoch {epoch} are not whole batches of "
+                  f"{args.batch_size} x {world} ranks: resuming after {start} batches", file=sys.stderr)
+        states = resume.get("loader_states")
+        loader_state = None
+        if states:
+            loader_state = states[dist.get_rank() if distributed() else 0] if len(states) == world else states[0]
+        if loader_state is not None and hasattr(loader, "load_state_dict"):
+            loader.load_state_dict(loader_state)  # after set_epoch, before iter: the batches that were left
+        else:
+            if resume["world_size"] != world:
+                print("warning: the loader has no load_state_dict() and the world size changed: the resumed "
+                      "epoch replays this world size's order", file=sys.stderr)
+            replay = start
     it = iter(loader)
+    for _ in range(replay):  # the same order (sampler seeded by seed and epoch): skip what was trained
+        next(it)
     timed_images = timed_wait = 0.0
     timed_start = None
-    bar = progress(range(steps), steps, f"epoch {epoch} train", state["show"])
+    bar = progress(range(start, steps), steps - start, f"epoch {epoch} train", state["show"])
     loss_sum = torch.zeros((), device=device)
+    checksum = torch.zeros((), dtype=torch.float64, device=device)
+    trained = samples = 0
+    stopped = False
+    saved_at = None
     for i in bar:
+        if args.max_steps and state["step"] >= args.max_steps:
+            stopped = True
+            break
         if timed_start is None and state["step"] >= state["timing_from"]:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -235,19 +303,35 @@ def train_epoch(model, loader, criterion, optimizer, schedule, epoch, args, devi
         loss.backward()
         optimizer.step()
         loss_sum += loss.detach()
+        # which samples, in which order: (label + 1) x (position in the epoch + 1), summed over ranks
+        position = i * args.batch_size + torch.arange(1, len(target) + 1, device=device, dtype=torch.float64)
+        checksum += ((target.to(torch.float64) + 1) * position).sum()
         if timed_start is not None:
             timed_images += len(target)
             timed_wait += wait
         state["step"] += 1
+        trained += 1
+        samples += len(target)
         if state["show"] and i % 20 == 0 and hasattr(bar, "set_postfix"):
             bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{optimizer.param_groups[0]['lr']:.3f}")
+        if (checkpoint is not None and args.checkpoint_every and state["step"] % args.checkpoint_every == 0
+                and i + 1 < steps):  # the epoch's last step gets the end-of-epoch checkpoint
+            checkpoint(epoch, i + 1, loader)
+            saved_at = i + 1
+    else:
+        stopped = bool(args.max_steps and state["step"] >= args.max_steps and start + trained < steps)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    del it
     if timed_start is not None:
         elapsed = time.perf_counter() - timed_start
         state["timed"].append((timed_images, timed_wait, elapsed))
-    return (loss_sum / max(1, steps)).item()
+    loss_total, trained_all, samples_all, checksum_all = all_reduce(
+        [loss_sum.item(), trained, samples, checksum.item()], device)
+    if stopped and checkpoint is not None and saved_at != start + trained:
+        checkpoint(epoch, start + trained, loader)  # --max-steps ended the run inside the epoch: keep its place
+    del it
+    return {"loss": loss_total / max(1, trained_all), "steps": trained, "samples": int(samples_all),
+            "label_checksum": checksum_all, "resumed_at": start, "partial": stopped}
 
 
 @torch.no_grad()
@@ -282,23 +366,37 @@ def main(argv=None) -> dict:
         model = model.to(memory_format=torch.channels_last)
     if args.compile:
         model = torch.compile(model)
-    ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index]) if world_size > 1 else model
+    if world_size > 1:
+        ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                                        else None)
+    else:
+        ddp_model = model
     base_lr = args.lr if args.lr is not None else 0.1 * args.batch_size * world_size / 256
     optimizer = torch.optim.SGD(param_groups(model, args.weight_decay), lr=base_lr, momentum=args.momentum)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     steps_per_epoch = len(train_loader) if not args.steps_per_epoch else min(args.steps_per_epoch, len(train_loader))
     total_steps = steps_per_epoch * args.epochs
+    if args.max_steps:
+        total_steps = min(total_steps, args.max_steps)
     warmup = int(args.warmup_epochs * steps_per_epoch)
     state = {"step": 0, "timing_from": args.warmup_steps, "timed": [], "show": show}
-    start_epoch, best_top1 = 0, 0.0
+    start_epoch, best_top1, resume = 0, 0.0, None
     if args.resume:
         checkpoint = torch.load(args.resume, map_location=device, weights_only=True)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-        start_epoch, state["step"], best_top1 = checkpoint["epoch"] + 1, checkpoint["step"], checkpoint["best_top1"]
+        state["step"], best_top1 = checkpoint["step"], checkpoint["best_top1"]
+        if checkpoint.get("mid_epoch"):  # continue inside the epoch it was saved in
+            start_epoch = checkpoint["epoch"]
+            resume = {"epoch_step": checkpoint["epoch_step"], "loader_states": checkpoint.get("loader_states"),
+                      "world_size": checkpoint.get("world_size", world_size),
+                      "batch_size": checkpoint.get("batch_size", args.batch_size)}
+        else:
+            start_epoch = checkpoint["epoch"] + 1
         state["timing_from"] = state["step"] + args.warmup_steps
         if rank == 0:
-            print(f"resumed from {args.resume}: epoch {start_epoch}, step {state['step']}")
+            where = f", step {resume['epoch_step']} of that epoch" if resume else ""
+            print(f"resumed from {args.resume}: epoch {start_epoch}{where}, step {state['step']}", flush=True)
     if args.evaluate:
         top1, top5 = validate(ddp_model, val_loader, device, args, show)
         if rank == 0:
@@ -306,41 +404,79 @@ def main(argv=None) -> dict:
         return finish({"top1": top1, "top5": top5}, args, rank)
     if args.loader == "synthetic":
         train_loader = SyntheticBatches(train_loader, steps_per_epoch, device)
+    path = os.path.join(args.checkpoint_dir, f"{args.arch}-last.pt")
+
+    def save(epoch: int, mid_epoch: bool = False, epoch_step: int = 0, loader=None) -> None:
+        """Every rank calls this at a mid-epoch checkpoint (the loaders' states are gathered);
+        rank 0 writes. The learning rate is a function of the step: the schedule's state."""
+        states = None
+        if mid_epoch and hasattr(loader, "state_dict"):
+            states = [loader.state_dict()]
+            if distributed():
+                states = [None] * world_size
+                dist.all_gather_object(states, loader.state_dict())
+        if rank != 0:
+            return
+        os.makedirs(args.checkpoint_dir, exist_ok=True)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": {"kind": "warmup-cosine", "step": state["step"], "total_steps": total_steps,
+                                  "warmup_steps": warmup, "base_lr": base_lr},
+                    "epoch": epoch, "step": state["step"], "mid_epoch": mid_epoch, "epoch_step": epoch_step,
+                    "loader_states": states, "world_size": world_size, "batch_size": args.batch_size,
+                    "best_top1": best_top1, "args": vars(args)}, path + ".tmp")
+        os.replace(path + ".tmp", path)  # a preempted save never leaves a torn checkpoint
+        if mid_epoch:
+            print(f"checkpoint: epoch {epoch} step {epoch_step} (global step {state['step']}) -> {path}", flush=True)
+
+    def save_mid_epoch(epoch, epoch_step, loader):
+        save(epoch, True, epoch_step, loader)
+
     history = []
     for epoch in range(start_epoch, args.epochs):
+        if args.max_steps and state["step"] >= args.max_steps:
+            break
         if train_sampler is not None:
-            train_sampler.set_epoch(epoch)
-        loss = train_epoch(ddp_model, train_loader, criterion, optimizer,
-                           lambda s: lr_at(s, total_steps, warmup, base_lr), epoch, args, device, state)
+            train_sampler.set_epoch(epoch)  # before iter() and before load_state_dict()
+        figures = train_epoch(ddp_model, train_loader, criterion, optimizer,
+                              lambda s: lr_at(s, total_steps, warmup, base_lr), epoch, args, device, state,
+                              resume=resume if epoch == start_epoch else None, checkpoint=save_mid_epoch)
         top1 = top5 = float("nan")
-        if not args.no_val:
+        if not args.no_val and not figures["partial"]:
             top1, top5 = validate(ddp_model, val_loader, device, args, show)
-        history.append({"epoch": epoch, "loss": loss, "top1": top1, "top5": top5})
+        history.append({"epoch": epoch, "top1": top1, "top5": top5, **figures})
         if rank == 0:
-            print(f"epoch {epoch}: train loss {loss:.4f}  val top-1 {top1:.2f}%  top-5 {top5:.2f}%", flush=True)
+            if figures["partial"]:
+                print(f"epoch {epoch}: train loss {figures['loss']:.4f} (stopped inside the epoch at step "
+                      f"{state['step']}: --max-steps)", flush=True)
+            else:
+                val = "" if args.no_val else f"  val top-1 {top1:.2f}%  top-5 {top5:.2f}%"
+                print(f"epoch {epoch}: train loss {figures['loss']:.4f}{val}", flush=True)
             best_top1 = max(best_top1, top1 if top1 == top1 else 0.0)
-            os.makedirs(args.checkpoint_dir, exist_ok=True)
-            path = os.path.join(args.checkpoint_dir, f"{args.arch}-last.pt")
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                        "step": state["step"], "best_top1": best_top1, "args": vars(args)}, path + ".tmp")
-            os.replace(path + ".tmp", path)  # a preempted save never leaves a torn checkpoint
+        if figures["partial"]:
+            break  # the mid-epoch checkpoint is already written
+        save(epoch)
     images, wait, elapsed = (sum(t[k] for t in state["timed"]) for k in range(3))
-    images, = all_reduce_sum([images], device)
+    images, wait_fraction = all_reduce([images, wait / elapsed if elapsed else 0.0], device)
+    elapsed, = all_reduce([elapsed], device, op=dist.ReduceOp.MAX if distributed() else None)  # the slowest rank
     result = {
         "arch": args.arch, "loader": args.loader, "world_size": world_size, "batch_size": args.batch_size,
+        "backend": dist.get_backend() if distributed() else None,
         "timed_steps": int(images // (args.batch_size * world_size)) if images else 0,
         "train_images_per_s": images / elapsed if elapsed else 0.0,
         "step_ms": 1e3 * elapsed / max(1, images / (args.batch_size * world_size)),
-        "input_wait_fraction": wait / elapsed if elapsed else 0.0,
-        "history": history, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "input_wait_fraction": wait_fraction / world_size,
+        "steps": state["step"], "history": history,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "sampler": type(train_sampler).__module__ + "." + type(train_sampler).__qualname__,
+        "loader_state_dict": hasattr(train_loader, "state_dict"),
     }
     if args.loader == "fastload" and hasattr(train_loader, "stats"):
         stats = train_loader.stats()
         result["loader_stats"] = {"decoded": stats.decoded, "wait_fraction": stats.wait_fraction, "io": stats.io}
     if rank == 0:
-        print(f"{args.arch} / {args.loader}: {result['train_images_per_s']:,.0f} train images/s, step "
-              f"{result['step_ms']:.1f} ms, input wait {100 * result['input_wait_fraction']:.1f}% "
-              f"(steps after the first {args.warmup_steps})")
+        print(f"{args.arch} / {args.loader}: {result['train_images_per_s']:,.0f} train images/s "
+              f"({world_size} process{'es' if world_size > 1 else ''}), step {result['step_ms']:.1f} ms, input wait "
+              f"{100 * result['input_wait_fraction']:.1f}% (steps after the first {args.warmup_steps})")
     return finish(result, args, rank)
 
 
