@@ -322,3 +322,19 @@ def test_state_between_epochs_and_after_the_end():
     resumed = sample_path(0)
     resumed.load_state_dict(state)
     assert len(_epoch(resumed)) == len(batches)
+
+
+class BrokenSampler(torch.utils.data.Sampler):
+    def __len__(self):
+        return 4
+
+    def __iter__(self):
+        raise RuntimeError("sampler broke")
+        yield 0
+
+
+def test_a_failing_sampler_raises_at_next_not_at_iter():
+    loader = DataLoader(Augmented(), batch_size=2, sampler=BrokenSampler(), device="cpu")
+    iterator = iter(loader)
+    with pytest.raises(RuntimeError, match="sampler broke"):
+        next(iterator)

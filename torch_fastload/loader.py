@@ -451,12 +451,20 @@ def _leading_dim(batch) -> int:
 
 
 def _first_pulled(indices):
-    """``indices`` with the first item already drawn (on the calling thread: see NOTE [determinism])."""
+    """``indices`` with the first item already drawn (on the calling thread: see NOTE [determinism]).
+    A sampler that raises is raised by the first ``next()``, as torch does."""
     try:
         first = next(indices)
     except StopIteration:
         return iter(())
+    except Exception as exc:
+        return _raising(exc)
     return itertools.chain([first], indices)
+
+
+def _raising(exc: Exception):
+    raise exc
+    yield  # a generator: raises when first advanced
 
 
 class _InThreadSource(_SingleProcessDataLoaderIter):
