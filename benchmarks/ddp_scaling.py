@@ -74,7 +74,7 @@ import torch.utils.data.distributed  # noqa: E402,F401
 
 import torch_fastload  # noqa: E402
 from torch_fastload._benchutil import (cpu_seconds, fmt, log, machine_info, positive_int_list,  # noqa: E402
-                                       run_quiet, table, write_json)
+                                       pyplot, run_quiet, table, warm_page_cache, write_json)
 from torch_fastload.sources import ArrayDataset  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -165,13 +165,6 @@ def residency(paths) -> float | None:
         return sum(page_cache_residency(p) * s for p, s in zip(paths, sizes)) / max(1, sum(sizes))
     except Exception:
         return None
-
-
-def warm_page_cache(paths) -> None:
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.read(64 * MiB):
-                pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -713,13 +706,8 @@ def summarize(report: dict, cuda: bool) -> None:
 
 
 def plot(report: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("  (matplotlib missing: no plot)")
+    plt = pyplot()
+    if plt is None:
         return
     runs = report.get("runs") or {}
     if not runs:

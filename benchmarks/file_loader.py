@@ -64,7 +64,8 @@ import torch  # noqa: E402
 import torch_fastload  # noqa: E402
 from torch_fastload import DataLoader, RecordDataset, io as fio, pack  # noqa: E402
 from torch_fastload._benchutil import (Progress, cpu_seconds, drop_page_cache, error_text, fmt,  # noqa: E402
-                                       h2d_copy_seconds, log, machine_info, positive_int_list, table, write_json)
+                                       h2d_copy_seconds, log, machine_info, positive_int_list, pyplot, table,
+                                       warm_page_cache, write_json)
 from torch_fastload.sources import ArrayDataset  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -152,13 +153,6 @@ def resident_fraction(paths) -> float | None:
         return cached / total if total else 0.0
     except Exception:
         return None
-
-
-def warm_page_cache(paths) -> None:
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.read(64 * MiB):
-                pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,13 +412,8 @@ def overlap_study(dataset, args, device, batch_transfer_s: float) -> dict:
 # report
 # --------------------------------------------------------------------------------------------
 def plot(report: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("  (matplotlib missing: no plot)")
+    plt = pyplot()
+    if plt is None:
         return
     runs = [r for r in report["runs"] if "gbps" in r]
     fig, ax = plt.subplots(figsize=(11, 0.45 * len(runs) + 1.8))

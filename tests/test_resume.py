@@ -118,6 +118,16 @@ def distributed(seed, rank=0, num_replicas=2, epoch=3, batch_size=5, fetch_threa
                       fetch_threads=fetch_threads)
 
 
+def _state_after(loader, batches: int) -> dict:
+    """The loader's state once ``batches`` batches were taken (the iterator then dropped)."""
+    iterator = iter(loader)
+    for _ in range(batches):
+        next(iterator)
+    state = loader.state_dict()
+    del iterator
+    return state
+
+
 # -- the harness over every source -----------------------------------------------------
 @pytest.mark.parametrize("spec, kwargs, child", [
     ("sample_path", {}, {"fetch_threads": 4, "prefetch": 5}),
@@ -195,11 +205,7 @@ def test_negative_control_a_state_without_the_epochs_generators_resumes_the_wron
 
 
 def test_resume_keeps_the_users_global_generator():
-    loader = sample_path(0)
-    iterator = iter(loader)
-    next(iterator)
-    state = loader.state_dict()
-    del iterator
+    state = _state_after(sample_path(0), 1)
     resumed = sample_path(5)
     torch.manual_seed(123)
     expected = torch.get_rng_state()
@@ -281,11 +287,7 @@ def test_resume_at_another_world_size_covers_the_epoch_once(old_world, new_world
 
 
 def test_distributed_resume_needs_the_checkpoint_epoch():
-    loader = distributed(0)
-    iterator = iter(loader)
-    next(iterator)
-    state = loader.state_dict()
-    del iterator
+    state = _state_after(distributed(0), 1)
     resumed = distributed(0, epoch=4)
     resumed.load_state_dict(state)
     with pytest.raises(ResumeError, match=r"epoch 3 .* epoch 4: call sampler.set_epoch\(3\)"):
@@ -294,11 +296,7 @@ def test_distributed_resume_needs_the_checkpoint_epoch():
 
 # -- bad states -------------------------------------------------------------------------
 def test_bad_states_are_refused_with_the_values():
-    loader = sample_path(0)
-    iterator = iter(loader)
-    next(iterator)
-    state = loader.state_dict()
-    del iterator
+    state = _state_after(sample_path(0), 1)
     with pytest.raises(ResumeError, match="format"):
         sample_path(0).load_state_dict({"batches": 3})
     other = DataLoader(Augmented(58), batch_size=4, shuffle=True, device="cpu")

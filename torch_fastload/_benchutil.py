@@ -341,3 +341,24 @@ class InflightWindow:
         if self.cuda:
             torch.cuda.synchronize()
         self.events.clear()
+
+
+def warm_page_cache(paths) -> None:
+    """Read files once so the page cache holds them (benchmarks that start hot say so)."""
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(64 << 20):
+                pass
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (and a note) where matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("  (matplotlib missing: no plot)")
+        return None
+    return plt
