@@ -73,7 +73,7 @@ import torch.utils.data as tud  # noqa: E402
 import torch.utils.data.distributed  # noqa: E402,F401
 
 import torch_fastload  # noqa: E402
-from torch_fastload._benchutil import (cpu_seconds, fmt, log, machine_info, positive_int_list,  # noqa: E402
+from torch_fastload._benchutil import (cpu_seconds, fmt, fsync_file, log, machine_info, positive_int_list,  # noqa: E402
                                        pyplot, run_quiet, table, warm_page_cache, write_json)
 from torch_fastload.sources import ArrayDataset  # noqa: E402
 
@@ -100,14 +100,6 @@ def data_layout(args) -> dict:
 
 def data_paths(root: Path) -> dict:
     return {"features": root / "features.npy", "labels": root / "labels.npy", "ids": root / "ids.npy"}
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def make_data(root: Path, layout: dict, quiet: bool = False) -> dict:
@@ -149,7 +141,7 @@ def make_data(root: Path, layout: dict, quiet: bool = False) -> dict:
     np.save(paths["labels"], np.random.default_rng(layout["seed"] + 1).integers(0, 1000, rows))
     np.save(paths["ids"], np.arange(rows, dtype=np.int64))
     for path in paths.values():
-        _fsync(path)
+        fsync_file(path)
     meta.write_text(json.dumps(layout))
     if not quiet:
         log(f"  wrote the data in {time.perf_counter() - started:.1f} s")
@@ -598,20 +590,23 @@ def _units(n: int, cuda: bool) -> str:
     return ("GPU" if cuda else "process") + ("" if n == 1 else "s" if cuda else "es")
 
 
-def usable_counts(args, cuda: bool) -> tuple[list, list]:
+def usable_counts(args) -> tuple[bool, list, list]:
+    """``(cuda, process counts, skipped counts)``: the --gpus this machine has (the others
+    are logged as skipped), or all of them as CPU processes."""
+    cuda = args.device != "cpu" and torch.cuda.is_available()
     if not cuda:
-        return list(args.gpus), []
+        return cuda, list(args.gpus), []
     have = torch.cuda.device_count()
-    return [n for n in args.gpus if n <= have], [n for n in args.gpus if n > have]
+    for n in args.gpus:
+        if n > have:
+            log(f"skipping {n} GPUs: this machine has {have}")
+    return cuda, [n for n in args.gpus if n <= have], [n for n in args.gpus if n > have]
 
 
 def driver(args) -> int:
-    cuda = args.device != "cpu" and torch.cuda.is_available()
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    counts, skipped = usable_counts(args, cuda)
-    for n in skipped:
-        log(f"skipping {n} GPUs: this machine has {torch.cuda.device_count()}")
+    cuda, counts, skipped = usable_counts(args)
     log(f"ddp_scaling driver: {'GPUs' if cuda else 'CPU processes (gloo)'} {counts}")
     layout = data_layout(args)
     paths = make_data(args.dir, layout)
@@ -748,12 +743,9 @@ def plot(report: dict, path: Path) -> None:
 def imagenet_driver(args) -> int:
     """examples/imagenet.py under torchrun at each of --gpus, for each of --imagenet-loaders
     (default fastload and synthetic: the model's own DDP scaling, with no input pipeline)."""
-    cuda = args.device != "cpu" and torch.cuda.is_available()
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    counts, skipped = usable_counts(args, cuda)
-    for n in skipped:
-        log(f"skipping {n} GPUs: this machine has {torch.cuda.device_count()}")
+    cuda, counts, skipped = usable_counts(args)
     from torch_fastload.vision.sample_data import make_image_folder
 
     sample = dict(classes=args.imagenet_classes, train_per_class=args.imagenet_per_class,

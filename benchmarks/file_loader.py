@@ -63,7 +63,7 @@ import torch  # noqa: E402
 
 import torch_fastload  # noqa: E402
 from torch_fastload import DataLoader, RecordDataset, io as fio, pack  # noqa: E402
-from torch_fastload._benchutil import (Progress, cpu_seconds, drop_page_cache, error_text, fmt,  # noqa: E402
+from torch_fastload._benchutil import (Progress, cpu_seconds, drop_page_cache, error_text, fmt, fsync_file,  # noqa: E402
                                        h2d_copy_seconds, log, machine_info, positive_int_list, pyplot, table,
                                        warm_page_cache, write_json)
 from torch_fastload.sources import ArrayDataset  # noqa: E402
@@ -98,7 +98,7 @@ def make_arrays(root: Path, gib: float, progress: bool) -> tuple[Path, Path]:
     out.flush()
     del out, flat
     np.save(labels, np.random.default_rng(1).integers(0, 1000, rows))
-    _fsync(features)
+    fsync_file(features)
     return features, labels
 
 
@@ -131,14 +131,6 @@ def make_records(root: Path, gib: float, progress: bool) -> Path:
 
     pack(_Sized(), out, shard_size=512 * MiB, overwrite=True, progress=progress)
     return out
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def resident_fraction(paths) -> float | None:

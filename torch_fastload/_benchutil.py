@@ -362,3 +362,12 @@ def pyplot():
         log("  (matplotlib missing: no plot)")
         return None
     return plt
+
+
+def fsync_file(path) -> None:
+    """Flush a written file to storage (before its pages are dropped or timed cold)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -196,14 +196,14 @@ def is_distributed(sampler) -> bool:
     return isinstance(sampler, DistributedSampler) and type(sampler).__iter__ is DistributedSampler.__iter__
 
 
-def describe_sampler(loader, progress_start: int = 0) -> dict:
+def describe_sampler(loader) -> dict:
     if isinstance(loader.dataset, IterableDataset):
         return {"kind": "iterable", "num_workers": loader.num_workers}
     sampler = loader.sampler
     if is_distributed(sampler):
         return {"kind": "distributed", "num_replicas": sampler.num_replicas, "rank": sampler.rank,
                 "epoch": sampler.epoch, "seed": sampler.seed, "shuffle": sampler.shuffle,
-                "drop_last": sampler.drop_last, "start": progress_start}
+                "drop_last": sampler.drop_last, "start": 0}
     return {"kind": "map", "sampler": type(sampler).__name__,
             "batch_sampler": type(loader.batch_sampler).__name__ if loader.batch_sampler is not None else None}
 
