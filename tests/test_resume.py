@@ -260,6 +260,48 @@ def test_shard_indices_is_torch_distributed_sampler(drop_last):
                                                       drop_last=drop_last)
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("batch_drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_loader_draws_distributed_batches_as_torch_does(drop_last, batch_drop_last, shuffle):
+    """The loader slices a DistributedSampler's batches itself (no epoch-long list first): the
+    same batches as torch's BatchSampler over the sampler, for every size, world and rank."""
+    for n in (0, 1, 10, 11, 53):
+        for world in (1, 2, 3):
+            for rank in range(world):
+                sampler = DistributedSampler(range(n), world, rank, shuffle=shuffle, seed=4, drop_last=drop_last)
+                sampler.set_epoch(3)
+                want = list(torch.utils.data.BatchSampler(sampler, 4, batch_drop_last))
+                loader = DataLoader(torch.arange(n), batch_size=4, sampler=sampler, drop_last=batch_drop_last,
+                                    device="cpu")
+                drawn = torch_fastload.distributed.exact_sampler_batches(loader)
+                assert drawn is not None and len(drawn) == len(want) == len(loader)
+                assert list(drawn) == want
+                assert [b.tolist() for b in loader] == want
+
+
+def test_distributed_batches_fall_back_to_the_sampler_when_they_cannot_be_exact():
+    """A subclass that re-orders, a custom batch sampler, or a dataset that changed size since
+    the sampler was made: the sampler itself is iterated (torch's own checks apply)."""
+    class Reversed(DistributedSampler):
+        def __iter__(self):
+            return reversed(list(super().__iter__()))
+
+    data = list(range(20))
+    loader = DataLoader(data, batch_size=4, sampler=Reversed(data, 2, 0, shuffle=False), device="cpu")
+    assert torch_fastload.distributed.exact_sampler_batches(loader) is None
+    assert [b.tolist() for b in loader][0] == [18, 16, 14, 12]
+    batches = torch.utils.data.BatchSampler(DistributedSampler(data, 2, 0), 4, False)
+    assert torch_fastload.distributed.exact_sampler_batches(DataLoader(data, batch_sampler=batches,
+                                                                        device="cpu")) is None
+    sampler = DistributedSampler(data, 2, 0)
+    data.extend(range(20, 30))
+    grown = DataLoader(data, batch_size=4, sampler=sampler, device="cpu")
+    assert torch_fastload.distributed.exact_sampler_batches(grown) is None
+    with pytest.raises(AssertionError, match="total_size"):
+        list(grown)
+
+
 def _samples(batches):
     return [int(i) for b in batches for i in b[1]]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import torch
 import torch.distributed as dist
+from torch.utils.data import BatchSampler
 from torch.utils.data.distributed import DistributedSampler  # re-exported: the loader resumes it
 
 __all__ = ["DistributedSampler", "shard_indices", "world"]
@@ -28,13 +29,32 @@ def world() -> tuple[int, int]:
     return 1, 0
 
 
-def epoch_order(length: int, seed: int, epoch: int, shuffle: bool) -> list:
+def _epoch_order(length: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
     """The epoch's global order, exactly as torch's ``DistributedSampler`` draws it."""
     if shuffle:
         generator = torch.Generator()
         generator.manual_seed(seed + epoch)
-        return torch.randperm(length, generator=generator).tolist()
-    return list(range(length))
+        return torch.randperm(length, generator=generator)
+    return torch.arange(length)
+
+
+def _shard(length: int, num_replicas: int, rank: int, seed: int, epoch: int, shuffle: bool, drop_last: bool,
+           start: int) -> torch.Tensor:
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+    if not 0 <= start <= length:
+        raise ValueError(f"start position {start} is outside the epoch of {length} samples")
+    rest = _epoch_order(length, seed, epoch, shuffle)[start:]
+    count = rest.numel()
+    if drop_last:
+        total = (count // num_replicas) * num_replicas
+        rest = rest[:total]
+    else:
+        total = math.ceil(count / num_replicas) * num_replicas
+        padding = total - count
+        if padding and count:
+            rest = torch.cat([rest, rest.repeat(math.ceil(padding / count))[:padding]])
+    return rest[rank:total:num_replicas]
 
 
 def shard_indices(length: int, *, num_replicas: int, rank: int, seed: int = 0, epoch: int = 0,
@@ -44,17 +64,51 @@ def shard_indices(length: int, *, num_replicas: int, rank: int, seed: int = 0, e
     ``start == 0`` gives torch's ``DistributedSampler`` order exactly (padding repeats the
     first indices; ``drop_last`` truncates to a multiple of ``num_replicas``).
     """
-    if not 0 <= rank < num_replicas:
-        raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
-    if not 0 <= start <= length:
-        raise ValueError(f"start position {start} is outside the epoch of {length} samples")
-    rest = epoch_order(length, seed, epoch, shuffle)[start:]
-    if drop_last:
-        total = (len(rest) // num_replicas) * num_replicas
-        rest = rest[:total]
-    else:
-        total = math.ceil(len(rest) / num_replicas) * num_replicas
-        padding = total - len(rest)
-        if padding and rest:
-            rest += (rest * math.ceil(padding / len(rest)))[:padding]
-    return rest[rank:total:num_replicas]
+    return _shard(length, num_replicas, rank, seed, epoch, shuffle, drop_last, start).tolist()
+
+
+class ShardBatches:
+    """``BatchSampler(DistributedSampler)``'s batches, sliced lazily from one tensor: the
+    epoch's first batch costs a ``randperm``, not the Python list of the whole epoch that
+    the sampler builds first (~1.5 ms an epoch edge at 44k samples on the GPU machine)."""
+
+    def __init__(self, indices: torch.Tensor, batch_size: int, drop_last: bool):
+        self.indices = indices
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def __len__(self) -> int:
+        n = self.indices.numel()
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self):
+        for position in range(0, len(self) * self.batch_size, self.batch_size):
+            yield self.indices[position:position + self.batch_size].tolist()
+
+
+def sampler_batches(sampler: DistributedSampler, batch_size: int, drop_last: bool, *, length: int | None = None,
+                    start: int = 0) -> ShardBatches:
+    """The batches of ``sampler``'s current epoch from global position ``start`` (``length``:
+    the dataset's, default the sampler's)."""
+    indices = _shard(len(sampler.dataset) if length is None else length, sampler.num_replicas, sampler.rank,
+                     sampler.seed, sampler.epoch, sampler.shuffle, sampler.drop_last, start)
+    return ShardBatches(indices, batch_size, drop_last)
+
+
+def exact_sampler_batches(loader) -> ShardBatches | None:
+    """``sampler_batches`` for a loader whose batches are torch's ``BatchSampler`` over an
+    unmodified ``DistributedSampler`` whose sizes still match its dataset; None otherwise
+    (the loader then iterates the sampler itself)."""
+    batches, sampler = loader.batch_sampler, loader.sampler
+    if (type(batches) is not BatchSampler or batches.sampler is not sampler or type(sampler) is not DistributedSampler
+            or not loader._auto_collation):
+        return None
+    try:
+        length = len(sampler.dataset)
+    except TypeError:
+        return None
+    count = length - length % sampler.num_replicas if sampler.drop_last else length
+    expected = math.ceil(count / sampler.num_replicas)
+    if sampler.num_samples != expected or sampler.total_size != expected * sampler.num_replicas:
+        return None  # the dataset changed size since the sampler was made: torch's own check raises
+    return sampler_batches(sampler, batches.batch_size, batches.drop_last, length=length)

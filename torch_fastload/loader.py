@@ -44,10 +44,11 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind, _Sing
 from . import config
 from . import io as fio
 from . import resume as _resume
+from .distributed import exact_sampler_batches
 from .errors import BatchTooLargeError, LoaderShutdownError, PoolError, capture, wrap
 from .pool import PinnedPool
 from .staging import ALIGN, ParallelCopier, PendingRead, deferred_collate, gather_rows, plan_batch
-from .stats import LoaderStats, StatsSnapshot
+from .stats import CopyTimer, LoaderStats, StatsSnapshot
 from .transfer import CopyEngine, InFlightCopy
 
 __all__ = ["DataLoader"]
@@ -190,6 +191,7 @@ class DataLoader(tud.DataLoader):
         self._host_reader: fio.Reader | None = None
         self._user_collate = collate_fn
         self._stats = LoaderStats()
+        self._copy_timer = CopyTimer(self._stats)
         self._resources_lock = threading.Lock()
         self._pool: PinnedPool | None = None
         self._engine: CopyEngine | None = None
@@ -197,7 +199,9 @@ class DataLoader(tud.DataLoader):
         self._pipelines: weakref.WeakSet = weakref.WeakSet()
         self._progress: _resume.EpochProgress | None = None  # of the latest iterator
         self._pending_resume: dict | None = None
-        self._resumed_index_sampler = None  # set only while __iter__ builds a resumed iterator
+        # the epoch's index batches where the loader draws them itself (a resumed epoch; a
+        # DistributedSampler's, sliced lazily): set only while __iter__ builds the iterator
+        self._epoch_index_sampler = None
         _LIVE_LOADERS.add(self)
         if self.device.type == "cpu" and self.pin_memory_requested and not torch.cuda.is_available():
             warnings.warn("pin_memory=True but no CUDA device is available: batches will not be pinned",
@@ -222,7 +226,9 @@ class DataLoader(tud.DataLoader):
         progress = _resume.EpochProgress(rng=rng_at_start, sampler=_resume.describe_sampler(self))
         # NOTE [determinism] in resume.py: every draw that decides the epoch happens here.
         try:
-            self._resumed_index_sampler = self._resumed_batches(state, progress)
+            self._epoch_index_sampler = self._resumed_batches(state, progress)
+            if self._epoch_index_sampler is None and progress.discard_prefix == 0:
+                self._epoch_index_sampler = exact_sampler_batches(self)
             if self.num_workers > 0:
                 in_order, self.in_order = getattr(self, "in_order", True), True
                 try:  # torch's workers keep their order: batch numbers follow the sampler
@@ -235,7 +241,7 @@ class DataLoader(tud.DataLoader):
                 source = _InThreadSource(self, collate)
                 source._sampler_iter = _first_pulled(source._sampler_iter)
         finally:
-            self._resumed_index_sampler = None
+            self._epoch_index_sampler = None
             if user_rng is not None:
                 torch.default_generator.set_state(user_rng)
         progress.base_seed = int(source._base_seed) & (2**63 - 1)
@@ -246,8 +252,8 @@ class DataLoader(tud.DataLoader):
 
     @property
     def _index_sampler(self):
-        resumed = self._resumed_index_sampler if "_resumed_index_sampler" in self.__dict__ else None
-        return resumed if resumed is not None else tud.DataLoader._index_sampler.fget(self)
+        drawn = self._epoch_index_sampler if "_epoch_index_sampler" in self.__dict__ else None
+        return drawn if drawn is not None else tud.DataLoader._index_sampler.fget(self)
 
     def _resumed_batches(self, state, progress: _resume.EpochProgress):
         """The index batches left in a checkpointed epoch, numbered as in the epoch; None when
@@ -298,6 +304,7 @@ class DataLoader(tud.DataLoader):
 
     def stats(self, reset: bool = False) -> StatsSnapshot:
         """Input-wait time, per-stage times, bytes and GB/s since creation (or the last reset)."""
+        self._copy_timer.count()
         snapshot = self._stats.snapshot()
         if reset:
             self._stats.reset()
@@ -500,7 +507,7 @@ class _Pipeline:
         self.stats = loader._stats
         self.stats.path = (f"pinned-pool -> {loader.device}" if loader.device.type == "cuda"
                            else "cpu (pageable slots, no pinning)")
-        self._copies: deque = deque()  # (InFlightCopy, nbytes) whose timing is not yet counted
+        self.copy_timer = loader._copy_timer
         self._lock = threading.Lock()
         self.finished = False
         uid = next(self._ids)
@@ -512,9 +519,12 @@ class _Pipeline:
         self._delivered = 0
         self._end_index: int | None = None  # where _END sits (out-of-order mode holds it back)
         _LIVE_PIPELINES.add(self)
-        self.fetch_thread.start()
+        # The stage workers first: they block on the empty queue at once, whereas a fetch thread
+        # started first takes the GIL for its first batch while this thread waits to start them
+        # (on the GPU machine that put ~1.5 ms on every epoch's first batch).
         for worker in self.stage_workers:
             worker.start()
+        self.fetch_thread.start()
 
     # -- queue helpers: every wait is bounded and honours the stop flag ---------------------
     def _put(self, q: queue.Queue, item) -> bool:
@@ -666,7 +676,7 @@ class _Pipeline:
         except BaseException:
             self._put(self.ready, (None, None, _Fatal(capture("stage thread"))))
         finally:
-            self._count_copy_times()
+            self.copy_timer.count()
 
     def _acquire_slot(self, nbytes: int, index: int):
         while True:
@@ -748,21 +758,8 @@ class _Pipeline:
         copy.moved = moved
         on_stream = plan.payload_bytes if not to_device or reader.copies_on_stream else \
             sum(n for _, _, n in copies)
-        with self._lock:
-            self._copies.append((copy, on_stream))
-        self._count_copy_times()
+        self.copy_timer.add(copy, on_stream)
         return _Ready(index, copy, plan.samples, plan.payload_bytes)
-
-    def _count_copy_times(self) -> None:
-        """Add the durations of finished copies to the stats (CUDA events: read once complete)."""
-        with self._lock:
-            while self._copies:
-                copy, nbytes = self._copies[0]
-                seconds = copy.copy_seconds()
-                if seconds is None:
-                    return
-                self._copies.popleft()
-                self.stats.add_stage("copy", seconds, nbytes)
 
     # -- consumer ------------------------------------------------------------------------
     def next(self):
@@ -772,7 +769,7 @@ class _Pipeline:
         number, item = self._next_ready()
         if item is _END:
             self.progress.finished = True
-            self.shutdown()
+            self.shutdown(wait_for_copies=False)
             raise StopIteration
         if isinstance(item, _Fatal):
             self.shutdown()
@@ -822,8 +819,13 @@ class _Pipeline:
                 self._end_index = index
             self._reorder[index] = (number, item)
 
-    def shutdown(self) -> None:
-        """Stop both threads, wait for copies in flight, return the slots. Idempotent."""
+    def shutdown(self, wait_for_copies: bool = True) -> None:
+        """Stop the threads, wait for copies in flight, return the slots. Idempotent.
+
+        An exhausted epoch does not wait for its copies (``wait_for_copies=False``): every batch
+        was handed to the consumer's stream, the slots and the ring guard their reuse with
+        events, and a host synchronize here would only stall the next epoch's first reads
+        behind the GPU's queue. ``close()`` still waits before it frees anything."""
         with self._lock:
             if self.finished:
                 return
@@ -840,8 +842,9 @@ class _Pipeline:
             warnings.warn(f"torch_fastload: thread(s) {stuck} did not stop within {timeout} s "
                           "(a dataset __getitem__ still running?); they are left as daemons. Where they are:\n"
                           + _where([t for t in threads if t.is_alive()]), RuntimeWarning, stacklevel=2)
-        self.engine.synchronize(max(0.0, deadline - time.monotonic()))
-        self._count_copy_times()
+        if wait_for_copies:
+            self.engine.synchronize(max(0.0, deadline - time.monotonic()))
+        self.copy_timer.count()
         for q in (self.fetched, self.ready):
             while True:
                 try:

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from .distributed import shard_indices
+from .distributed import sampler_batches, shard_indices
 from .errors import FastloadError
 
 __all__ = ["ResumeError", "batch_key", "batch_generator", "batch_numpy_rng", "STATE_FORMAT"]
@@ -303,15 +303,11 @@ def distributed_plan(loader, state: dict) -> tuple[int, int, set]:
     return min(consumed, len(loader.dataset)), 0, set()
 
 
-def distributed_batches(loader, start: int) -> list:
+def distributed_batches(loader, start: int):
     sampler = loader.sampler
-    indices = shard_indices(len(loader.dataset), num_replicas=sampler.num_replicas, rank=sampler.rank,
-                            seed=sampler.seed, epoch=sampler.epoch, shuffle=sampler.shuffle,
-                            drop_last=sampler.drop_last, start=start)
     size = loader.batch_size
-    if size is None or not loader._auto_collation:
-        return indices  # one sample per "batch"
-    batches = [indices[i:i + size] for i in range(0, len(indices), size)]
-    if loader.drop_last and batches and len(batches[-1]) < size:
-        batches.pop()
-    return batches
+    if size is None or not loader._auto_collation:  # one sample per "batch"
+        return shard_indices(len(loader.dataset), num_replicas=sampler.num_replicas, rank=sampler.rank,
+                             seed=sampler.seed, epoch=sampler.epoch, shuffle=sampler.shuffle,
+                             drop_last=sampler.drop_last, start=start)
+    return sampler_batches(sampler, size, loader.drop_last, length=len(loader.dataset), start=start)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["LoaderStats", "StatsSnapshot", "STAGES"]
+__all__ = ["CopyTimer", "LoaderStats", "StatsSnapshot", "STAGES"]
 
 #: Pipeline stages timed per batch: per-sample Python / worker hand-over, file reads (into the
 #: slot, or into device memory on the GDS path), pageable -> slot memcpy, the slot -> device
@@ -183,3 +184,29 @@ class LoaderStats:
                 io_bytes=dict(self.io_bytes),
                 decoded=dict(self.decoded),
             )
+
+
+class CopyTimer:
+    """Copy durations, counted once their CUDA events have completed and never waited for:
+    an epoch ends without a host synchronize, and its last copies are counted later (by the
+    next epoch's stage threads or ``DataLoader.stats()``)."""
+
+    def __init__(self, stats: LoaderStats) -> None:
+        self._stats = stats
+        self._pending: deque = deque()  # (InFlightCopy, bytes), in issue order
+        self._lock = threading.Lock()
+
+    def add(self, copy, nbytes: int) -> None:
+        with self._lock:
+            self._pending.append((copy, nbytes))
+        self.count()
+
+    def count(self) -> None:
+        with self._lock:
+            while self._pending:
+                copy, nbytes = self._pending[0]
+                seconds = copy.copy_seconds()
+                if seconds is None:
+                    return
+                self._pending.popleft()
+                self._stats.add_stage("copy", seconds, nbytes)
