@@ -244,7 +244,7 @@ class Consumer:
         self.sink: list = []
         self.record_ids = record_ids
         self.features = np.load(features_path, mmap_mode="r")
-        self.epoch_stats: list = []
+        self._finished: list = []  # (epoch, figures on the device, ids)
         self._epoch = None
         self.gemm = None
         if compute_ms > 0 and device.type == "cuda":
@@ -267,17 +267,25 @@ class Consumer:
         # does one index_add_ a batch and nothing else
         self._epoch = {"epoch": epoch, "seen": self.seen.clone(), "ids": []}
 
-    def end_epoch(self) -> dict:
+    def end_epoch(self) -> None:
+        """The epoch's id figures, left on the device: no host sync at the epoch edge (a training
+        loop need not have one there either); ``epoch_figures()`` reads them after the run."""
         e = self._epoch
         delta = (self.seen - e["seen"]).to(torch.int64)
         index = torch.arange(delta.numel(), device=self.device, dtype=torch.int64)
-        out = {"epoch": e["epoch"], "count": int(delta.sum().item()), "id_sum": int((delta * index).sum().item()),
-               "id_sq_sum": int((delta * index * index).sum().item()),
-               "repeated": int((delta > 1).sum().item())}
-        if self.record_ids:
-            out["ids"] = [int(i) for chunk in e["ids"] for i in chunk]
-        self.epoch_stats.append(out)
+        figures = torch.stack([delta.sum(), (delta * index).sum(), (delta * index * index).sum(), (delta > 1).sum()])
+        self._finished.append((e["epoch"], figures, e["ids"]))
         self._epoch = None
+
+    def epoch_figures(self) -> list:
+        out = []
+        for epoch, figures, ids in self._finished:
+            count, id_sum, id_sq_sum, repeated = figures.tolist()
+            entry = {"epoch": epoch, "count": count, "id_sum": id_sum, "id_sq_sum": id_sq_sum, "repeated": repeated}
+            if self.record_ids:
+                entry["ids"] = [int(i) for chunk in ids for i in chunk]
+            out.append(entry)
+        self._finished = []
         return out
 
     def __call__(self, batch, verify: bool) -> tuple[int, int]:
@@ -425,8 +433,7 @@ def worker(args) -> int:
         # carried on alone would wait in the next collective)
         runs[name] = fn()
         coverages[name] = coverage(ctx, consumer, rows, runs[name].pop("_epochs_run"))
-        runs[name]["id_stats"] = consumer.epoch_stats
-        consumer.epoch_stats = []
+        runs[name]["id_stats"] = consumer.epoch_figures()
 
     def fastload():
         loader = torch_fastload.DataLoader(ds, batch_size=args.batch, sampler=sampler, device=ctx.device,
