@@ -248,9 +248,11 @@ def main(argv=None) -> int:
         if hot:
             verdicts.append({"target": "hot storage tier vs hot mmap (page cache; largest batch, worst row size)",
                              "value": min(hot), "verdict": "info"})
-        if uva:
-            verdicts.append({"target": "uva >= 25 GB/s (largest rows and batch)", "value": max(uva),
-                             "verdict": "PASS" if max(uva) >= 25 else "FAIL"})
+        if uva:  # PCIe moves rows of 4 KiB at full rate; smaller rows are reported, not judged
+            judged = max(args.row_bytes) >= 4096
+            verdicts.append({"target": f"uva >= 25 GB/s (largest rows, {max(args.row_bytes)} B, and batch)",
+                             "value": max(uva),
+                             "verdict": ("PASS" if max(uva) >= 25 else "FAIL") if judged else "info"})
         for rb in args.row_bytes:
             disk = next((r for r in report["cold"] if r["row_bytes"] == rb and r["mode"].startswith("disk")), None)
             direct = next((r for r in report["cold"] if r["row_bytes"] == rb and r["mode"] == "storage O_DIRECT"), None)

@@ -70,6 +70,28 @@ def test_uva_tier_gathers_from_registered_host_memory(npy):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("pin", [True, False])
+def test_cache_with_uva_or_storage_misses_dedupes_on_the_gpu(npy, pin):
+    """With a cache the ids are deduplicated and looked up on the GPU; misses come from the uva
+    tier or go back to the host for storage reads. Rows, order, duplicates and counts as on the
+    host path."""
+    path, features = npy
+    cached = np.arange(0, 5000, 3)
+    store = FeatureStore(path, device="cuda", pin=pin, cache_ids=cached)
+    batches = [random_ids(5000, 6000), cached[::-1].copy(), np.array([1, 1, 2, 4999, 1]), np.arange(1, 5000, 3)]
+    for ids in batches:
+        out = store.gather(torch.from_numpy(ids))
+        assert out.is_cuda and torch.equal(out.cpu(), torch.from_numpy(features[ids]))
+    stats = store.stats()
+    uniques = [np.unique(ids) for ids in batches]
+    assert stats.rows == sum(len(ids) for ids in batches)
+    assert stats.unique_rows == sum(len(u) for u in uniques)
+    assert stats.cache_hits == sum(int((u % 3 == 0).sum()) for u in uniques)
+    misses = stats.unique_rows - stats.cache_hits
+    assert (stats.uva_rows, stats.storage_rows) == ((misses, 0) if pin else (0, misses))
+
+
+@pytest.mark.cuda
 def test_cache_larger_than_gpu_memory_is_refused(tmp_path):
     path = tmp_path / "huge.f32"
     with open(path, "wb") as f:
