@@ -12,8 +12,8 @@ more noise than signal. The features are written to disk and never loaded whole.
 mini-batch samples a 2-hop neighbourhood (--fanouts, uniform, built-in sampler over CSR).
 
 --loader fastload: the FeatureStore gathers x (GPU cache of the highest-degree nodes,
---cache-fraction; --pin for zero-copy gathers from host memory; storage reads by the C++
-engine otherwise, --o-direct for data larger than RAM), the next --prefetch mini-batches
+--cache-fraction; zero-copy gathers from host memory (the uva tier) where the file fits
+--pin's budget (auto), or --pin on/off; storage reads by the C++ engine otherwise, --o-direct for data larger than RAM), the next --prefetch mini-batches
 sampled and gathered on a background thread. --loader baseline: the same sampler, x gathered
 by numpy from a memmap and copied to the GPU in the loop. tqdm progress, accuracy per epoch,
 --json for the figures (epoch time, input-wait fraction, accuracy).
@@ -193,7 +193,9 @@ def main(argv=None) -> dict:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--cache-fraction", type=float, default=0.05, help="share of nodes (highest degree) cached on the GPU")
-    p.add_argument("--pin", action="store_true", help="register the feature file for zero-copy GPU gathers")
+    p.add_argument("--pin", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
+                   help="register the feature file for zero-copy GPU gathers (the uva tier); auto (default): where "
+                        "the file fits TORCH_FASTLOAD_MAP_BUDGET (25%% of RAM)")
     p.add_argument("--o-direct", action="store_true")
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -235,8 +237,9 @@ def main(argv=None) -> dict:
     train_ids, val_ids, test_ids = np.split(split, [int(0.6 * len(split)), int(0.8 * len(split))])
     if args.loader == "fastload":
         hot = np.argsort(-graph.degree())[:int(args.cache_fraction * graph.num_nodes)] if args.cache_fraction else None
-        store = FeatureStore(g["paths"]["features"], device=device, cache_ids=hot, pin=args.pin and device.type == "cuda",
-                             o_direct=args.o_direct)
+        pin = {"auto": "auto", "on": device.type == "cuda", "off": False}[args.pin]
+        store = FeatureStore(g["paths"]["features"], device=device, cache_ids=hot, pin=pin, o_direct=args.o_direct)
+        log(f"features: {store!r} ({store.pin_reason})", flush=True)
         store.reserve(args.batch_size * 200)
         prefetch = args.prefetch
     else:

@@ -134,3 +134,27 @@ def test_short_or_malformed_files_are_refused(npy, tmp_path):
         FeatureStore(raw, device="cpu")
     with pytest.raises(FileNotFoundError):
         FeatureStore(tmp_path / "missing.npy", device="cpu")
+
+
+def test_pin_auto_says_why_and_bad_values_are_refused(npy):
+    path, features = npy
+    store = FeatureStore(path, device="cpu", pin="auto")
+    assert store.pin_reason.startswith("not pinned") and "not a GPU" in store.pin_reason
+    assert torch.equal(store.gather([3, 1]), torch.from_numpy(features[[3, 1]]))
+    with pytest.raises(FeatureStoreError, match="pin must be"):
+        FeatureStore(path, device="cpu", pin="yes")
+
+
+@pytest.mark.cuda
+def test_pin_auto_uses_the_uva_tier_where_the_file_fits_the_budget(npy):
+    import torch_fastload
+
+    path, features = npy
+    store = FeatureStore(path, device="cuda", pin="auto")
+    assert store.pin_reason.startswith("pinned: auto")
+    ids = random_ids(len(features), 100)
+    assert torch.equal(store.gather(ids).cpu(), torch.from_numpy(features[ids]))
+    assert store.stats().uva_rows == len(np.unique(ids))
+    with torch_fastload.config.override(map_budget=1000):
+        small = FeatureStore(path, device="cuda", pin="auto")
+    assert small.pin_reason.startswith("not pinned") and "exceeds map_budget" in small.pin_reason

@@ -64,7 +64,7 @@ class FeatureStore:
     """An ``(N, D)`` feature matrix on storage, gathered by row ids onto ``device``."""
 
     def __init__(self, path: str | os.PathLike, *, shape: Optional[Sequence[int]] = None,
-                 dtype: Optional[torch.dtype] = None, device=None, cache_ids=None, pin: bool = False,
+                 dtype: Optional[torch.dtype] = None, device=None, cache_ids=None, pin: bool | str = False,
                  o_direct: bool = False, io_threads: Optional[int] = None):
         self.path = os.fspath(path)
         if self.path.endswith(".npy"):
@@ -101,7 +101,8 @@ class FeatureStore:
             self._build_cache(cache_ids)
         self._mapped = None
         self._host_rows: Optional[torch.Tensor] = None
-        if pin:
+        self.pin_reason = self._pin_choice(pin)
+        if self.pin_reason.startswith("pinned"):
             self._map_for_uva()
 
     # -- ids ------------------------------------------------------------------------------
@@ -138,6 +139,24 @@ class FeatureStore:
             self.cache = self._rows_from_storage(ids, np.arange(len(ids)), torch.device("cpu")).to(self.device)
         self._cache_slot = np.full(self.num_nodes, -1, dtype=np.int32)
         self._cache_slot[ids] = np.arange(len(ids), dtype=np.int32)
+
+    def _pin_choice(self, pin) -> str:
+        """Whether the uva tier is used, and why (``pin``: True, False or "auto")."""
+        if pin == "auto":
+            from .. import config
+
+            budget = config.get("map_budget")
+            if self.device.type != "cuda":
+                return "not pinned: auto, and the device is not a GPU"
+            if self.o_direct:
+                return "not pinned: auto, and o_direct asks to leave the page cache alone"
+            if self.file_size > budget:
+                return (f"not pinned: auto, and the file ({self.file_size / 2**30:.2f} GiB) exceeds map_budget "
+                        f"({budget / 2**30:.2f} GiB)")
+            return f"pinned: auto, the file ({self.file_size / 2**30:.2f} GiB) fits map_budget ({budget / 2**30:.2f} GiB)"
+        if pin not in (True, False):
+            raise FeatureStoreError(f"pin must be True, False or 'auto', got {pin!r}")
+        return "pinned: pin=True" if pin else "not pinned: pin=False"
 
     def _map_for_uva(self) -> None:
         if self.device.type != "cuda":
