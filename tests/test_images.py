@@ -356,6 +356,31 @@ def test_nvjpeg_decode_matches_cpu_decode(gpu_folder):
 
 
 @pytest.mark.cuda
+def test_cpu_decode_share_decodes_the_batch_tail_on_cpu_threads(gpu_folder):
+    """cpu_decode_share: the last images of each batch go to CPU threads beside nvJPEG and reach
+    the GPU in one packed copy; their pixels are libjpeg-turbo's exactly, in their places."""
+    train, _ = gpu_folder
+    ds = ImageFolder(train, transform=None)
+    with torch_fastload.config.override(cpu_decode_share=0.25):
+        loader = DataLoader(ds, batch_size=64, device="cuda")
+        images = [im for batch, _ in loader for im in batch]
+    decoded = loader.stats().decoded
+    assert decoded.get("cpu:share", 0) >= 0.2 * len(ds) and decoded.get("nvjpeg", 0) >= 0.6 * len(ds)
+    assert len(images) == len(ds)
+    for k, (path, image) in enumerate(zip(ds.paths, images)):
+        cpu = tv.io.decode_image(tv.io.read_file(path), mode=tv.io.ImageReadMode.RGB)
+        assert image.is_cuda and image.shape == cpu.shape, path
+        if k % 64 >= 64 - 14:  # the tail of every full batch of 64: CPU-decoded, bit-exact
+            assert torch.equal(image.cpu(), cpu), path
+
+
+def test_cpu_decode_share_is_validated():
+    with pytest.raises(ValueError, match="cpu_decode_share"):
+        decode.BatchDecoder("cpu", cpu_share=1.0)
+    assert decode.BatchDecoder("cpu", cpu_share=0.3).cpu_share == 0.3
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype, channels_last", [(torch.float32, False), (torch.float32, True),
                                                   (torch.bfloat16, True), (torch.float16, False)])
 def test_transform_kernel_matches_reference(dtype, channels_last):

@@ -108,6 +108,16 @@ def _positive_float(name: str, value: Any) -> float:
     return as_float
 
 
+def _share(name: str, value: Any) -> float:
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"torch_fastload option {name!r} must be a number in [0, 1), got {value!r}") from None
+    if not 0 <= as_float < 1:
+        raise ValueError(f"torch_fastload option {name!r} must be in [0, 1), got {value!r}")
+    return as_float
+
+
 def _bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -175,6 +185,9 @@ OPTIONS: dict[str, Option] = {
         Option("map_budget", "25%", _size_or_share_of_ram,
                "page cache the engine may pin by mapping files that are already resident and letting the "
                "GPU copy from them directly (no CPU copy); a byte count, a share of RAM, or 0 to never map"),
+        Option("cpu_decode_share", 0.0, _share,
+               "share of each batch's GPU-decodable JPEGs decoded by CPU threads instead, beside nvJPEG "
+               "(DALI's hw_decoder_load): for a GPU whose training step delays nvJPEG's work"),
         Option("shutdown_timeout", 10.0, _positive_float,
                "seconds to wait for in-flight reads and copies and for threads to join on shutdown"),
         Option("poll_interval", 0.05, _positive_float,

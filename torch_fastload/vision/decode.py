@@ -24,12 +24,14 @@ from __future__ import annotations
 import io as _io
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
+from .. import config
 from ..errors import FastloadError
 
 __all__ = ["ImageDecodeError", "BatchDecoder", "probe", "FORMATS", "PROBE_COLUMNS"]
@@ -236,17 +238,24 @@ def decode_cpu(encoded: torch.Tensor) -> torch.Tensor:
 
 
 class BatchDecoder:
-    """Decodes a batch's slab of encoded images to ``(3, H, W)`` uint8 tensors on ``device``."""
+    """Decodes a batch's slab of encoded images to ``(3, H, W)`` uint8 tensors on ``device``.
+
+    ``cpu_share`` (default: the ``cpu_decode_share`` option) sends that share of the images
+    nvJPEG could take to CPU threads instead, decoding beside nvJPEG. Every CPU-decoded image of
+    a batch reaches the GPU in one packed copy from a pinned buffer (a copy per image would
+    wait on the copy stream once per image)."""
 
     def __init__(self, device, *, on_error: str = "raise", gpu_max_pixels: int = 8192 * 8192,
-                 cpu_threads: int | None = None):
+                 cpu_threads: int | None = None, cpu_share: float | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.device = torch.device(device)
         self.on_error = on_error
         self.gpu_max_pixels = int(gpu_max_pixels)
         self.cpu_threads = cpu_threads or min(8, os.cpu_count() or 1)
+        self.cpu_share = config.resolve("cpu_decode_share", cpu_share)
         self._pool: ThreadPoolExecutor | None = None
+        self._staging = threading.local()  # per stage thread: pinned buffers and their copies' events
         self.seconds = {"probe": 0.0, "nvjpeg": 0.0, "cpu": 0.0}  # host wall time per step (diagnostics)
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -274,6 +283,12 @@ class BatchDecoder:
             if r.startswith("error:"):
                 failed[i] = r[len("error:"):]
         gpu = [i for i, r in enumerate(routes) if r == "nvjpeg"]
+        shared = int(round(self.cpu_share * len(gpu))) if len(gpu) > 1 else 0
+        for i in gpu[len(gpu) - shared:] if shared else ():
+            routes[i] = "cpu:share"  # the batch's last images: the same ones every time it is decoded
+        gpu = gpu[:len(gpu) - shared]
+        cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]
+        pending = [self._executor().submit(_try_decode_cpu, slices[i]) for i in cpu]  # beside nvJPEG
         now = time.perf_counter()
         self.seconds["probe"] += now - started
         if gpu:
@@ -284,13 +299,17 @@ class BatchDecoder:
                     images[i] = image
         started, now = now, time.perf_counter()
         self.seconds["nvjpeg"] += now - started
-        cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]
-        if cpu:
-            for i, result in zip(cpu, self._executor().map(_try_decode_cpu, [slices[i] for i in cpu])):
-                if isinstance(result, str):
-                    failed[i] = result
-                else:
-                    images[i] = result.to(self.device, non_blocking=False) if self.device.type == "cuda" else result
+        decoded = {}
+        for i, future in zip(cpu, pending):
+            result = future.result()
+            if isinstance(result, str):
+                failed[i] = result
+            else:
+                decoded[i] = result
+        if decoded and self.device.type == "cuda":
+            decoded = dict(zip(decoded, self._to_device(list(decoded.values()))))
+        for i, image in decoded.items():
+            images[i] = image
         self.seconds["cpu"] += time.perf_counter() - now
         for i, r in enumerate(routes):
             if i not in failed:
@@ -304,6 +323,33 @@ class BatchDecoder:
             counts["skipped"] = counts.get("skipped", 0) + len(failed)
         kept = np.array([i for i in range(n) if i not in failed], dtype=np.int64)
         return [images[i] for i in kept], kept, info
+
+    def _to_device(self, images: list) -> list:
+        """CPU-decoded images on the GPU: packed into this thread's pinned buffer, one copy on the
+        current stream, views of the result. Two buffers alternate; each is refilled only after
+        the copy out of it completed."""
+        local = self._staging
+        if not hasattr(local, "buffers"):
+            local.buffers, local.events, local.turn = [None, None], [None, None], 0
+        turn = local.turn = 1 - local.turn
+        total = sum(image.numel() for image in images)
+        if local.events[turn] is not None:
+            local.events[turn].synchronize()
+        buffer = local.buffers[turn]
+        if buffer is None or buffer.numel() < total:
+            buffer = local.buffers[turn] = torch.empty(max(total, 1 << 24), dtype=torch.uint8, pin_memory=True)
+        cursor = 0
+        for image in images:
+            buffer[cursor:cursor + image.numel()].view(image.shape).copy_(image)
+            cursor += image.numel()
+        flat = buffer[:total].to(self.device, non_blocking=True)
+        event = local.events[turn] = torch.cuda.Event()
+        event.record()
+        out, cursor = [], 0
+        for image in images:
+            out.append(flat[cursor:cursor + image.numel()].view(image.shape))
+            cursor += image.numel()
+        return out
 
     def _decode_gpu(self, encoded: list, positions: list, routes: list) -> list:
         """nvJPEG for the whole list; where it refuses the batch, one by one, the refused on the CPU."""
