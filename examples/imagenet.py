@@ -82,9 +82,6 @@ def parse_args(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--evaluate", action="store_true", help="only validate (with --resume)")
     p.add_argument("--no-val", action="store_true", help="skip validation")
-    p.add_argument("--ddp-bucket-mb", type=float, default=25.0, help="DDP gradient bucket size (torch's default 25)")
-    p.add_argument("--ddp-plain", action="store_true",
-                   help="DDP with torch's defaults (no static_graph, no gradient_as_bucket_view), for comparison")
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                    help="also checkpoint every STEPS training steps, mid-epoch (0: at epoch ends only)")
@@ -370,11 +367,8 @@ def main(argv=None) -> dict:
     if args.compile:
         model = torch.compile(model)
     if world_size > 1:
-        # a fixed graph (static_graph) lets DDP skip its per-step search for unused parameters and
-        # pre-plan its buckets; gradients as views into the buckets save a copy per step
-        tuned = {} if args.ddp_plain else dict(gradient_as_bucket_view=True, static_graph=not args.compile)
         ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                        else None, bucket_cap_mb=args.ddp_bucket_mb, **tuned)
+                                                        else None)
     else:
         ddp_model = model
     base_lr = args.lr if args.lr is not None else 0.1 * args.batch_size * world_size / 256
