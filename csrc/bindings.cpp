@@ -10,6 +10,7 @@
 #include "image_probe.h"
 #include "mapped_file.h"
 #include "engine.h"
+#include "sampler.h"
 
 namespace py = pybind11;
 
@@ -199,6 +200,66 @@ int64_t copy_ranges(const I64Array& dst_ptrs, const I64Array& src_ptrs, const I6
   return tfl::copy_ranges(dst, src, len, num_threads, task_size, streaming);
 }
 
+// A CSR graph's arrays held through the buffer protocol, in place (no copy: they can be GBs),
+// for the sampler's lifetime; the Py_buffer views keep their exporters alive.
+struct PyNeighborSampler {
+  py::buffer_info indptr, indices;
+  std::unique_ptr<tfl::NeighborSampler> impl;
+};
+
+// Result arrays handed over without a copy: np.asarray / np.frombuffer view them.
+struct PyInt64Buffer {
+  tfl::Int64Array array;
+  std::vector<py::ssize_t> shape;
+};
+
+// A 1-D C-contiguous buffer of signed integers; returns its itemsize (4 or 8).
+py::buffer_info int_buffer(const py::object& a, const char* name, int* itemsize) {
+  if (!PyObject_CheckBuffer(a.ptr()))
+    throw py::type_error(std::string(name) + " must support the buffer protocol (a numpy array), got " +
+                         std::string(py::str(py::type::of(a))));
+  py::buffer_info info = py::reinterpret_borrow<py::buffer>(a).request();
+  if (info.ndim != 1)
+    throw py::value_error(std::string(name) + " must be 1-D, got " + std::to_string(info.ndim) + "-D");
+  std::string format = info.format;
+  if (!format.empty() && std::string("@=<").find(format[0]) != std::string::npos) format = format.substr(1);
+  const bool is_int = format.size() == 1 && std::string("qlni").find(format[0]) != std::string::npos;
+  if (!is_int || (info.itemsize != 4 && info.itemsize != 8))
+    throw py::type_error(std::string(name) + " must hold int32 or int64, got buffer format '" + info.format +
+                         "' with itemsize " + std::to_string(info.itemsize));
+  if (info.shape[0] > 1 && info.strides[0] != info.itemsize)
+    throw py::value_error(std::string(name) + " must be contiguous (np.ascontiguousarray)");
+  *itemsize = static_cast<int>(info.itemsize);
+  return info;
+}
+
+PyNeighborSampler* make_sampler(const py::object& indptr, const py::object& indices) {
+  auto s = std::make_unique<PyNeighborSampler>();
+  int indptr_bytes = 0, index_bytes = 0;
+  s->indptr = int_buffer(indptr, "indptr", &indptr_bytes);
+  s->indices = int_buffer(indices, "indices", &index_bytes);
+  if (indptr_bytes != 8) throw py::type_error("indptr must hold int64");
+  if (s->indptr.shape[0] < 1) throw py::value_error("indptr must hold num_nodes + 1 >= 1 values");
+  s->impl = std::make_unique<tfl::NeighborSampler>(static_cast<const int64_t*>(s->indptr.ptr),
+                                                   static_cast<int64_t>(s->indptr.shape[0]) - 1, s->indices.ptr,
+                                                   index_bytes, static_cast<int64_t>(s->indices.shape[0]));
+  return s.release();
+}
+
+py::tuple sampler_sample(const PyNeighborSampler& s, const I64Array& seeds, const I64Array& fanouts, uint64_t key,
+                         int num_threads) {
+  const std::vector<int64_t> ids = to_vector(seeds, "seeds"), fan = to_vector(fanouts, "fanouts");
+  tfl::SampleResult r;
+  {
+    py::gil_scoped_release nogil;
+    r = s.impl->sample(ids, fan, key, num_threads);
+  }
+  const py::ssize_t nodes = static_cast<py::ssize_t>(r.n_id.size), edges = static_cast<py::ssize_t>(r.num_edges);
+  py::object n_id = py::cast(PyInt64Buffer{std::move(r.n_id), {nodes}});
+  py::object edge_index = py::cast(PyInt64Buffer{std::move(r.edge_index), {2, edges}});
+  return py::make_tuple(n_id, edge_index);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -310,6 +371,33 @@ PYBIND11_MODULE(_C, m) {
       "Header probe of the encoded images [offsets[i], offsets[i+1]) of a host buffer: int64 rows of\n"
       "(format, height, width, components, flags, status) as bytes (see csrc/image_probe.h). GIL released.");
   m.attr("PROBE_COLUMNS") = tfl::kProbeColumns;
+  py::class_<PyInt64Buffer>(m, "Int64Buffer", py::buffer_protocol(),
+                            "An int64 array owned by C++ (a sampler's result): view it with np.asarray.")
+      .def_buffer([](PyInt64Buffer& b) {
+        std::vector<py::ssize_t> strides(b.shape.size());
+        py::ssize_t stride = sizeof(int64_t);
+        for (size_t i = b.shape.size(); i-- > 0;) {
+          strides[i] = stride;
+          stride *= b.shape[i];
+        }
+        return py::buffer_info(b.array.data.get(), sizeof(int64_t), py::format_descriptor<int64_t>::format(),
+                               static_cast<py::ssize_t>(b.shape.size()), b.shape, strides);
+      });
+  py::class_<PyNeighborSampler>(m, "NeighborSampler",
+                                "Uniform neighbour sampling over a CSR graph (indptr int64, indices int32/int64),\n"
+                                "multi-threaded, the GIL released; the arrays are read in place and kept alive.")
+      .def(py::init(&make_sampler), py::arg("indptr"), py::arg("indices"))
+      .def("sample", &sampler_sample, py::arg("seeds"), py::arg("fanouts"), py::arg("key"),
+           py::arg("num_threads") = 0,
+           "(n_id, edge_index) as Int64Buffers (shapes (n,) and (2, E)): the seeds, then each hop's new\n"
+           "nodes; edge_index rows source (sampled neighbour), target, in local ids. Draw j of frontier\n"
+           "node i at hop h comes from a hash of (key, h, i, j): the result depends on nothing else\n"
+           "(not on num_threads; 0 = min(8, usable CPUs)). ValueError for seeds outside [0, num_nodes).")
+      .def_property_readonly("num_nodes", [](const PyNeighborSampler& s) { return s.impl->num_nodes(); })
+      .def_property_readonly("num_edges", [](const PyNeighborSampler& s) { return s.impl->num_edges(); })
+      .def_property_readonly("index_bytes", [](const PyNeighborSampler& s) { return s.impl->index_bytes(); })
+      .def_static("default_threads", &tfl::NeighborSampler::default_threads,
+                  "min(8, CPUs this process may run on): the threads num_threads=0 uses.");
   m.def(
       "pool_size", [] { return tfl::ThreadPool::instance().num_workers(); },
       "Worker threads in the persistent pool (the calling thread works too).");
