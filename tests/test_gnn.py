@@ -125,6 +125,42 @@ def test_pyg_feature_store_serves_gathers(graph_dir):
     assert torch.equal(batch["node"].x, torch.from_numpy(features[batch["node"].n_id.numpy()]))
 
 
+def test_pyg_node_loader_runs_on_the_fastload_sampler(graph_dir):
+    """PyG's NodeLoader over (FastloadFeatureStore, CSRGraphStore) with FastloadNeighborSampler:
+    PyG's own loader end to end where pyg-lib and torch-sparse are missing (here, and on the GPU
+    machines). Real edges, seeds first, x gathered through the FeatureStore, hop counts right."""
+    pyg = pytest.importorskip("torch_geometric")
+    from torch_geometric.loader import NodeLoader
+
+    from torch_fastload.gnn.pyg import CSRGraphStore, FastloadFeatureStore, FastloadNeighborSampler
+
+    features = np.load(graph_dir["paths"]["features"])
+    fs = FastloadFeatureStore()
+    fs["node", "x", None] = FeatureStore(graph_dir["paths"]["features"], device="cpu")
+    fs["node", "y", None] = torch.from_numpy(graph_dir["labels"])
+    gs = CSRGraphStore()
+    edge_type = ("node", "to", "node")
+    gs.put_csr(graph_dir["indptr"], graph_dir["indices"], edge_type, 3000)
+    sampler = FastloadNeighborSampler.from_graph_store(gs, edge_type, [5, 3])
+    seeds = torch.randperm(3000, generator=torch.Generator().manual_seed(0))[:200]
+    loader = NodeLoader((fs, gs), node_sampler=sampler, input_nodes=("node", seeds), batch_size=64)
+    indptr, indices = graph_dir["indptr"], graph_dir["indices"]
+    seen = []
+    for batch in loader:
+        data = batch["node"] if isinstance(batch, pyg.data.HeteroData) else batch
+        n_id = data.n_id.numpy()
+        assert torch.equal(data.x, torch.from_numpy(features[n_id]))
+        assert torch.equal(data.y, torch.from_numpy(graph_dir["labels"][n_id]))
+        size = data.batch_size
+        seen.extend(n_id[:size].tolist())
+        src, dst = n_id[data.edge_index[0].numpy()], n_id[data.edge_index[1].numpy()]
+        for s_, d_ in zip(src[:300], dst[:300]):
+            assert s_ in indices[indptr[d_]:indptr[d_ + 1]]
+        assert sum(data.num_sampled_nodes) == len(n_id) and data.num_sampled_nodes[0] == size
+        assert sum(data.num_sampled_edges) == data.edge_index.shape[1]
+    assert seen == seeds.tolist()
+
+
 # -- the C++ sampler (csrc/sampler.cpp) and its numpy reference -----------------------------------
 
 def random_csr(n=600, max_degree=30, seed=0, dtype=np.int64) -> CSRGraph:
