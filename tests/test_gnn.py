@@ -125,7 +125,8 @@ def test_pyg_feature_store_serves_gathers(graph_dir):
     assert torch.equal(batch["node"].x, torch.from_numpy(features[batch["node"].n_id.numpy()]))
 
 
-def test_pyg_node_loader_runs_on_the_fastload_sampler(graph_dir):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_pyg_node_loader_runs_on_the_fastload_sampler(graph_dir, device):
     """PyG's NodeLoader over (FastloadFeatureStore, CSRGraphStore) with FastloadNeighborSampler:
     PyG's own loader end to end where pyg-lib and torch-sparse are missing (here, and on the GPU
     machines). Real edges, seeds first, x gathered through the FeatureStore, hop counts right."""
@@ -136,7 +137,8 @@ def test_pyg_node_loader_runs_on_the_fastload_sampler(graph_dir):
 
     features = np.load(graph_dir["paths"]["features"])
     fs = FastloadFeatureStore()
-    fs["node", "x", None] = FeatureStore(graph_dir["paths"]["features"], device="cpu")
+    fs["node", "x", None] = FeatureStore(graph_dir["paths"]["features"], device=device, pin=device == "cuda",
+                                         cache_ids=np.arange(0, 3000, 5))
     fs["node", "y", None] = torch.from_numpy(graph_dir["labels"])
     gs = CSRGraphStore()
     edge_type = ("node", "to", "node")
@@ -149,7 +151,7 @@ def test_pyg_node_loader_runs_on_the_fastload_sampler(graph_dir):
     for batch in loader:
         data = batch["node"] if isinstance(batch, pyg.data.HeteroData) else batch
         n_id = data.n_id.numpy()
-        assert torch.equal(data.x, torch.from_numpy(features[n_id]))
+        assert data.x.device.type == device and torch.equal(data.x.cpu(), torch.from_numpy(features[n_id]))
         assert torch.equal(data.y, torch.from_numpy(graph_dir["labels"][n_id]))
         size = data.batch_size
         seen.extend(n_id[:size].tolist())
