@@ -73,8 +73,8 @@ import torch.utils.data as tud  # noqa: E402
 import torch.utils.data.distributed  # noqa: E402,F401
 
 import torch_fastload  # noqa: E402
-from torch_fastload._benchutil import (cpu_seconds, fmt, fsync_file, log, machine_info, positive_int_list,  # noqa: E402
-                                       pyplot, run_quiet, table, warm_page_cache, write_json)
+from torch_fastload._benchutil import (cpu_seconds, fmt, fsync_file, gemm_seconds, log, machine_info,  # noqa: E402
+                                       positive_int_list, pyplot, run_quiet, table, warm_page_cache, write_json)
 from torch_fastload.sources import ArrayDataset  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -249,15 +249,7 @@ class Consumer:
         self.gemm = None
         if compute_ms > 0 and device.type == "cuda":
             a = torch.randn(2048, 2048, device=device, dtype=torch.bfloat16)
-            for _ in range(3):
-                a @ a
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(20):
-                a @ a
-            end.record()
-            end.synchronize()
-            per = start.elapsed_time(end) / 20
+            per = 1e3 * gemm_seconds(a, a, warmup=3)
             self.gemm = (a, max(1, round(compute_ms / per)), per)
         elif compute_ms > 0:
             log("  (--compute-ms ignored on the CPU)")

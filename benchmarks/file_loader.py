@@ -64,7 +64,7 @@ import torch  # noqa: E402
 import torch_fastload  # noqa: E402
 from torch_fastload import DataLoader, RecordDataset, io as fio, pack  # noqa: E402
 from torch_fastload._benchutil import (Progress, cpu_seconds, drop_page_cache, error_text, fmt, fsync_file,  # noqa: E402
-                                       h2d_copy_seconds, log, machine_info, positive_int_list, pyplot, table,
+                                       gemm_seconds, h2d_copy_seconds, log, machine_info, positive_int_list, pyplot, table,
                                        warm_page_cache, write_json)
 from torch_fastload.sources import ArrayDataset  # noqa: E402
 
@@ -345,16 +345,7 @@ def overlap_study(dataset, args, device, batch_transfer_s: float) -> dict:
     n = 4096
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    for _ in range(10):  # cuBLAS heuristics and clocks settle before calibrating
-        a @ b
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        a @ b
-    end.record()
-    end.synchronize()
-    gemm_s = start.elapsed_time(end) / 1e3 / 20
+    gemm_s = gemm_seconds(a, b, warmup=10)
     reps = max(1, round(2 * batch_transfer_s / gemm_s))
 
     def step(batch):

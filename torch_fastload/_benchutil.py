@@ -299,6 +299,20 @@ def h2d_copy_seconds(src: torch.Tensor, dst: torch.Tensor, reps: int, warmup: in
     return times
 
 
+def gemm_seconds(a: torch.Tensor, b: torch.Tensor, warmup: int, reps: int = 20) -> float:
+    """Seconds per ``a @ b`` on the GPU, timed with CUDA events after ``warmup`` untimed calls
+    (cuBLAS heuristics and clocks settle): how benchmarks calibrate a stand-in training step."""
+    for _ in range(warmup):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        a @ b
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps
+
+
 def drop_page_cache(path, offset: int = 0, length: int = 0) -> None:
     """Evict a file's pages (``length`` 0: to its end) from the page cache, so the next read
     comes from storage. fsync first: posix_fadvise(DONTNEED) drops clean pages only."""

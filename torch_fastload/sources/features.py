@@ -268,15 +268,7 @@ class FeatureStore:
                 torch.cuda.current_stream(self.device).wait_event(done)
                 result.record_stream(torch.cuda.current_stream(self.device))
                 done.synchronize()  # the pinned buffer is reused by the next gather
-            s = self._stats
-            s.gathers += 1
-            s.rows += len(ids)
-            s.unique_rows += len(unique)
-            s.cache_hits += int(hit.sum())
-            if self._host_rows is not None:
-                s.uva_rows += len(miss)
-            else:
-                s.storage_rows += len(miss)
+            self._count(len(ids), len(unique), int(hit.sum()), len(miss))
         return result
 
     def _gather_on_device(self, ids: np.ndarray) -> torch.Tensor:
@@ -322,16 +314,20 @@ class FeatureStore:
             result.record_stream(current)
             if from_storage:
                 done.synchronize()  # the pinned buffer is reused by the next gather
-            s = self._stats
-            s.gathers += 1
-            s.rows += len(ids)
-            s.unique_rows += unique.numel()
-            s.cache_hits += hits
-            if self._host_rows is not None:
-                s.uva_rows += misses.numel()
-            else:
-                s.storage_rows += misses.numel()
+            self._count(len(ids), unique.numel(), hits, misses.numel())
         return result
+
+    def _count(self, rows: int, unique: int, hits: int, misses: int) -> None:
+        """One gather in the stats (under ``_lock``); misses went to the uva tier or to storage."""
+        s = self._stats
+        s.gathers += 1
+        s.rows += rows
+        s.unique_rows += unique
+        s.cache_hits += hits
+        if self._host_rows is not None:
+            s.uva_rows += misses
+        else:
+            s.storage_rows += misses
 
     def _device_cache_slots(self) -> torch.Tensor:
         """The cache-slot table on the GPU (int32, 4 bytes a node), made on first use."""
