@@ -1,6 +1,8 @@
 """Builds csrc/*.cpp as ``torch_fastload._C`` with pybind11.
 
 No torch headers are used, so ``pip install .`` works in an isolated build environment.
+Where jpeglib.h and -ljpeg are found (libjpeg-turbo's dev package), the batched CPU JPEG
+decoder is built in (``_C.HAVE_LIBJPEG``).
 ``TORCH_FASTLOAD_ASAN=1`` builds with AddressSanitizer (used by tests/test_engine.py's fuzz test).
 """
 
@@ -18,6 +20,35 @@ if os.environ.get("TORCH_FASTLOAD_ASAN", "") not in ("", "0"):
     compile_args += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
     link_args += ["-fsanitize=address"]
 
+
+
+def _libjpeg_builds() -> bool:
+    """Whether a program including jpeglib.h links with -ljpeg here (TORCH_FASTLOAD_LIBJPEG=0/1
+    forces it). Without it the batched CPU JPEG decoder is left out and Python threads decode."""
+    forced = os.environ.get("TORCH_FASTLOAD_LIBJPEG", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    import subprocess
+    import tempfile
+
+    program = "#include <stdio.h>\n#include <jpeglib.h>\nint main(void) { struct jpeg_error_mgr e; jpeg_std_error(&e); return 0; }\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "probe.c")
+        with open(source, "w") as f:
+            f.write(program)
+        try:
+            result = subprocess.run([os.environ.get("CC", "cc"), source, "-ljpeg", "-o", os.path.join(tmp, "probe")],
+                                    capture_output=True)
+        except OSError:
+            return False
+        return result.returncode == 0
+
+
+define_macros, libraries = [], []
+if _libjpeg_builds():
+    define_macros.append(("TFL_WITH_LIBJPEG", "1"))
+    libraries.append("jpeg")
+
 ext_modules = [
     Pybind11Extension(
         "torch_fastload._C",
@@ -26,6 +57,8 @@ ext_modules = [
         include_dirs=["csrc"],
         depends=sorted(glob.glob(os.path.join("csrc", "*.h"))),
         cxx_std=17,
+        define_macros=define_macros,
+        libraries=libraries,
         extra_compile_args=compile_args,
         extra_link_args=link_args,
     )

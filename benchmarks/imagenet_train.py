@@ -9,6 +9,8 @@ channels_last, batch --batch, SGD; throughput counts the training steps after th
 
   synthetic   one batch kept on the GPU: the model's step time with no input pipeline
   fastload    torch_fastload ImageFolder (engine reads, nvJPEG, GPU augmentation)
+  fastload-share-S (--share-too S)  the same with cpu_decode_share=S (auto: work stealing with
+              the C++ CPU decoder)
   torch       torchvision ImageFolder + PIL + DataLoader(num_workers=--workers, pin_memory)
 
 Targets (issue 4): ResNet-50 step time with fastload <= 1.05x the synthetic step; ResNet-18
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -45,6 +48,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup-steps", type=int, default=15)
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--archs", default="resnet50,resnet18")
+    p.add_argument("--share-too", metavar="SHARE",
+                   help="also run fastload with cpu_decode_share=SHARE (e.g. auto: nvJPEG and the C++ decoder "
+                        "split each batch by work stealing), beside the default")
     p.add_argument("--cpu-smoke", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -64,22 +70,27 @@ def main(argv=None) -> int:
     report = {"machine": machine_info(cuda), "args": {k: str(v) for k, v in vars(args).items()}, "runs": [],
               "failures": [], "page_cache": "hot: the folder is generated (or read by an earlier run) first"}
     plan = []
+    variant = f"fastload-share-{args.share_too}"  # the same loader with cpu_decode_share=SHARE
     for arch in args.archs.split(","):
-        plan += [(arch, "synthetic"), (arch, "fastload"), (arch, "torch")]
-    for arch, loader in plan:
-        out = args.out / f"train-{arch}-{loader}.json"
-        extra = [] if (arch == "resnet18" and loader == "fastload") else ["--no-val"]
+        plan += [(arch, "synthetic"), (arch, "fastload")] + ([(arch, variant)] if args.share_too else [])
+        plan += [(arch, "torch")]
+    for arch, name in plan:
+        loader = "fastload" if name == variant else name
+        env = dict(os.environ, TORCH_FASTLOAD_CPU_DECODE_SHARE=args.share_too) if name == variant else None
+        out = args.out / f"train-{arch}-{name}.json"
+        extra = [] if (arch == "resnet18" and name == "fastload") else ["--no-val"]
         cmd = [sys.executable, str(REPO / "examples" / "imagenet.py"), "--arch", arch, "--loader", loader,
                "--json", str(out), *common, *extra]
-        log(f"-- {arch} {loader}: {' '.join(cmd[1:])}")
+        log(f"-- {arch} {name}: {f'TORCH_FASTLOAD_CPU_DECODE_SHARE={args.share_too} ' if env else ''}{' '.join(cmd[1:])}")
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=1200)
+        res = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=1200, env=env)
         if res.returncode != 0 or not out.exists():
-            report["failures"].append({"arch": arch, "loader": loader, "rc": res.returncode,
+            report["failures"].append({"arch": arch, "loader": name, "rc": res.returncode,
                                        "stderr": res.stderr[-3000:]})
             log(f"   FAILED rc {res.returncode}\n{res.stderr[-3000:]}")
             continue
         result = json.loads(out.read_text())
+        result["loader"] = name
         result["process_seconds"] = time.perf_counter() - t0
         report["runs"].append(result)
         log(f"   {result['train_images_per_s']:,.0f} images/s, step {result['step_ms']:.1f} ms, input wait "
@@ -126,13 +137,14 @@ def plot(report: dict, path: Path) -> None:
     if not runs:
         return
     archs = sorted({r["arch"] for r in runs})
-    loaders = ["synthetic", "fastload", "torch"]
+    names = ["synthetic", "fastload"] + sorted({r["loader"] for r in runs if r["loader"].startswith("fastload-")})
+    loaders = [name for name in names + ["torch"] if any(r["loader"] == name for r in runs)]
     fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.25
+    width = 0.8 / len(loaders)
     for k, loader in enumerate(loaders):
         values = [next((r["train_images_per_s"] for r in runs if r["arch"] == a and r["loader"] == loader), 0)
                   for a in archs]
-        ax.bar([i + (k - 1) * width for i in range(len(archs))], values, width, label=loader)
+        ax.bar([i + (k - (len(loaders) - 1) / 2) * width for i in range(len(archs))], values, width, label=loader)
     ax.set_xticks(range(len(archs)), archs)
     ax.set_ylabel("train images/s")
     ax.set_title("examples/imagenet.py: device-resident vs torch_fastload vs torch DataLoader")

@@ -8,6 +8,7 @@
 
 #include "device_stager.h"
 #include "image_probe.h"
+#include "jpeg_decode.h"
 #include "mapped_file.h"
 #include "engine.h"
 #include "sampler.h"
@@ -262,6 +263,45 @@ py::tuple sampler_sample(const PyNeighborSampler& s, const I64Array& seeds, cons
 
 }  // namespace
 
+// The arguments of a batched JPEG decode, checked under the GIL: every source range inside the
+// source buffer, every (3, H, W) place inside the destination.
+struct JpegBatchArgs {
+  std::vector<const uint8_t*> sources;
+  std::vector<int64_t> lengths, places, heights, widths;
+  uint8_t* dst;
+
+  JpegBatchArgs(uint64_t src_ptr, int64_t src_size, const I64Array& starts, const I64Array& lengths_,
+                uint64_t dst_ptr, int64_t dst_size, const I64Array& dst_offsets, const I64Array& heights_,
+                const I64Array& widths_)
+      : lengths(to_vector(lengths_, "lengths")),
+        places(to_vector(dst_offsets, "dst_offsets")),
+        heights(to_vector(heights_, "heights")),
+        widths(to_vector(widths_, "widths")),
+        dst(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(dst_ptr))) {
+    const std::vector<int64_t> start = to_vector(starts, "starts");
+    const size_t n = start.size();
+    if (lengths.size() != n || places.size() != n || heights.size() != n || widths.size() != n)
+      throw py::value_error("starts, lengths, dst_offsets, heights and widths must have one entry per image");
+    const auto* src = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(src_ptr));
+    sources.resize(n);
+    for (size_t k = 0; k < n; ++k) {
+      if (start[k] < 0 || lengths[k] <= 0 || start[k] > src_size - lengths[k])
+        throw py::value_error("image " + std::to_string(k) + ": bytes [" + std::to_string(start[k]) + ", +" +
+                              std::to_string(lengths[k]) + ") outside the " + std::to_string(src_size) +
+                              "-byte source");
+      const int64_t limit = int64_t(1) << 30;  // pixels; far above any image routed here
+      if (heights[k] <= 0 || widths[k] <= 0 || heights[k] > limit / widths[k])
+        throw py::value_error("image " + std::to_string(k) + ": bad size " + std::to_string(heights[k]) + "x" +
+                              std::to_string(widths[k]));
+      if (places[k] < 0 || places[k] > dst_size - 3 * heights[k] * widths[k])
+        throw py::value_error("image " + std::to_string(k) + ": its 3x" + std::to_string(heights[k]) + "x" +
+                              std::to_string(widths[k]) + " place at " + std::to_string(places[k]) +
+                              " runs past the " + std::to_string(dst_size) + "-byte destination");
+      sources[k] = src + start[k];
+    }
+  }
+};
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_fastload C++ I/O engine (thread pool, bounds-checked range reads, parallel memcpy)";
 
@@ -371,6 +411,46 @@ PYBIND11_MODULE(_C, m) {
       "Header probe of the encoded images [offsets[i], offsets[i+1]) of a host buffer: int64 rows of\n"
       "(format, height, width, components, flags, status) as bytes (see csrc/image_probe.h). GIL released.");
   m.attr("PROBE_COLUMNS") = tfl::kProbeColumns;
+  py::class_<tfl::JpegSplitJob>(m, "JpegSplitJob",
+                                 "A batch's JPEGs split between nvJPEG (claim_front) and CPU threads (run_back) by\n"
+                                 "work stealing; the same arguments as decode_jpegs_planar, without num_threads.")
+      .def(py::init([](uint64_t src_ptr, int64_t src_size, const I64Array& starts, const I64Array& lengths,
+                       uint64_t dst_ptr, int64_t dst_size, const I64Array& dst_offsets, const I64Array& heights,
+                       const I64Array& widths) {
+             JpegBatchArgs a(src_ptr, src_size, starts, lengths, dst_ptr, dst_size, dst_offsets, heights, widths);
+             return new tfl::JpegSplitJob(a.sources, a.lengths, a.dst, a.places, a.heights, a.widths);
+           }),
+           py::arg("src_ptr"), py::arg("src_size"), py::arg("starts"), py::arg("lengths"), py::arg("dst_ptr"),
+           py::arg("dst_size"), py::arg("dst_offsets"), py::arg("heights"), py::arg("widths"))
+      .def("run_back", &tfl::JpegSplitJob::run_back, py::arg("num_threads"), py::call_guard<py::gil_scoped_release>(),
+           "Decode from the back on num_threads threads (GIL released) until the ends meet.")
+      .def("claim_front", &tfl::JpegSplitJob::claim_front, py::arg("count"),
+           py::call_guard<py::gil_scoped_release>(), "(first, last): up to count images from the front, for nvJPEG.")
+      .def_property_readonly("split", &tfl::JpegSplitJob::split,
+                             "Images [split, size) were taken by the CPU threads (final after run_back).")
+      .def_property_readonly("size", &tfl::JpegSplitJob::size)
+      .def_property_readonly("messages", &tfl::JpegSplitJob::messages,
+                             "Per image: '' where the CPU decoded it (or never took it), else why not.");
+  m.attr("HAVE_LIBJPEG") = tfl::jpeg_decoder_available();
+  m.def(
+      "decode_jpegs_planar",
+      [](uint64_t src_ptr, int64_t src_size, const I64Array& starts, const I64Array& lengths, uint64_t dst_ptr,
+         int64_t dst_size, const I64Array& dst_offsets, const I64Array& heights, const I64Array& widths,
+         int num_threads) {
+        JpegBatchArgs a(src_ptr, src_size, starts, lengths, dst_ptr, dst_size, dst_offsets, heights, widths);
+        std::vector<std::string> messages;
+        {
+          py::gil_scoped_release nogil;
+          messages = tfl::decode_jpegs_planar(a.sources, a.lengths, a.dst, a.places, a.heights, a.widths, num_threads);
+        }
+        return messages;
+      },
+      py::arg("src_ptr"), py::arg("src_size"), py::arg("starts"), py::arg("lengths"), py::arg("dst_ptr"),
+      py::arg("dst_size"), py::arg("dst_offsets"), py::arg("heights"), py::arg("widths"), py::arg("num_threads"),
+      "Decode the JPEGs [starts[k], starts[k] + lengths[k]) of a host buffer to RGB, planar (3, H, W)\n"
+      "uint8 at dst_ptr + dst_offsets[k], on num_threads threads of the engine's pool, GIL released\n"
+      "(libjpeg-turbo; HAVE_LIBJPEG says whether it was built in). Returns one message per image:\n"
+      "'' where decoded, else why not (libjpeg's error, or a size other than heights[k] x widths[k]).");
   py::class_<PyInt64Buffer>(m, "Int64Buffer", py::buffer_protocol(),
                             "An int64 array owned by C++ (a sampler's result): view it with np.asarray.")
       .def_buffer([](PyInt64Buffer& b) {

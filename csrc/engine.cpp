@@ -1,4 +1,8 @@
 #include "engine.h"
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include "plan.h"
 
 #include <fcntl.h>
@@ -41,6 +45,7 @@ struct ThreadPool::Job {
 namespace {
 std::mutex g_pool_mu;
 ThreadPool* g_pool = nullptr;  // never destroyed: workers may still be parked at interpreter exit
+ThreadPool* g_background_pool = nullptr;
 
 void atfork_prepare() { g_pool_mu.lock(); }
 void atfork_parent() { g_pool_mu.unlock(); }
@@ -48,6 +53,7 @@ void atfork_parent() { g_pool_mu.unlock(); }
 // the old one (its mutex may even be held by a thread that no longer exists).
 void atfork_child() {
   g_pool = nullptr;
+  g_background_pool = nullptr;
   g_pool_mu.unlock();
 }
 }  // namespace
@@ -60,6 +66,13 @@ ThreadPool& ThreadPool::instance() {
   return *g_pool;
 }
 
+ThreadPool& ThreadPool::background() {
+  instance();  // installs the fork handlers
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (g_background_pool == nullptr) g_background_pool = new ThreadPool(10);
+  return *g_background_pool;
+}
+
 size_t ThreadPool::num_workers() {
   std::lock_guard<std::mutex> lock(mu_);
   return workers_.size();
@@ -69,7 +82,11 @@ void ThreadPool::ensure_workers(size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   while (workers_.size() < n) {
     try {
-      workers_.emplace_back([this] { worker_loop(); });
+      workers_.emplace_back([this] {
+        // per thread on Linux: only this worker; failure (a policy forbidding it) is harmless
+        if (nice_ != 0) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice_);
+        worker_loop();
+      });
       workers_.back().detach();
     } catch (const std::system_error&) {
       break;  // out of threads: the caller and existing workers still finish the job

@@ -42,6 +42,9 @@ class ThreadPool {
  public:
   // The process-wide pool (re-created lazily in a forked child: worker threads don't survive fork).
   static ThreadPool& instance();
+  // A second pool whose workers run at nice +10: CPU work beside training (image decoding)
+  // yields its cores to the training thread, which must keep launching the step's kernels.
+  static ThreadPool& background();
   // Runs task(i, stop) for i in [0, n) on up to `width` threads (caller included) and
   // returns when every task has finished. The first exception stops the rest and is rethrown.
   void run(size_t n, size_t width, const std::function<void(size_t, const std::atomic<bool>&)>& task);
@@ -52,6 +55,8 @@ class ThreadPool {
   static void drain(Job& job);
   void ensure_workers(size_t n);
   void worker_loop();
+  explicit ThreadPool(int nice = 0) : nice_(nice) {}
+  int nice_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -133,6 +133,107 @@ def test_cpu_decode_handles_cmyk_gray_and_png_as_rgb():
     assert torch.equal(png, torch.from_numpy(np.array(img)).permute(2, 0, 1))
 
 
+def _native():
+    from torch_fastload import _C
+
+    return _C if getattr(_C, "HAVE_LIBJPEG", False) else None
+
+
+def _planar_places(info, which):
+    heights, widths = info[which, 1], info[which, 2]
+    places = np.concatenate([[0], np.cumsum(3 * heights * widths)])
+    return heights, widths, places
+
+
+@pytest.mark.skipif(_native() is None, reason="the extension was built without libjpeg (no jpeglib.h at build time)")
+def test_native_jpeg_decoder_is_bit_exact_with_torchvision(folder):
+    """The C++ batch decoder (libjpeg-turbo, planar output) gives torchvision's CPU decode
+    exactly, gray and progressive files included; CMYK is refused with a reason."""
+    train, _ = folder
+    ds = ImageFolder(train, transform=None)
+    blobs = [ds.read_bytes(i).numpy().tobytes() for i in range(len(ds))]
+    data = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+    offsets = np.cumsum([0] + [len(b) for b in blobs])
+    info = probe(data, offsets)
+    jpegs = [i for i in range(len(ds)) if info[i, 0] == 1 and info[i, 5] == 0]
+    assert len(jpegs) >= len(ds) - 3
+    heights, widths, places = _planar_places(info, jpegs)
+    out = torch.full((int(places[-1]),), 7, dtype=torch.uint8)
+    messages = _native().decode_jpegs_planar(data.ctypes.data, data.size, offsets[jpegs], np.diff(offsets)[jpegs],
+                                             out.data_ptr(), out.numel(), places[:-1], heights, widths, 3)
+    cmyk = [k for k, i in enumerate(jpegs) if info[i, 3] == 4]
+    assert cmyk and all("CMYK" in messages[k] for k in cmyk)
+    checked = 0
+    for k, i in enumerate(jpegs):
+        if k in cmyk:
+            continue
+        assert messages[k] == "", (ds.paths[i], messages[k])
+        got = out[places[k]:places[k + 1]].view(3, int(heights[k]), int(widths[k]))
+        assert torch.equal(got, decode.decode_cpu(torch.from_numpy(data[offsets[i]:offsets[i + 1]].copy()))), ds.paths[i]
+        checked += 1
+    assert checked >= len(ds) - 4 and any(info[i, 3] == 1 for i in jpegs)  # a grayscale one among them
+
+
+@pytest.mark.skipif(_native() is None, reason="the extension was built without libjpeg (no jpeglib.h at build time)")
+def test_native_jpeg_decoder_reports_damage_and_refuses_bad_places(folder):
+    train, _ = folder
+    blob = np.frombuffer(ImageFolder(train, transform=None).read_bytes(5).numpy().tobytes(), dtype=np.uint8)
+    info = probe(blob, np.array([0, blob.size]))
+    h, w = int(info[0, 1]), int(info[0, 2])
+    out = torch.empty(3 * h * w, dtype=torch.uint8)
+    native = _native()
+    # a probed size the file does not have: refused, nothing claimed decoded
+    [message] = native.decode_jpegs_planar(blob.ctypes.data, blob.size, [0], [blob.size], out.data_ptr(), out.numel(),
+                                           [0], [h - 1], [w], 1)
+    assert "not the probed" in message
+    garbage = np.concatenate([blob[:200], np.full(4000, 0x55, dtype=np.uint8)])
+    [message] = native.decode_jpegs_planar(garbage.ctypes.data, garbage.size, [0], [garbage.size], out.data_ptr(),
+                                           out.numel(), [0], [h], [w], 1)
+    assert message.startswith("libjpeg")
+    with pytest.raises(ValueError, match="runs past"):
+        native.decode_jpegs_planar(blob.ctypes.data, blob.size, [0], [blob.size], out.data_ptr(), out.numel() - 1,
+                                   [0], [h], [w], 1)
+    with pytest.raises(ValueError, match="outside"):
+        native.decode_jpegs_planar(blob.ctypes.data, blob.size, [0], [blob.size + 1], out.data_ptr(), out.numel(),
+                                   [0], [h], [w], 1)
+
+
+@pytest.mark.skipif(_native() is None, reason="the extension was built without libjpeg (no jpeglib.h at build time)")
+def test_split_job_gives_the_cpu_only_what_the_front_left(folder):
+    """JpegSplitJob: what nvJPEG's side claims from the front is never touched by the CPU
+    threads; they decode the rest from the back, bit-exact, and ``split`` says where they met."""
+    train, _ = folder
+    ds = ImageFolder(train, transform=None)
+    blobs = [ds.read_bytes(i).numpy().tobytes() for i in range(len(ds))]
+    data = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+    offsets = np.cumsum([0] + [len(b) for b in blobs])
+    info = probe(data, offsets)
+    jpegs = [i for i in range(len(ds)) if info[i, 0] == 1 and info[i, 5] == 0 and info[i, 3] in (1, 3)][:40]
+    n = len(jpegs)
+    assert n >= 30
+    heights, widths, places = _planar_places(info, jpegs)
+    out = torch.full((int(places[-1]),), 7, dtype=torch.uint8)
+    job = _native().JpegSplitJob(data.ctypes.data, data.size, offsets[jpegs], np.diff(offsets)[jpegs], out.data_ptr(),
+                                 out.numel(), places[:-1], heights, widths)
+    assert job.claim_front(15) == (0, 15) and job.claim_front(10) == (15, 25)
+    job.run_back(3)
+    assert job.split == 25 and job.claim_front(10) == (25, 25)  # the ends met: nothing left to claim
+    assert (out[:places[25]] == 7).all()  # the front's places untouched
+    for k in range(25, n):
+        i = jpegs[k]
+        assert job.messages[k] == ""
+        got = out[places[k]:places[k + 1]].view(3, int(heights[k]), int(widths[k]))
+        assert torch.equal(got, decode.decode_cpu(torch.from_numpy(data[offsets[i]:offsets[i + 1]].copy())))
+
+
+def test_auto_share_steals_work_only_on_the_gpu():
+    decoder = decode.BatchDecoder("cpu", cpu_share="auto")
+    assert not decoder.work_stealing and decoder.cpu_share == 0.0
+    assert not decode.BatchDecoder("cpu").work_stealing
+    fixed = decode.BatchDecoder("cpu", cpu_share=0.3)
+    assert not fixed.work_stealing and fixed.cpu_share == 0.3
+
+
 def test_train_geometry_follows_random_resized_crop_rules():
     t = TrainTransform(size=224)
     rng = np.random.default_rng(0)
@@ -337,11 +438,12 @@ def test_nvjpeg_decode_matches_cpu_decode(gpu_folder):
     upsampling differ slightly, so the tolerance is on the mean and the 99.9th percentile."""
     train, _ = gpu_folder
     ds = ImageFolder(train, transform=None)
-    loader = DataLoader(ds, batch_size=64, device="cuda")
-    diffs = []
-    for images, _ in loader:
-        assert all(im.is_cuda for im in images)
-        diffs.extend(images)
+    with torch_fastload.config.override(cpu_decode_share=0):  # every JPEG it can take on nvJPEG
+        loader = DataLoader(ds, batch_size=64, device="cuda")
+        diffs = []
+        for images, _ in loader:
+            assert all(im.is_cuda for im in images)
+            diffs.extend(images)
     assert loader.stats().decoded.get("nvjpeg", 0) >= len(ds) - 5
     assert {"cpu:cmyk", "cpu:png"} <= set(loader.stats().decoded)
     errors = []
@@ -372,6 +474,31 @@ def test_cpu_decode_share_decodes_the_batch_tail_on_cpu_threads(gpu_folder):
         assert image.is_cuda and image.shape == cpu.shape, path
         if k % 64 >= 64 - 14:  # the tail of every full batch of 64: CPU-decoded, bit-exact
             assert torch.equal(image.cpu(), cpu), path
+
+
+@pytest.mark.cuda
+def test_work_stealing_split_keeps_every_image_in_its_place(gpu_folder):
+    """cpu_decode_share='auto': each image comes from nvJPEG (within its tolerance of libjpeg) or
+    from the C++ decoder (libjpeg exactly), in sampler order, and at least the CPU-counted ones
+    are exact."""
+    if _native() is None:
+        pytest.skip("the extension was built without libjpeg: 'auto' is nvJPEG alone")
+    train, _ = gpu_folder
+    ds = ImageFolder(train, transform=None)
+    with torch_fastload.config.override(cpu_decode_share="auto"):
+        loader = DataLoader(ds, batch_size=48, device="cuda")
+        images = [im for batch, _ in loader for im in batch]
+    decoded = loader.stats().decoded
+    assert len(images) == len(ds) and decoded.get("cpu:share", 0) > 0
+    exact = 0
+    for path, image in zip(ds.paths, images):
+        cpu = tv.io.decode_image(tv.io.read_file(path), mode=tv.io.ImageReadMode.RGB)
+        assert image.is_cuda and image.shape == cpu.shape, path
+        d = (image.cpu().int() - cpu.int()).abs().float()
+        assert d.mean() <= 1.5, path
+        exact += bool(torch.equal(image.cpu(), cpu))
+    cpu_decoded = sum(v for k, v in decoded.items() if k.startswith("cpu:"))
+    assert exact >= cpu_decoded
 
 
 def test_cpu_decode_share_is_validated():

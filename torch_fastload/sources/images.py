@@ -179,7 +179,8 @@ class _EncodedImageSource(Dataset):
 
         images, kept, _ = self.decoder(device).decode(batch.data, batch.offsets, describe, counts)
         labels = torch.from_numpy(np.ascontiguousarray(batch.labels[kept]))
-        labels = labels.to(device, non_blocking=False) if device.type == "cuda" else labels
+        if device.type == "cuda":  # no host wait on the copy stream (a pageable copy would sync it)
+            labels = labels.pin_memory().to(device, non_blocking=True)
         if self.transform is None:
             return images, labels
         rng = np.random.default_rng([self.seed, *(int(k) for k in batch.seed)])

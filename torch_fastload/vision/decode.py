@@ -240,10 +240,13 @@ def decode_cpu(encoded: torch.Tensor) -> torch.Tensor:
 class BatchDecoder:
     """Decodes a batch's slab of encoded images to ``(3, H, W)`` uint8 tensors on ``device``.
 
-    ``cpu_share`` (default: the ``cpu_decode_share`` option) sends that share of the images
-    nvJPEG could take to CPU threads instead, decoding beside nvJPEG. Every CPU-decoded image of
-    a batch reaches the GPU in one packed copy from a pinned buffer (a copy per image would
-    wait on the copy stream once per image)."""
+    ``cpu_share`` (default: the ``cpu_decode_share`` option, 0) splits the images nvJPEG could
+    take between nvJPEG and the CPU. ``"auto"``: by work stealing, nvJPEG claiming chunks
+    from the front of the batch while the C++ decoder's threads (libjpeg-turbo, GIL released) take
+    images from the back, so each gets the share its speed earns (a training step that saturates
+    the GPU slows nvJPEG ~4x); which decoder gets an image then varies from run to run. A number
+    sends that fixed share, the batch's last images, to the CPU. Every CPU-decoded image of a
+    batch is written into one pinned buffer and reaches the GPU in one copy."""
 
     def __init__(self, device, *, on_error: str = "raise", gpu_max_pixels: int = 8192 * 8192,
                  cpu_threads: int | None = None, cpu_share: float | None = None):
@@ -253,14 +256,18 @@ class BatchDecoder:
         self.on_error = on_error
         self.gpu_max_pixels = int(gpu_max_pixels)
         self.cpu_threads = cpu_threads or min(8, os.cpu_count() or 1)
-        self.cpu_share = config.resolve("cpu_decode_share", cpu_share)
+        share = config.resolve("cpu_decode_share", cpu_share)
+        # "auto": nvJPEG and the C++ decoder split every batch by work stealing (where it is built)
+        self.work_stealing = share == "auto" and self.device.type == "cuda" and _native_jpeg()
+        self.cpu_share = 0.0 if share == "auto" else share
         self._pool: ThreadPoolExecutor | None = None
         self._staging = threading.local()  # per stage thread: pinned buffers and their copies' events
         self.seconds = {"probe": 0.0, "nvjpeg": 0.0, "cpu": 0.0}  # host wall time per step (diagnostics)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.cpu_threads, thread_name_prefix="fastload-decode")
+            self._pool = ThreadPoolExecutor(self.cpu_threads, thread_name_prefix="fastload-decode",
+                                            initializer=_lower_priority)
         return self._pool
 
     def decode(self, data: torch.Tensor, offsets: np.ndarray, name, counts: dict):
@@ -283,33 +290,68 @@ class BatchDecoder:
             if r.startswith("error:"):
                 failed[i] = r[len("error:"):]
         gpu = [i for i, r in enumerate(routes) if r == "nvjpeg"]
+        steal = gpu if self.work_stealing and len(gpu) > 1 else []  # split with the CPU as they go
+        if steal:
+            gpu = []
         shared = int(round(self.cpu_share * len(gpu))) if len(gpu) > 1 else 0
         for i in gpu[len(gpu) - shared:] if shared else ():
             routes[i] = "cpu:share"  # the batch's last images: the same ones every time it is decoded
         gpu = gpu[:len(gpu) - shared]
         cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]
-        pending = [self._executor().submit(_try_decode_cpu, slices[i]) for i in cpu]  # beside nvJPEG
+        # CPU-decoded images go straight into one pinned buffer (each thread writes its own image
+        # there), then to the GPU in one copy; the probed size places every image. Work-stealing
+        # candidates are laid out last to first: the CPU takes them from the back, so what it
+        # decoded is one run of bytes after the other CPU images.
+        laid_out = cpu + steal[::-1]
+        packed = self._pinned_places(info, laid_out) if laid_out and self.device.type == "cuda" else None
+        place = {i: k for k, i in enumerate(laid_out)} if packed else {}
+        # JPEGs nvJPEG could take go to the C++ batch decoder (one call, no GIL per image), the
+        # rest (PNG, CMYK, ...) to Python threads; all beside nvJPEG
+        native = [i for i in cpu if packed and packed[1][place[i]] is not None and _native_jpeg()
+                  and routes[i] in _NATIVE_ROUTES]
+        pending = {i: self._executor().submit(_try_decode_cpu, slices[i], packed[1][place[i]] if packed else None)
+                   for i in cpu if i not in set(native)}
+        native_job = self._executor().submit(
+            self._decode_native, data, offsets, native, packed[0], [packed[2][place[i]] for i in native]) if native else None
+        job = back = None
+        if steal:
+            job = self._split_job(data, offsets, steal, packed[0], [packed[2][place[i]] for i in steal])
+            back = self._executor().submit(job.run_back, self.cpu_threads)
         now = time.perf_counter()
         self.seconds["probe"] += now - started
-        if gpu:
-            for i, image in zip(gpu, self._decode_gpu([slices[i] for i in gpu], gpu, routes)):
+        for chunk in self._front_chunks(job, steal) if job is not None else ([gpu] if gpu else []):
+            for i, image in zip(chunk, self._decode_gpu([slices[i] for i in chunk], chunk, routes)):
                 if isinstance(image, str):  # refused by nvJPEG and the CPU: the reason
                     failed[i] = image
                 else:
                     images[i] = image
         started, now = now, time.perf_counter()
         self.seconds["nvjpeg"] += now - started
-        decoded = {}
-        for i, future in zip(cpu, pending):
-            result = future.result()
+        results = {i: future.result() for i, future in pending.items()}
+        if native_job is not None:
+            for i, message in zip(native, native_job.result()):
+                # what the C++ decoder refused, Python decodes (or names the reason it fails)
+                results[i] = _PACKED if not message else _try_decode_cpu(slices[i], packed[1][place[i]])
+        if job is not None:
+            back.result()
+            messages = job.messages
+            for k in range(job.split, len(steal)):
+                i = steal[k]
+                routes[i] = "cpu:share"
+                results[i] = _PACKED if not messages[k] else _try_decode_cpu(slices[i], packed[1][place[i]])
+        packed_end = max((packed[2][place[i]][0] + int(np.prod(packed[2][place[i]][1]))
+                          for i, result in results.items() if result is _PACKED), default=0)
+        flat = self._upload(packed, packed_end) if packed_end else None
+        for i, result in results.items():
             if isinstance(result, str):
                 failed[i] = result
+            elif result is _PACKED:
+                start, shape = packed[2][place[i]]
+                images[i] = flat[start:start + int(np.prod(shape))].view(shape)
+            elif self.device.type == "cuda":  # a size the probe did not foresee (rare): its own copy
+                images[i] = result.pin_memory().to(self.device, non_blocking=True)
             else:
-                decoded[i] = result
-        if decoded and self.device.type == "cuda":
-            decoded = dict(zip(decoded, self._to_device(list(decoded.values()))))
-        for i, image in decoded.items():
-            images[i] = image
+                images[i] = result
         self.seconds["cpu"] += time.perf_counter() - now
         for i, r in enumerate(routes):
             if i not in failed:
@@ -324,32 +366,74 @@ class BatchDecoder:
         kept = np.array([i for i in range(n) if i not in failed], dtype=np.int64)
         return [images[i] for i in kept], kept, info
 
-    def _to_device(self, images: list) -> list:
-        """CPU-decoded images on the GPU: packed into this thread's pinned buffer, one copy on the
-        current stream, views of the result. Two buffers alternate; each is refilled only after
-        the copy out of it completed."""
+    def _pinned_places(self, info: np.ndarray, cpu: list):
+        """``(buffer, views, places, turn, total)`` for the images ``cpu`` of a batch: this stage
+        thread's pinned buffer, each image's ``(3, H, W)`` view of it (None where the probe gave
+        no size), its ``(start, shape)``, which of the two buffers, and the bytes laid out. The
+        two buffers of a thread alternate; one is refilled only after the copy out of it completed."""
         local = self._staging
         if not hasattr(local, "buffers"):
             local.buffers, local.events, local.turn = [None, None], [None, None], 0
         turn = local.turn = 1 - local.turn
-        total = sum(image.numel() for image in images)
+        places, total = [], 0
+        for i in cpu:
+            height, width = int(info[i, 1]), int(info[i, 2])
+            shape = (3, height, width)
+            places.append((total, shape))
+            total += 3 * height * width
         if local.events[turn] is not None:
             local.events[turn].synchronize()
         buffer = local.buffers[turn]
         if buffer is None or buffer.numel() < total:
             buffer = local.buffers[turn] = torch.empty(max(total, 1 << 24), dtype=torch.uint8, pin_memory=True)
-        cursor = 0
-        for image in images:
-            buffer[cursor:cursor + image.numel()].view(image.shape).copy_(image)
-            cursor += image.numel()
-        flat = buffer[:total].to(self.device, non_blocking=True)
-        event = local.events[turn] = torch.cuda.Event()
+        views = [buffer[start:start + int(np.prod(shape))].view(shape) if shape[1] and shape[2] else None
+                 for start, shape in places]
+        return buffer, views, places, turn, total
+
+    def _decode_native(self, data: torch.Tensor, offsets: np.ndarray, which: list, buffer: torch.Tensor,
+                       places: list) -> list:
+        """The C++ batch decoder over images ``which`` into their ``places`` in the pinned
+        ``buffer``; one message an image ('' where decoded)."""
+        from .. import _C
+
+        starts = np.asarray([int(offsets[i]) for i in which], dtype=np.int64)
+        lengths = np.asarray([int(offsets[i + 1]) for i in which], dtype=np.int64) - starts
+        return _C.decode_jpegs_planar(data.data_ptr(), data.numel(), starts, lengths, buffer.data_ptr(),
+                                      buffer.numel(), np.asarray([start for start, _ in places], dtype=np.int64),
+                                      np.asarray([shape[1] for _, shape in places], dtype=np.int64),
+                                      np.asarray([shape[2] for _, shape in places], dtype=np.int64),
+                                      self.cpu_threads)
+
+    @staticmethod
+    def _split_job(data: torch.Tensor, offsets: np.ndarray, which: list, buffer: torch.Tensor, places: list):
+        from .. import _C
+
+        starts = np.asarray([int(offsets[i]) for i in which], dtype=np.int64)
+        lengths = np.asarray([int(offsets[i + 1]) for i in which], dtype=np.int64) - starts
+        return _C.JpegSplitJob(data.data_ptr(), data.numel(), starts, lengths, buffer.data_ptr(), buffer.numel(),
+                               np.asarray([start for start, _ in places], dtype=np.int64),
+                               np.asarray([shape[1] for _, shape in places], dtype=np.int64),
+                               np.asarray([shape[2] for _, shape in places], dtype=np.int64))
+
+    @staticmethod
+    def _front_chunks(job, steal: list):
+        """nvJPEG's side of a work-stealing split: chunks claimed from the front until the CPU
+        threads' end is reached (a chunk a call: each call waits on the GPU twice)."""
+        size = max(16, len(steal) // 8)
+        while True:
+            first, last = job.claim_front(size)
+            if first == last:
+                return
+            yield steal[first:last]
+
+    def _upload(self, packed, end: int) -> torch.Tensor:
+        """The packed buffer's first ``end`` bytes on the GPU: one copy on the current stream, an
+        event guarding the buffer's reuse."""
+        buffer, _, _, turn, _ = packed
+        flat = buffer[:end].to(self.device, non_blocking=True)
+        event = self._staging.events[turn] = torch.cuda.Event()
         event.record()
-        out, cursor = [], 0
-        for image in images:
-            out.append(flat[cursor:cursor + image.numel()].view(image.shape))
-            cursor += image.numel()
-        return out
+        return flat
 
     def _decode_gpu(self, encoded: list, positions: list, routes: list) -> list:
         """nvJPEG for the whole list; where it refuses the batch, one by one, the refused on the CPU."""
@@ -374,9 +458,38 @@ class BatchDecoder:
             self._pool = None
 
 
-def _try_decode_cpu(encoded: torch.Tensor):
-    """The decoded image, or the reason it failed (a string) for the caller to raise or skip."""
+_NATIVE_ROUTES = ("cpu:share", "cpu:huge")  # 8-bit 1- or 3-component JPEGs: libjpeg decodes them as torchvision does
+
+
+def _native_jpeg() -> bool:
+    """Whether the extension has the C++ batch JPEG decoder (built against libjpeg)."""
     try:
-        return decode_cpu(encoded)
+        from .. import _C
+    except ImportError:
+        return False
+    return bool(getattr(_C, "HAVE_LIBJPEG", False))
+
+
+def _lower_priority() -> None:
+    """nice +10 for this thread (Linux: per thread): decoding yields its core to the training
+    thread, whose kernel launches slow ~2x when decode threads take its core (H100 machine)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
+
+
+_PACKED = object()  # _try_decode_cpu's result when the image went into the place it was given
+
+
+def _try_decode_cpu(encoded: torch.Tensor, place: torch.Tensor | None = None):
+    """The decoded image (or ``_PACKED`` once copied into ``place``, where its shape is
+    ``place``'s), or the reason it failed (a string) for the caller to raise or skip."""
+    try:
+        image = decode_cpu(encoded)
     except (ValueError, RuntimeError) as exc:
         return str(exc)
+    if place is not None and image.shape == place.shape:
+        place.copy_(image)
+        return _PACKED
+    return image
