@@ -232,6 +232,11 @@ def test_auto_share_steals_work_only_on_the_gpu():
     assert not decode.BatchDecoder("cpu").work_stealing
     fixed = decode.BatchDecoder("cpu", cpu_share=0.3)
     assert not fixed.work_stealing and fixed.cpu_share == 0.3
+    with torch_fastload.config.override(cpu_decode_threads=3):
+        assert decode.BatchDecoder("cpu").cpu_threads == 3
+    assert decode.BatchDecoder("cpu", cpu_threads=5).cpu_threads == 5
+    with pytest.raises(ValueError, match="cpu_decode_share"):
+        decode.BatchDecoder("cpu", cpu_share="sometimes")
 
 
 def test_train_geometry_follows_random_resized_crop_rules():

@@ -24,7 +24,7 @@ import torchvision
 sys.path.insert(0, os.getcwd())
 from torch_fastload import DataLoader  # noqa: E402
 from torch_fastload.sources import ImageFolder  # noqa: E402
-from torch_fastload.vision import TrainTransform  # noqa: E402
+from torch_fastload.vision import TrainTransform, decode  # noqa: E402
 from torch_fastload.vision.sample_data import make_image_folder  # noqa: E402
 
 arch = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
@@ -87,6 +87,8 @@ def timeline(source, steps=STEPS):
     begin = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
     end = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
     asked, got, launched = [], [], []
+    counters = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+    before = torch.cuda.memory_stats()
     started = time.perf_counter()
     for k in range(steps):
         asked.append(time.perf_counter())
@@ -98,6 +100,8 @@ def timeline(source, steps=STEPS):
         launched.append(time.perf_counter())
     torch.cuda.synchronize()
     wall = (time.perf_counter() - started) / steps * 1e3
+    after = torch.cuda.memory_stats()
+    allocator = {c: after.get(c, 0) - before.get(c, 0) for c in counters}  # cudaMalloc/cudaFree in the window
     gb = [origin.elapsed_time(e) for e in begin]  # ms after t0 (the GPU clock)
     ge = [origin.elapsed_time(e) for e in end]
     host = lambda ts: [(t - t0) * 1e3 for t in ts]  # noqa: E731
@@ -116,6 +120,8 @@ def timeline(source, steps=STEPS):
         "launch_ms_mean": sum(l - g for g, l in zip(got, launched)) / steps,
         "trail_ms_median": med(trail), "trail_ms_min": min(trail),
         "steps_gpu_trailing_under_1ms": sum(t < 1.0 for t in trail),
+        "gpu_step_ms_p90": sorted(gpu_step)[int(0.9 * steps)], "gpu_step_ms_max": max(gpu_step),
+        "allocator": allocator,
     }
 
 
@@ -125,7 +131,9 @@ def make_loader(share, prefetch, workers=2, cpu_threads=8):
     loader_module.STAGE_WORKERS = workers
     ds = ImageFolder(train, TrainTransform(dtype=torch.bfloat16, channels_last=True), seed=0)
     decoder = ds.decoder(dev)
-    if share != "auto":  # a fixed share (else the default: work stealing with the C++ decoder)
+    if share == "auto":  # work stealing with the C++ decoder
+        decoder.work_stealing, decoder.cpu_share = decode._native_jpeg(), 0.0
+    else:
         decoder.work_stealing, decoder.cpu_share = False, float(share)
     decoder.cpu_threads = cpu_threads
     return DataLoader(ds, batch_size=BATCH, shuffle=True, drop_last=True, device=dev, prefetch=prefetch), ds

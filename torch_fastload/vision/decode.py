@@ -255,7 +255,7 @@ class BatchDecoder:
         self.device = torch.device(device)
         self.on_error = on_error
         self.gpu_max_pixels = int(gpu_max_pixels)
-        self.cpu_threads = cpu_threads or min(8, os.cpu_count() or 1)
+        self.cpu_threads = cpu_threads or config.resolve("cpu_decode_threads", None) or min(8, os.cpu_count() or 1)
         share = config.resolve("cpu_decode_share", cpu_share)
         # "auto": nvJPEG and the C++ decoder split every batch by work stealing (where it is built)
         self.work_stealing = share == "auto" and self.device.type == "cuda" and _native_jpeg()
