@@ -139,6 +139,15 @@ def _native():
     return _C if getattr(_C, "HAVE_LIBJPEG", False) else None
 
 
+def _laid_back_to_back(folder):
+    """The training files of ``folder`` as one byte buffer: (dataset, bytes, offsets, probe rows)."""
+    ds = ImageFolder(folder[0], transform=None)
+    blobs = [ds.read_bytes(i).numpy().tobytes() for i in range(len(ds))]
+    data = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+    offsets = np.cumsum([0] + [len(b) for b in blobs])
+    return ds, data, offsets, probe(data, offsets)
+
+
 def _planar_places(info, which):
     heights, widths = info[which, 1], info[which, 2]
     places = np.concatenate([[0], np.cumsum(3 * heights * widths)])
@@ -149,12 +158,7 @@ def _planar_places(info, which):
 def test_native_jpeg_decoder_is_bit_exact_with_torchvision(folder):
     """The C++ batch decoder (libjpeg-turbo, planar output) gives torchvision's CPU decode
     exactly, gray and progressive files included; CMYK is refused with a reason."""
-    train, _ = folder
-    ds = ImageFolder(train, transform=None)
-    blobs = [ds.read_bytes(i).numpy().tobytes() for i in range(len(ds))]
-    data = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-    offsets = np.cumsum([0] + [len(b) for b in blobs])
-    info = probe(data, offsets)
+    ds, data, offsets, info = _laid_back_to_back(folder)
     jpegs = [i for i in range(len(ds)) if info[i, 0] == 1 and info[i, 5] == 0]
     assert len(jpegs) >= len(ds) - 3
     heights, widths, places = _planar_places(info, jpegs)
@@ -202,12 +206,7 @@ def test_native_jpeg_decoder_reports_damage_and_refuses_bad_places(folder):
 def test_split_job_gives_the_cpu_only_what_the_front_left(folder):
     """JpegSplitJob: what nvJPEG's side claims from the front is never touched by the CPU
     threads; they decode the rest from the back, bit-exact, and ``split`` says where they met."""
-    train, _ = folder
-    ds = ImageFolder(train, transform=None)
-    blobs = [ds.read_bytes(i).numpy().tobytes() for i in range(len(ds))]
-    data = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-    offsets = np.cumsum([0] + [len(b) for b in blobs])
-    info = probe(data, offsets)
+    ds, data, offsets, info = _laid_back_to_back(folder)
     jpegs = [i for i in range(len(ds)) if info[i, 0] == 1 and info[i, 5] == 0 and info[i, 3] in (1, 3)][:40]
     n = len(jpegs)
     assert n >= 30
