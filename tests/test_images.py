@@ -225,6 +225,34 @@ def test_split_job_gives_the_cpu_only_what_the_front_left(folder):
         assert torch.equal(got, decode.decode_cpu(torch.from_numpy(data[offsets[i]:offsets[i + 1]].copy())))
 
 
+@pytest.mark.skipif(_native() is None, reason="the extension was built without libjpeg (no jpeglib.h at build time)")
+def test_batch_decoder_drives_the_cpp_decoder_into_its_places(folder):
+    """BatchDecoder's wrappers of the C++ decoder (the fixed-share call and the work-stealing
+    job) on host memory: every image lands whole and exact at its place."""
+    ds, data, offsets, info = _laid_back_to_back(folder)
+    jpegs = [i for i in range(len(ds)) if info[i, 0] == 1 and info[i, 5] == 0 and info[i, 3] in (1, 3)][:12]
+    places, total = [], 0
+    for i in jpegs:
+        shape = (3, int(info[i, 1]), int(info[i, 2]))
+        places.append((total, shape))
+        total += 3 * shape[1] * shape[2]
+    decoder = decode.BatchDecoder("cpu", cpu_threads=2)
+    source = torch.from_numpy(data.copy())
+    for run in ("call", "job"):
+        buffer = torch.zeros(total, dtype=torch.uint8)
+        if run == "call":
+            messages = decoder._decode_native(source, offsets, jpegs, buffer, places)
+        else:
+            job = decoder._split_job(source, offsets, jpegs, buffer, places)
+            job.run_back(2)
+            messages = job.messages
+            assert job.split == 0
+        assert messages == [""] * len(jpegs)
+        for i, (start, shape) in zip(jpegs, places):
+            whole = decode.decode_cpu(torch.from_numpy(data[offsets[i]:offsets[i + 1]].copy()))
+            assert torch.equal(buffer[start:start + whole.numel()].view(shape), whole), (run, ds.paths[i])
+
+
 def test_auto_share_steals_work_only_on_the_gpu():
     decoder = decode.BatchDecoder("cpu", cpu_share="auto")
     assert not decoder.work_stealing and decoder.cpu_share == 0.0

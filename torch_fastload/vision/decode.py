@@ -244,7 +244,7 @@ class BatchDecoder:
     take between nvJPEG and the CPU. ``"auto"``: by work stealing, nvJPEG claiming chunks
     from the front of the batch while the C++ decoder's threads (libjpeg-turbo, GIL released) take
     images from the back, so each gets the share its speed earns (a training step that saturates
-    the GPU slows nvJPEG ~4x); which decoder gets an image then varies from run to run. A number
+    the GPU slows nvJPEG ~9x); which decoder gets an image then varies from run to run. A number
     sends that fixed share, the batch's last images, to the CPU. Every CPU-decoded image of a
     batch is written into one pinned buffer and reaches the GPU in one copy."""
 
@@ -319,12 +319,17 @@ class BatchDecoder:
             back = self._executor().submit(job.run_back, self.cpu_threads)
         now = time.perf_counter()
         self.seconds["probe"] += now - started
-        for chunk in self._front_chunks(job, steal) if job is not None else ([gpu] if gpu else []):
-            for i, image in zip(chunk, self._decode_gpu([slices[i] for i in chunk], chunk, routes)):
-                if isinstance(image, str):  # refused by nvJPEG and the CPU: the reason
-                    failed[i] = image
-                else:
-                    images[i] = image
+        try:
+            for chunk in self._front_chunks(job, steal) if job is not None else ([gpu] if gpu else []):
+                for i, image in zip(chunk, self._decode_gpu([slices[i] for i in chunk], chunk, routes)):
+                    if isinstance(image, str):  # refused by nvJPEG and the CPU: the reason
+                        failed[i] = image
+                    else:
+                        images[i] = image
+        finally:  # the CPU side reads the slot and writes the pinned buffer: never leave it running
+            for future in (back, native_job, *pending.values()):
+                if future is not None:
+                    future.exception()
         started, now = now, time.perf_counter()
         self.seconds["nvjpeg"] += now - started
         results = {i: future.result() for i, future in pending.items()}
@@ -396,24 +401,13 @@ class BatchDecoder:
         ``buffer``; one message an image ('' where decoded)."""
         from .. import _C
 
-        starts = np.asarray([int(offsets[i]) for i in which], dtype=np.int64)
-        lengths = np.asarray([int(offsets[i + 1]) for i in which], dtype=np.int64) - starts
-        return _C.decode_jpegs_planar(data.data_ptr(), data.numel(), starts, lengths, buffer.data_ptr(),
-                                      buffer.numel(), np.asarray([start for start, _ in places], dtype=np.int64),
-                                      np.asarray([shape[1] for _, shape in places], dtype=np.int64),
-                                      np.asarray([shape[2] for _, shape in places], dtype=np.int64),
-                                      self.cpu_threads)
+        return _C.decode_jpegs_planar(*_native_args(data, offsets, which, buffer, places), self.cpu_threads)
 
     @staticmethod
     def _split_job(data: torch.Tensor, offsets: np.ndarray, which: list, buffer: torch.Tensor, places: list):
         from .. import _C
 
-        starts = np.asarray([int(offsets[i]) for i in which], dtype=np.int64)
-        lengths = np.asarray([int(offsets[i + 1]) for i in which], dtype=np.int64) - starts
-        return _C.JpegSplitJob(data.data_ptr(), data.numel(), starts, lengths, buffer.data_ptr(), buffer.numel(),
-                               np.asarray([start for start, _ in places], dtype=np.int64),
-                               np.asarray([shape[1] for _, shape in places], dtype=np.int64),
-                               np.asarray([shape[2] for _, shape in places], dtype=np.int64))
+        return _C.JpegSplitJob(*_native_args(data, offsets, which, buffer, places))
 
     @staticmethod
     def _front_chunks(job, steal: list):
@@ -459,6 +453,17 @@ class BatchDecoder:
 
 
 _NATIVE_ROUTES = ("cpu:share", "cpu:huge")  # 8-bit 1- or 3-component JPEGs: libjpeg decodes them as torchvision does
+
+
+def _native_args(data: torch.Tensor, offsets: np.ndarray, which: list, buffer: torch.Tensor, places: list) -> tuple:
+    """The C++ decoder's arguments for images ``which`` of ``data`` into ``places`` (``(start,
+    (3, H, W))``) of the pinned ``buffer``."""
+    starts = np.asarray([int(offsets[i]) for i in which], dtype=np.int64)
+    lengths = np.asarray([int(offsets[i + 1]) for i in which], dtype=np.int64) - starts
+    return (data.data_ptr(), data.numel(), starts, lengths, buffer.data_ptr(), buffer.numel(),
+            np.asarray([start for start, _ in places], dtype=np.int64),
+            np.asarray([shape[1] for _, shape in places], dtype=np.int64),
+            np.asarray([shape[2] for _, shape in places], dtype=np.int64))
 
 
 def _native_jpeg() -> bool:
