@@ -98,14 +98,18 @@ def _size_or_share_of_ram(name: str, value: Any) -> int:
     return _byte_size(name, value)
 
 
-def _positive_float(name: str, value: Any) -> float:
+def _float_within(name: str, value: Any, accepts: Callable[[float], bool], number: str, within: str) -> float:
     try:
         as_float = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"torch_fastload option {name!r} must be a number, got {value!r}") from None
-    if not as_float > 0:
-        raise ValueError(f"torch_fastload option {name!r} must be > 0, got {value!r}")
+        raise ValueError(f"torch_fastload option {name!r} must be {number}, got {value!r}") from None
+    if not accepts(as_float):
+        raise ValueError(f"torch_fastload option {name!r} must be {within}, got {value!r}")
     return as_float
+
+
+def _positive_float(name: str, value: Any) -> float:
+    return _float_within(name, value, lambda v: v > 0, "a number", "> 0")
 
 
 def _share_or_auto(name: str, value: Any):
@@ -115,13 +119,7 @@ def _share_or_auto(name: str, value: Any):
 
 
 def _share(name: str, value: Any) -> float:
-    try:
-        as_float = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"torch_fastload option {name!r} must be a number in [0, 1), got {value!r}") from None
-    if not 0 <= as_float < 1:
-        raise ValueError(f"torch_fastload option {name!r} must be in [0, 1), got {value!r}")
-    return as_float
+    return _float_within(name, value, lambda v: 0 <= v < 1, "a number in [0, 1)", "in [0, 1)")
 
 
 def _bool(name: str, value: Any) -> bool:

@@ -307,10 +307,11 @@ class BatchDecoder:
         place = {i: k for k, i in enumerate(laid_out)} if packed else {}
         # JPEGs nvJPEG could take go to the C++ batch decoder (one call, no GIL per image), the
         # rest (PNG, CMYK, ...) to Python threads; all beside nvJPEG
-        native = [i for i in cpu if packed and packed[1][place[i]] is not None and _native_jpeg()
-                  and routes[i] in _NATIVE_ROUTES]
+        native = [i for i in cpu if routes[i] in _NATIVE_ROUTES and packed[1][place[i]] is not None] \
+            if packed and _native_jpeg() else []
+        native_set = set(native)
         pending = {i: self._executor().submit(_try_decode_cpu, slices[i], packed[1][place[i]] if packed else None)
-                   for i in cpu if i not in set(native)}
+                   for i in cpu if i not in native_set}
         native_job = self._executor().submit(
             self._decode_native, data, offsets, native, packed[0], [packed[2][place[i]] for i in native]) if native else None
         job = back = None
