@@ -192,8 +192,9 @@ OPTIONS: dict[str, Option] = {
         Option("cpu_decode_share", 0.0, _share_or_auto,
                "share of each batch's GPU-decodable JPEGs decoded on the CPU instead, beside nvJPEG (DALI's "
                "hw_decoder_load turned around), or 'auto': nvJPEG and the C++ decoder split each batch by "
-               "work stealing. For a step that saturates the GPU (ResNet-50: 1.10-1.12x -> 1.06-1.10x of the "
-               "device-resident step); a small model loses (ResNet-18: ~30 -> ~32 ms). RESULTS.md"),
+               "work stealing. It may help a step that saturates the GPU (ResNet-50 on an H100: 1.09-1.12x -> "
+               "1.06-1.13x of the device-resident step, by machine); a small model loses (ResNet-18: "
+               "~30 -> ~32 ms). RESULTS.md"),
         Option("cpu_decode_threads", 0, _non_negative_int,
                "threads decoding images on the CPU (the C++ decoder's and Python's, at nice +10); "
                "0 = min(8, CPUs)"),
