@@ -4,7 +4,10 @@ torchvision's ``decode_jpegs_cuda`` decodes on a normal-priority pool stream, so
 conversion kernels queue behind the step's kernels. This probe calls libnvjpeg's batched
 (hardware) decoder itself through ctypes, on a stream of our choosing, and times a batch of 256
 alone and beside a ResNet-50 bf16 step loop: torchvision, ours on a normal stream, ours on a
-high-priority stream. It also checks our pixels against torchvision's.
+high-priority stream, with nvJPEG's memory pools, to YUV (no colour-conversion kernel), two
+states alternating with no wait a batch, two threads, and training on a side stream. It also
+checks our pixels against torchvision's. Findings: RESULTS.md, "nvJPEG's hardware engines
+driven directly" (the hardware path was integrated, measured slower end to end and reverted).
 
     python benchmarks/probes/probe_nvjpeg_priority.py [OUT.json]
 """
@@ -185,34 +188,25 @@ def main():
         torch.ops.image.decode_jpegs_cuda(blobs, 3, dev)
         torch.cuda.current_stream().synchronize()
 
-    def run_ours(stream):
+    def timed(queue, stream):
+        """A decode that reports the host time of its call, then waits for its GPU work."""
         def go():
             t = time.perf_counter()
-            nj.decode(blobs, heights, widths, stream)
+            queue()
             call = time.perf_counter() - t
             stream.synchronize()
             return call
         return go
 
+    def run_ours(stream):
+        return timed(lambda: nj.decode(blobs, heights, widths, stream), stream)
+
     pools = Nvjpeg(report["libs"][0], flags=2)  # NVJPEG_FLAGS_ENABLE_MEMORY_POOLS
-
-    def run_pools():
-        t = time.perf_counter()
-        pools.decode(blobs, heights, widths, normal)
-        call = time.perf_counter() - t
-        normal.synchronize()
-        return call
-
+    run_pools = timed(lambda: pools.decode(blobs, heights, widths, normal), normal)
     yuv = Nvjpeg(report["libs"][0])
     planes = yuv.yuv_layout(blobs)
     report["yuv_planes_first"] = planes[:3]
-
-    def run_yuv():
-        t = time.perf_counter()
-        yuv.decode_yuv(blobs, planes, high)
-        call = time.perf_counter() - t
-        high.synchronize()
-        return call
+    run_yuv = timed(lambda: yuv.decode_yuv(blobs, planes, high), high)
 
     pipe = {"states": [nj.new_state(), nj.new_state()], "events": [None, None], "turn": 0,
             "stream": torch.cuda.Stream(dev)}
