@@ -268,11 +268,13 @@ py::tuple sampler_sample(const PyNeighborSampler& s, const I64Array& seeds, cons
 struct JpegBatchArgs {
   std::vector<const uint8_t*> sources;
   std::vector<int64_t> lengths, places, heights, widths;
+  std::vector<tfl::JpegRegion> regions;
   uint8_t* dst;
 
+  // `regions_`: None (whole images) or int64 (top, left, height, width) per image, flattened.
   JpegBatchArgs(uint64_t src_ptr, int64_t src_size, const I64Array& starts, const I64Array& lengths_,
                 uint64_t dst_ptr, int64_t dst_size, const I64Array& dst_offsets, const I64Array& heights_,
-                const I64Array& widths_)
+                const I64Array& widths_, const py::object& regions_ = py::none())
       : lengths(to_vector(lengths_, "lengths")),
         places(to_vector(dst_offsets, "dst_offsets")),
         heights(to_vector(heights_, "heights")),
@@ -283,7 +285,11 @@ struct JpegBatchArgs {
     if (lengths.size() != n || places.size() != n || heights.size() != n || widths.size() != n)
       throw py::value_error("starts, lengths, dst_offsets, heights and widths must have one entry per image");
     const auto* src = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(src_ptr));
+    const std::vector<int64_t> boxes = regions_.is_none() ? std::vector<int64_t>() : to_vector(regions_, "regions");
+    if (!regions_.is_none() && boxes.size() != 4 * n)
+      throw py::value_error("regions must have 4 entries (top, left, height, width) per image");
     sources.resize(n);
+    regions.resize(n);
     for (size_t k = 0; k < n; ++k) {
       if (start[k] < 0 || lengths[k] <= 0 || start[k] > src_size - lengths[k])
         throw py::value_error("image " + std::to_string(k) + ": bytes [" + std::to_string(start[k]) + ", +" +
@@ -293,9 +299,21 @@ struct JpegBatchArgs {
       if (heights[k] <= 0 || widths[k] <= 0 || heights[k] > limit / widths[k])
         throw py::value_error("image " + std::to_string(k) + ": bad size " + std::to_string(heights[k]) + "x" +
                               std::to_string(widths[k]));
-      if (places[k] < 0 || places[k] > dst_size - 3 * heights[k] * widths[k])
-        throw py::value_error("image " + std::to_string(k) + ": its 3x" + std::to_string(heights[k]) + "x" +
-                              std::to_string(widths[k]) + " place at " + std::to_string(places[k]) +
+      tfl::JpegRegion& r = regions[k];
+      if (boxes.empty()) {
+        r = {0, 0, heights[k], widths[k]};
+      } else {
+        r = {boxes[4 * k], boxes[4 * k + 1], boxes[4 * k + 2], boxes[4 * k + 3]};
+        if (r.top < 0 || r.left < 0 || r.height <= 0 || r.width <= 0 || r.top > heights[k] - r.height ||
+            r.left > widths[k] - r.width)
+          throw py::value_error("image " + std::to_string(k) + ": region (top, left, height, width) = (" +
+                                std::to_string(r.top) + ", " + std::to_string(r.left) + ", " +
+                                std::to_string(r.height) + ", " + std::to_string(r.width) + ") outside its " +
+                                std::to_string(heights[k]) + "x" + std::to_string(widths[k]) + " image");
+      }
+      if (places[k] < 0 || places[k] > dst_size - 3 * r.height * r.width)
+        throw py::value_error("image " + std::to_string(k) + ": its 3x" + std::to_string(r.height) + "x" +
+                              std::to_string(r.width) + " place at " + std::to_string(places[k]) +
                               " runs past the " + std::to_string(dst_size) + "-byte destination");
       sources[k] = src + start[k];
     }
@@ -416,12 +434,14 @@ PYBIND11_MODULE(_C, m) {
                                  "work stealing; the same arguments as decode_jpegs_planar, without num_threads.")
       .def(py::init([](uint64_t src_ptr, int64_t src_size, const I64Array& starts, const I64Array& lengths,
                        uint64_t dst_ptr, int64_t dst_size, const I64Array& dst_offsets, const I64Array& heights,
-                       const I64Array& widths) {
-             JpegBatchArgs a(src_ptr, src_size, starts, lengths, dst_ptr, dst_size, dst_offsets, heights, widths);
-             return new tfl::JpegSplitJob(a.sources, a.lengths, a.dst, a.places, a.heights, a.widths);
+                       const I64Array& widths, const py::object& regions) {
+             JpegBatchArgs a(src_ptr, src_size, starts, lengths, dst_ptr, dst_size, dst_offsets, heights, widths,
+                             regions);
+             return new tfl::JpegSplitJob(a.sources, a.lengths, a.dst, a.places, a.heights, a.widths, a.regions);
            }),
            py::arg("src_ptr"), py::arg("src_size"), py::arg("starts"), py::arg("lengths"), py::arg("dst_ptr"),
-           py::arg("dst_size"), py::arg("dst_offsets"), py::arg("heights"), py::arg("widths"))
+           py::arg("dst_size"), py::arg("dst_offsets"), py::arg("heights"), py::arg("widths"),
+           py::arg("regions") = py::none())
       .def("run_back", &tfl::JpegSplitJob::run_back, py::arg("num_threads"), py::call_guard<py::gil_scoped_release>(),
            "Decode from the back on num_threads threads (GIL released) until the ends meet.")
       .def("claim_front", &tfl::JpegSplitJob::claim_front, py::arg("count"),
@@ -432,25 +452,32 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("messages", &tfl::JpegSplitJob::messages,
                              "Per image: '' where the CPU decoded it (or never took it), else why not.");
   m.attr("HAVE_LIBJPEG") = tfl::jpeg_decoder_available();
+  m.attr("JPEG_REGIONS") = tfl::jpeg_regions_available();
   m.def(
       "decode_jpegs_planar",
       [](uint64_t src_ptr, int64_t src_size, const I64Array& starts, const I64Array& lengths, uint64_t dst_ptr,
          int64_t dst_size, const I64Array& dst_offsets, const I64Array& heights, const I64Array& widths,
-         int num_threads) {
-        JpegBatchArgs a(src_ptr, src_size, starts, lengths, dst_ptr, dst_size, dst_offsets, heights, widths);
+         int num_threads, const py::object& regions) {
+        JpegBatchArgs a(src_ptr, src_size, starts, lengths, dst_ptr, dst_size, dst_offsets, heights, widths,
+                        regions);
         std::vector<std::string> messages;
         {
           py::gil_scoped_release nogil;
-          messages = tfl::decode_jpegs_planar(a.sources, a.lengths, a.dst, a.places, a.heights, a.widths, num_threads);
+          messages = tfl::decode_jpegs_planar(a.sources, a.lengths, a.dst, a.places, a.heights, a.widths, a.regions,
+                                              num_threads);
         }
         return messages;
       },
       py::arg("src_ptr"), py::arg("src_size"), py::arg("starts"), py::arg("lengths"), py::arg("dst_ptr"),
       py::arg("dst_size"), py::arg("dst_offsets"), py::arg("heights"), py::arg("widths"), py::arg("num_threads"),
-      "Decode the JPEGs [starts[k], starts[k] + lengths[k]) of a host buffer to RGB, planar (3, H, W)\n"
-      "uint8 at dst_ptr + dst_offsets[k], on num_threads threads of the engine's pool, GIL released\n"
-      "(libjpeg-turbo; HAVE_LIBJPEG says whether it was built in). Returns one message per image:\n"
-      "'' where decoded, else why not (libjpeg's error, or a size other than heights[k] x widths[k]).");
+      py::arg("regions") = py::none(),
+      "Decode the JPEGs [starts[k], starts[k] + lengths[k]) of a host buffer to RGB, planar uint8 at\n"
+      "dst_ptr + dst_offsets[k], on num_threads threads of the engine's pool, GIL released (libjpeg-\n"
+      "turbo; HAVE_LIBJPEG says whether it was built in). regions: None (each whole (3, H, W) image)\n"
+      "or int64 (top, left, height, width) per image, flattened: only that part is decoded and\n"
+      "written, (3, height, width), with a whole decode's pixels (JPEG_REGIONS: the rows and columns\n"
+      "outside it are skipped, not decoded). Returns one message per image: '' where decoded, else\n"
+      "why not (libjpeg's error, or a size other than heights[k] x widths[k]).");
   py::class_<PyInt64Buffer>(m, "Int64Buffer", py::buffer_protocol(),
                             "An int64 array owned by C++ (a sampler's result): view it with np.asarray.")
       .def_buffer([](PyInt64Buffer& b) {

@@ -179,6 +179,55 @@ def test_native_jpeg_decoder_is_bit_exact_with_torchvision(folder):
 
 
 @pytest.mark.skipif(_native() is None, reason="the extension was built without libjpeg (no jpeglib.h at build time)")
+def test_native_decoder_regions_are_exactly_the_whole_decodes_pixels(folder):
+    """A decoded region (the rows and columns a random crop reads) equals that part of a whole
+    decode exactly: 4:2:0, 4:2:2, 4:4:4, gray and progressive files, boxes touching every edge
+    and boxes of one row or column. Bad regions are refused before any work."""
+    ds, data, offsets, info = _laid_back_to_back(folder)
+    blobs = [data[offsets[i]:offsets[i + 1]].tobytes() for i in range(len(ds))
+             if info[i, 0] == 1 and info[i, 5] == 0 and info[i, 3] in (1, 3)][:12]
+    picture = Image.open(io.BytesIO(blobs[0])).convert("RGB")
+    blobs += [encoded(picture, format="JPEG", quality=90, subsampling=s) for s in (0, 1, 2)]  # 4:4:4, 4:2:2, 4:2:0
+    blobs.append(encoded(picture.crop((0, 0, 203, 157)), format="JPEG", quality=85))  # sizes off the iMCU grid
+    source, bounds = slab(blobs)
+    rows = probe(source, bounds)
+    rng = np.random.default_rng(0)
+    native = _native()
+    checked = 0
+    for _ in range(6):
+        heights, widths = rows[:, 1], rows[:, 2]
+        top = (rng.random(len(blobs)) * heights * 0.8).astype(np.int64)
+        left = (rng.random(len(blobs)) * widths * 0.8).astype(np.int64)
+        height = np.maximum(1, (rng.random(len(blobs)) * (heights - top)).astype(np.int64))
+        width = np.maximum(1, (rng.random(len(blobs)) * (widths - left)).astype(np.int64))
+        height[0], width[1], left[2], top[3] = 1, 1, 0, 0  # one row, one column, the left and top edges
+        left[4], width[4] = widths[4] - 7, 7  # the right edge
+        regions = np.stack([top, left, height, width], axis=1)
+        places = np.concatenate([[0], np.cumsum(3 * height * width)])
+        out = torch.full((int(places[-1]),), 7, dtype=torch.uint8)
+        messages = native.decode_jpegs_planar(source.ctypes.data, source.size, bounds[:-1], np.diff(bounds),
+                                              out.data_ptr(), out.numel(), places[:-1], heights, widths, 2,
+                                              regions.reshape(-1))
+        assert messages == [""] * len(blobs)
+        for k, blob in enumerate(blobs):
+            whole = decode.decode_cpu(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+            t, l, h, w = (int(v) for v in regions[k])
+            got = out[places[k]:places[k + 1]].view(3, h, w)
+            assert torch.equal(got, whole[:, t:t + h, l:l + w]), (k, regions[k].tolist())
+            checked += 1
+    assert checked == 6 * len(blobs)
+    h, w = int(rows[0, 1]), int(rows[0, 2])
+    out = torch.empty(3 * h * w, dtype=torch.uint8)
+    for bad in ([0, 0, h + 1, w], [-1, 0, 2, 2], [0, w - 1, 1, 2], [0, 0, 0, 5]):
+        with pytest.raises(ValueError, match="outside its"):
+            native.decode_jpegs_planar(source.ctypes.data, source.size, bounds[:1], np.diff(bounds)[:1], out.data_ptr(),
+                                       out.numel(), [0], [h], [w], 1, bad)
+    with pytest.raises(ValueError, match="4 entries"):
+        native.decode_jpegs_planar(source.ctypes.data, source.size, bounds[:1], np.diff(bounds)[:1], out.data_ptr(),
+                                   out.numel(), [0], [h], [w], 1, [0, 0, 1])
+
+
+@pytest.mark.skipif(_native() is None, reason="the extension was built without libjpeg (no jpeglib.h at build time)")
 def test_native_jpeg_decoder_reports_damage_and_refuses_bad_places(folder):
     train, _ = folder
     blob = np.frombuffer(ImageFolder(train, transform=None).read_bytes(5).numpy().tobytes(), dtype=np.uint8)
@@ -238,12 +287,14 @@ def test_batch_decoder_drives_the_cpp_decoder_into_its_places(folder):
         total += 3 * shape[1] * shape[2]
     decoder = decode.BatchDecoder("cpu", cpu_threads=2)
     source = torch.from_numpy(data.copy())
+    boxes = decoder._boxes(info, None, jpegs)  # whole images
+    starts = [start for start, _ in places]
     for run in ("call", "job"):
         buffer = torch.zeros(total, dtype=torch.uint8)
         if run == "call":
-            messages = decoder._decode_native(source, offsets, jpegs, buffer, places)
+            messages = decoder._decode_native(source, offsets, info, boxes, jpegs, buffer, starts)
         else:
-            job = decoder._split_job(source, offsets, jpegs, buffer, places)
+            job = decoder._split_job(source, offsets, info, boxes, jpegs, buffer, starts)
             job.run_back(2)
             messages = job.messages
             assert job.split == 0
@@ -251,6 +302,35 @@ def test_batch_decoder_drives_the_cpp_decoder_into_its_places(folder):
         for i, (start, shape) in zip(jpegs, places):
             whole = decode.decode_cpu(torch.from_numpy(data[offsets[i]:offsets[i + 1]].copy()))
             assert torch.equal(buffer[start:start + whole.numel()].view(shape), whole), (run, ds.paths[i])
+
+
+def test_geometry_is_rebased_to_decoded_regions_and_redrawn_for_surprise_sizes():
+    """After decoding: a region's crop starts at its (0, 0); an image that decoded whole in a
+    region's stead keeps its crop; one whose size the probe did not know gets a crop drawn
+    from its real size; the rest are untouched."""
+    transform = TrainTransform()
+    rng = np.random.default_rng(3)
+    info = np.zeros((4, decode.PROBE_COLUMNS), dtype=np.int64)
+    info[:, 1:3] = [(300, 400), (300, 400), (300, 400), (0, 0)]  # the last: a WebP (no probed size)
+    geometry = transform.geometry(info[:, 1].copy(), info[:, 2].copy(), rng)
+    before = transform.geometry(info[:, 1].copy(), info[:, 2].copy(), np.random.default_rng(3))
+    boxes = np.zeros((4, 4), dtype=np.int64)
+    boxes[:, 2:] = info[:, 1:3]
+    boxes[:2] = np.stack([geometry.top[:2], geometry.left[:2], geometry.height[:2], geometry.width[:2]], axis=1)
+    images = [torch.empty(3, int(boxes[0, 2]), int(boxes[0, 3]), dtype=torch.uint8),  # decoded as its region
+              torch.empty(3, 300, 400, dtype=torch.uint8),  # the C++ decoder refused: decoded whole
+              torch.empty(3, 300, 400, dtype=torch.uint8),
+              torch.empty(3, 64, 48, dtype=torch.uint8)]
+    counts: dict = {}
+    fitted = decode.BatchDecoder._fit_geometry(geometry, images, info, boxes,
+                                               lambda h, w: transform.geometry(h, w, rng), np.arange(4), counts)
+    assert (fitted.top[0], fitted.left[0]) == (0, 0) and fitted.height[0] == before.height[0]
+    assert counts == {"cpu-region": 1}
+    for k in (1, 2):
+        assert (fitted.top[k], fitted.left[k], fitted.height[k], fitted.width[k]) == \
+            (before.top[k], before.left[k], before.height[k], before.width[k])
+    assert 0 < fitted.height[3] <= 64 and 0 < fitted.width[3] <= 48
+    transforms._check_geometry(fitted.table(), np.array([(0, *im.shape[1:]) for im in images]), 224)
 
 
 def test_auto_share_steals_work_only_on_the_gpu():
@@ -509,6 +589,29 @@ def test_cpu_decode_share_decodes_the_batch_tail_on_cpu_threads(gpu_folder):
 
 
 @pytest.mark.cuda
+def test_region_decoding_gives_the_same_batches(gpu_folder):
+    """Decoding only each crop's rows and columns changes no pixel of a training batch: the
+    same seed with cpu_decode_regions on and off gives equal batches, most of them decoded
+    as regions by the C++ decoder."""
+    if _native() is None or not getattr(_native(), "JPEG_REGIONS", False):
+        pytest.skip("the extension was built without libjpeg-turbo's region decoding")
+    train, _ = gpu_folder
+    batches, stats = {}, {}
+    for regions in (True, False):
+        with torch_fastload.config.override(cpu_decode_share=0.75, cpu_decode_regions=regions):
+            torch.manual_seed(0)  # the loader's base seed, part of each batch's augmentation key
+            ds = ImageFolder(train, TrainTransform(), seed=5)
+            loader = DataLoader(ds, batch_size=32, device="cuda")
+            batches[regions] = [(x.cpu(), y.cpu()) for x, y in loader]
+            stats[regions] = loader.stats().decoded
+            ds.close()
+    assert stats[True].get("cpu-region", 0) >= 0.6 * len(ds) and "cpu-region" not in stats[False]
+    assert len(batches[True]) == len(batches[False]) > 0
+    for (a, ya), (b, yb) in zip(batches[True], batches[False]):
+        assert torch.equal(ya, yb) and torch.equal(a, b)
+
+
+@pytest.mark.cuda
 def test_work_stealing_split_keeps_every_image_in_its_place(gpu_folder):
     """cpu_decode_share='auto': each image comes from nvJPEG (within its tolerance of libjpeg) or
     from the C++ decoder (libjpeg exactly), in sampler order, and at least the CPU-counted ones
@@ -534,9 +637,11 @@ def test_work_stealing_split_keeps_every_image_in_its_place(gpu_folder):
 
 
 def test_cpu_decode_share_is_validated():
-    with pytest.raises(ValueError, match="cpu_decode_share"):
-        decode.BatchDecoder("cpu", cpu_share=1.0)
+    for bad in (1.5, -0.1, "most"):
+        with pytest.raises(ValueError, match="cpu_decode_share"):
+            decode.BatchDecoder("cpu", cpu_share=bad)
     assert decode.BatchDecoder("cpu", cpu_share=0.3).cpu_share == 0.3
+    assert decode.BatchDecoder("cpu", cpu_share=1).cpu_share == 1.0  # every JPEG on the CPU
 
 
 @pytest.mark.cuda

@@ -119,7 +119,7 @@ def _share_or_auto(name: str, value: Any):
 
 
 def _share(name: str, value: Any) -> float:
-    return _float_within(name, value, lambda v: 0 <= v < 1, "a number in [0, 1)", "in [0, 1)")
+    return _float_within(name, value, lambda v: 0 <= v <= 1, "a number in [0, 1]", "in [0, 1]")
 
 
 def _bool(name: str, value: Any) -> bool:
@@ -191,13 +191,17 @@ OPTIONS: dict[str, Option] = {
                "GPU copy from them directly (no CPU copy); a byte count, a share of RAM, or 0 to never map"),
         Option("cpu_decode_share", 0.0, _share_or_auto,
                "share of each batch's GPU-decodable JPEGs decoded on the CPU instead, beside nvJPEG (DALI's "
-               "hw_decoder_load turned around), or 'auto': nvJPEG and the C++ decoder split each batch by "
+               "hw_decoder_load turned around; 1: all of them), or 'auto': nvJPEG and the C++ decoder split "
+               "each batch by "
                "work stealing. It may help a step that saturates the GPU (ResNet-50 on an H100: 1.09-1.12x -> "
                "1.06-1.13x of the device-resident step, by machine); a small model loses (ResNet-18: "
                "~30 -> ~32 ms). RESULTS.md"),
         Option("cpu_decode_threads", 0, _non_negative_int,
                "threads decoding images on the CPU (the C++ decoder's and Python's, at nice +10); "
                "0 = min(8, CPUs)"),
+        Option("cpu_decode_regions", True, _bool,
+               "the C++ decoder decodes only the rows and columns each random crop reads (the same "
+               "pixels; libjpeg-turbo only)"),
         Option("shutdown_timeout", 10.0, _positive_float,
                "seconds to wait for in-flight reads and copies and for threads to join on shutdown"),
         Option("poll_interval", 0.05, _positive_float,

@@ -177,16 +177,24 @@ class _EncodedImageSource(Dataset):
         def describe(k: int) -> tuple[str, int]:
             return self.name(int(indices[k])), int(indices[k])
 
-        images, kept, _ = self.decoder(device).decode(batch.data, batch.offsets, describe, counts)
+        rng = np.random.default_rng([self.seed, *(int(k) for k in batch.seed)])
+        crop = None
+        if self.transform is not None and device.type == "cuda":
+            # the geometry drawn from the probed sizes first: the C++ decoder decodes only the crops
+            def draw(heights, widths):
+                return self.transform.geometry(heights, widths, rng)
+
+            crop = draw
+        images, kept, _, geometry = self.decoder(device).decode(batch.data, batch.offsets, describe, counts, crop)
         labels = torch.from_numpy(np.ascontiguousarray(batch.labels[kept]))
         if device.type == "cuda":  # no host wait on the copy stream (a pageable copy would sync it)
             labels = labels.pin_memory().to(device, non_blocking=True)
         if self.transform is None:
             return images, labels
-        rng = np.random.default_rng([self.seed, *(int(k) for k in batch.seed)])
-        heights = np.array([im.shape[1] for im in images], dtype=np.int64)
-        widths = np.array([im.shape[2] for im in images], dtype=np.int64)
-        geometry = self.transform.geometry(heights, widths, rng)
+        if geometry is None:
+            heights = np.array([im.shape[1] for im in images], dtype=np.int64)
+            widths = np.array([im.shape[2] for im in images], dtype=np.int64)
+            geometry = self.transform.geometry(heights, widths, rng)
         return self.transform.apply(images, geometry, device), labels
 
     def state_dict(self) -> dict:

@@ -260,6 +260,8 @@ class BatchDecoder:
         # "auto": nvJPEG and the C++ decoder split every batch by work stealing (where it is built)
         self.work_stealing = share == "auto" and self.device.type == "cuda" and _native_jpeg()
         self.cpu_share = 0.0 if share == "auto" else share
+        # the C++ decoder decodes only the rows and columns a crop reads (decode's ``crop``)
+        self.decode_regions = bool(config.resolve("cpu_decode_regions", None)) and _native_regions()
         self._pool: ThreadPoolExecutor | None = None
         self._staging = threading.local()  # per stage thread: pinned buffers and their copies' events
         self.seconds = {"probe": 0.0, "nvjpeg": 0.0, "cpu": 0.0}  # host wall time per step (diagnostics)
@@ -270,19 +272,24 @@ class BatchDecoder:
                                             initializer=_lower_priority)
         return self._pool
 
-    def decode(self, data: torch.Tensor, offsets: np.ndarray, name, counts: dict):
+    def decode(self, data: torch.Tensor, offsets: np.ndarray, name, counts: dict, crop=None):
         """Decode ``data[offsets[i]:offsets[i+1]]`` for every i.
 
         ``name(i)`` is ``(file name, dataset index)`` of image i, for errors and the log.
-        Returns ``(images, kept, info)``:
-        the decoded images of the kept positions (all of them unless ``on_error="skip"``
-        dropped some) and the probe rows. ``counts`` gains one count per image per route.
+        ``crop(heights, widths)``, if given, draws the batch's transform geometry
+        (``transforms.Geometry``) from the probed sizes before anything is decoded: the C++
+        decoder then decodes only each crop's rows and columns (exactly those pixels of a whole
+        decode), and that image's crop is rebased to the region it returns.
+        Returns ``(images, kept, info, geometry)``: the decoded images of the kept positions
+        (all of them unless ``on_error="skip"`` dropped some), the probe rows, and the geometry
+        of the kept images (None without ``crop``). ``counts`` gains one count per image per route.
         """
         started = time.perf_counter()
         view = data.numpy() if data.device.type == "cpu" else data.cpu().numpy()
         info = probe(view, offsets)
         routes = route(info, self.device, self.gpu_max_pixels)
         n = len(routes)
+        geometry = crop(info[:, 1].copy(), info[:, 2].copy()) if crop is not None else None
         images: list = [None] * n
         failed: dict[int, str] = {}
         slices = [data[int(offsets[i]):int(offsets[i + 1])] for i in range(n)]
@@ -293,7 +300,7 @@ class BatchDecoder:
         steal = gpu if self.work_stealing and len(gpu) > 1 else []  # split with the CPU as they go
         if steal:
             gpu = []
-        shared = int(round(self.cpu_share * len(gpu))) if len(gpu) > 1 else 0
+        shared = int(round(self.cpu_share * len(gpu))) if len(gpu) > 1 or self.cpu_share == 1 else 0
         for i in gpu[len(gpu) - shared:] if shared else ():
             routes[i] = "cpu:share"  # the batch's last images: the same ones every time it is decoded
         gpu = gpu[:len(gpu) - shared]
@@ -303,20 +310,23 @@ class BatchDecoder:
         # candidates are laid out last to first: the CPU takes them from the back, so what it
         # decoded is one run of bytes after the other CPU images.
         laid_out = cpu + steal[::-1]
-        packed = self._pinned_places(info, laid_out) if laid_out and self.device.type == "cuda" else None
-        place = {i: k for k, i in enumerate(laid_out)} if packed else {}
+        cuda = self.device.type == "cuda"
         # JPEGs nvJPEG could take go to the C++ batch decoder (one call, no GIL per image), the
         # rest (PNG, CMYK, ...) to Python threads; all beside nvJPEG
-        native = [i for i in cpu if routes[i] in _NATIVE_ROUTES and packed[1][place[i]] is not None] \
-            if packed and _native_jpeg() else []
+        native = [i for i in cpu if routes[i] in _NATIVE_ROUTES and info[i, 1] and info[i, 2]] \
+            if cuda and laid_out and _native_jpeg() else []
+        boxes = self._boxes(info, geometry, native + steal)
+        packed = self._pinned_places(boxes, laid_out) if laid_out and cuda else None
+        place = {i: k for k, i in enumerate(laid_out)} if packed else {}
         native_set = set(native)
         pending = {i: self._executor().submit(_try_decode_cpu, slices[i], packed[1][place[i]] if packed else None)
                    for i in cpu if i not in native_set}
         native_job = self._executor().submit(
-            self._decode_native, data, offsets, native, packed[0], [packed[2][place[i]] for i in native]) if native else None
+            self._decode_native, data, offsets, info, boxes, native, packed[0],
+            [packed[2][place[i]][0] for i in native]) if native else None
         job = back = None
         if steal:
-            job = self._split_job(data, offsets, steal, packed[0], [packed[2][place[i]] for i in steal])
+            job = self._split_job(data, offsets, info, boxes, steal, packed[0], [packed[2][place[i]][0] for i in steal])
             back = self._executor().submit(job.run_back, self.cpu_threads)
         now = time.perf_counter()
         self.seconds["probe"] += now - started
@@ -334,17 +344,16 @@ class BatchDecoder:
         started, now = now, time.perf_counter()
         self.seconds["nvjpeg"] += now - started
         results = {i: future.result() for i, future in pending.items()}
-        if native_job is not None:
-            for i, message in zip(native, native_job.result()):
-                # what the C++ decoder refused, Python decodes (or names the reason it fails)
-                results[i] = _PACKED if not message else _try_decode_cpu(slices[i], packed[1][place[i]])
+        # what the C++ decoder refused, Python decodes whole (or names the reason it fails)
+        done = list(zip(native, native_job.result())) if native_job is not None else []
         if job is not None:
             back.result()
             messages = job.messages
             for k in range(job.split, len(steal)):
-                i = steal[k]
-                routes[i] = "cpu:share"
-                results[i] = _PACKED if not messages[k] else _try_decode_cpu(slices[i], packed[1][place[i]])
+                routes[steal[k]] = "cpu:share"
+                done.append((steal[k], messages[k]))
+        for i, message in done:
+            results[i] = _PACKED if not message else _try_decode_cpu(slices[i], packed[1][place[i]])
         packed_end = max((packed[2][place[i]][0] + int(np.prod(packed[2][place[i]][1]))
                           for i, result in results.items() if result is _PACKED), default=0)
         flat = self._upload(packed, packed_end) if packed_end else None
@@ -370,20 +379,55 @@ class BatchDecoder:
                 log.warning("torch_fastload: skipped image %d '%s': %s", name(i)[1], name(i)[0], failed[i])
             counts["skipped"] = counts.get("skipped", 0) + len(failed)
         kept = np.array([i for i in range(n) if i not in failed], dtype=np.int64)
-        return [images[i] for i in kept], kept, info
+        if geometry is not None:
+            geometry = self._fit_geometry(geometry, images, info, boxes, crop, kept, counts)
+        return [images[i] for i in kept], kept, info, geometry
 
-    def _pinned_places(self, info: np.ndarray, cpu: list):
+    def _boxes(self, info: np.ndarray, geometry, which: list) -> np.ndarray:
+        """int64 ``(N, 4)``: the part of each image decoded (top, left, height, width): the
+        whole image, or for the C++ decoder's images ``which`` the crop of ``geometry``."""
+        boxes = np.zeros((len(info), 4), dtype=np.int64)
+        boxes[:, 2:] = info[:, 1:3]
+        if geometry is not None and self.decode_regions and which:
+            pick = np.asarray(which, dtype=np.int64)
+            boxes[pick] = np.stack([geometry.top[pick], geometry.left[pick], geometry.height[pick],
+                                    geometry.width[pick]], axis=1)
+        return boxes
+
+    @staticmethod
+    def _fit_geometry(geometry, images: list, info: np.ndarray, boxes: np.ndarray, crop, kept: np.ndarray,
+                      counts: dict):
+        """The kept images' geometry: a decoded region's crop rebased to the region, and any
+        image whose decoded size is not the probed one (a WebP, a region refused and decoded
+        whole) given geometry drawn from its real size."""
+        shapes = np.array([images[i].shape[1:] for i in kept], dtype=np.int64).reshape(-1, 2)
+        geometry = geometry.take(kept)
+        region = (shapes[:, 0] == boxes[kept, 2]) & (shapes[:, 1] == boxes[kept, 3]) \
+            & ((boxes[kept, 2] != info[kept, 1]) | (boxes[kept, 3] != info[kept, 2]))
+        if region.any():
+            geometry.top[region] = 0
+            geometry.left[region] = 0
+            counts["cpu-region"] = counts.get("cpu-region", 0) + int(region.sum())
+        redraw = ~region & ((shapes[:, 0] != info[kept, 1]) | (shapes[:, 1] != info[kept, 2]))
+        if redraw.any():
+            fresh = crop(shapes[redraw, 0], shapes[redraw, 1])
+            for field in ("top", "left", "height", "width", "resize_h", "resize_w", "window_y", "window_x", "flip"):
+                getattr(geometry, field)[redraw] = getattr(fresh, field)
+        return geometry
+
+    def _pinned_places(self, boxes: np.ndarray, cpu: list):
         """``(buffer, views, places, turn, total)`` for the images ``cpu`` of a batch: this stage
-        thread's pinned buffer, each image's ``(3, H, W)`` view of it (None where the probe gave
-        no size), its ``(start, shape)``, which of the two buffers, and the bytes laid out. The
-        two buffers of a thread alternate; one is refilled only after the copy out of it completed."""
+        thread's pinned buffer, a ``(3, H, W)`` view of it for each image's box (``_boxes``: the
+        probed size, or a region; None where the probe gave no size), its ``(start, shape)``,
+        which of the two buffers, and the bytes laid out. The two buffers of a thread alternate;
+        one is refilled only after the copy out of it completed."""
         local = self._staging
         if not hasattr(local, "buffers"):
             local.buffers, local.events, local.turn = [None, None], [None, None], 0
         turn = local.turn = 1 - local.turn
         places, total = [], 0
         for i in cpu:
-            height, width = int(info[i, 1]), int(info[i, 2])
+            height, width = int(boxes[i, 2]), int(boxes[i, 3])
             shape = (3, height, width)
             places.append((total, shape))
             total += 3 * height * width
@@ -396,19 +440,22 @@ class BatchDecoder:
                  for start, shape in places]
         return buffer, views, places, turn, total
 
-    def _decode_native(self, data: torch.Tensor, offsets: np.ndarray, which: list, buffer: torch.Tensor,
-                       places: list) -> list:
-        """The C++ batch decoder over images ``which`` into their ``places`` in the pinned
-        ``buffer``; one message an image ('' where decoded)."""
+    def _decode_native(self, data: torch.Tensor, offsets: np.ndarray, info: np.ndarray, boxes: np.ndarray,
+                       which: list, buffer: torch.Tensor, starts: list) -> list:
+        """The C++ batch decoder over images ``which`` (their ``boxes``) into the pinned
+        ``buffer`` at ``starts``; one message an image ('' where decoded)."""
         from .. import _C
 
-        return _C.decode_jpegs_planar(*_native_args(data, offsets, which, buffer, places), self.cpu_threads)
+        args, regions = _native_args(data, offsets, info, boxes, which, buffer, starts)
+        return _C.decode_jpegs_planar(*args, self.cpu_threads, regions)
 
     @staticmethod
-    def _split_job(data: torch.Tensor, offsets: np.ndarray, which: list, buffer: torch.Tensor, places: list):
+    def _split_job(data: torch.Tensor, offsets: np.ndarray, info: np.ndarray, boxes: np.ndarray, which: list,
+                   buffer: torch.Tensor, starts: list):
         from .. import _C
 
-        return _C.JpegSplitJob(*_native_args(data, offsets, which, buffer, places))
+        args, regions = _native_args(data, offsets, info, boxes, which, buffer, starts)
+        return _C.JpegSplitJob(*args, regions)
 
     @staticmethod
     def _front_chunks(job, steal: list):
@@ -456,15 +503,15 @@ class BatchDecoder:
 _NATIVE_ROUTES = ("cpu:share", "cpu:huge")  # 8-bit 1- or 3-component JPEGs: libjpeg decodes them as torchvision does
 
 
-def _native_args(data: torch.Tensor, offsets: np.ndarray, which: list, buffer: torch.Tensor, places: list) -> tuple:
-    """The C++ decoder's arguments for images ``which`` of ``data`` into ``places`` (``(start,
-    (3, H, W))``) of the pinned ``buffer``."""
-    starts = np.asarray([int(offsets[i]) for i in which], dtype=np.int64)
-    lengths = np.asarray([int(offsets[i + 1]) for i in which], dtype=np.int64) - starts
-    return (data.data_ptr(), data.numel(), starts, lengths, buffer.data_ptr(), buffer.numel(),
-            np.asarray([start for start, _ in places], dtype=np.int64),
-            np.asarray([shape[1] for _, shape in places], dtype=np.int64),
-            np.asarray([shape[2] for _, shape in places], dtype=np.int64))
+def _native_args(data: torch.Tensor, offsets: np.ndarray, info: np.ndarray, boxes: np.ndarray, which: list,
+                 buffer: torch.Tensor, starts: list) -> tuple:
+    """The C++ decoder's arguments for images ``which`` of ``data`` (probed sizes ``info``) into
+    the pinned ``buffer`` at ``starts``, and their regions (``boxes``), flattened."""
+    pick = np.asarray(which, dtype=np.int64)
+    begin = offsets[pick]
+    return ((data.data_ptr(), data.numel(), begin, offsets[pick + 1] - begin, buffer.data_ptr(), buffer.numel(),
+             np.asarray(starts, dtype=np.int64), info[pick, 1].astype(np.int64), info[pick, 2].astype(np.int64)),
+            np.ascontiguousarray(boxes[pick]).reshape(-1))
 
 
 def _native_jpeg() -> bool:
@@ -474,6 +521,15 @@ def _native_jpeg() -> bool:
     except ImportError:
         return False
     return bool(getattr(_C, "HAVE_LIBJPEG", False))
+
+
+def _native_regions() -> bool:
+    """Whether the C++ decoder skips what lies outside a region (libjpeg-turbo)."""
+    try:
+        from .. import _C
+    except ImportError:
+        return False
+    return bool(getattr(_C, "JPEG_REGIONS", False))
 
 
 def _lower_priority() -> None:
