@@ -179,8 +179,9 @@ class _EncodedImageSource(Dataset):
 
         rng = np.random.default_rng([self.seed, *(int(k) for k in batch.seed)])
         crop = None
-        if self.transform is not None and device.type == "cuda":
-            # the geometry drawn from the probed sizes first: the C++ decoder decodes only the crops
+        if isinstance(self.transform, TrainTransform) and device.type == "cuda":
+            # random crops drawn from the probed sizes first: the C++ decoder decodes only them (an
+            # eval transform reads whole images, and a size the probe could not give would fail it)
             def draw(heights, widths):
                 return self.transform.geometry(heights, widths, rng)
 
