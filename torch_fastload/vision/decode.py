@@ -363,7 +363,7 @@ class BatchDecoder:
             elif result is _PACKED:
                 start, shape = packed[2][place[i]]
                 images[i] = flat[start:start + int(np.prod(shape))].view(shape)
-            elif self.device.type == "cuda":  # a size the probe did not foresee (rare): its own copy
+            elif cuda:  # a size the probe did not foresee (rare): its own copy
                 images[i] = result.pin_memory().to(self.device, non_blocking=True)
             else:
                 images[i] = result
@@ -410,9 +410,7 @@ class BatchDecoder:
             counts["cpu-region"] = counts.get("cpu-region", 0) + int(region.sum())
         redraw = ~region & ((shapes[:, 0] != info[kept, 1]) | (shapes[:, 1] != info[kept, 2]))
         if redraw.any():
-            fresh = crop(shapes[redraw, 0], shapes[redraw, 1])
-            for field in ("top", "left", "height", "width", "resize_h", "resize_w", "window_y", "window_x", "flip"):
-                getattr(geometry, field)[redraw] = getattr(fresh, field)
+            geometry.put(redraw, crop(shapes[redraw, 0], shapes[redraw, 1]))
         return geometry
 
     def _pinned_places(self, boxes: np.ndarray, cpu: list):

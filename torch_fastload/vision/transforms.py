@@ -18,7 +18,7 @@ H100 machine (DESIGN.md), below nvJPEG's decode rate: hence one launch per batch
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -56,8 +56,15 @@ class Geometry:
         return np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
 
     def take(self, keep: np.ndarray) -> "Geometry":
-        return Geometry(*(getattr(self, f)[keep] for f in ("top", "left", "height", "width", "resize_h", "resize_w",
-                                                             "window_y", "window_x", "flip")), self.size)
+        return Geometry(*(getattr(self, f)[keep] for f in _PER_SAMPLE), self.size)
+
+    def put(self, rows: np.ndarray, other: "Geometry") -> None:
+        """Rows ``rows`` (a mask or indices) replaced by ``other``'s samples, in order."""
+        for f in _PER_SAMPLE:
+            getattr(self, f)[rows] = getattr(other, f)
+
+
+_PER_SAMPLE = tuple(f.name for f in fields(Geometry) if f.name != "size")  # the arrays of length N
 
 
 @dataclass
