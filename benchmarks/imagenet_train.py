@@ -8,9 +8,10 @@ channels_last, batch --batch, SGD; throughput counts the training steps after th
 --warmup-steps, epoch boundaries included, validation excluded.
 
   synthetic   one batch kept on the GPU: the model's step time with no input pipeline
-  fastload    torch_fastload ImageFolder (engine reads, nvJPEG, GPU augmentation)
-  fastload-share-S (--share-too S[:THREADS[:PREFETCH]])  the same with cpu_decode_share=S (1: every
-              JPEG on the C++ CPU decoder; auto: work stealing between it and nvJPEG), and
+  fastload    torch_fastload ImageFolder with its defaults (engine reads; the first batches time
+              nvJPEG and the C++ CPU decoder and keep the faster; GPU augmentation)
+  fastload-share-S (--share-too S[:THREADS[:PREFETCH]])  the same with cpu_decode_share=S (0: nvJPEG;
+              1: every JPEG on the C++ CPU decoder; steal: work stealing between the two), and
               cpu_decode_threads / prefetch for that run only
   torch       torchvision ImageFolder + PIL + DataLoader(num_workers=--workers, pin_memory)
 
@@ -18,7 +19,7 @@ Targets (issue 4): ResNet-50 step time with fastload <= 1.05x the synthetic step
 fastload >= 2.5x the torch DataLoader version's train images/s.
 
     python benchmarks/imagenet_train.py               # ~4 min on the H100 machine
-    python benchmarks/imagenet_train.py --share-too 1:12:3   # + every JPEG on 12 CPU threads, prefetch 3
+    python benchmarks/imagenet_train.py --share-too 0        # + nvJPEG alone, beside the default
     python benchmarks/imagenet_train.py --cpu-smoke   # no GPU: tiny model steps, code paths only
 """
 
@@ -51,8 +52,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--archs", default="resnet50,resnet18")
     p.add_argument("--share-too", metavar="SHARE[:THREADS[:PREFETCH]]",
-                   help="also run fastload with cpu_decode_share=SHARE (1: every JPEG on the C++ CPU decoder; auto: "
-                        "it and nvJPEG split each batch by work stealing), and for that run only "
+                   help="also run fastload with cpu_decode_share=SHARE (0: nvJPEG; 1: every JPEG on the C++ CPU "
+                        "decoder; steal: the two split each batch by work stealing), and for that run only "
                         "cpu_decode_threads=THREADS and prefetch=PREFETCH, beside the default")
     p.add_argument("--cpu-smoke", action="store_true")
     p.add_argument("--no-progress", action="store_true")
@@ -100,7 +101,8 @@ def main(argv=None) -> int:
         report["runs"].append(result)
         log(f"   {result['train_images_per_s']:,.0f} images/s, step {result['step_ms']:.1f} ms, input wait "
             f"{100 * result['input_wait_fraction']:.1f}%"
-            + (f", last val top-1 {result['history'][-1]['top1']:.1f}%" if result["history"] else ""))
+            + (f", last val top-1 {result['history'][-1]['top1']:.1f}%" if result["history"] else "")
+            + (f"\n   decode route: {result['decode_route']['measured']}" if result.get("decode_route") else ""))
     by = {(r["arch"], r["loader"]): r for r in report["runs"]}
     rows, verdicts = [], []
     for (arch, loader), r in by.items():

@@ -10,8 +10,9 @@ two packs made by ``python -m torch_fastload pack`` (train/ and val/ holding met
 Without --data a folder of ImageNet-like JPEGs (real photographs, ~110 KB, 500x375, with a
 CMYK, a grayscale and a PNG-named-.JPEG file) is generated once under --sample-dir.
 
---loader fastload (default): encoded bytes read by the C++ engine, decoded by nvJPEG and
-augmented on the GPU (torch_fastload.sources.ImageFolder). --loader torch: torchvision's
+--loader fastload (default): encoded bytes read by the C++ engine, decoded by nvJPEG or the C++
+decoder (the first batches time both and keep the faster) and augmented on the GPU
+(torch_fastload.sources.ImageFolder). --loader torch: torchvision's
 ImageFolder + PIL transforms + torch DataLoader(num_workers, pin_memory). --loader synthetic:
 one batch kept on the GPU (the step time with no input pipeline at all, for comparison).
 
@@ -473,6 +474,11 @@ def main(argv=None) -> dict:
     if args.loader == "fastload" and hasattr(train_loader, "stats"):
         stats = train_loader.stats()
         result["loader_stats"] = {"decoded": stats.decoded, "wait_fraction": stats.wait_fraction, "io": stats.io}
+        trial = train_loader.dataset.decoder(train_loader.device).trial  # cpu_decode_share="auto": the route it kept
+        if trial is not None and trial.choice is not None:
+            result["decode_route"] = {"cpu_share": trial.choice, "measured": trial.describe()}
+            if rank == 0:
+                print(f"decode route: {'every JPEG on the CPU' if trial.choice else 'nvJPEG'} ({trial.describe()})")
     if rank == 0:
         print(f"{args.arch} / {args.loader}: {result['train_images_per_s']:,.0f} train images/s "
               f"({world_size} process{'es' if world_size > 1 else ''}), step {result['step_ms']:.1f} ms, input wait "

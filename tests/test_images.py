@@ -19,6 +19,8 @@ from torch_fastload import DataLoader
 from torch_fastload.sources import ImageFolder, PackedImageFolder
 from torch_fastload.vision import EvalTransform, TrainTransform, decode, transforms
 from torch_fastload.vision.decode import ImageDecodeError, probe, probe_python, route
+from torch_fastload.vision import route_trial
+from torch_fastload.vision.route_trial import RouteTrial
 from torch_fastload.vision.sample_data import make_image_folder
 
 tv = pytest.importorskip("torchvision")
@@ -333,9 +335,10 @@ def test_geometry_is_rebased_to_decoded_regions_and_redrawn_for_surprise_sizes()
     transforms._check_geometry(fitted.table(), np.array([(0, *im.shape[1:]) for im in images]), 224)
 
 
-def test_auto_share_steals_work_only_on_the_gpu():
-    decoder = decode.BatchDecoder("cpu", cpu_share="auto")
-    assert not decoder.work_stealing and decoder.cpu_share == 0.0
+def test_work_stealing_and_route_trial_only_on_the_gpu():
+    for share in ("steal", "auto"):
+        decoder = decode.BatchDecoder("cpu", cpu_share=share)
+        assert not decoder.work_stealing and decoder.trial is None and decoder.cpu_share == 0.0
     assert not decode.BatchDecoder("cpu").work_stealing
     fixed = decode.BatchDecoder("cpu", cpu_share=0.3)
     assert not fixed.work_stealing and fixed.cpu_share == 0.3
@@ -613,14 +616,14 @@ def test_region_decoding_gives_the_same_batches(gpu_folder):
 
 @pytest.mark.cuda
 def test_work_stealing_split_keeps_every_image_in_its_place(gpu_folder):
-    """cpu_decode_share='auto': each image comes from nvJPEG (within its tolerance of libjpeg) or
+    """cpu_decode_share='steal': each image comes from nvJPEG (within its tolerance of libjpeg) or
     from the C++ decoder (libjpeg exactly), in sampler order, and at least the CPU-counted ones
     are exact."""
     if _native() is None:
-        pytest.skip("the extension was built without libjpeg: 'auto' is nvJPEG alone")
+        pytest.skip("the extension was built without libjpeg: 'steal' is nvJPEG alone")
     train, _ = gpu_folder
     ds = ImageFolder(train, transform=None)
-    with torch_fastload.config.override(cpu_decode_share="auto"):
+    with torch_fastload.config.override(cpu_decode_share="steal"):
         loader = DataLoader(ds, batch_size=48, device="cuda")
         images = [im for batch, _ in loader for im in batch]
     decoded = loader.stats().decoded
@@ -642,6 +645,181 @@ def test_cpu_decode_share_is_validated():
             decode.BatchDecoder("cpu", cpu_share=bad)
     assert decode.BatchDecoder("cpu", cpu_share=0.3).cpu_share == 0.3
     assert decode.BatchDecoder("cpu", cpu_share=1).cpu_share == 1.0  # every JPEG on the CPU
+    assert decode.BatchDecoder("cpu", cpu_share=" Steal ").cpu_share == 0.0  # no GPU: nothing to share
+
+
+def test_default_tries_both_routes_where_it_has_the_cores(monkeypatch):
+    """cpu_decode_share='auto' (the default) runs a route trial for a GPU loader whose process
+    has CORES_FOR_A_TRIAL CPUs and the C++ decoder; DDP's processes on a node share its CPUs,
+    and the decode threads leave a few cores to the step."""
+    assert torch_fastload.config.OPTIONS["cpu_decode_share"].default == "auto"
+    enough = decode.CORES_FOR_A_TRIAL
+    monkeypatch.setattr(decode, "_native_jpeg", lambda: True)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2 * enough)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert torch_fastload.config.cpus_per_process() == enough
+    tried = decode.BatchDecoder("cuda")  # nothing touches the GPU before a batch is decoded
+    assert tried.trial is not None and tried.trial.candidates == [0.0, 1.0] and not tried.work_stealing
+    assert tried.cpu_threads == max(min(8, enough), enough - decode.CORES_LEFT_TO_THE_STEP)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert decode.BatchDecoder("cuda").trial is None  # too few cores: nvJPEG alone
+    assert decode.BatchDecoder("cuda").cpu_share == 0.0
+    monkeypatch.setattr(torch_fastload.config, "cpus_per_process", lambda: 16)
+    assert decode.BatchDecoder("cuda").cpu_threads == 16 - decode.CORES_LEFT_TO_THE_STEP
+    assert decode.BatchDecoder("cuda", cpu_share=0).cpu_threads == 8
+    with torch_fastload.config.override(cpu_decode_threads=5):
+        assert decode.BatchDecoder("cuda").cpu_threads == 5
+    monkeypatch.setattr(decode, "_native_jpeg", lambda: False)
+    assert decode.BatchDecoder("cuda").trial is None  # Python threads cannot stand in for nvJPEG
+
+
+def _trial_on(gaps_ms: dict, warmup=8, settle=4, window=10, extra_gap_ms: dict | None = None):
+    """Drive a RouteTrial with a fake clock: each candidate's decodes start ``gaps_ms[share]``
+    apart; ``extra_gap_ms[(share, k)]`` delays its k-th timed start (an epoch boundary)."""
+    now = [0.0]
+    trial = RouteTrial(warmup=warmup, settle=settle, window=window, clock=lambda: now[0])
+    shares = []
+    while trial.choice is None:
+        share = trial.next_share()
+        shares.append(share)
+        k = sum(1 for s in shares[warmup:] if s == share) - 1 - settle
+        now[0] += (gaps_ms[share] + (extra_gap_ms or {}).get((share, k), 0)) / 1e3
+    return trial, shares
+
+
+def test_route_trial_keeps_the_route_whose_batches_come_faster():
+    trial, shares = _trial_on({0.0: 30.0, 1.0: 40.0})  # a small model: the CPU cannot keep up
+    assert trial.choice == 0.0 and trial.next_share() == 0.0
+    assert shares == [0.0] * (8 + 15) + [1.0] * 15
+    assert trial.periods[0.0] == pytest.approx(0.030) and trial.periods[1.0] == pytest.approx(0.040)
+    trial, _ = _trial_on({0.0: 70.0, 1.0: 66.0})  # a big model: nvJPEG's GPU work slows the step
+    assert trial.choice == 1.0 and "66.0 ms a batch with every JPEG on the CPU" in trial.describe()
+
+
+def test_route_trial_shrugs_off_an_epoch_boundary_that_a_mean_would_not(monkeypatch):
+    """A 2 s gap (an epoch boundary with validation) inside the faster route's window: the
+    median of two-batch gaps still picks it; the mean of the same gaps (negative control) would
+    pick the slower route."""
+    boundary = {(1.0, 4): 2000.0}
+    trial, _ = _trial_on({0.0: 70.0, 1.0: 66.0}, extra_gap_ms=boundary)
+    assert trial.choice == 1.0 and trial.periods[1.0] == pytest.approx(0.066)
+    monkeypatch.setattr(route_trial, "_median_two_gap", lambda times: (times[-1] - times[0]) / (len(times) - 1))
+    broken, _ = _trial_on({0.0: 70.0, 1.0: 66.0}, extra_gap_ms=boundary)
+    assert broken.choice == 0.0
+
+
+def _pipeline_trial(decode_ms: dict, step_ms: dict, depth=4, decode_only=False) -> RouteTrial:
+    """A loader and a training loop, simulated: a decode takes ``decode_ms[share]`` and may run
+    ``depth`` batches ahead of the loop, whose step takes ``step_ms[share]`` (the route decoding
+    meanwhile slows it or not). Returns the trial once it chose. ``decode_only``: the loop's
+    deliveries are not reported (the trial sees only one clock)."""
+    clock = [0.0]
+    trial = RouteTrial(warmup=8, settle=4, window=10, clock=lambda: clock[0])
+    ready: list[float] = []  # when each decoded batch is ready
+    taken: list[float] = []  # when the loop took each batch
+    decode_free = loop_free = 0.0
+    share = 0.0
+    while trial.choice is None:
+        blocked = len(ready) >= depth and len(taken) <= len(ready) - depth  # the queue is full
+        start = None if blocked else max(decode_free, taken[len(ready) - depth] if len(ready) >= depth else 0.0)
+        take = max(loop_free, ready[len(taken)]) if len(taken) < len(ready) else None
+        if take is not None and (start is None or take < start):
+            clock[0] = take
+            taken.append(take)
+            if not decode_only:
+                trial.consumed()
+            loop_free = take + step_ms[share] / 1e3
+        else:
+            clock[0] = start
+            share = trial.next_share()
+            decode_free = start + decode_ms[share] / 1e3
+            ready.append(decode_free)
+    return trial
+
+
+def test_route_trial_picks_the_faster_pipeline():
+    """nvJPEG decodes fast but slows the step (ResNet-50: 71 ms a step); on the CPU the step
+    stays at 66 ms. A small model's step outruns the CPU route, and nvJPEG keeps up."""
+    decode_ms, step_ms = {0.0: 20.0, 1.0: 40.0}, {0.0: 71.0, 1.0: 66.0}
+    trial = _pipeline_trial(decode_ms, step_ms)
+    assert trial.choice == 1.0
+    assert trial.periods[0.0] == pytest.approx(0.071, rel=0.02) and trial.periods[1.0] == pytest.approx(0.066, rel=0.02)
+    # a small model: the CPU route cannot keep up with the loop, nvJPEG can
+    trial = _pipeline_trial({0.0: 15.0, 1.0: 38.0}, {0.0: 30.0, 1.0: 22.0})
+    assert trial.choice == 0.0 and trial.periods[1.0] == pytest.approx(0.038, rel=0.02)
+
+
+def test_route_trial_needs_both_clocks_when_the_queue_is_deep():
+    """Twelve batches of slack (the loop's Python runs ahead of its GPU work): in nvJPEG's window
+    decodes still fill the queue and look faster than the step. Deliveries show the real pace.
+    Decodes alone (negative control) keep the wrong route."""
+    decode_ms, step_ms = {0.0: 20.0, 1.0: 40.0}, {0.0: 71.0, 1.0: 66.0}
+    trial = _pipeline_trial(decode_ms, step_ms, depth=12)
+    assert trial.choice == 1.0 and trial.clocks[0.0][0] < 0.066 < trial.periods[0.0]
+    assert _pipeline_trial(decode_ms, step_ms, depth=12, decode_only=True).choice == 0.0
+
+
+def test_route_trial_waits_out_a_models_slow_first_steps():
+    """Nine 1 s first steps (cuDNN autotuning) while nvJPEG is the faster route: the warm-up
+    batches absorb them; with no warm-up (negative control) they land in nvJPEG's window."""
+    def run(warmup):
+        now, calls = [0.0], [0]
+        trial = RouteTrial(warmup=warmup, settle=3, window=10, clock=lambda: now[0])
+        while trial.choice is None:
+            share = trial.next_share()
+            calls[0] += 1
+            now[0] += 1.0 if calls[0] <= 9 else (0.030 if share == 0.0 else 0.040)
+        return trial.choice
+
+    assert run(warmup=8) == 0.0
+    assert run(warmup=0) == 1.0
+
+
+def test_route_trial_with_two_threads_alternating_short_and_long_gaps():
+    """Two stage threads decode side by side: starts may come in pairs (1 ms, then 2 periods - 1
+    ms); the two-batch gap still measures the period."""
+    now = [0.0]
+    trial = RouteTrial(warmup=0, settle=0, window=9, clock=lambda: now[0])
+    period = {0.0: 0.030, 1.0: 0.025}
+    toggle = 0
+    while trial.choice is None:
+        share = trial.next_share()
+        now[0] += 0.001 if toggle == 0 else 2 * period[share] - 0.001
+        toggle ^= 1
+    assert trial.choice == 1.0
+    assert trial.periods[0.0] == pytest.approx(0.030) and trial.periods[1.0] == pytest.approx(0.025)
+
+
+def test_route_trial_refuses_a_trial_that_cannot_measure():
+    with pytest.raises(ValueError):
+        RouteTrial(candidates=(0.0,))
+    with pytest.raises(ValueError):
+        RouteTrial(window=2)
+    with pytest.raises(ValueError):
+        RouteTrial(warmup=-1)
+
+
+@pytest.mark.cuda
+def test_route_trial_on_the_gpu_decodes_every_batch_and_settles(gpu_folder, monkeypatch):
+    """The default's trial on real batches: the first batches go to nvJPEG, the next to the C++
+    decoder, every image arrives, and the rest of the epoch uses the faster route."""
+    if _native() is None:
+        pytest.skip("the extension was built without libjpeg: no trial, nvJPEG alone")
+    monkeypatch.setattr(decode, "TRIAL_WARMUP", 2)
+    monkeypatch.setattr(decode, "TRIAL_SETTLE", 1)
+    monkeypatch.setattr(decode, "TRIAL_WINDOW", 4)
+    monkeypatch.setattr(torch_fastload.config, "cpus_per_process", lambda: max(16, decode.CORES_FOR_A_TRIAL))
+    train, _ = gpu_folder
+    ds = ImageFolder(train, TrainTransform(), seed=1)
+    with torch_fastload.config.override(cpu_decode_share="auto"):
+        loader = DataLoader(ds, batch_size=8, device="cuda")
+        seen = sum(len(y) for x, y in loader if x.is_cuda and torch.isfinite(x).all())
+    assert seen == len(ds)
+    trial = ds.decoder(loader.device).trial
+    assert trial.choice in (0.0, 1.0) and set(trial.periods) == {0.0, 1.0}
+    decoded = loader.stats().decoded
+    assert decoded["nvjpeg"] >= 6 * 8 - 4 and decoded["cpu:share"] >= 6 * 8 - 4
+    ds.close()
 
 
 @pytest.mark.cuda
@@ -666,19 +844,30 @@ def test_transform_kernel_matches_reference(dtype, channels_last):
 
 
 @pytest.mark.cuda
-def test_gpu_loader_end_to_end_with_edge_cases(gpu_folder, no_leaked_threads):
+@pytest.mark.parametrize("share", [0, 1])
+def test_gpu_loader_end_to_end_with_edge_cases(gpu_folder, no_leaked_threads, share):
+    """Both decode routes end to end: nvJPEG, or every JPEG on the C++ decoder."""
+    if share == 1 and _native() is None:
+        pytest.skip("the extension was built without libjpeg: share 1 decodes in Python threads")
     train, val = gpu_folder
     ds = ImageFolder(train, TrainTransform(dtype=torch.bfloat16, channels_last=True), seed=0)
-    loader = DataLoader(ds, batch_size=32, shuffle=True, device="cuda")
+    all_cpu = share == 1
     seen = 0
-    for x, y in loader:
-        assert x.is_cuda and y.is_cuda and x.dtype == torch.bfloat16 and x.shape[1:] == (3, 224, 224)
-        assert x.is_contiguous(memory_format=torch.channels_last)
-        assert torch.isfinite(x.float()).all() and x.float().std() > 0.3
-        seen += len(y)
+    with torch_fastload.config.override(cpu_decode_share=share):  # the decoder is made at the first batch
+        loader = DataLoader(ds, batch_size=32, shuffle=True, device="cuda")
+        for x, y in loader:
+            assert x.is_cuda and y.is_cuda and x.dtype == torch.bfloat16 and x.shape[1:] == (3, 224, 224)
+            assert x.is_contiguous(memory_format=torch.channels_last)
+            assert torch.isfinite(x.float()).all() and x.float().std() > 0.3
+            seen += len(y)
     assert seen == len(ds)
     decoded = loader.stats().decoded
-    assert decoded["nvjpeg"] >= len(ds) - 3 and decoded["cpu:cmyk"] == 1 and decoded["cpu:png"] == 1
+    assert decoded["cpu:cmyk"] == 1 and decoded["cpu:png"] == 1
+    if all_cpu:
+        assert "nvjpeg" not in decoded and decoded["cpu:share"] >= len(ds) - 3
+        assert decoded.get("cpu-region", 0) >= len(ds) - 3 or not getattr(_native(), "JPEG_REGIONS", False)
+    else:
+        assert decoded["nvjpeg"] >= len(ds) - 3 and "cpu:share" not in decoded
     # validation on the GPU equals the CPU reference path of the same files
     vds = ImageFolder(val, "val")
     gpu = torch.cat([x.cpu() for x, _ in DataLoader(vds, batch_size=16, device="cuda")])

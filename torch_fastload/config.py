@@ -112,14 +112,10 @@ def _positive_float(name: str, value: Any) -> float:
     return _float_within(name, value, lambda v: v > 0, "a number", "> 0")
 
 
-def _share_or_auto(name: str, value: Any):
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    return _share(name, value)
-
-
-def _share(name: str, value: Any) -> float:
-    return _float_within(name, value, lambda v: 0 <= v <= 1, "a number in [0, 1]", "in [0, 1]")
+def _share_or_word(name: str, value: Any):
+    if isinstance(value, str) and value.strip().lower() in ("auto", "steal"):
+        return value.strip().lower()
+    return _float_within(name, value, lambda v: 0 <= v <= 1, "a number in [0, 1], 'auto' or 'steal'", "in [0, 1]")
 
 
 def _bool(name: str, value: Any) -> bool:
@@ -157,6 +153,20 @@ class Option:
         return self.env_name or "TORCH_FASTLOAD_" + self.name.upper()
 
 
+def cpus_per_process() -> int:
+    """Usable CPUs (affinity) over the processes on this node: DDP runs one process per GPU
+    (torchrun sets ``LOCAL_WORLD_SIZE``), and more threads than cores only add contention."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(1, cpus // local)
+
+
 def _default_stage_threads() -> int:
     # The pageable -> pinned memcpy is the CPU bottleneck; 8 threads reach ~40 GB/s on the
     # reference machine, more mostly burns cores.
@@ -189,16 +199,16 @@ OPTIONS: dict[str, Option] = {
         Option("map_budget", "25%", _size_or_share_of_ram,
                "page cache the engine may pin by mapping files that are already resident and letting the "
                "GPU copy from them directly (no CPU copy); a byte count, a share of RAM, or 0 to never map"),
-        Option("cpu_decode_share", 0.0, _share_or_auto,
-               "share of each batch's GPU-decodable JPEGs decoded on the CPU instead, beside nvJPEG (DALI's "
-               "hw_decoder_load turned around; 1: all of them), or 'auto': nvJPEG and the C++ decoder split "
-               "each batch by "
-               "work stealing. It may help a step that saturates the GPU (ResNet-50 on an H100: 1.09-1.12x -> "
-               "1.06-1.13x of the device-resident step, by machine); a small model loses (ResNet-18: "
-               "~30 -> ~32 ms). RESULTS.md"),
+        Option("cpu_decode_share", "auto", _share_or_word,
+               "share of each batch's GPU-decodable JPEGs decoded on the CPU instead of nvJPEG (DALI's "
+               "hw_decoder_load turned around; 1: all of them); 'auto': batches 9-38 time nvJPEG, then "
+               "every JPEG on the C++ decoder, and keep the faster (nvJPEG alone below 8 CPUs per process); "
+               "'steal': both split each batch by work stealing. On the 16-core H100 all-CPU decode took "
+               "ResNet-50 from 1.10x to 1.03x of the device-resident step, ResNet-18 from 30.5 to 38-43 ms. "
+               "RESULTS.md"),
         Option("cpu_decode_threads", 0, _non_negative_int,
                "threads decoding images on the CPU (the C++ decoder's and Python's, at nice +10); "
-               "0 = min(8, CPUs)"),
+               "0 = CPUs - 4 when every JPEG may go to the CPU ('auto', 1), else min(8, CPUs); CPUs per process"),
         Option("cpu_decode_regions", True, _bool,
                "the C++ decoder decodes only the rows and columns each random crop reads (the same "
                "pixels; libjpeg-turbo only)"),

@@ -504,6 +504,8 @@ class _Pipeline:
         self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch)
         self.engine, self.copier = loader._resources()
         self._finish = _finisher(loader) if isinstance(source, _InThreadSource) else None
+        # a source that finishes batches itself may time how fast the training loop takes them
+        self._on_delivered = getattr(loader.dataset, "__fastload_delivered__", None) if self._finish else None
         self.stats = loader._stats
         self.stats.path = (f"pinned-pool -> {loader.device}" if loader.device.type == "cuda"
                            else "cpu (pageable slots, no pinning)")
@@ -780,6 +782,8 @@ class _Pipeline:
             item.error.reraise()
         self.engine.hand_off(item.copy)
         self.stats.delivered(started, item.samples, item.nbytes)
+        if self._on_delivered is not None:
+            self._on_delivered(self.loader.device)
         return item.copy.batch
 
     def _take(self, index: int):

@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from .. import config
 from ..distributed import world
 from ..resume import ResumeError
 
@@ -117,15 +118,7 @@ class SampledBatch:
 def default_sampler_threads() -> int:
     """min(8, usable CPUs / processes on this node): DDP runs one process per GPU (torchrun sets
     ``LOCAL_WORLD_SIZE``), and more threads than cores only add contention."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    try:
-        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local = 1
-    return max(1, min(8, cpus // local))
+    return min(8, config.cpus_per_process())
 
 
 def batch_key(*words: int) -> int:

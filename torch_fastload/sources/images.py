@@ -166,6 +166,12 @@ class _EncodedImageSource(Dataset):
                                                                 gpu_max_pixels=self.gpu_max_pixels)
             return decoder
 
+    def __fastload_delivered__(self, device: torch.device) -> None:
+        """The loader handed a batch to the training loop: a route trial times it."""
+        decoder = self._decoders.get(torch.device(device))
+        if decoder is not None and decoder.trial is not None:
+            decoder.trial.consumed()
+
     def __fastload_finish__(self, batch: EncodedImages, device: torch.device, counts: dict):
         """Decode and transform a batch whose bytes are in ``batch.data`` (a host slot view).
 

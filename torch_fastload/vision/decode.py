@@ -33,6 +33,7 @@ import torch
 
 from .. import config
 from ..errors import FastloadError
+from .route_trial import RouteTrial
 
 __all__ = ["ImageDecodeError", "BatchDecoder", "probe", "FORMATS", "PROBE_COLUMNS"]
 
@@ -240,9 +241,11 @@ def decode_cpu(encoded: torch.Tensor) -> torch.Tensor:
 class BatchDecoder:
     """Decodes a batch's slab of encoded images to ``(3, H, W)`` uint8 tensors on ``device``.
 
-    ``cpu_share`` (default: the ``cpu_decode_share`` option, 0) splits the images nvJPEG could
-    take between nvJPEG and the CPU. ``"auto"``: by work stealing, nvJPEG claiming chunks
-    from the front of the batch while the C++ decoder's threads (libjpeg-turbo, GIL released) take
+    ``cpu_share`` (default: the ``cpu_decode_share`` option, ``"auto"``) splits the images nvJPEG
+    could take between nvJPEG and the CPU. ``"auto"``: the first batches try nvJPEG and then the
+    C++ decoder (libjpeg-turbo, GIL released) for every JPEG, and the faster route is kept
+    (``route_trial.py``; ``self.trial`` holds the measurements). ``"steal"``: work stealing,
+    nvJPEG claiming chunks from the front of the batch while the C++ decoder's threads take
     images from the back, so each gets the share its speed earns (a training step that saturates
     the GPU slows nvJPEG ~9x); which decoder gets an image then varies from run to run. A number
     sends that fixed share, the batch's last images, to the CPU. Every CPU-decoded image of a
@@ -255,11 +258,17 @@ class BatchDecoder:
         self.device = torch.device(device)
         self.on_error = on_error
         self.gpu_max_pixels = int(gpu_max_pixels)
-        self.cpu_threads = cpu_threads or config.resolve("cpu_decode_threads", None) or min(8, os.cpu_count() or 1)
         share = config.resolve("cpu_decode_share", cpu_share)
-        # "auto": nvJPEG and the C++ decoder split every batch by work stealing (where it is built)
-        self.work_stealing = share == "auto" and self.device.type == "cuda" and _native_jpeg()
-        self.cpu_share = 0.0 if share == "auto" else share
+        cpus = config.cpus_per_process()
+        native = self.device.type == "cuda" and _native_jpeg()
+        # "steal": nvJPEG and the C++ decoder split every batch by work stealing
+        self.work_stealing = share == "steal" and native
+        # "auto": the run's first batches try nvJPEG, then every JPEG on the C++ decoder
+        self.trial = RouteTrial(warmup=TRIAL_WARMUP, settle=TRIAL_SETTLE, window=TRIAL_WINDOW, on_choice=_log_choice) \
+            if share == "auto" and native and cpus >= CORES_FOR_A_TRIAL else None
+        self.cpu_share = share if isinstance(share, float) else 0.0
+        self.cpu_threads = cpu_threads or config.resolve("cpu_decode_threads", None) or \
+            default_cpu_threads(1.0 if self.trial else self.cpu_share, cpus)
         # the C++ decoder decodes only the rows and columns a crop reads (decode's ``crop``)
         self.decode_regions = bool(config.resolve("cpu_decode_regions", None)) and _native_regions()
         self._pool: ThreadPoolExecutor | None = None
@@ -285,6 +294,7 @@ class BatchDecoder:
         of the kept images (None without ``crop``). ``counts`` gains one count per image per route.
         """
         started = time.perf_counter()
+        cpu_share = self.trial.next_share() if self.trial is not None else self.cpu_share
         view = data.numpy() if data.device.type == "cpu" else data.cpu().numpy()
         info = probe(view, offsets)
         routes = route(info, self.device, self.gpu_max_pixels)
@@ -300,7 +310,7 @@ class BatchDecoder:
         steal = gpu if self.work_stealing and len(gpu) > 1 else []  # split with the CPU as they go
         if steal:
             gpu = []
-        shared = int(round(self.cpu_share * len(gpu))) if len(gpu) > 1 or self.cpu_share == 1 else 0
+        shared = int(round(cpu_share * len(gpu))) if len(gpu) > 1 or cpu_share == 1 else 0
         for i in gpu[len(gpu) - shared:] if shared else ():
             routes[i] = "cpu:share"  # the batch's last images: the same ones every time it is decoded
         gpu = gpu[:len(gpu) - shared]
@@ -510,6 +520,27 @@ def _native_args(data: torch.Tensor, offsets: np.ndarray, info: np.ndarray, boxe
     return ((data.data_ptr(), data.numel(), begin, offsets[pick + 1] - begin, buffer.data_ptr(), buffer.numel(),
              np.asarray(starts, dtype=np.int64), info[pick, 1].astype(np.int64), info[pick, 2].astype(np.int64)),
             np.ascontiguousarray(boxes[pick]).reshape(-1))
+
+
+# cpu_decode_share="auto" (the default): after TRIAL_WARMUP batches on nvJPEG, each route for
+# TRIAL_SETTLE batches and TRIAL_WINDOW + 1 timed ones (route_trial.py); a process with fewer
+# CPUs than this keeps nvJPEG without a trial.
+CORES_FOR_A_TRIAL = 8
+TRIAL_WARMUP, TRIAL_SETTLE, TRIAL_WINDOW = 8, 4, 10
+CORES_LEFT_TO_THE_STEP = 4  # the training thread, the loader's read and stage threads
+
+
+def default_cpu_threads(share: float, cpus: int) -> int:
+    """``cpu_decode_threads=0``: all but a few cores when every JPEG may go to the CPU, else
+    min(8, CPUs) for the images nvJPEG cannot take and a fixed share."""
+    if share == 1:
+        return max(min(8, cpus), cpus - CORES_LEFT_TO_THE_STEP)
+    return min(8, cpus)
+
+
+def _log_choice(trial: RouteTrial) -> None:
+    log.info("torch_fastload: cpu_decode_share='auto' decodes %s from now on (%s)",
+             "every JPEG on the CPU" if trial.choice == 1 else "with nvJPEG", trial.describe())
 
 
 def _native_jpeg() -> bool:
