@@ -659,7 +659,7 @@ def test_default_tries_both_routes_where_it_has_the_cores(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert torch_fastload.config.cpus_per_process() == enough
     tried = decode.BatchDecoder("cuda")  # nothing touches the GPU before a batch is decoded
-    assert tried.trial is not None and tried.trial.candidates == [0.0, 1.0] and not tried.work_stealing
+    assert tried.trial is not None and tried.trial.candidates == [1.0, 0.0] and not tried.work_stealing
     assert tried.cpu_threads == max(min(8, enough), enough - decode.CORES_LEFT_TO_THE_STEP)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     assert decode.BatchDecoder("cuda").trial is None  # too few cores: nvJPEG alone
@@ -683,17 +683,21 @@ def _trial_on(gaps_ms: dict, warmup=8, settle=4, window=10, extra_gap_ms: dict |
         share = trial.next_share()
         shares.append(share)
         k = sum(1 for s in shares[warmup:] if s == share) - 1 - settle
-        now[0] += (gaps_ms[share] + (extra_gap_ms or {}).get((share, k), 0)) / 1e3
+        gap = (gaps_ms[share] + (extra_gap_ms or {}).get((share, k), 0)) / 1e3
+        trial.consumed(waited=gap)  # the loop waits for every batch: each route is timed
+        now[0] += gap
     return trial, shares
 
 
 def test_route_trial_keeps_the_route_whose_batches_come_faster():
     trial, shares = _trial_on({0.0: 30.0, 1.0: 40.0})  # a small model: the CPU cannot keep up
     assert trial.choice == 0.0 and trial.next_share() == 0.0
-    assert shares == [0.0] * (8 + 15) + [1.0] * 15
+    assert shares == [1.0] * (8 + 15) + [0.0] * 15  # the CPU first; no deliveries: as if the loop waited
     assert trial.periods[0.0] == pytest.approx(0.030) and trial.periods[1.0] == pytest.approx(0.040)
     trial, _ = _trial_on({0.0: 70.0, 1.0: 66.0})  # a big model: nvJPEG's GPU work slows the step
     assert trial.choice == 1.0 and "66.0 ms a batch with every JPEG on the CPU" in trial.describe()
+    # a CPU route the loop waited for must win by the margin: 34.6 vs 35.3 ms keeps nvJPEG
+    assert _trial_on({0.0: 35.3, 1.0: 34.6})[0].choice == 0.0
 
 
 def test_route_trial_shrugs_off_an_epoch_boundary_that_a_mean_would_not(monkeypatch):
@@ -727,7 +731,7 @@ def _pipeline_trial(decode_ms: dict, step_ms: dict, depth=4, decode_only=False) 
             clock[0] = take
             taken.append(take)
             if not decode_only:
-                trial.consumed()
+                trial.consumed(take - loop_free)
             loop_free = take + step_ms[share] / 1e3
         else:
             clock[0] = start
@@ -738,41 +742,49 @@ def _pipeline_trial(decode_ms: dict, step_ms: dict, depth=4, decode_only=False) 
 
 
 def test_route_trial_picks_the_faster_pipeline():
-    """nvJPEG decodes fast but slows the step (ResNet-50: 71 ms a step); on the CPU the step
-    stays at 66 ms. A small model's step outruns the CPU route, and nvJPEG keeps up."""
+    """ResNet-50: on the CPU route the step stays at 66 ms and the loop never waits, so nvJPEG
+    (which would slow the step to 71 ms) is never tried. A small model's step outruns the CPU
+    route: the loop waits, nvJPEG is timed and keeps up."""
     decode_ms, step_ms = {0.0: 20.0, 1.0: 40.0}, {0.0: 71.0, 1.0: 66.0}
     trial = _pipeline_trial(decode_ms, step_ms)
-    assert trial.choice == 1.0
-    assert trial.periods[0.0] == pytest.approx(0.071, rel=0.02) and trial.periods[1.0] == pytest.approx(0.066, rel=0.02)
-    # a small model: the CPU route cannot keep up with the loop, nvJPEG can
+    assert trial.choice == 1.0 and list(trial.periods) == [1.0] and trial.waited[1.0] < 0.01
+    assert trial.periods[1.0] == pytest.approx(0.066, rel=0.02)
     trial = _pipeline_trial({0.0: 15.0, 1.0: 38.0}, {0.0: 30.0, 1.0: 22.0})
-    assert trial.choice == 0.0 and trial.periods[1.0] == pytest.approx(0.038, rel=0.02)
+    assert trial.choice == 0.0 and trial.waited[1.0] > 0.3
+    assert trial.periods[1.0] == pytest.approx(0.038, rel=0.02) and trial.periods[0.0] == pytest.approx(0.030, rel=0.02)
+    # a CPU that nearly keeps up (the loop waits 6%): still kept without trying nvJPEG
+    assert _pipeline_trial({0.0: 15.0, 1.0: 68.0}, {0.0: 71.0, 1.0: 64.0}).periods.keys() == {1.0}
 
 
 def test_route_trial_needs_both_clocks_when_the_queue_is_deep():
-    """Twelve batches of slack (the loop's Python runs ahead of its GPU work): in nvJPEG's window
-    decodes still fill the queue and look faster than the step. Deliveries show the real pace.
-    Decodes alone (negative control) keep the wrong route."""
-    decode_ms, step_ms = {0.0: 20.0, 1.0: 40.0}, {0.0: 71.0, 1.0: 66.0}
+    """Twelve batches of slack (the loop's Python runs ahead of its GPU work). A slow CPU route
+    (72 ms a batch, the loop waits) empties the queue, so in nvJPEG's window decodes refill it
+    and look faster than nvJPEG's 80 ms step. Deliveries show the real pace; the decodes' own
+    clock, recorded beside them, would have kept the wrong route. nvJPEG's window lasts until
+    the loop took enough batches."""
+    decode_ms, step_ms = {0.0: 20.0, 1.0: 72.0}, {0.0: 80.0, 1.0: 60.0}
     trial = _pipeline_trial(decode_ms, step_ms, depth=12)
-    assert trial.choice == 1.0 and trial.clocks[0.0][0] < 0.066 < trial.periods[0.0]
-    assert _pipeline_trial(decode_ms, step_ms, depth=12, decode_only=True).choice == 0.0
+    assert trial.choice == 1.0 and trial.clocks[0.0][0] < 0.072 < trial.periods[0.0]
+    blind = _pipeline_trial(decode_ms, step_ms, depth=12, decode_only=True)  # a loop that never reports
+    assert blind.choice is not None and blind.clocks[1.0][1] is None and blind.waited[1.0] == 1.0
 
 
 def test_route_trial_waits_out_a_models_slow_first_steps():
-    """Nine 1 s first steps (cuDNN autotuning) while nvJPEG is the faster route: the warm-up
-    batches absorb them; with no warm-up (negative control) they land in nvJPEG's window."""
+    """Nine 1 s first steps (cuDNN autotuning) while the CPU route is the faster: the warm-up
+    batches absorb them; with no warm-up (negative control) they land in the CPU's window."""
     def run(warmup):
         now, calls = [0.0], [0]
         trial = RouteTrial(warmup=warmup, settle=3, window=10, clock=lambda: now[0])
         while trial.choice is None:
             share = trial.next_share()
             calls[0] += 1
-            now[0] += 1.0 if calls[0] <= 9 else (0.030 if share == 0.0 else 0.040)
+            gap = 1.0 if calls[0] <= 9 else (0.030 if share == 1.0 else 0.040)
+            trial.consumed(waited=gap)
+            now[0] += gap
         return trial.choice
 
-    assert run(warmup=8) == 0.0
-    assert run(warmup=0) == 1.0
+    assert run(warmup=8) == 1.0
+    assert run(warmup=0) == 0.0
 
 
 def test_route_trial_with_two_threads_alternating_short_and_long_gaps():
@@ -801,8 +813,9 @@ def test_route_trial_refuses_a_trial_that_cannot_measure():
 
 @pytest.mark.cuda
 def test_route_trial_on_the_gpu_decodes_every_batch_and_settles(gpu_folder, monkeypatch):
-    """The default's trial on real batches: the first batches go to nvJPEG, the next to the C++
-    decoder, every image arrives, and the rest of the epoch uses the faster route."""
+    """The default's trial on real batches: the first batches go to the C++ decoder, then to
+    nvJPEG if the loop waited for them; every image arrives, and the rest of the epoch uses the
+    route kept."""
     if _native() is None:
         pytest.skip("the extension was built without libjpeg: no trial, nvJPEG alone")
     monkeypatch.setattr(decode, "TRIAL_WARMUP", 2)
@@ -816,9 +829,12 @@ def test_route_trial_on_the_gpu_decodes_every_batch_and_settles(gpu_folder, monk
         seen = sum(len(y) for x, y in loader if x.is_cuda and torch.isfinite(x).all())
     assert seen == len(ds)
     trial = ds.decoder(loader.device).trial
-    assert trial.choice in (0.0, 1.0) and set(trial.periods) == {0.0, 1.0}
     decoded = loader.stats().decoded
-    assert decoded["nvjpeg"] >= 6 * 8 - 4 and decoded["cpu:share"] >= 6 * 8 - 4
+    assert trial.choice in trial.periods and decoded["cpu:share"] >= (2 + 5) * 8 - 4
+    if 0.0 in trial.periods:  # the loop waited for the CPU's batches: nvJPEG was timed too
+        assert trial.waited[1.0] >= 0.1 and decoded["nvjpeg"] >= 5 * 8 - 4
+    else:
+        assert trial.choice == 1.0 and trial.waited[1.0] < 0.1 and "nvjpeg" not in decoded
     ds.close()
 
 

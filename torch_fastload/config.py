@@ -201,11 +201,10 @@ OPTIONS: dict[str, Option] = {
                "GPU copy from them directly (no CPU copy); a byte count, a share of RAM, or 0 to never map"),
         Option("cpu_decode_share", "auto", _share_or_word,
                "share of each batch's GPU-decodable JPEGs decoded on the CPU instead of nvJPEG (DALI's "
-               "hw_decoder_load turned around; 1: all of them); 'auto': batches 9-38 time nvJPEG, then "
-               "every JPEG on the C++ decoder, and keep the faster (nvJPEG alone below 8 CPUs per process); "
-               "'steal': both split each batch by work stealing. On the 16-core H100 all-CPU decode took "
-               "ResNet-50 from 1.10x to 1.03x of the device-resident step, ResNet-18 from 30.5 to 38-43 ms. "
-               "RESULTS.md"),
+               "hw_decoder_load turned around; 1: all of them); 'auto': from the 9th batch ~15 time every JPEG "
+               "on the C++ decoder, which keeps them if the training loop waited < 10% of its step; else ~15 "
+               "more time nvJPEG and the CPU must be 5% faster to stay (nvJPEG alone below 8 CPUs per process); "
+               "'steal': both split each batch by work stealing. RESULTS.md"),
         Option("cpu_decode_threads", 0, _non_negative_int,
                "threads decoding images on the CPU (the C++ decoder's and Python's, at nice +10); "
                "0 = CPUs - 4 when every JPEG may go to the CPU ('auto', 1), else min(8, CPUs); CPUs per process"),

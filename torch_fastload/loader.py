@@ -783,7 +783,7 @@ class _Pipeline:
         self.engine.hand_off(item.copy)
         self.stats.delivered(started, item.samples, item.nbytes)
         if self._on_delivered is not None:
-            self._on_delivered(self.loader.device)
+            self._on_delivered(self.loader.device, time.perf_counter() - started)
         return item.copy.batch
 
     def _take(self, index: int):

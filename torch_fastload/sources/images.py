@@ -166,11 +166,12 @@ class _EncodedImageSource(Dataset):
                                                                 gpu_max_pixels=self.gpu_max_pixels)
             return decoder
 
-    def __fastload_delivered__(self, device: torch.device) -> None:
-        """The loader handed a batch to the training loop: a route trial times it."""
+    def __fastload_delivered__(self, device: torch.device, waited: float) -> None:
+        """The loader handed a batch to the training loop, which waited ``waited`` s for it: a
+        route trial times it."""
         decoder = self._decoders.get(torch.device(device))
         if decoder is not None and decoder.trial is not None:
-            decoder.trial.consumed()
+            decoder.trial.consumed(waited)
 
     def __fastload_finish__(self, batch: EncodedImages, device: torch.device, counts: dict):
         """Decode and transform a batch whose bytes are in ``batch.data`` (a host slot view).

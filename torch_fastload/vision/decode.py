@@ -242,9 +242,10 @@ class BatchDecoder:
     """Decodes a batch's slab of encoded images to ``(3, H, W)`` uint8 tensors on ``device``.
 
     ``cpu_share`` (default: the ``cpu_decode_share`` option, ``"auto"``) splits the images nvJPEG
-    could take between nvJPEG and the CPU. ``"auto"``: the first batches try nvJPEG and then the
-    C++ decoder (libjpeg-turbo, GIL released) for every JPEG, and the faster route is kept
-    (``route_trial.py``; ``self.trial`` holds the measurements). ``"steal"``: work stealing,
+    could take between nvJPEG and the CPU. ``"auto"``: the first batches go to the C++ decoder
+    (libjpeg-turbo, GIL released), and it keeps them all if the training loop hardly waited;
+    otherwise nvJPEG is timed too and the faster route kept (``route_trial.py``; ``self.trial``
+    holds the measurements). ``"steal"``: work stealing,
     nvJPEG claiming chunks from the front of the batch while the C++ decoder's threads take
     images from the back, so each gets the share its speed earns (a training step that saturates
     the GPU slows nvJPEG ~9x); which decoder gets an image then varies from run to run. A number
@@ -263,7 +264,8 @@ class BatchDecoder:
         native = self.device.type == "cuda" and _native_jpeg()
         # "steal": nvJPEG and the C++ decoder split every batch by work stealing
         self.work_stealing = share == "steal" and native
-        # "auto": the run's first batches try nvJPEG, then every JPEG on the C++ decoder
+        # "auto": the run's first batches try every JPEG on the C++ decoder, then nvJPEG if the
+        # training loop waited for them
         self.trial = RouteTrial(warmup=TRIAL_WARMUP, settle=TRIAL_SETTLE, window=TRIAL_WINDOW, on_choice=_log_choice) \
             if share == "auto" and native and cpus >= CORES_FOR_A_TRIAL else None
         self.cpu_share = share if isinstance(share, float) else 0.0
@@ -522,9 +524,9 @@ def _native_args(data: torch.Tensor, offsets: np.ndarray, info: np.ndarray, boxe
             np.ascontiguousarray(boxes[pick]).reshape(-1))
 
 
-# cpu_decode_share="auto" (the default): after TRIAL_WARMUP batches on nvJPEG, each route for
-# TRIAL_SETTLE batches and TRIAL_WINDOW + 1 timed ones (route_trial.py); a process with fewer
-# CPUs than this keeps nvJPEG without a trial.
+# cpu_decode_share="auto" (the default): after TRIAL_WARMUP batches on the CPU, each route for
+# TRIAL_SETTLE batches and TRIAL_WINDOW + 1 timed ones, nvJPEG only if the loop waited for the
+# CPU's (route_trial.py); a process with fewer CPUs than this keeps nvJPEG without a trial.
 CORES_FOR_A_TRIAL = 8
 TRIAL_WARMUP, TRIAL_SETTLE, TRIAL_WINDOW = 8, 4, 10
 CORES_LEFT_TO_THE_STEP = 4  # the training thread, the loader's read and stage threads
