@@ -25,7 +25,6 @@ the same distribution, other draws for the same key.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

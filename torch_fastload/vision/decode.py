@@ -525,8 +525,8 @@ def _native_args(data: torch.Tensor, offsets: np.ndarray, info: np.ndarray, boxe
 
 
 # cpu_decode_share="auto" (the default): after TRIAL_WARMUP batches on the CPU, each route for
-# TRIAL_SETTLE batches and TRIAL_WINDOW + 1 timed ones, nvJPEG only if the loop waited for the
-# CPU's (route_trial.py); a process with fewer CPUs than this keeps nvJPEG without a trial.
+# TRIAL_SETTLE batches and at least TRIAL_WINDOW + 1 timed ones, nvJPEG only if the loop waited
+# for the CPU's (route_trial.py); a process with fewer CPUs than this keeps nvJPEG without a trial.
 CORES_FOR_A_TRIAL = 8
 TRIAL_WARMUP, TRIAL_SETTLE, TRIAL_WINDOW = 8, 4, 10
 CORES_LEFT_TO_THE_STEP = 4  # the training thread, the loader's read and stage threads
