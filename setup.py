@@ -21,7 +21,6 @@ if os.environ.get("TORCH_FASTLOAD_ASAN", "") not in ("", "0"):
     link_args += ["-fsanitize=address"]
 
 
-
 def _libjpeg_builds() -> bool:
     """Whether a program including jpeglib.h links with -ljpeg here (TORCH_FASTLOAD_LIBJPEG=0/1
     forces it). Without it the batched CPU JPEG decoder is left out and Python threads decode."""
@@ -31,14 +30,18 @@ def _libjpeg_builds() -> bool:
     import subprocess
     import tempfile
 
-    program = "#include <stdio.h>\n#include <jpeglib.h>\nint main(void) { struct jpeg_error_mgr e; jpeg_std_error(&e); return 0; }\n"
+    program = (
+        "#include <stdio.h>\n#include <jpeglib.h>\n"
+        "int main(void) { struct jpeg_error_mgr e; jpeg_std_error(&e); return 0; }\n"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         source = os.path.join(tmp, "probe.c")
         with open(source, "w") as f:
             f.write(program)
         try:
-            result = subprocess.run([os.environ.get("CC", "cc"), source, "-ljpeg", "-o", os.path.join(tmp, "probe")],
-                                    capture_output=True)
+            result = subprocess.run(
+                [os.environ.get("CC", "cc"), source, "-ljpeg", "-o", os.path.join(tmp, "probe")], capture_output=True
+            )
         except OSError:
             return False
         return result.returncode == 0
@@ -75,8 +78,17 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.1", "numpy"],
     extras_require={
-        "test": ["pytest", "tqdm", "psutil", "pybind11>=2.10", "setuptools>=64", "matplotlib", "torchvision", "pillow",
-                 "torch_geometric"],
+        "test": [
+            "pytest",
+            "tqdm",
+            "psutil",
+            "pybind11>=2.10",
+            "setuptools>=64",
+            "matplotlib",
+            "torchvision",
+            "pillow",
+            "torch_geometric",
+        ],
         "bench": ["matplotlib", "tqdm"],
         "vision": ["torchvision", "pillow"],
         "gnn": ["torch_geometric", "tqdm"],

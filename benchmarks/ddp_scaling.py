@@ -73,8 +73,20 @@ import torch.utils.data as tud  # noqa: E402
 import torch.utils.data.distributed  # noqa: E402,F401
 
 import torch_fastload  # noqa: E402
-from torch_fastload._benchutil import (cpu_seconds, fmt, fsync_file, gemm_seconds, log, machine_info,  # noqa: E402
-                                       positive_int_list, pyplot, run_quiet, table, warm_page_cache, write_json)
+from torch_fastload._benchutil import (
+    cpu_seconds,
+    fmt,
+    fsync_file,
+    gemm_seconds,
+    log,
+    machine_info,  # noqa: E402
+    positive_int_list,
+    pyplot,
+    run_quiet,
+    table,
+    warm_page_cache,
+    write_json,
+)
 from torch_fastload.sources import ArrayDataset  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -108,8 +120,12 @@ def make_data(root: Path, layout: dict, quiet: bool = False) -> dict:
     meta = root / "meta.json"
     want = 128 + layout["rows"] * layout["row_bytes"]
     try:
-        if (json.loads(meta.read_text()) == layout and paths["features"].stat().st_size == want
-                and paths["labels"].exists() and paths["ids"].exists()):
+        if (
+            json.loads(meta.read_text()) == layout
+            and paths["features"].stat().st_size == want
+            and paths["labels"].exists()
+            and paths["ids"].exists()
+        ):
             return paths
     except (OSError, ValueError):
         pass
@@ -118,8 +134,10 @@ def make_data(root: Path, layout: dict, quiet: bool = False) -> dict:
     rows, elems = layout["rows"], layout["row_bytes"] // 4
     started = time.perf_counter()
     if not quiet:
-        log(f"  writing {rows} rows x {layout['row_bytes'] / 1024:.0f} KiB = {rows * layout['row_bytes'] / GiB:.2f} GiB "
-            f"under {root}")
+        log(
+            f"  writing {rows} rows x {layout['row_bytes'] / 1024:.0f} KiB = {rows * layout['row_bytes'] / GiB:.2f} GiB "
+            f"under {root}"
+        )
     out = np.lib.format.open_memmap(paths["features"], mode="w+", dtype=np.float32, shape=(rows, elems))
     flat = out.reshape(-1).view(np.uint8)
     block = 64 * MiB
@@ -132,8 +150,9 @@ def make_data(root: Path, layout: dict, quiet: bool = False) -> dict:
         end = min(start + block, flat.size)
         words = (end - start) // 8
         chunk = base[:words] + np.uint64((0x9E3779B97F4A7C15 * (k + 1)) % (1 << 64) | 1)
-        flat[start:start + words * 8] = chunk.view(np.uint8)
-        flat[start + words * 8:end] = 0x5A
+        flat[start : start + words * 8] = chunk.view(np.uint8)
+        flat[start + words * 8 : end] = 0x5A
+
     with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
         list(pool.map(fill, range((flat.size + block - 1) // block)))
     out.flush()
@@ -312,8 +331,18 @@ def cpu_total() -> float:
     return cpu_seconds() + children.ru_utime + children.ru_stime
 
 
-def run_loader(name: str, loader, sampler, ctx: Dist, args, consumer: Consumer, epochs: list,
-               timed_from_batch: int, move: bool, verify_untimed: int) -> dict:
+def run_loader(
+    name: str,
+    loader,
+    sampler,
+    ctx: Dist,
+    args,
+    consumer: Consumer,
+    epochs: list,
+    timed_from_batch: int,
+    move: bool,
+    verify_untimed: int,
+) -> dict:
     """Iterate ``epochs`` (set_epoch before each iter, the iterator dropped at the end as a
     ``for`` loop drops it); the clock starts (after a barrier) at global batch
     ``timed_from_batch`` and stops after the last batch, the device synchronized.
@@ -370,17 +399,30 @@ def run_loader(name: str, loader, sampler, ctx: Dist, args, consumer: Consumer, 
         consumer.end_epoch()
     ctx.sync()
     if started is None:
-        raise RuntimeError(f"{name}: only {done} batches, the clock never started (timed from batch "
-                           f"{timed_from_batch})")
+        raise RuntimeError(
+            f"{name}: only {done} batches, the clock never started (timed from batch {timed_from_batch})"
+        )
     wall = time.perf_counter() - started
     cpu = cpu_total() - cpu0
     gc.collect()
-    return {"name": name, "epochs": len(epochs), "batches": batches, "samples": samples, "bytes": nbytes,
-            "wall_s": wall, "samples_per_s": samples / wall if wall > 0 else 0.0,
-            "gbps": nbytes / wall / 1e9 if wall > 0 else 0.0, "input_wait_s": wait,
-            "input_wait_fraction": wait / wall if wall > 0 else 0.0, "cpu_s": cpu, "cores": cpu / wall if wall else 0.0,
-            "timed_epochs": edges, "first_batch_s": first_batch, "teardown_s": teardown,
-            "epoch_edge_ms": 1e3 * (first_batch + teardown) / edges if edges else None}
+    return {
+        "name": name,
+        "epochs": len(epochs),
+        "batches": batches,
+        "samples": samples,
+        "bytes": nbytes,
+        "wall_s": wall,
+        "samples_per_s": samples / wall if wall > 0 else 0.0,
+        "gbps": nbytes / wall / 1e9 if wall > 0 else 0.0,
+        "input_wait_s": wait,
+        "input_wait_fraction": wait / wall if wall > 0 else 0.0,
+        "cpu_s": cpu,
+        "cores": cpu / wall if wall else 0.0,
+        "timed_epochs": edges,
+        "first_batch_s": first_batch,
+        "teardown_s": teardown,
+        "epoch_edge_ms": 1e3 * (first_batch + teardown) / edges if edges else None,
+    }
 
 
 def coverage(ctx: Dist, consumer: Consumer, rows: int, epochs: int) -> dict:
@@ -390,12 +432,18 @@ def coverage(ctx: Dist, consumer: Consumer, rows: int, epochs: int) -> dict:
     total_size = math.ceil(rows / ctx.world) * ctx.world
     low, high, total = int(seen.min().item()), int(seen.max().item()), int(seen.sum().item())
     exact = low == high == epochs
-    padded = (not exact and low == epochs and total == epochs * total_size)
+    padded = not exact and low == epochs and total == epochs * total_size
     consumer.seen.zero_()
-    return {"epochs": epochs, "rows": rows, "min_count": low, "max_count": high, "total": total,
-            "expected_total": epochs * total_size,
-            "status": "exact" if exact else f"padded ({total_size - rows} repeats a epoch)" if padded else "WRONG",
-            "ok": exact or padded}
+    return {
+        "epochs": epochs,
+        "rows": rows,
+        "min_count": low,
+        "max_count": high,
+        "total": total,
+        "expected_total": epochs * total_size,
+        "status": "exact" if exact else f"padded ({total_size - rows} repeats a epoch)" if padded else "WRONG",
+        "ok": exact or padded,
+    }
 
 
 def worker(args) -> int:
@@ -410,10 +458,12 @@ def worker(args) -> int:
     ds = ArrayDataset(*[str(p) for p in files])
     rows = len(ds)
     if ctx.rank == 0:
-        log(f"ddp_scaling: world {ctx.world} ({ctx.backend or 'one process'}), "
+        log(
+            f"ddp_scaling: world {ctx.world} ({ctx.backend or 'one process'}), "
             f"{'cuda:LOCAL_RANK' if ctx.device.type == 'cuda' else 'cpu'} per rank, "
             f"{rows} rows x {layout['row_bytes'] / 1024:.0f} KiB = {rows * layout['row_bytes'] / GiB:.2f} GiB, "
-            f"batch {args.batch}, page cache {fmt(resident_before, '.0%')} resident")
+            f"batch {args.batch}, page cache {fmt(resident_before, '.0%')} resident"
+        )
     Sampler = distributed_sampler_class()
     sampler = Sampler(ds, num_replicas=ctx.world, rank=ctx.rank, shuffle=True, seed=args.seed)
     consumer = Consumer(rows, ctx.device, args.compute_ms, paths["features"], args.record_ids)
@@ -428,66 +478,109 @@ def worker(args) -> int:
         runs[name]["id_stats"] = consumer.epoch_figures()
 
     def fastload():
-        loader = torch_fastload.DataLoader(ds, batch_size=args.batch, sampler=sampler, device=ctx.device,
-                                           drop_last=False, **io_kwargs)
+        loader = torch_fastload.DataLoader(
+            ds, batch_size=args.batch, sampler=sampler, device=ctx.device, drop_last=False, **io_kwargs
+        )
         try:
             per_epoch = len(loader)
             epochs = list(range(1 + args.epochs))  # epoch 0: warmup, untimed
-            result = run_loader("fastload", loader, sampler, ctx, args, consumer, epochs, per_epoch, False,
-                                args.verify_batches)
+            result = run_loader(
+                "fastload", loader, sampler, ctx, args, consumer, epochs, per_epoch, False, args.verify_batches
+            )
             stats = loader.stats()
-            result.update(io=str(loader.io), io_mode=loader.io.mode, io_bytes=dict(stats.io_bytes),
-                          stats_wait_fraction=stats.wait_fraction, pool_bytes=stats.pool_bytes,
-                          state_dict=hasattr(loader, "state_dict"), _epochs_run=len(epochs))
+            result.update(
+                io=str(loader.io),
+                io_mode=loader.io.mode,
+                io_bytes=dict(stats.io_bytes),
+                stats_wait_fraction=stats.wait_fraction,
+                pool_bytes=stats.pool_bytes,
+                state_dict=hasattr(loader, "state_dict"),
+                _epochs_run=len(epochs),
+            )
         finally:
             loader.close()
         return result
 
     def torch_baseline():
         workers = args.torch_workers
-        loader = tud.DataLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=workers,
-                                pin_memory=ctx.device.type == "cuda", drop_last=False,
-                                prefetch_factor=4 if workers else None, persistent_workers=False)
+        loader = tud.DataLoader(
+            ds,
+            batch_size=args.batch,
+            sampler=sampler,
+            num_workers=workers,
+            pin_memory=ctx.device.type == "cuda",
+            drop_last=False,
+            prefetch_factor=4 if workers else None,
+            persistent_workers=False,
+        )
         epochs = list(range(args.torch_epochs))
         warmup = min(2, max(0, len(loader) - 1))
-        result = run_loader(f"torch w{workers}", loader, sampler, ctx, args, consumer, epochs, warmup, True,
-                            args.verify_batches)
+        result = run_loader(
+            f"torch w{workers}", loader, sampler, ctx, args, consumer, epochs, warmup, True, args.verify_batches
+        )
         result.update(workers=workers, pin_memory=ctx.device.type == "cuda", _epochs_run=len(epochs))
         return result
 
     measure("fastload", fastload)
     if args.torch_epochs > 0:
         measure("torch", torch_baseline)
-    mine = {"rank": ctx.rank, "local_rank": ctx.local_rank, "host": socket.gethostname(), "device": str(ctx.device),
-            "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None,
-            "resident_before": resident_before, "runs": runs}
+    mine = {
+        "rank": ctx.rank,
+        "local_rank": ctx.local_rank,
+        "host": socket.gethostname(),
+        "device": str(ctx.device),
+        "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None,
+        "resident_before": resident_before,
+        "runs": runs,
+    }
     everyone = ctx.gather(mine)
     aggregate = {}
     for name in runs:  # every rank ran the same loaders
         mine_run = runs[name]
-        samples, nbytes, wait_frac, cores = ctx.reduce([mine_run["samples"], mine_run["bytes"],
-                                                        mine_run["input_wait_fraction"], mine_run["cores"]], "sum")
+        samples, nbytes, wait_frac, cores = ctx.reduce(
+            [mine_run["samples"], mine_run["bytes"], mine_run["input_wait_fraction"], mine_run["cores"]], "sum"
+        )
         inner = mine_run["wall_s"] - mine_run["first_batch_s"] - mine_run["teardown_s"]
         wall, inner, edge_ms = ctx.reduce([mine_run["wall_s"], inner, mine_run["epoch_edge_ms"] or 0.0], "max")
-        aggregate[name] = {"world": ctx.world, "samples": int(samples), "bytes": int(nbytes), "wall_s": wall,
-                           "samples_per_s": samples / wall, "gbps": nbytes / wall / 1e9,
-                           # without the epoch edges (iter() to first batch, last batch to shutdown)
-                           "steady_samples_per_s": samples / inner if inner > 0 else None,
-                           "max_epoch_edge_ms": edge_ms if mine_run["epoch_edge_ms"] is not None else None,
-                           "mean_input_wait_fraction": wait_frac / ctx.world, "cores": cores,
-                           "per_rank_samples_per_s": [r["runs"][name]["samples_per_s"] for r in everyone],
-                           "coverage": coverages[name]}
+        aggregate[name] = {
+            "world": ctx.world,
+            "samples": int(samples),
+            "bytes": int(nbytes),
+            "wall_s": wall,
+            "samples_per_s": samples / wall,
+            "gbps": nbytes / wall / 1e9,
+            # without the epoch edges (iter() to first batch, last batch to shutdown)
+            "steady_samples_per_s": samples / inner if inner > 0 else None,
+            "max_epoch_edge_ms": edge_ms if mine_run["epoch_edge_ms"] is not None else None,
+            "mean_input_wait_fraction": wait_frac / ctx.world,
+            "cores": cores,
+            "per_rank_samples_per_s": [r["runs"][name]["samples_per_s"] for r in everyone],
+            "coverage": coverages[name],
+        }
     ctx.barrier()
     if ctx.rank == 0:
-        report = {"kind": "worker", "world_size": ctx.world, "backend": ctx.backend, "device_type": ctx.device.type,
-                  "machine": machine_info(ctx.device.type == "cuda"),
-                  "args": {k: str(v) for k, v in vars(args).items()},
-                  "data": {**layout, "bytes": rows * layout["row_bytes"], "dir": str(args.dir),
-                           "resident_before": [r["resident_before"] for r in everyone]},
-                  "sampler": f"{Sampler.__module__}.{Sampler.__qualname__}",
-                  "ranks": everyone, "aggregate": aggregate,
-                  "failures": [{"what": f"{name} coverage", "error": a["coverage"]["status"]}
-                               for name, a in aggregate.items() if not a["coverage"]["ok"]]}
+        report = {
+            "kind": "worker",
+            "world_size": ctx.world,
+            "backend": ctx.backend,
+            "device_type": ctx.device.type,
+            "machine": machine_info(ctx.device.type == "cuda"),
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "data": {
+                **layout,
+                "bytes": rows * layout["row_bytes"],
+                "dir": str(args.dir),
+                "resident_before": [r["resident_before"] for r in everyone],
+            },
+            "sampler": f"{Sampler.__module__}.{Sampler.__qualname__}",
+            "ranks": everyone,
+            "aggregate": aggregate,
+            "failures": [
+                {"what": f"{name} coverage", "error": a["coverage"]["status"]}
+                for name, a in aggregate.items()
+                if not a["coverage"]["ok"]
+            ],
+        }
         if "fastload" in aggregate and "torch" in aggregate:
             report["fastload_vs_torch"] = aggregate["fastload"]["samples_per_s"] / aggregate["torch"]["samples_per_s"]
         print_worker(report)
@@ -510,17 +603,41 @@ def print_worker(report: dict) -> None:
     rows = []
     for r in report["ranks"]:
         for name, run in r["runs"].items():
-            rows.append([f"rank {r['rank']} {name}", r["device"], f"{run['samples_per_s']:,.0f}", fmt(run["gbps"]),
-                         fmt(100 * run["input_wait_fraction"], ".1f") + "%", fmt(run["cores"], ".1f"),
-                         f"{run['wall_s']:.2f}", fmt(run["epoch_edge_ms"], ".1f"), _io_of(run)])
+            rows.append(
+                [
+                    f"rank {r['rank']} {name}",
+                    r["device"],
+                    f"{run['samples_per_s']:,.0f}",
+                    fmt(run["gbps"]),
+                    fmt(100 * run["input_wait_fraction"], ".1f") + "%",
+                    fmt(run["cores"], ".1f"),
+                    f"{run['wall_s']:.2f}",
+                    fmt(run["epoch_edge_ms"], ".1f"),
+                    _io_of(run),
+                ]
+            )
     for name, a in report["aggregate"].items():
-        rows.append([f"all {name}", f"x{a['world']}", f"{a['samples_per_s']:,.0f}", fmt(a["gbps"]),
-                     fmt(100 * a["mean_input_wait_fraction"], ".1f") + "%", fmt(a["cores"], ".1f"),
-                     f"{a['wall_s']:.2f}", fmt(a["max_epoch_edge_ms"], ".1f"), a["coverage"]["status"]])
+        rows.append(
+            [
+                f"all {name}",
+                f"x{a['world']}",
+                f"{a['samples_per_s']:,.0f}",
+                fmt(a["gbps"]),
+                fmt(100 * a["mean_input_wait_fraction"], ".1f") + "%",
+                fmt(a["cores"], ".1f"),
+                f"{a['wall_s']:.2f}",
+                fmt(a["max_epoch_edge_ms"], ".1f"),
+                a["coverage"]["status"],
+            ]
+        )
     log("")
-    log(table(["run", "device", "samples/s", "GB/s", "input wait", "cores", "wall s", "edge ms/epoch",
-               "io / coverage"], rows,
-              title=f"world {report['world_size']}: per rank, then aggregate (sum of samples / max wall)"))
+    log(
+        table(
+            ["run", "device", "samples/s", "GB/s", "input wait", "cores", "wall s", "edge ms/epoch", "io / coverage"],
+            rows,
+            title=f"world {report['world_size']}: per rank, then aggregate (sum of samples / max wall)",
+        )
+    )
     if "fastload_vs_torch" in report:
         log(f"fastload vs torch DataLoader (aggregate samples/s): {report['fastload_vs_torch']:.2f}x")
     for f in report["failures"]:
@@ -537,14 +654,22 @@ def launch(cmd: list, log_path: Path, timeout: float, prefix: str) -> int:
     env.setdefault("OMP_NUM_THREADS", "1")
     log(f"$ {' '.join(cmd)}")
     with open(log_path, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
 
         def pump():
             for line in proc.stdout:
                 f.write(line)
                 f.flush()
                 print(f"{prefix}{line}", end="", flush=True)
+
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         try:
@@ -567,10 +692,32 @@ def torchrun_cmd(nproc: int, script: list) -> list:
 
 
 def worker_argv(args, json_path: Path) -> list:
-    out = ["--dir", str(args.dir), "--gib", repr(args.gib), "--row-kib", repr(args.row_kib), "--batch", str(args.batch),
-           "--epochs", str(args.epochs), "--torch-workers", str(args.torch_workers), "--torch-epochs",
-           str(args.torch_epochs), "--compute-ms", repr(args.compute_ms), "--seed", str(args.seed),
-           "--verify-batches", str(args.verify_batches), "--device", args.device, "--json", str(json_path)]
+    out = [
+        "--dir",
+        str(args.dir),
+        "--gib",
+        repr(args.gib),
+        "--row-kib",
+        repr(args.row_kib),
+        "--batch",
+        str(args.batch),
+        "--epochs",
+        str(args.epochs),
+        "--torch-workers",
+        str(args.torch_workers),
+        "--torch-epochs",
+        str(args.torch_epochs),
+        "--compute-ms",
+        repr(args.compute_ms),
+        "--seed",
+        str(args.seed),
+        "--verify-batches",
+        str(args.verify_batches),
+        "--device",
+        args.device,
+        "--json",
+        str(json_path),
+    ]
     for name in ("io_mode", "map_budget", "io_threads"):
         if getattr(args, name) is not None:
             out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -611,17 +758,28 @@ def driver(args) -> int:
     paths = make_data(args.dir, layout)
     files = list(paths.values())
     warm_page_cache(files)  # the scaling target is about the loader, not the disk: start hot
-    report = {"kind": "driver", "machine": machine_info(cuda), "args": {k: str(v) for k, v in vars(args).items()},
-              "data": {**layout, "bytes": layout["rows"] * layout["row_bytes"], "dir": str(args.dir)},
-              "runs": {}, "failures": [], "skipped_gpu_counts": skipped, "gpu_topology": gpu_topology(cuda)}
+    report = {
+        "kind": "driver",
+        "machine": machine_info(cuda),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "data": {**layout, "bytes": layout["rows"] * layout["row_bytes"], "dir": str(args.dir)},
+        "runs": {},
+        "failures": [],
+        "skipped_gpu_counts": skipped,
+        "gpu_topology": gpu_topology(cuda),
+    }
     for n in counts:
         json_path = args.out / f"ddp_scaling-{n}gpu.json"
         json_path.unlink(missing_ok=True)
         before = residency(files)
         log(f"-- {n} {_units(n, cuda)} (page cache {fmt(before, '.0%')} resident)")
         t0 = time.perf_counter()
-        rc = launch(torchrun_cmd(n, [str(Path(__file__).resolve()), *worker_argv(args, json_path)]),
-                    args.out / f"ddp_scaling-{n}gpu.log", args.run_timeout, f"[{n}] ")
+        rc = launch(
+            torchrun_cmd(n, [str(Path(__file__).resolve()), *worker_argv(args, json_path)]),
+            args.out / f"ddp_scaling-{n}gpu.log",
+            args.run_timeout,
+            f"[{n}] ",
+        )
         if not json_path.exists():
             report["failures"].append({"gpus": n, "rc": rc, "error": "no JSON written (see the log)"})
             continue
@@ -631,8 +789,14 @@ def driver(args) -> int:
         result["resident_before_launch"] = before
         report["runs"][str(n)] = result
         if rc != 0:
-            report["failures"].append({"gpus": n, "rc": rc, "error": "; ".join(
-                f"{f['what']}: {f['error']}" for f in result.get("failures", [])) or "non-zero exit"})
+            report["failures"].append(
+                {
+                    "gpus": n,
+                    "rc": rc,
+                    "error": "; ".join(f"{f['what']}: {f['error']}" for f in result.get("failures", []))
+                    or "non-zero exit",
+                }
+            )
     summarize(report, cuda)
     report["elapsed_s"] = time.perf_counter() - began
     write_json(args.out / "ddp_scaling.json", report)
@@ -649,34 +813,81 @@ def summarize(report: dict, cuda: bool) -> None:
         for name, a in r.get("aggregate", {}).items():
             one = base.get(name)
             a["vs_1"] = a["samples_per_s"] / one["samples_per_s"] if one else None
-            a["steady_vs_1"] = (a["steady_samples_per_s"] / one["steady_samples_per_s"]
-                                if one and a.get("steady_samples_per_s") and one.get("steady_samples_per_s") else None)
+            a["steady_vs_1"] = (
+                a["steady_samples_per_s"] / one["steady_samples_per_s"]
+                if one and a.get("steady_samples_per_s") and one.get("steady_samples_per_s")
+                else None
+            )
             per_rank = a["per_rank_samples_per_s"]
-            rows.append([n, name, f"{a['samples_per_s']:,.0f}", fmt(a["gbps"]),
-                         f"{min(per_rank):,.0f}-{max(per_rank):,.0f}",
-                         fmt(100 * a["mean_input_wait_fraction"], ".1f") + "%", fmt(a["cores"], ".1f"),
-                         fmt(a["vs_1"], ".2f") + "x", fmt(a.get("max_epoch_edge_ms"), ".1f"),
-                         fmt(a["steady_vs_1"], ".2f") + "x", a["coverage"]["status"],
-                         fmt(min((x for x in r["data"]["resident_before"] if x is not None), default=None), ".0%")])
+            rows.append(
+                [
+                    n,
+                    name,
+                    f"{a['samples_per_s']:,.0f}",
+                    fmt(a["gbps"]),
+                    f"{min(per_rank):,.0f}-{max(per_rank):,.0f}",
+                    fmt(100 * a["mean_input_wait_fraction"], ".1f") + "%",
+                    fmt(a["cores"], ".1f"),
+                    fmt(a["vs_1"], ".2f") + "x",
+                    fmt(a.get("max_epoch_edge_ms"), ".1f"),
+                    fmt(a["steady_vs_1"], ".2f") + "x",
+                    a["coverage"]["status"],
+                    fmt(min((x for x in r["data"]["resident_before"] if x is not None), default=None), ".0%"),
+                ]
+            )
             if not a["coverage"]["ok"]:
-                verdicts.append({"target": f"{n} x {name}: every sample once per epoch", "pass": False,
-                                 "value": a["coverage"]["status"]})
+                verdicts.append(
+                    {
+                        "target": f"{n} x {name}: every sample once per epoch",
+                        "pass": False,
+                        "value": a["coverage"]["status"],
+                    }
+                )
     log("")
-    log(table(["ranks", "loader", "agg samples/s", "agg GB/s", "per rank samples/s", "input wait", "cores",
-               "vs 1", "edge ms/epoch", "steady vs 1", "coverage", "cached"], rows,
-              title="aggregate = all ranks' samples / the slowest rank's wall time; steady: without epoch "
-                    "edges (iter() to first batch, last batch to shutdown)"))
+    log(
+        table(
+            [
+                "ranks",
+                "loader",
+                "agg samples/s",
+                "agg GB/s",
+                "per rank samples/s",
+                "input wait",
+                "cores",
+                "vs 1",
+                "edge ms/epoch",
+                "steady vs 1",
+                "coverage",
+                "cached",
+            ],
+            rows,
+            title="aggregate = all ranks' samples / the slowest rank's wall time; steady: without epoch "
+            "edges (iter() to first batch, last batch to shutdown)",
+        )
+    )
     two = runs.get("2", {}).get("aggregate", {}).get("fastload")
     if two and base.get("fastload"):
         hot = all((x or 0) >= 0.99 for n in ("1", "2") for x in runs[n]["data"]["resident_before"])
         ratio = two["vs_1"]
         note = "page cache hot (storage not the limit)" if hot else "page cache NOT fully hot: storage may limit"
         if cuda:
-            verdicts.append({"target": f"fastload 2-GPU / 1-GPU aggregate samples/s >= {SCALING_TARGET}x", "value": ratio,
-                             "pass": bool(hot and ratio >= SCALING_TARGET) if hot else None, "note": note})
+            verdicts.append(
+                {
+                    "target": f"fastload 2-GPU / 1-GPU aggregate samples/s >= {SCALING_TARGET}x",
+                    "value": ratio,
+                    "pass": bool(hot and ratio >= SCALING_TARGET) if hot else None,
+                    "note": note,
+                }
+            )
         else:
-            verdicts.append({"target": "CPU smoke: scaling not meaningful on CPU processes", "value": ratio,
-                             "pass": None, "note": note})
+            verdicts.append(
+                {
+                    "target": "CPU smoke: scaling not meaningful on CPU processes",
+                    "value": ratio,
+                    "pass": None,
+                    "note": note,
+                }
+            )
         t1, t2 = base.get("torch"), runs["2"]["aggregate"].get("torch")
         if t1 and t2:
             report["torch_scaling"] = t2["samples_per_s"] / t1["samples_per_s"]
@@ -690,9 +901,11 @@ def summarize(report: dict, cuda: bool) -> None:
         value = fmt(v["value"], ".2f") + "x" if isinstance(v["value"], float) else v["value"]
         log(f"{word}  {v['target']}: {value}" + (f" ({v['note']})" if v.get("note") else ""))
     if report.get("fastload_steady_scaling"):
-        log(f"INFO  fastload 2 / 1 without epoch edges: {report['fastload_steady_scaling']:.2f}x (epoch edges: "
+        log(
+            f"INFO  fastload 2 / 1 without epoch edges: {report['fastload_steady_scaling']:.2f}x (epoch edges: "
             f"{fmt(base['fastload'].get('max_epoch_edge_ms'), '.1f')} ms at 1, "
-            f"{fmt(two.get('max_epoch_edge_ms'), '.1f')} ms at 2 per epoch)")
+            f"{fmt(two.get('max_epoch_edge_ms'), '.1f')} ms at 2 per epoch)"
+        )
     if "torch_scaling" in report:
         log(f"INFO  torch DataLoader 2 / 1: {report['torch_scaling']:.2f}x")
     for f in report["failures"]:
@@ -709,7 +922,9 @@ def plot(report: dict, path: Path) -> None:
     counts = sorted(int(n) for n in runs)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     for name, color in (("fastload", "#1f77b4"), ("torch", "#999999")):
-        pts = [(n, runs[str(n)]["aggregate"][name]["gbps"]) for n in counts if name in runs[str(n)].get("aggregate", {})]
+        pts = [
+            (n, runs[str(n)]["aggregate"][name]["gbps"]) for n in counts if name in runs[str(n)].get("aggregate", {})
+        ]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=name)
             ax.plot([p[0] for p in pts], [pts[0][1] * p[0] / pts[0][0] for p in pts], ":", color=color, linewidth=1)
@@ -747,18 +962,33 @@ def imagenet_driver(args) -> int:
     cuda, counts, skipped = usable_counts(args)
     from torch_fastload.vision.sample_data import make_image_folder
 
-    sample = dict(classes=args.imagenet_classes, train_per_class=args.imagenet_per_class,
-                  val_per_class=args.imagenet_val_per_class)
+    sample = dict(
+        classes=args.imagenet_classes,
+        train_per_class=args.imagenet_per_class,
+        val_per_class=args.imagenet_val_per_class,
+    )
     log(f"imagenet: {sample['classes']} classes x {sample['train_per_class']} train images under {args.imagenet_dir}")
     t0 = time.perf_counter()
-    make_image_folder(str(args.imagenet_dir), sample["classes"], sample["train_per_class"], sample["val_per_class"],
-                      progress=not args.no_progress)
+    make_image_folder(
+        str(args.imagenet_dir),
+        sample["classes"],
+        sample["train_per_class"],
+        sample["val_per_class"],
+        progress=not args.no_progress,
+    )
     log(f"  dataset ready in {time.perf_counter() - t0:.1f} s")
     train_images = sample["classes"] * sample["train_per_class"]
-    report = {"kind": "imagenet", "machine": machine_info(cuda), "args": {k: str(v) for k, v in vars(args).items()},
-              "train_images": train_images, "runs": [], "failures": [], "skipped_gpu_counts": skipped,
-              "page_cache": "hot: the folder is generated (or read by an earlier run) first",
-              "gpu_topology": gpu_topology(cuda)}
+    report = {
+        "kind": "imagenet",
+        "machine": machine_info(cuda),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "train_images": train_images,
+        "runs": [],
+        "failures": [],
+        "skipped_gpu_counts": skipped,
+        "page_cache": "hot: the folder is generated (or read by an earlier run) first",
+        "gpu_topology": gpu_topology(cuda),
+    }
     checkpoints = Path(str(args.imagenet_dir) + "-checkpoints")  # not under --out: ResNet-50 is 100 MB
     for loader in args.imagenet_loaders:
         for n in counts:
@@ -767,18 +997,40 @@ def imagenet_driver(args) -> int:
             json_path.unlink(missing_ok=True)
             steps_per_epoch = train_images // (args.imagenet_batch * n)
             if steps_per_epoch < 1:
-                report["failures"].append({"gpus": n, "loader": loader,
-                                           "error": f"{train_images} images < one global batch"})
+                report["failures"].append(
+                    {"gpus": n, "loader": loader, "error": f"{train_images} images < one global batch"}
+                )
                 continue
             epochs = math.ceil(args.imagenet_steps / steps_per_epoch)  # whole epochs: no epoch cut short
-            script = [str(REPO / "examples" / "imagenet.py"), "--arch", args.imagenet_arch, "--loader", loader,
-                      "--batch-size", str(args.imagenet_batch), "--sample-dir", str(args.imagenet_dir),
-                      "--sample-classes", str(sample["classes"]),
-                      "--sample-train-per-class", str(sample["train_per_class"]),
-                      "--sample-val-per-class", str(sample["val_per_class"]), "--epochs", str(epochs),
-                      "--warmup-steps", str(args.imagenet_warmup_steps), "--no-val", "--no-progress",
-                      "--checkpoint-dir", str(checkpoints), "--workers", str(args.torch_workers),
-                      "--json", str(json_path)]
+            script = [
+                str(REPO / "examples" / "imagenet.py"),
+                "--arch",
+                args.imagenet_arch,
+                "--loader",
+                loader,
+                "--batch-size",
+                str(args.imagenet_batch),
+                "--sample-dir",
+                str(args.imagenet_dir),
+                "--sample-classes",
+                str(sample["classes"]),
+                "--sample-train-per-class",
+                str(sample["train_per_class"]),
+                "--sample-val-per-class",
+                str(sample["val_per_class"]),
+                "--epochs",
+                str(epochs),
+                "--warmup-steps",
+                str(args.imagenet_warmup_steps),
+                "--no-val",
+                "--no-progress",
+                "--checkpoint-dir",
+                str(checkpoints),
+                "--workers",
+                str(args.torch_workers),
+                "--json",
+                str(json_path),
+            ]
             if not cuda:
                 script.append("--no-amp")
             log(f"-- {loader}, {n} {_units(n, cuda)}: {epochs} epochs of {steps_per_epoch} steps")
@@ -788,8 +1040,9 @@ def imagenet_driver(args) -> int:
                 report["failures"].append({"gpus": n, "loader": loader, "rc": rc, "error": "failed (see the log)"})
                 continue
             result = json.loads(json_path.read_text())
-            result.update(gpus=n, process_seconds=time.perf_counter() - t1, steps_per_epoch=steps_per_epoch,
-                          epochs=epochs)
+            result.update(
+                gpus=n, process_seconds=time.perf_counter() - t1, steps_per_epoch=steps_per_epoch, epochs=epochs
+            )
             report["runs"].append(result)
     by = {(r["loader"], r["gpus"]): r for r in report["runs"]}
     rows = []
@@ -797,15 +1050,40 @@ def imagenet_driver(args) -> int:
         one, synthetic = by.get((loader, 1)), by.get(("synthetic", n))
         r["vs_1"] = r["train_images_per_s"] / one["train_images_per_s"] if one and one["train_images_per_s"] else None
         r["step_vs_synthetic"] = r["step_ms"] / synthetic["step_ms"] if synthetic and synthetic["step_ms"] else None
-        rows.append([n, r["arch"], loader, f"{r['train_images_per_s']:,.0f}", f"{r['train_images_per_s'] / n:,.0f}",
-                     fmt(r["step_ms"], ".1f"), fmt(r["step_vs_synthetic"], ".3f") + "x",
-                     fmt(100 * r["input_wait_fraction"], ".1f") + "%", r.get("timed_steps", "-"),
-                     fmt(r["vs_1"], ".2f") + "x"])
+        rows.append(
+            [
+                n,
+                r["arch"],
+                loader,
+                f"{r['train_images_per_s']:,.0f}",
+                f"{r['train_images_per_s'] / n:,.0f}",
+                fmt(r["step_ms"], ".1f"),
+                fmt(r["step_vs_synthetic"], ".3f") + "x",
+                fmt(100 * r["input_wait_fraction"], ".1f") + "%",
+                r.get("timed_steps", "-"),
+                fmt(r["vs_1"], ".2f") + "x",
+            ]
+        )
     log("")
-    log(table(["GPUs", "model", "loader", "train img/s", "per GPU", "step ms", "step vs synthetic", "input wait",
-               "timed steps", "vs 1"], rows,
-              title=f"examples/imagenet.py under torchrun, batch {args.imagenet_batch} per GPU, "
-                    f"{train_images} train images"))
+    log(
+        table(
+            [
+                "GPUs",
+                "model",
+                "loader",
+                "train img/s",
+                "per GPU",
+                "step ms",
+                "step vs synthetic",
+                "input wait",
+                "timed steps",
+                "vs 1",
+            ],
+            rows,
+            title=f"examples/imagenet.py under torchrun, batch {args.imagenet_batch} per GPU, "
+            f"{train_images} train images",
+        )
+    )
     report["scaling"] = {}
     for loader in args.imagenet_loaders:
         two = by.get((loader, 2))
@@ -829,10 +1107,15 @@ def loader_list(text: str) -> list:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--driver", action="store_true", help="launch torchrun for each of --gpus and compare")
-    p.add_argument("--imagenet", action="store_true",
-                   help="driver for examples/imagenet.py under torchrun at each of --gpus (instead of the loader)")
+    p.add_argument(
+        "--imagenet",
+        action="store_true",
+        help="driver for examples/imagenet.py under torchrun at each of --gpus (instead of the loader)",
+    )
     p.add_argument("--gpus", type=positive_int_list, default=[1, 2], help="driver: process counts (default 1,2)")
     p.add_argument("--cpu-smoke", action="store_true", help="no GPU: tiny data, device cpu, gloo, ids recorded")
     p.add_argument("--dir", type=Path, default=REPO / "benchmarks" / "out" / "data-ddp")
@@ -850,18 +1133,27 @@ def parse_args(argv=None):
     p.add_argument("--map-budget", default=None)
     p.add_argument("--io-threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--verify-batches", type=int, default=1,
-                   help="rows of the first N batches of each untimed epoch are checked against the file")
+    p.add_argument(
+        "--verify-batches",
+        type=int,
+        default=1,
+        help="rows of the first N batches of each untimed epoch are checked against the file",
+    )
     p.add_argument("--verify-all", action="store_true", help="check every batch (timed ones too)")
     p.add_argument("--record-ids", action="store_true", help="write every rank's ids, per epoch, in the JSON")
     p.add_argument("--run-timeout", type=float, default=540, help="driver: seconds per launch")
     g = p.add_argument_group("--imagenet")
     g.add_argument("--imagenet-arch", default="resnet50")
-    g.add_argument("--imagenet-loaders", type=loader_list, default=["fastload", "synthetic"],
-                   help="comma-separated: fastload, torch, synthetic (the model alone, no input pipeline)")
+    g.add_argument(
+        "--imagenet-loaders",
+        type=loader_list,
+        default=["fastload", "synthetic"],
+        help="comma-separated: fastload, torch, synthetic (the model alone, no input pipeline)",
+    )
     g.add_argument("--imagenet-batch", type=int, default=256, help="per GPU")
-    g.add_argument("--imagenet-steps", type=int, default=240,
-                   help="optimizer steps per run, at least (rounded up to whole epochs)")
+    g.add_argument(
+        "--imagenet-steps", type=int, default=240, help="optimizer steps per run, at least (rounded up to whole epochs)"
+    )
     g.add_argument("--imagenet-warmup-steps", type=int, default=20, help="steps left out of the figures")
     g.add_argument("--imagenet-classes", type=int, default=100)
     g.add_argument("--imagenet-per-class", type=int, default=128, help="train images per class")

@@ -38,8 +38,16 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from torch_fastload import engine  # noqa: E402
-from torch_fastload._benchutil import (drop_page_cache, error_text, fmt, log, machine_info, size_list,  # noqa: E402
-                                       table, write_json)
+from torch_fastload._benchutil import (
+    drop_page_cache,
+    error_text,
+    fmt,
+    log,
+    machine_info,
+    size_list,  # noqa: E402
+    table,
+    write_json,
+)
 from torch_fastload.sources.features import PAGE, FeatureStore  # noqa: E402
 
 
@@ -51,12 +59,13 @@ def make_file(path: Path, rows: int, dim: int) -> None:
                 return
         except ValueError:
             pass
-    block = np.random.default_rng(0).standard_normal((max(1, min(rows, (64 << 20) // (4 * dim))), dim)).astype(
-        np.float32)
+    block = (
+        np.random.default_rng(0).standard_normal((max(1, min(rows, (64 << 20) // (4 * dim))), dim)).astype(np.float32)
+    )
     out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, dim))
     for start in range(0, rows, len(block)):
         end = min(rows, start + len(block))
-        out[start:end] = block[:end - start] + np.float32(start)
+        out[start:end] = block[: end - start] + np.float32(start)
     out.flush()
     del out
 
@@ -104,8 +113,11 @@ def plot(report: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False)
     for ax, rb in zip(axes[0], sizes):
         for mode in ("mmap", "storage", "uva", "cache"):
-            points = sorted((r["batch"], r["gbps"]) for r in report["hot"] if r["row_bytes"] == rb and r["mode"] == mode
-                            and r.get("gbps"))
+            points = sorted(
+                (r["batch"], r["gbps"])
+                for r in report["hot"]
+                if r["row_bytes"] == rb and r["mode"] == mode and r.get("gbps")
+            )
             if points:
                 ax.plot(*zip(*points), marker="o", label=mode)
         ax.set_xscale("log")
@@ -120,7 +132,9 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--dir", type=Path, default=REPO / "benchmarks" / "out" / "features")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out")
     p.add_argument("--gib", type=float, default=2.0, help="size of each feature file")
@@ -135,14 +149,26 @@ def main(argv=None) -> int:
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.cpu_smoke:
-        args.gib, args.row_bytes, args.batches, args.cold_batch, args.mmap_cold_batch, args.reps = \
-            0.01, [256, 4096], [256, 2048], 1024, 256, 1
+        args.gib, args.row_bytes, args.batches, args.cold_batch, args.mmap_cold_batch, args.reps = (
+            0.01,
+            [256, 4096],
+            [256, 2048],
+            1024,
+            256,
+            1,
+        )
         args.cold_repeats = 1
     device = torch.device("cuda") if torch.cuda.is_available() and not args.cpu_smoke else torch.device("cpu")
     args.dir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"machine": machine_info(device.type == "cuda"), "args": {k: str(v) for k, v in vars(args).items()},
-              "device": str(device), "hot": [], "cold": [], "failures": []}
+    report = {
+        "machine": machine_info(device.type == "cuda"),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "device": str(device),
+        "hot": [],
+        "cold": [],
+        "failures": [],
+    }
     for rb in args.row_bytes:
         dim = rb // 4
         rows = int(args.gib * (1 << 30)) // rb
@@ -151,7 +177,7 @@ def main(argv=None) -> int:
         log(f"-- {rb} B rows: {path} ({rows:,} x {dim} float32)")
         # cold first: no mapping of the file may exist (mapped pages cannot be dropped)
         cold_ids = np.random.default_rng(9).integers(0, rows, args.cold_batch)
-        mmap_ids = cold_ids[:args.mmap_cold_batch]
+        mmap_ids = cold_ids[: args.mmap_cold_batch]
         buffered = FeatureStore(path, device=device, io_threads=args.disk_threads)
         direct = FeatureStore(path, device=device, o_direct=True, io_threads=args.disk_threads)
         for store in (buffered, direct):
@@ -190,17 +216,29 @@ def main(argv=None) -> int:
             seconds = ceiling_pages * PAGE / disk_ceiling(path, ceiling_pages, args.disk_threads)
             samples.setdefault("disk 4 KiB random O_DIRECT", []).append((ceiling_pages, seconds, ceiling_pages))
         for name, runs in samples.items():
-            ids, seconds, pages = runs[0][0], float(np.median([r[1] for r in runs])), float(np.median([r[2] for r in runs]))
-            entry = {"row_bytes": rb, "mode": name, "seconds": seconds, "pages_per_s": pages / seconds,
-                     "page_gbps": pages * PAGE / seconds / 1e9, "repeats": len(runs),
-                     "pages_per_s_each": [r[2] / r[1] for r in runs]}
+            ids, seconds, pages = (
+                runs[0][0],
+                float(np.median([r[1] for r in runs])),
+                float(np.median([r[2] for r in runs])),
+            )
+            entry = {
+                "row_bytes": rb,
+                "mode": name,
+                "seconds": seconds,
+                "pages_per_s": pages / seconds,
+                "page_gbps": pages * PAGE / seconds / 1e9,
+                "repeats": len(runs),
+                "pages_per_s_each": [r[2] / r[1] for r in runs],
+            }
             if not name.startswith("disk"):
                 entry.update(ids=ids, rows_per_s=ids / seconds, gbps=ids * rb / seconds / 1e9)
             report["cold"].append(entry)
         for r in report["cold"]:
             if r["row_bytes"] == rb:
-                log(f"   cold {r['mode']:<28} {fmt(r.get('rows_per_s'), ',.0f'):>12} rows/s "
-                    f"{fmt(r.get('page_gbps'), '.3f')} GB/s of pages")
+                log(
+                    f"   cold {r['mode']:<28} {fmt(r.get('rows_per_s'), ',.0f'):>12} rows/s "
+                    f"{fmt(r.get('page_gbps'), '.3f')} GB/s of pages"
+                )
         reference = np.load(path, mmap_mode="r")
         warm(path)
         stores = {"storage": FeatureStore(path, device=device)}
@@ -221,54 +259,101 @@ def main(argv=None) -> int:
                 try:
                     seconds = timed(fn, device, args.reps)
                     unique = len(np.unique(chosen))  # uniform ids repeat: a tier reads each row once
-                    result = {"row_bytes": rb, "batch": batch, "mode": name, "seconds": seconds,
-                              "rows_per_s": batch / seconds, "gbps": batch * rb / seconds / 1e9,
-                              "unique_fraction": unique / batch, "unique_gbps": unique * rb / seconds / 1e9}
+                    result = {
+                        "row_bytes": rb,
+                        "batch": batch,
+                        "mode": name,
+                        "seconds": seconds,
+                        "rows_per_s": batch / seconds,
+                        "gbps": batch * rb / seconds / 1e9,
+                        "unique_fraction": unique / batch,
+                        "unique_gbps": unique * rb / seconds / 1e9,
+                    }
                     report["hot"].append(result)
                 except Exception as exc:
                     report["failures"].append({"mode": name, "row_bytes": rb, "batch": batch, "error": error_text(exc)})
             check = stores["storage"].gather(ids[:1000]).cpu()
             assert torch.equal(check, torch.from_numpy(np.asarray(reference[ids[:1000]]))), "storage rows differ"
-            line = "  ".join(f"{r['mode']} {r['gbps']:.2f}" for r in report["hot"] if r["row_bytes"] == rb
-                             and r["batch"] == batch)
+            line = "  ".join(
+                f"{r['mode']} {r['gbps']:.2f}" for r in report["hot"] if r["row_bytes"] == rb and r["batch"] == batch
+            )
             log(f"   batch {batch:>8,}: GB/s {line}")
     # tables and verdicts
     rows = []
     for r in report["hot"]:
-        base = next((b for b in report["hot"] if b["row_bytes"] == r["row_bytes"] and b["batch"] == r["batch"]
-                     and b["mode"] == "mmap"), None)
+        base = next(
+            (
+                b
+                for b in report["hot"]
+                if b["row_bytes"] == r["row_bytes"] and b["batch"] == r["batch"] and b["mode"] == "mmap"
+            ),
+            None,
+        )
         r["vs_mmap"] = r["gbps"] / base["gbps"] if base and base["gbps"] else None
-        rows.append([r["row_bytes"], f"{r['batch']:,}", r["mode"], fmt(r["rows_per_s"] / 1e6, ".2f"),
-                     fmt(r["gbps"], ".2f"), fmt(r["unique_fraction"], ".0%"), fmt(r["unique_gbps"], ".2f"),
-                     fmt(r["vs_mmap"], ".1f") + "x"])
+        rows.append(
+            [
+                r["row_bytes"],
+                f"{r['batch']:,}",
+                r["mode"],
+                fmt(r["rows_per_s"] / 1e6, ".2f"),
+                fmt(r["gbps"], ".2f"),
+                fmt(r["unique_fraction"], ".0%"),
+                fmt(r["unique_gbps"], ".2f"),
+                fmt(r["vs_mmap"], ".1f") + "x",
+            ]
+        )
     log("")
-    log(table(["row B", "ids", "mode", "M rows/s", "GB/s", "unique", "GB/s unique", "vs mmap"], rows,
-              title=f"hot gathers to {device} (GB/s: rows delivered; GB/s unique: distinct rows read)"))
+    log(
+        table(
+            ["row B", "ids", "mode", "M rows/s", "GB/s", "unique", "GB/s unique", "vs mmap"],
+            rows,
+            title=f"hot gathers to {device} (GB/s: rows delivered; GB/s unique: distinct rows read)",
+        )
+    )
     verdicts = []
     if device.type == "cuda":
         big = [r for r in report["hot"] if r["batch"] == max(args.batches)]
         uva = [r["gbps"] for r in big if r["mode"] == "uva" and r["row_bytes"] == max(args.row_bytes)]
         hot = [r["vs_mmap"] for r in big if r["mode"] == "storage" and r["vs_mmap"]]
         if hot:
-            verdicts.append({"target": "hot storage tier vs hot mmap (page cache; largest batch, worst row size)",
-                             "value": min(hot), "verdict": "info"})
+            verdicts.append(
+                {
+                    "target": "hot storage tier vs hot mmap (page cache; largest batch, worst row size)",
+                    "value": min(hot),
+                    "verdict": "info",
+                }
+            )
         if uva:  # PCIe moves rows of 4 KiB at full rate; smaller rows are reported, not judged
             judged = max(args.row_bytes) >= 4096
-            verdicts.append({"target": f"uva >= 25 GB/s (largest rows, {max(args.row_bytes)} B, and batch)",
-                             "value": max(uva),
-                             "verdict": ("PASS" if max(uva) >= 25 else "FAIL") if judged else "info"})
+            verdicts.append(
+                {
+                    "target": f"uva >= 25 GB/s (largest rows, {max(args.row_bytes)} B, and batch)",
+                    "value": max(uva),
+                    "verdict": ("PASS" if max(uva) >= 25 else "FAIL") if judged else "info",
+                }
+            )
         for rb in args.row_bytes:
             disk = next((r for r in report["cold"] if r["row_bytes"] == rb and r["mode"].startswith("disk")), None)
             direct = next((r for r in report["cold"] if r["row_bytes"] == rb and r["mode"] == "storage O_DIRECT"), None)
             mmap = next((r for r in report["cold"] if r["row_bytes"] == rb and r["mode"] == "mmap"), None)
             if disk and direct:
                 share = direct["page_gbps"] / disk["page_gbps"]
-                verdicts.append({"target": f"cold O_DIRECT >= 80% of disk 4 KiB random rate ({rb} B rows)",
-                                 "value": share, "verdict": "PASS" if share >= 0.8 else "FAIL"})
+                verdicts.append(
+                    {
+                        "target": f"cold O_DIRECT >= 80% of disk 4 KiB random rate ({rb} B rows)",
+                        "value": share,
+                        "verdict": "PASS" if share >= 0.8 else "FAIL",
+                    }
+                )
             if mmap and direct:  # "from storage": both read the cold file
                 ratio = direct["rows_per_s"] / mmap["rows_per_s"]
-                verdicts.append({"target": f"from storage (cold): storage O_DIRECT >= 10x mmap rows/s ({rb} B rows)",
-                                 "value": ratio, "verdict": "PASS" if ratio >= 10 else "FAIL"})
+                verdicts.append(
+                    {
+                        "target": f"from storage (cold): storage O_DIRECT >= 10x mmap rows/s ({rb} B rows)",
+                        "value": ratio,
+                        "verdict": "PASS" if ratio >= 10 else "FAIL",
+                    }
+                )
         for v in verdicts:
             log(f"{v['verdict']}: {v['target']}: {v['value']:.2f}")
     report["verdicts"] = verdicts

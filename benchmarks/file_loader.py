@@ -62,10 +62,25 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import torch_fastload  # noqa: E402
-from torch_fastload import DataLoader, RecordDataset, io as fio, pack  # noqa: E402
-from torch_fastload._benchutil import (Progress, cpu_seconds, drop_page_cache, error_text, fmt, fsync_file,  # noqa: E402
-                                       gemm_seconds, h2d_copy_seconds, log, machine_info, positive_int_list, pyplot, table,
-                                       warm_page_cache, write_json)
+from torch_fastload import DataLoader, RecordDataset, pack  # noqa: E402
+from torch_fastload import io as fio
+from torch_fastload._benchutil import (
+    Progress,
+    cpu_seconds,
+    drop_page_cache,
+    error_text,
+    fmt,
+    fsync_file,  # noqa: E402
+    gemm_seconds,
+    h2d_copy_seconds,
+    log,
+    machine_info,
+    positive_int_list,
+    pyplot,
+    table,
+    warm_page_cache,
+    write_json,
+)
 from torch_fastload.sources import ArrayDataset  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -120,7 +135,7 @@ def make_records(root: Path, gib: float, progress: bool) -> Path:
     def records():
         for i, n in enumerate(sizes):
             start = (i * 7919) % (block.size - n)
-            yield block[start:start + n].tobytes(), i % 1000
+            yield block[start : start + n].tobytes(), i % 1000
 
     class _Sized:
         def __len__(self):
@@ -220,7 +235,7 @@ def kvikio_best(path: Path, device: torch.device, threads_list, task_sizes) -> d
             cells.append({"threads": threads, "task_size": task, "gbps": best})
             log(f"  kvikio CuFile.read  threads={threads:>2} task={task // MiB:>2} MiB  {best:6.2f} GB/s")
     head = np.fromfile(path, dtype=np.uint8, count=1 << 20)
-    if not torch.equal(buf[:1 << 20].cpu(), torch.from_numpy(head)):
+    if not torch.equal(buf[: 1 << 20].cpu(), torch.from_numpy(head)):
         raise AssertionError("kvikio read wrong bytes")
     del buf
     kvikio.defaults.set("num_threads", fio.select("auto", device).threads)
@@ -232,7 +247,11 @@ def kvikio_best(path: Path, device: torch.device, threads_list, task_sizes) -> d
 # --------------------------------------------------------------------------------------------
 def batch_bytes(batch) -> int:
     if isinstance(batch, torch_fastload.RecordBatch):
-        return batch.data.numel() + batch.offsets.numel() * 8 + (batch.labels.numel() * 8 if batch.labels is not None else 0)
+        return (
+            batch.data.numel()
+            + batch.offsets.numel() * 8
+            + (batch.labels.numel() * 8 if batch.labels is not None else 0)
+        )
     return sum(t.numel() * t.element_size() for t in batch)
 
 
@@ -276,33 +295,60 @@ def measure(name: str, make_iter, device, max_batches: int | None, warmup: int, 
         del it
         gc.collect()
     gbps = nbytes / seconds / 1e9
-    result = {"name": name, "batches": n - warmup, "samples": samples, "bytes": nbytes, "seconds": seconds,
-              "samples_per_s": samples / seconds, "gbps": gbps, "cpu_s": cpu, "cores": cpu / seconds,
-              "cores_per_10gbps": (cpu / seconds) / (gbps / 10) if gbps > 0 else None}
+    result = {
+        "name": name,
+        "batches": n - warmup,
+        "samples": samples,
+        "bytes": nbytes,
+        "seconds": seconds,
+        "samples_per_s": samples / seconds,
+        "gbps": gbps,
+        "cpu_s": cpu,
+        "cores": cpu / seconds,
+        "cores_per_10gbps": (cpu / seconds) / (gbps / 10) if gbps > 0 else None,
+    }
     result.update(extra or {})
-    log(f"  {name:<34} {result['samples_per_s']:>10,.0f} samples/s  {gbps:6.2f} GB/s  "
-        f"{result['cores']:5.1f} cores  ({result['batches']} batches, {seconds:.2f} s)")
+    log(
+        f"  {name:<34} {result['samples_per_s']:>10,.0f} samples/s  {gbps:6.2f} GB/s  "
+        f"{result['cores']:5.1f} cores  ({result['batches']} batches, {seconds:.2f} s)"
+    )
     return result
 
 
 def torch_run(name, dataset, args, device, workers, collate=None):
     def make():
-        loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch, shuffle=True, num_workers=workers,
-                                             pin_memory=device.type == "cuda", collate_fn=collate,
-                                             persistent_workers=False, prefetch_factor=4 if workers else None,
-                                             generator=torch.Generator().manual_seed(0))
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=args.batch,
+            shuffle=True,
+            num_workers=workers,
+            pin_memory=device.type == "cuda",
+            collate_fn=collate,
+            persistent_workers=False,
+            prefetch_factor=4 if workers else None,
+            generator=torch.Generator().manual_seed(0),
+        )
 
         def moved():
             for batch in loader:
                 if isinstance(batch, torch_fastload.RecordBatch):
-                    yield torch_fastload.RecordBatch(*(t.to(device, non_blocking=True) if t is not None else None
-                                                       for t in batch))
+                    yield torch_fastload.RecordBatch(
+                        *(t.to(device, non_blocking=True) if t is not None else None for t in batch)
+                    )
                 else:
                     yield [t.to(device, non_blocking=True) for t in batch]
+
         return moved()
 
-    return measure(f"{name} torch w{workers}", make, device, args.torch_batches, 2, samples_of(dataset),
-                   {"loader": "torch", "workers": workers})
+    return measure(
+        f"{name} torch w{workers}",
+        make,
+        device,
+        args.torch_batches,
+        2,
+        samples_of(dataset),
+        {"loader": "torch", "workers": workers},
+    )
 
 
 def samples_of(dataset):
@@ -312,14 +358,21 @@ def samples_of(dataset):
 
 
 def fastload_run(label, dataset, args, device, *, epochs=1, cold_paths=None, **loader_kwargs):
-    loader = DataLoader(dataset, batch_size=args.batch, shuffle=True, device=device,
-                        generator=torch.Generator().manual_seed(0), **loader_kwargs)
+    loader = DataLoader(
+        dataset,
+        batch_size=args.batch,
+        shuffle=True,
+        device=device,
+        generator=torch.Generator().manual_seed(0),
+        **loader_kwargs,
+    )
     io_path = str(loader.io)
 
     def make():
         def epochs_iter():
             for _ in range(epochs):
                 yield from loader
+
         return epochs_iter()
 
     resident = None
@@ -327,9 +380,22 @@ def fastload_run(label, dataset, args, device, *, epochs=1, cold_paths=None, **l
         for path in cold_paths:
             drop_page_cache(path)
         resident = resident_fraction(cold_paths)
-    result = measure(label, make, device, None, 1, samples_of(dataset),
-                     {"loader": "fastload", "io": io_path, "io_mode": loader.io.mode, "epochs": epochs,
-                      "cold": bool(cold_paths), "resident_before": resident})
+    result = measure(
+        label,
+        make,
+        device,
+        None,
+        1,
+        samples_of(dataset),
+        {
+            "loader": "fastload",
+            "io": io_path,
+            "io_mode": loader.io.mode,
+            "epochs": epochs,
+            "cold": bool(cold_paths),
+            "resident_before": resident,
+        },
+    )
     result["stats"] = loader.stats().as_dict()
     result["io_bytes"] = result["stats"]["io_bytes"]
     loader.close()
@@ -380,14 +446,17 @@ def overlap_study(dataset, args, device, batch_transfer_s: float) -> dict:
         def feed():
             while True:
                 yield from loader
+
         results[f"{mode}_ms"], _ = timed(feed())
         results[f"{mode}_io"] = loader.io.mode
         loader.close()
     for mode in ("auto", "gds"):
         results[f"{mode}_over_resident"] = results[f"{mode}_ms"] / results["resident_ms"]
-    log(f"  overlap: step resident {results['resident_ms']:.2f} ms, fastload auto ({results['auto_io']}) "
+    log(
+        f"  overlap: step resident {results['resident_ms']:.2f} ms, fastload auto ({results['auto_io']}) "
         f"{results['auto_ms']:.2f} ms = {results['auto_over_resident']:.3f}x, fastload gds ({results['gds_io']}) "
-        f"{results['gds_ms']:.2f} ms = {results['gds_over_resident']:.3f}x")
+        f"{results['gds_ms']:.2f} ms = {results['gds_over_resident']:.3f}x"
+    )
     return results
 
 
@@ -406,8 +475,11 @@ def plot(report: dict, path: Path) -> None:
     for y, r in enumerate(runs):
         ax.text(r["gbps"], y, f" {r['gbps']:.1f} GB/s, {r['samples_per_s']:,.0f}/s", va="center", fontsize=8)
     base = report["baselines"]
-    for key, style, label in (("link_gbps", "--", "link (pinned H2D)"), ("kvikio_best_gbps", ":", "kvikio best (hot)"),
-                              ("disk_odirect_gbps", "-.", "disk O_DIRECT (cold)")):
+    for key, style, label in (
+        ("link_gbps", "--", "link (pinned H2D)"),
+        ("kvikio_best_gbps", ":", "kvikio best (hot)"),
+        ("disk_odirect_gbps", "-.", "disk O_DIRECT (cold)"),
+    ):
         if base.get(key):
             ax.axvline(base[key], linestyle=style, color="k", linewidth=1)
             ax.text(base[key], len(runs) - 0.4, f" {label}", fontsize=8, rotation=90, va="top")
@@ -422,29 +494,55 @@ def plot(report: dict, path: Path) -> None:
 def verdicts(report: dict) -> list[tuple[str, bool | None, str]]:
     base, runs = report["baselines"], {r["name"]: r for r in report["runs"] if "gbps" in r}
     out = []
-    hot = [r for r in runs.values() if r["loader"] == "fastload" and not r.get("cold") and r["name"].startswith("arrays")]
+    hot = [
+        r for r in runs.values() if r["loader"] == "fastload" and not r.get("cold") and r["name"].startswith("arrays")
+    ]
     best_hot = max(hot, key=lambda r: r["gbps"]) if hot else None
     if best_hot:
-        out.append(("hot file -> GPU >= 40 GB/s (arrays)", best_hot["gbps"] >= 40, f"{best_hot['gbps']:.1f} GB/s ({best_hot['name']})"))
+        out.append(
+            (
+                "hot file -> GPU >= 40 GB/s (arrays)",
+                best_hot["gbps"] >= 40,
+                f"{best_hot['gbps']:.1f} GB/s ({best_hot['name']})",
+            )
+        )
         if base.get("kvikio_best_gbps"):
             ratio = best_hot["gbps"] / base["kvikio_best_gbps"]
-            out.append(("hot >= 1.0x kvikio CuFile.read best", ratio >= 1.0, f"{ratio:.2f}x of {base['kvikio_best_gbps']:.1f} GB/s"))
+            out.append(
+                (
+                    "hot >= 1.0x kvikio CuFile.read best",
+                    ratio >= 1.0,
+                    f"{ratio:.2f}x of {base['kvikio_best_gbps']:.1f} GB/s",
+                )
+            )
         cores = best_hot["cores_per_10gbps"]
         out.append(("<= 2 CPU cores per 10 GB/s", cores is not None and cores <= 2, f"{fmt(cores)} cores per 10 GB/s"))
     cold = [r for r in runs.values() if r.get("cold") and r["name"].startswith("arrays")]
     if cold and base.get("disk_odirect_gbps"):
         best_cold = max(cold, key=lambda r: r["gbps"])
         ratio = best_cold["gbps"] / base["disk_odirect_gbps"]
-        out.append(("cold >= 90% of the disk's O_DIRECT rate", ratio >= 0.9,
-                    f"{100 * ratio:.0f}% ({best_cold['gbps']:.2f} of {base['disk_odirect_gbps']:.2f} GB/s, {best_cold['name']})"))
+        out.append(
+            (
+                "cold >= 90% of the disk's O_DIRECT rate",
+                ratio >= 0.9,
+                f"{100 * ratio:.0f}% ({best_cold['gbps']:.2f} of {base['disk_odirect_gbps']:.2f} GB/s, {best_cold['name']})",
+            )
+        )
     for kind in ("arrays", "records"):
         theirs = [r for r in runs.values() if r["loader"] == "torch" and r["name"].startswith(kind)]
-        ours = [r for r in runs.values() if r["loader"] == "fastload" and not r.get("cold") and r["name"].startswith(kind)]
+        ours = [
+            r for r in runs.values() if r["loader"] == "fastload" and not r.get("cold") and r["name"].startswith(kind)
+        ]
         if theirs and ours:
             t, o = max(theirs, key=lambda r: r["samples_per_s"]), max(ours, key=lambda r: r["samples_per_s"])
             ratio = o["samples_per_s"] / t["samples_per_s"]
-            out.append((f">= 5x torch DataLoader samples/s ({kind})", ratio >= 5,
-                        f"{ratio:.1f}x ({o['samples_per_s']:,.0f} vs {t['samples_per_s']:,.0f} {t['name']})"))
+            out.append(
+                (
+                    f">= 5x torch DataLoader samples/s ({kind})",
+                    ratio >= 5,
+                    f"{ratio:.1f}x ({o['samples_per_s']:,.0f} vs {t['samples_per_s']:,.0f} {t['name']})",
+                )
+            )
     return out
 
 
@@ -462,8 +560,9 @@ class _without_kvikio:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dir", type=Path, default=REPO / "benchmarks" / "out" / "data")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out")
     parser.add_argument("--array-gib", type=float, default=4.0)
@@ -473,8 +572,12 @@ def main(argv=None) -> int:
     parser.add_argument("--torch-workers", type=positive_int_list, default=[8, 16])
     parser.add_argument("--torch-batches", type=int, default=40)
     parser.add_argument("--overlap-steps", type=int, default=40)
-    parser.add_argument("--cold-threads", type=int, default=64,
-                        help="io_threads for cold runs: random reads want more I/O in flight than hot ones")
+    parser.add_argument(
+        "--cold-threads",
+        type=int,
+        default=64,
+        help="io_threads for cold runs: random reads want more I/O in flight than hot ones",
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cpu-smoke", action="store_true", help="no GPU: tiny data on the CPU, code paths only")
     parser.add_argument("--no-progress", action="store_true")
@@ -493,8 +596,14 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     progress = not args.no_progress
-    report = {"machine": machine_info(cuda), "args": {k: str(v) for k, v in vars(args).items()},
-              "gds": str(fio.gds_status()), "io_auto": str(fio.select("auto", device)), "baselines": {}, "runs": []}
+    report = {
+        "machine": machine_info(cuda),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "gds": str(fio.gds_status()),
+        "io_auto": str(fio.select("auto", device)),
+        "baselines": {},
+        "runs": [],
+    }
     log(f"torch_fastload file loader  device={device}  {report['gds']}")
     log(f"  io_mode=auto on {device}: {report['io_auto']}")
 
@@ -504,8 +613,10 @@ def main(argv=None) -> int:
     arrays = ArrayDataset(features, labels)
     records = RecordDataset(records_dir)
     array_files = [features, labels]
-    log(f"  arrays: {len(arrays)} x {ROW_SHAPE} float32 = {os.path.getsize(features) / GiB:.2f} GiB; "
-        f"records: {len(records)} records = {records.meta['bytes'] / GiB:.2f} GiB in {len(records.shard_paths)} shards")
+    log(
+        f"  arrays: {len(arrays)} x {ROW_SHAPE} float32 = {os.path.getsize(features) / GiB:.2f} GiB; "
+        f"records: {len(records)} records = {records.meta['bytes'] / GiB:.2f} GiB in {len(records.shard_paths)} shards"
+    )
     base = report["baselines"]
 
     def attempt(what, fn):
@@ -525,8 +636,10 @@ def main(argv=None) -> int:
         drop_page_cache(path)
     base["disk_resident_before"] = resident_fraction(array_files)
     base["disk_odirect_gbps"] = attempt("disk", lambda: disk_odirect(features, os.path.getsize(features)))
-    log(f"  disk: parallel O_DIRECT (16 threads x 4 MiB, cold) {fmt(base['disk_odirect_gbps'])} GB/s "
-        f"(resident before: {fmt(base['disk_resident_before'], '.0%')})")
+    log(
+        f"  disk: parallel O_DIRECT (16 threads x 4 MiB, cold) {fmt(base['disk_odirect_gbps'])} GB/s "
+        f"(resident before: {fmt(base['disk_resident_before'], '.0%')})"
+    )
     warm_page_cache(array_files + records.shard_paths)
     if cuda:
         threads = [8, 16, 32] if not args.quick else [16]
@@ -539,41 +652,79 @@ def main(argv=None) -> int:
     runs = report["runs"]
     log("arrays (.npy): hot")
     for workers in args.torch_workers:
-        runs.append(attempt("torch", lambda: torch_run("arrays", arrays, args, device, workers)) or
-                    {"name": f"arrays torch w{workers}", "failed": True})
-    runs.append(attempt("fastload", lambda: fastload_run("arrays fastload hot", arrays, args, device,
-                                                         epochs=args.hot_epochs)))
+        runs.append(
+            attempt("torch", lambda: torch_run("arrays", arrays, args, device, workers))
+            or {"name": f"arrays torch w{workers}", "failed": True}
+        )
+    runs.append(
+        attempt("fastload", lambda: fastload_run("arrays fastload hot", arrays, args, device, epochs=args.hot_epochs))
+    )
     if cuda:
         with torch_fastload.config.override(map_budget=0):
-            runs.append(attempt("ring", lambda: fastload_run("arrays fastload-ring hot", arrays, args, device,
-                                                             epochs=args.hot_epochs)))
-        slot = lambda: fastload_run("arrays fastload-slot hot", arrays, args, device,  # noqa: E731
-                                    epochs=args.hot_epochs, io_mode="pinned")
+            runs.append(
+                attempt(
+                    "ring",
+                    lambda: fastload_run("arrays fastload-ring hot", arrays, args, device, epochs=args.hot_epochs),
+                )
+            )
+        slot = lambda: fastload_run(
+            "arrays fastload-slot hot",
+            arrays,
+            args,
+            device,  # noqa: E731
+            epochs=args.hot_epochs,
+            io_mode="pinned",
+        )
         with _without_kvikio():
             runs.append(attempt("slot", slot))
         for mode, label in (("pinned", "arrays fastload-kvikio hot"), ("gds", "arrays fastload-gds hot")):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                runs.append(attempt(label, lambda: fastload_run(label, arrays, args, device, epochs=args.hot_epochs,
-                                                                 io_mode=mode)))
+                runs.append(
+                    attempt(
+                        label, lambda: fastload_run(label, arrays, args, device, epochs=args.hot_epochs, io_mode=mode)
+                    )
+                )
     log("arrays (.npy): cold (page cache dropped)")
     cold = dict(cold_paths=array_files, io_threads=args.cold_threads)
-    runs.append(attempt("cold buffered", lambda: fastload_run("arrays fastload cold buffered", arrays, args, device,
-                                                              **cold)))
-    runs.append(attempt("cold odirect", lambda: fastload_run("arrays fastload cold O_DIRECT", arrays, args, device,
-                                                             o_direct=True, **cold)))
+    runs.append(
+        attempt("cold buffered", lambda: fastload_run("arrays fastload cold buffered", arrays, args, device, **cold))
+    )
+    runs.append(
+        attempt(
+            "cold odirect",
+            lambda: fastload_run("arrays fastload cold O_DIRECT", arrays, args, device, o_direct=True, **cold),
+        )
+    )
     warm_page_cache(array_files)
 
     log("records (packed shards): hot")
     for workers in args.torch_workers:
-        runs.append(attempt("torch records", lambda: torch_run("records", records, args, device, workers,
-                                                               collate=records.collate)))
-    runs.append(attempt("records hot", lambda: fastload_run("records fastload hot", records, args, device,
-                                                            epochs=args.hot_epochs)))
+        runs.append(
+            attempt(
+                "torch records", lambda: torch_run("records", records, args, device, workers, collate=records.collate)
+            )
+        )
+    runs.append(
+        attempt(
+            "records hot", lambda: fastload_run("records fastload hot", records, args, device, epochs=args.hot_epochs)
+        )
+    )
     log("records: cold")
-    runs.append(attempt("records cold", lambda: fastload_run("records fastload cold O_DIRECT", records, args,
-                                                             device, cold_paths=records.shard_paths, o_direct=True,
-                                                             io_threads=args.cold_threads)))
+    runs.append(
+        attempt(
+            "records cold",
+            lambda: fastload_run(
+                "records fastload cold O_DIRECT",
+                records,
+                args,
+                device,
+                cold_paths=records.shard_paths,
+                o_direct=True,
+                io_threads=args.cold_threads,
+            ),
+        )
+    )
     warm_page_cache(array_files)
     report["runs"] = [r for r in runs if r]
 
@@ -583,23 +734,44 @@ def main(argv=None) -> int:
         report["overlap"] = attempt("overlap", lambda: overlap_study(arrays, args, device, transfer_s))
 
     report["elapsed_s"] = time.perf_counter() - began
-    rows = [[r["name"], r.get("io_mode", "-") if r["loader"] == "fastload" else f"w{r['workers']}",
-             f"{r['samples_per_s']:,.0f}", fmt(r["gbps"]), fmt(r["cores"], ".1f"), fmt(r["cores_per_10gbps"]),
-             fmt(r.get("resident_before"), ".0%")] for r in report["runs"] if "gbps" in r]
+    rows = [
+        [
+            r["name"],
+            r.get("io_mode", "-") if r["loader"] == "fastload" else f"w{r['workers']}",
+            f"{r['samples_per_s']:,.0f}",
+            fmt(r["gbps"]),
+            fmt(r["cores"], ".1f"),
+            fmt(r["cores_per_10gbps"]),
+            fmt(r.get("resident_before"), ".0%"),
+        ]
+        for r in report["runs"]
+        if "gbps" in r
+    ]
     log("")
-    log(table(["run", "io / workers", "samples/s", "GB/s", "cores", "cores/10GB/s", "cached before"], rows,
-              title=f"file -> {device}, batch {args.batch}, shuffled"))
+    log(
+        table(
+            ["run", "io / workers", "samples/s", "GB/s", "cores", "cores/10GB/s", "cached before"],
+            rows,
+            title=f"file -> {device}, batch {args.batch}, shuffled",
+        )
+    )
     log("")
     log(table(["baseline", "GB/s"], [[k, fmt(v)] for k, v in base.items() if k.endswith("gbps")]))
     ov = report.get("overlap")
     if ov:
         log("")
-        log(table(["feed", "step ms", "x resident"],
-                  [["device-resident", fmt(ov["resident_ms"]), "1.000"],
-                   [f"fastload auto ({ov['auto_io']})", fmt(ov["auto_ms"]), fmt(ov["auto_over_resident"], ".3f")],
-                   [f"fastload gds ({ov['gds_io']})", fmt(ov["gds_ms"]), fmt(ov["gds_over_resident"], ".3f")]],
-                  title=f"overlap: {ov['gemms_per_step']} bf16 4096^3 GEMMs per step on the default stream "
-                        f"(~{ov['gemms_per_step'] * ov['gemm_ms']:.2f} ms; batch transfer {ov['transfer_ms']:.2f} ms)"))
+        log(
+            table(
+                ["feed", "step ms", "x resident"],
+                [
+                    ["device-resident", fmt(ov["resident_ms"]), "1.000"],
+                    [f"fastload auto ({ov['auto_io']})", fmt(ov["auto_ms"]), fmt(ov["auto_over_resident"], ".3f")],
+                    [f"fastload gds ({ov['gds_io']})", fmt(ov["gds_ms"]), fmt(ov["gds_over_resident"], ".3f")],
+                ],
+                title=f"overlap: {ov['gemms_per_step']} bf16 4096^3 GEMMs per step on the default stream "
+                f"(~{ov['gemms_per_step'] * ov['gemm_ms']:.2f} ms; batch transfer {ov['transfer_ms']:.2f} ms)",
+            )
+        )
     checks = verdicts(report)
     report["verdicts"] = [{"target": t, "pass": p, "value": v} for t, p, v in checks]
     write_json(args.out / "file_loader.json", report)

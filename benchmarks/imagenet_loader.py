@@ -66,20 +66,38 @@ def timed_epochs(loader, epochs: int, device: torch.device, limit: int = 0) -> d
         if epoch:
             results.append({"images": images, "seconds": wall, "cores": cpu / wall, "images_per_s": images / wall})
     best = max(results, key=lambda r: r["images_per_s"])
-    return {"epochs": results, "images_per_s": best["images_per_s"], "cores": best["cores"],
-            "cores_per_1000": best["cores"] / (best["images_per_s"] / 1000)}
+    return {
+        "epochs": results,
+        "images_per_s": best["images_per_s"],
+        "cores": best["cores"],
+        "cores_per_1000": best["cores"] / (best["images_per_s"] / 1000),
+    }
 
 
 def torch_loader(train_dir, args, device):
     import torchvision
     import torchvision.transforms as T
 
-    ds = torchvision.datasets.ImageFolder(train_dir, T.Compose([
-        T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
-        T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]))
-    return torch.utils.data.DataLoader(ds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
-                                       pin_memory=device.type == "cuda", drop_last=True,
-                                       persistent_workers=args.workers > 0)
+    ds = torchvision.datasets.ImageFolder(
+        train_dir,
+        T.Compose(
+            [
+                T.RandomResizedCrop(224),
+                T.RandomHorizontalFlip(),
+                T.ToTensor(),
+                T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+            ]
+        ),
+    )
+    return torch.utils.data.DataLoader(
+        ds,
+        batch_size=args.batch,
+        shuffle=True,
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",
+        drop_last=True,
+        persistent_workers=args.workers > 0,
+    )
 
 
 def nvjpeg_ceiling(train_dir, args, device) -> dict:
@@ -99,8 +117,10 @@ def nvjpeg_ceiling(train_dir, args, device) -> dict:
             break
     slab = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8).pin_memory()
     bounds = np.cumsum([0] + [len(b) for b in blobs])
-    batches = [[slab[bounds[i]:bounds[i + 1]] for i in range(k, min(k + args.batch, len(blobs)))]
-               for k in range(0, len(blobs), args.batch)]
+    batches = [
+        [slab[bounds[i] : bounds[i + 1]] for i in range(k, min(k + args.batch, len(blobs)))]
+        for k in range(0, len(blobs), args.batch)
+    ]
     ops = decode._ops()
     for batch in batches[:2]:
         ops.decode_jpegs_cuda(batch, decode.RGB, device)
@@ -126,22 +146,24 @@ def plot(report: dict, path: Path) -> None:
     runs = [r for r in report["runs"] if "images_per_s" in r]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["name"] for r in runs]
-    ax1.barh(names, [r["images_per_s"] for r in runs], color=["#999" if r["name"] == "torch" else "#2a7"
-                                                               for r in runs])
+    ax1.barh(names, [r["images_per_s"] for r in runs], color=["#999" if r["name"] == "torch" else "#2a7" for r in runs])
     ax1.set_xlabel("images/s (higher is better)")
     ax1.set_title("input pipeline, RandomResizedCrop 224")
     with_cores = [r for r in runs if r.get("cores_per_1000") is not None]
     ax2.barh([r["name"] for r in with_cores], [r["cores_per_1000"] for r in with_cores], color="#c63")
     ax2.set_xlabel("CPU cores per 1000 images/s (lower is better)")
-    fig.suptitle(f"{report['machine'].get('gpu', {}).get('name', 'cpu')}: {report['dataset']['images']} images, "
-                 f"page cache hot")
+    fig.suptitle(
+        f"{report['machine'].get('gpu', {}).get('name', 'cpu')}: {report['dataset']['images']} images, page cache hot"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data", help="an ImageFolder train directory to use instead of the generated one")
     p.add_argument("--dir", type=Path, default=REPO / "benchmarks" / "out" / "imagenet-sample")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out")
@@ -162,20 +184,32 @@ def main(argv=None) -> int:
         train_dir = args.data
     else:
         edge = ("gray", "cmyk", "png", "progressive") if args.cpu_smoke else True
-        train_dir, _ = make_image_folder(str(args.dir), args.classes, args.per_class, 1, edge_cases=edge,
-                                         progress=not args.no_progress)
+        train_dir, _ = make_image_folder(
+            str(args.dir), args.classes, args.per_class, 1, edge_cases=edge, progress=not args.no_progress
+        )
     pack_dir = Path(str(args.dir) + "-pack") if not args.data else args.out / "imagenet-pack"
     if not (pack_dir / "meta.json").exists():
         t0 = time.perf_counter()
         torch_fastload.pack_image_folder(train_dir, pack_dir, progress=not args.no_progress, overwrite=True)
         log(f"packed {train_dir} -> {pack_dir} in {time.perf_counter() - t0:.1f} s")
     folder = ImageFolder(train_dir, transform=None)
-    dataset = {"train_dir": str(train_dir), "images": len(folder), "classes": len(folder.classes),
-               "bytes": int(folder.sizes.sum()), "mean_kb": float(folder.sizes.mean() / 1e3),
-               "page_cache": "hot (one untimed epoch before the timed ones; the set fits in RAM)"}
+    dataset = {
+        "train_dir": str(train_dir),
+        "images": len(folder),
+        "classes": len(folder.classes),
+        "bytes": int(folder.sizes.sum()),
+        "mean_kb": float(folder.sizes.mean() / 1e3),
+        "page_cache": "hot (one untimed epoch before the timed ones; the set fits in RAM)",
+    }
     log(f"dataset: {dataset['images']} images, {dataset['bytes'] / 1e9:.2f} GB, mean {dataset['mean_kb']:.0f} KB")
-    report = {"machine": machine_info(device.type == "cuda"), "args": {k: str(v) for k, v in vars(args).items()},
-              "dataset": dataset, "device": str(device), "runs": [], "failures": []}
+    report = {
+        "machine": machine_info(device.type == "cuda"),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "dataset": dataset,
+        "device": str(device),
+        "runs": [],
+        "failures": [],
+    }
 
     def run(name, make, **extra):
         log(f"-- {name}")
@@ -190,24 +224,40 @@ def main(argv=None) -> int:
                 loader.close()
             result.update(name=name, **extra)
             report["runs"].append(result)
-            log(f"   {result['images_per_s']:,.0f} images/s, {result['cores']:.1f} CPU cores "
-                f"({result['cores_per_1000']:.2f} per 1000 images/s)" + (f", decoded {result['decoded']}"
-                                                                          if result.get("decoded") else ""))
+            log(
+                f"   {result['images_per_s']:,.0f} images/s, {result['cores']:.1f} CPU cores "
+                f"({result['cores_per_1000']:.2f} per 1000 images/s)"
+                + (f", decoded {result['decoded']}" if result.get("decoded") else "")
+            )
         except Exception as exc:
             report["failures"].append({"name": name, "error": error_text(exc)})
             log(f"   FAILED: {error_text(exc)}")
 
     run("torch", lambda: torch_loader(train_dir, args, device), workers=args.workers)
     train = TrainTransform()
-    run("fastload-folder", lambda: torch_fastload.DataLoader(ImageFolder(train_dir, train, seed=0), batch_size=args.batch,
-                                                             shuffle=True, drop_last=True, device=device))
-    run("fastload-packed", lambda: torch_fastload.DataLoader(PackedImageFolder(pack_dir, train, seed=0),
-                                                             batch_size=args.batch, shuffle=True, drop_last=True,
-                                                             device=device))
+    run(
+        "fastload-folder",
+        lambda: torch_fastload.DataLoader(
+            ImageFolder(train_dir, train, seed=0), batch_size=args.batch, shuffle=True, drop_last=True, device=device
+        ),
+    )
+    run(
+        "fastload-packed",
+        lambda: torch_fastload.DataLoader(
+            PackedImageFolder(pack_dir, train, seed=0),
+            batch_size=args.batch,
+            shuffle=True,
+            drop_last=True,
+            device=device,
+        ),
+    )
     bf16 = TrainTransform(dtype=torch.bfloat16, channels_last=True)
-    run("fastload-folder-bf16-cl", lambda: torch_fastload.DataLoader(ImageFolder(train_dir, bf16, seed=0),
-                                                                     batch_size=args.batch, shuffle=True,
-                                                                     drop_last=True, device=device))
+    run(
+        "fastload-folder-bf16-cl",
+        lambda: torch_fastload.DataLoader(
+            ImageFolder(train_dir, bf16, seed=0), batch_size=args.batch, shuffle=True, drop_last=True, device=device
+        ),
+    )
     if device.type == "cuda":
         log("-- nvjpeg-decode (ceiling: decode only)")
         try:
@@ -224,11 +274,23 @@ def main(argv=None) -> int:
     for r in report["runs"]:
         ratio = r["images_per_s"] / base if base else None
         r["vs_torch"] = ratio
-        rows.append([r["name"], fmt(r["images_per_s"], ",.0f"), fmt(r.get("cores"), ".1f"),
-                     fmt(r.get("cores_per_1000"), ".2f"), fmt(ratio, ".2f") + "x"])
+        rows.append(
+            [
+                r["name"],
+                fmt(r["images_per_s"], ",.0f"),
+                fmt(r.get("cores"), ".1f"),
+                fmt(r.get("cores_per_1000"), ".2f"),
+                fmt(ratio, ".2f") + "x",
+            ]
+        )
     log("")
-    log(table(["run", "images/s", "CPU cores", "cores/1000 img/s", "vs torch"], rows,
-              title=f"ImageNet-style input pipeline on {device} ({dataset['images']} images, page cache hot)"))
+    log(
+        table(
+            ["run", "images/s", "CPU cores", "cores/1000 img/s", "vs torch"],
+            rows,
+            title=f"ImageNet-style input pipeline on {device} ({dataset['images']} images, page cache hot)",
+        )
+    )
     best = max((r["images_per_s"] for r in report["runs"] if r["name"].startswith("fastload")), default=None)
     if base and best and device.type == "cuda":
         verdict = "PASS" if best / base >= 3 else "FAIL"

@@ -58,8 +58,20 @@ import torch.nn as nn  # noqa: E402
 import torch.utils.data as tud  # noqa: E402
 
 import torch_fastload  # noqa: E402
-from torch_fastload._benchutil import (InflightWindow, Progress, cpu_seconds, error_text, float_list,  # noqa: E402
-                                       fmt, int_list, log, machine_info, sync, table, write_json)
+from torch_fastload._benchutil import (
+    InflightWindow,
+    Progress,
+    cpu_seconds,
+    error_text,
+    float_list,  # noqa: E402
+    fmt,
+    int_list,
+    log,
+    machine_info,
+    sync,
+    table,
+    write_json,
+)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 TARGET_T1 = 1.05
@@ -74,8 +86,7 @@ TARGET_T3_THREADS = 8
 def parse_size(text: str) -> int:
     """'1MiB', '256KiB', '64M', '1G'; a bare number means bytes."""
     s = str(text).strip().lower()
-    for suffix, mult in (("gib", GiB), ("g", GiB), ("mib", MiB), ("m", MiB), ("kib", KiB), ("k", KiB),
-                         ("b", 1)):
+    for suffix, mult in (("gib", GiB), ("g", GiB), ("mib", MiB), ("m", MiB), ("kib", KiB), ("k", KiB), ("b", 1)):
         if s.endswith(suffix):
             s, unit = s[: -len(suffix)], mult
             break
@@ -113,7 +124,7 @@ def make_rows(rows: int, row_elems: int, seed: int) -> tud.TensorDataset:
     data = torch.empty(rows, row_elems, dtype=torch.float32)
     chunk = max(1, (256 * MiB) // (row_elems * 4))
     for start in range(0, rows, chunk):
-        data[start:start + chunk].uniform_(-1.0, 1.0, generator=g)
+        data[start : start + chunk].uniform_(-1.0, 1.0, generator=g)
     labels = torch.randint(0, 1000, (rows,), generator=g, dtype=torch.int64)
     return tud.TensorDataset(data, labels)
 
@@ -157,8 +168,17 @@ class MLPStep:
     (``--eager`` measures that case). If capture fails the step runs eagerly and says why.
     """
 
-    def __init__(self, d: int, hidden: int, layers: int, device: torch.device, amp: bool, seed: int,
-                 batch_shape: tuple | None = None, graph: bool = False):
+    def __init__(
+        self,
+        d: int,
+        hidden: int,
+        layers: int,
+        device: torch.device,
+        amp: bool,
+        seed: int,
+        batch_shape: tuple | None = None,
+        graph: bool = False,
+    ):
         self.d, self.hidden, self.layers, self.device, self.seed = d, hidden, layers, device, seed
         self.amp = amp and device.type == "cuda"
         self.graph = None
@@ -253,8 +273,13 @@ def measure_link(nbytes: int, device: torch.device, reps: int) -> dict:
             dst.copy_(src)
             times.append(time.perf_counter() - t0)
         seconds = statistics.median(times[1:])
-        return {"what": "CPU memcpy (smoke: no GPU)", "bytes": nbytes, "gbps": nbytes / seconds / 1e9,
-                "copy_ms": seconds * 1e3, "samples_gbps": [nbytes / t / 1e9 for t in times[1:]]}
+        return {
+            "what": "CPU memcpy (smoke: no GPU)",
+            "bytes": nbytes,
+            "gbps": nbytes / seconds / 1e9,
+            "copy_ms": seconds * 1e3,
+            "samples_gbps": [nbytes / t / 1e9 for t in times[1:]],
+        }
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).fill_(1)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
     inner = max(1, min(64, (256 * MiB) // nbytes))
@@ -278,9 +303,16 @@ def measure_link(nbytes: int, device: torch.device, reps: int) -> dict:
         singles.append(start.elapsed_time(end))
     ok = int(dst[0].item()) == 1 and int(dst[-1].item()) == 1
     del src, dst
-    return {"what": "pinned (torch.empty(pin_memory=True)) -> cuda, copy_(non_blocking=True)",
-            "bytes": nbytes, "inner": inner, "gbps": statistics.median(samples), "best_gbps": max(samples),
-            "copy_ms": statistics.median(singles), "samples_gbps": samples, "bytes_verified": ok}
+    return {
+        "what": "pinned (torch.empty(pin_memory=True)) -> cuda, copy_(non_blocking=True)",
+        "bytes": nbytes,
+        "inner": inner,
+        "gbps": statistics.median(samples),
+        "best_gbps": max(samples),
+        "copy_ms": statistics.median(singles),
+        "samples_gbps": samples,
+        "bytes_verified": ok,
+    }
 
 
 def step_ms(fn, x: torch.Tensor, device: torch.device, min_total_ms: float = 150.0) -> float:
@@ -316,8 +348,9 @@ def calibrate(target_ms: float, x: torch.Tensor, args, device: torch.device, bar
     history = []
 
     def measure(h: int) -> float:
-        step = MLPStep(args.model_dim, h, args.layers, device, args.amp == "bf16", args.seed,
-                       tuple(x.shape), graph=not args.eager)
+        step = MLPStep(
+            args.model_dim, h, args.layers, device, args.amp == "bf16", args.seed, tuple(x.shape), graph=not args.eager
+        )
         ms = step_ms(step, x, device)
         history.append({"hidden": h, "ms": ms, "mode": step.mode})
         del step
@@ -419,8 +452,9 @@ class LoaderFeed(Feed):
         self.loader = None
 
 
-def run_feed(feed_factory, step, steps: int, args, device: torch.device, batch_bytes: int, samples: int,
-             desc: str) -> dict:
+def run_feed(
+    feed_factory, step, steps: int, args, device: torch.device, batch_bytes: int, samples: int, desc: str
+) -> dict:
     """``warmup + steps`` training steps; the clock (and the CPU-time counters, and the loader's
     stats) start after the warm-up and a device synchronize, and stop after a synchronize."""
     faulthandler.dump_traceback_later(args.run_timeout, exit=True)  # a hung loader must not hang the study
@@ -451,15 +485,22 @@ def run_feed(feed_factory, step, steps: int, args, device: torch.device, batch_b
         nbytes = steps * batch_bytes
         gbps = nbytes / wall / 1e9
         result = {
-            "steps": steps, "wall_s": wall, "step_ms": 1e3 * wall / steps,
-            "samples_per_s": steps * samples / wall, "gbps": gbps,
-            "wait_s": wait, "wait_fraction": wait / wall,
-            "cpu_s": cpu, "cpu_cores": cpu / wall, "cores_per_gbps": (cpu / wall) / gbps if gbps > 0 else None,
+            "steps": steps,
+            "wall_s": wall,
+            "step_ms": 1e3 * wall / steps,
+            "samples_per_s": steps * samples / wall,
+            "gbps": gbps,
+            "wait_s": wait,
+            "wait_fraction": wait / wall,
+            "cpu_s": cpu,
+            "cpu_cores": cpu / wall,
+            "cores_per_gbps": (cpu / wall) / gbps if gbps > 0 else None,
         }
         # this process's CPU time is exact (process_time); worker processes' comes in 10 ms clock ticks
         if wall < (0.1 if getattr(feed.loader, "num_workers", 0) > 0 else 0.01):
-            result.update(cpu_cores=None, cores_per_gbps=None, cpu_note=f"run too short ({wall * 1e3:.1f} ms) "
-                          "to measure CPU time")
+            result.update(
+                cpu_cores=None, cores_per_gbps=None, cpu_note=f"run too short ({wall * 1e3:.1f} ms) to measure CPU time"
+            )
         if isinstance(feed.loader, torch_fastload.DataLoader):
             snapshot = feed.loader.stats()
             result["fastload_stats"] = snapshot.as_dict()
@@ -486,14 +527,24 @@ def study_row_size(row_bytes: int, args, device: torch.device, results: dict, sa
     rows = max(batch * 2, args.data_bytes // row_bytes)
     steps = max(args.min_steps, math.ceil(args.run_bytes / batch_bytes))
     torch_steps = max(args.min_steps, math.ceil(args.torch_run_bytes / batch_bytes))
-    entry: dict = {"row_bytes": row_bytes, "batch": batch, "batch_bytes": batch_bytes, "rows": rows,
-                   "dataset_bytes": rows * (row_bytes + 8), "steps": steps, "torch_steps": torch_steps,
-                   "warmup": args.warmup,
-                   "cases": [], "errors": {}}
+    entry: dict = {
+        "row_bytes": row_bytes,
+        "batch": batch,
+        "batch_bytes": batch_bytes,
+        "rows": rows,
+        "dataset_bytes": rows * (row_bytes + 8),
+        "steps": steps,
+        "torch_steps": torch_steps,
+        "warmup": args.warmup,
+        "cases": [],
+        "errors": {},
+    }
     results["row_sizes"].append(entry)
     label = f"{fmt_size(row_bytes)} rows x {batch} = {fmt_size(x_bytes) if x_bytes % MiB == 0 else f'{x_bytes / MiB:.1f} MiB'}"
-    log(f"\n=== {label} batches: dataset {rows} rows = {rows * row_bytes / GiB:.2f} GiB pageable, "
-        f"{steps} timed steps per run, {torch_steps} for torch (+{args.warmup} warm-up) ===")
+    log(
+        f"\n=== {label} batches: dataset {rows} rows = {rows * row_bytes / GiB:.2f} GiB pageable, "
+        f"{steps} timed steps per run, {torch_steps} for torch (+{args.warmup} warm-up) ==="
+    )
 
     t0 = time.perf_counter()
     dataset = make_rows(rows, row_elems, args.seed)
@@ -503,15 +554,16 @@ def study_row_size(row_bytes: int, args, device: torch.device, results: dict, sa
     entry["link"] = link
     transfer_ms = batch_bytes / (link["gbps"] * 1e9) * 1e3
     entry["transfer_ms"] = transfer_ms
-    log(f"link ceiling: {link['what']}: {link['gbps']:.2f} GB/s for {batch_bytes / MiB:.1f} MiB "
-        f"-> transfer of one batch {transfer_ms:.3f} ms (one copy timed alone: {link['copy_ms']:.3f} ms)")
+    log(
+        f"link ceiling: {link['what']}: {link['gbps']:.2f} GB/s for {batch_bytes / MiB:.1f} MiB "
+        f"-> transfer of one batch {transfer_ms:.3f} ms (one copy timed alone: {link['copy_ms']:.3f} ms)"
+    )
     save()
 
     # the batches every feed sees first, pre-staged on the device for the resident feeds
     order = EpochsSampler(rows, batch * args.resident_batches, args.seed)
     idx = list(order)
-    resident = [dataset.tensors[0][idx[i * batch:(i + 1) * batch]].to(device)
-                for i in range(args.resident_batches)]
+    resident = [dataset.tensors[0][idx[i * batch : (i + 1) * batch]].to(device) for i in range(args.resident_batches)]
 
     for ratio in args.ratios:
         case: dict = {"ratio": ratio, "runs": [], "errors": {}}
@@ -526,14 +578,24 @@ def study_row_size(row_bytes: int, args, device: torch.device, results: dict, sa
             case["hidden"] = cal["hidden"]
             case["compute_ms"] = cal["compute_ms"]
             case["achieved_ratio"] = cal["compute_ms"] / transfer_ms
-            step = MLPStep(args.model_dim, cal["hidden"], args.layers, device, args.amp == "bf16", args.seed,
-                           tuple(resident[0].shape), graph=not args.eager)
+            step = MLPStep(
+                args.model_dim,
+                cal["hidden"],
+                args.layers,
+                device,
+                args.amp == "bf16",
+                args.seed,
+                tuple(resident[0].shape),
+                graph=not args.eager,
+            )
             case["params"] = step.params
             case["step_mode"] = step.mode
-            log(f"-- compute {ratio:g}x transfer: MLP {args.layers} x [{args.model_dim} -> {cal['hidden']} -> "
+            log(
+                f"-- compute {ratio:g}x transfer: MLP {args.layers} x [{args.model_dim} -> {cal['hidden']} -> "
                 f"{args.model_dim}] ({step.params / 1e6:.1f} M params, "
                 f"{'bf16 autocast' if step.amp else 'fp32'}, {step.mode}), tokens {batch * row_elems // args.model_dim}: "
-                f"{cal['compute_ms']:.3f} ms/step = {case['achieved_ratio']:.2f}x transfer")
+                f"{cal['compute_ms']:.3f} ms/step = {case['achieved_ratio']:.2f}x transfer"
+            )
         else:
             step = TouchStep(device)
             case["compute_ms"] = step_ms(step, resident[0], device, min_total_ms=30.0)
@@ -545,20 +607,47 @@ def study_row_size(row_bytes: int, args, device: torch.device, results: dict, sa
         if gpu:
             feeds.append(("resident+h2d", {}, lambda: ResidentCopyFeed(resident, batch_bytes, device)))
         for n in args.torch_workers:
-            feeds.append(("torch", {"num_workers": n}, lambda n=n: LoaderFeed(
-                f"torch w={n}",
-                tud.DataLoader(dataset, batch_size=batch,
-                               sampler=EpochsSampler(rows, (args.warmup + torch_steps) * batch, args.seed),
-                               num_workers=n, pin_memory=gpu, drop_last=True),
-                device, move=True)))
+            feeds.append(
+                (
+                    "torch",
+                    {"num_workers": n},
+                    lambda n=n: LoaderFeed(
+                        f"torch w={n}",
+                        tud.DataLoader(
+                            dataset,
+                            batch_size=batch,
+                            sampler=EpochsSampler(rows, (args.warmup + torch_steps) * batch, args.seed),
+                            num_workers=n,
+                            pin_memory=gpu,
+                            drop_last=True,
+                        ),
+                        device,
+                        move=True,
+                    ),
+                )
+            )
         for t in args.stage_threads:
-            feeds.append(("fastload", {"stage_threads": t}, lambda t=t: LoaderFeed(
-                f"fastload T={t}",
-                torch_fastload.DataLoader(dataset, batch_size=batch,
-                                          sampler=EpochsSampler(rows, (args.warmup + steps) * batch, args.seed),
-                                          num_workers=0, drop_last=True, device=device, stage_threads=t,
-                                          **args.loader_kwargs),
-                device, move=False)))
+            feeds.append(
+                (
+                    "fastload",
+                    {"stage_threads": t},
+                    lambda t=t: LoaderFeed(
+                        f"fastload T={t}",
+                        torch_fastload.DataLoader(
+                            dataset,
+                            batch_size=batch,
+                            sampler=EpochsSampler(rows, (args.warmup + steps) * batch, args.seed),
+                            num_workers=0,
+                            drop_last=True,
+                            device=device,
+                            stage_threads=t,
+                            **args.loader_kwargs,
+                        ),
+                        device,
+                        move=False,
+                    ),
+                )
+            )
 
         for kind, params, factory in feeds:
             repeats = 1 if kind == "torch" else args.repeats
@@ -567,8 +656,16 @@ def study_row_size(row_bytes: int, args, device: torch.device, results: dict, sa
             tries = []
             for rep in range(repeats):
                 try:
-                    res = run_feed(factory, step, torch_steps if kind == "torch" else steps, args, device,
-                                   batch_bytes, batch, desc.strip())
+                    res = run_feed(
+                        factory,
+                        step,
+                        torch_steps if kind == "torch" else steps,
+                        args,
+                        device,
+                        batch_bytes,
+                        batch,
+                        desc.strip(),
+                    )
                 except KeyboardInterrupt:
                     raise
                 except Exception as exc:
@@ -582,10 +679,12 @@ def study_row_size(row_bytes: int, args, device: torch.device, results: dict, sa
                 continue
             best.update(kind=kind, params=params, repeats_step_ms=tries)
             case["runs"].append(best)
-            log(f"   {kind:<13} {' '.join(f'{k}={v}' for k, v in params.items()):<16} "
+            log(
+                f"   {kind:<13} {' '.join(f'{k}={v}' for k, v in params.items()):<16} "
                 f"{best['step_ms']:8.3f} ms/step  {best['samples_per_s']:9,.0f} samples/s  "
                 f"{best['gbps']:6.2f} GB/s  wait {100 * best['wait_fraction']:5.1f}%  "
-                f"{fmt(best['cpu_cores'], '5.2f', '    -')} cores")
+                f"{fmt(best['cpu_cores'], '5.2f', '    -')} cores"
+            )
             save()
         del step
         gc.collect()
@@ -616,10 +715,14 @@ def summarize_case(case: dict, entry: dict) -> None:
     case["best"] = {
         "resident_step_ms": res and res["step_ms"],
         "resident_h2d_step_ms": rh and rh["step_ms"],
-        "torch_step_ms": tb and tb["step_ms"], "torch_params": tb and tb["params"],
-        "torch_samples_per_s": tb and tb["samples_per_s"], "torch_gbps": tb and tb["gbps"],
-        "fastload_step_ms": fl and fl["step_ms"], "fastload_params": fl and fl["params"],
-        "fastload_samples_per_s": fl and fl["samples_per_s"], "fastload_gbps": fl and fl["gbps"],
+        "torch_step_ms": tb and tb["step_ms"],
+        "torch_params": tb and tb["params"],
+        "torch_samples_per_s": tb and tb["samples_per_s"],
+        "torch_gbps": tb and tb["gbps"],
+        "fastload_step_ms": fl and fl["step_ms"],
+        "fastload_params": fl and fl["params"],
+        "fastload_samples_per_s": fl and fl["samples_per_s"],
+        "fastload_gbps": fl and fl["gbps"],
         "fastload_over_resident": (fl["step_ms"] / res["step_ms"]) if (fl and res) else None,
         "fastload_over_resident_h2d": (fl["step_ms"] / rh["step_ms"]) if (fl and rh) else None,
         "fastload_vs_torch": (fl["samples_per_s"] / tb["samples_per_s"]) if (fl and tb) else None,
@@ -642,34 +745,59 @@ def verdicts(results: dict) -> list[dict]:
         for case in entry["cases"]:
             b = case.get("best") or {}
             if case["ratio"] >= 1 and b.get("fastload_over_resident") is not None:
-                t1.append((b["fastload_over_resident"] <= TARGET_T1,
-                           f"{rs} rows, compute {case['achieved_ratio']:.2f}x transfer: "
-                           f"{b['fastload_over_resident']:.3f}x resident"))
+                t1.append(
+                    (
+                        b["fastload_over_resident"] <= TARGET_T1,
+                        f"{rs} rows, compute {case['achieved_ratio']:.2f}x transfer: "
+                        f"{b['fastload_over_resident']:.3f}x resident",
+                    )
+                )
             if entry["batch_bytes"] >= 16 * MiB and b.get("fastload_vs_torch") is not None:
-                t2.append((b["fastload_vs_torch"] >= TARGET_T2,
-                           f"{rs} rows, compute {case['ratio']:g}x: {b['fastload_vs_torch']:.2f}x torch "
-                           f"(torch num_workers={(b['torch_params'] or {}).get('num_workers')})"))
+                t2.append(
+                    (
+                        b["fastload_vs_torch"] >= TARGET_T2,
+                        f"{rs} rows, compute {case['ratio']:g}x: {b['fastload_vs_torch']:.2f}x torch "
+                        f"(torch num_workers={(b['torch_params'] or {}).get('num_workers')})",
+                    )
+                )
             if case["ratio"] == 0:
-                runs = [r for r in case["runs"] if r["kind"] == "fastload"
-                        and r["params"]["stage_threads"] <= TARGET_T3_THREADS]
+                runs = [
+                    r
+                    for r in case["runs"]
+                    if r["kind"] == "fastload" and r["params"]["stage_threads"] <= TARGET_T3_THREADS
+                ]
                 if runs:
                     top = max(runs, key=lambda r: r["gbps"])
                     enough = [r for r in runs if r["gbps"] >= TARGET_T3_GBPS]
                     fewest = min(enough, key=lambda r: r["params"]["stage_threads"]) if enough else None
-                    t3.append((top["gbps"] >= TARGET_T3_GBPS,
-                               f"{rs} rows: {top['gbps']:.1f} GB/s at {top['params']['stage_threads']} threads "
-                               f"({100 * top['gbps'] / entry['link']['gbps']:.0f}% of pinned "
-                               f"{entry['link']['gbps']:.1f}), {fmt(top['cores_per_gbps'], '.3f')} cores per GB/s"
-                               + (f"; >= {TARGET_T3_GBPS:g} from {fewest['params']['stage_threads']} threads"
-                                  if fewest else "")))
-    specs = [("T1", f"step time with torch_fastload <= {TARGET_T1}x device-resident when compute >= transfer", t1),
-             ("T2", f"torch_fastload samples/s >= {TARGET_T2:g}x best torch DataLoader (batches >= 16 MiB)", t2),
-             ("T3", f"pure input: >= {TARGET_T3_GBPS:g} GB/s into the GPU with <= {TARGET_T3_THREADS} staging threads",
-              t3)]
+                    t3.append(
+                        (
+                            top["gbps"] >= TARGET_T3_GBPS,
+                            f"{rs} rows: {top['gbps']:.1f} GB/s at {top['params']['stage_threads']} threads "
+                            f"({100 * top['gbps'] / entry['link']['gbps']:.0f}% of pinned "
+                            f"{entry['link']['gbps']:.1f}), {fmt(top['cores_per_gbps'], '.3f')} cores per GB/s"
+                            + (
+                                f"; >= {TARGET_T3_GBPS:g} from {fewest['params']['stage_threads']} threads"
+                                if fewest
+                                else ""
+                            ),
+                        )
+                    )
+    specs = [
+        ("T1", f"step time with torch_fastload <= {TARGET_T1}x device-resident when compute >= transfer", t1),
+        ("T2", f"torch_fastload samples/s >= {TARGET_T2:g}x best torch DataLoader (batches >= 16 MiB)", t2),
+        ("T3", f"pure input: >= {TARGET_T3_GBPS:g} GB/s into the GPU with <= {TARGET_T3_THREADS} staging threads", t3),
+    ]
     for key, text, items in specs:
         verdict = "NOT RUN" if not items else ("PASS" if all(ok for ok, _ in items) else "FAIL")
-        out.append({"target": key, "text": text, "verdict": verdict,
-                    "cases": [{"pass": ok, "evidence": ev} for ok, ev in items]})
+        out.append(
+            {
+                "target": key,
+                "text": text,
+                "verdict": verdict,
+                "cases": [{"pass": ok, "evidence": ev} for ok, ev in items],
+            }
+        )
     return out
 
 
@@ -679,17 +807,41 @@ def detail_tables(results: dict) -> str:
         rows = []
         for case in entry["cases"]:
             for r in case["runs"]:
-                rows.append([f"{case['ratio']:g}x", r["kind"], " ".join(f"{k}={v}" for k, v in r["params"].items()),
-                             fmt(r["step_ms"], ".3f"), fmt(r["samples_per_s"], ",.0f"), fmt(r["gbps"], ".2f"),
-                             "-" if r["kind"] == "resident" else fmt(100 * r["gbps"] / entry["link"]["gbps"], ".0f"),
-                             fmt(100 * r["wait_fraction"], ".1f"), fmt(r["cpu_cores"], ".2f"),
-                             fmt(r["cores_per_gbps"], ".3f")])
+                rows.append(
+                    [
+                        f"{case['ratio']:g}x",
+                        r["kind"],
+                        " ".join(f"{k}={v}" for k, v in r["params"].items()),
+                        fmt(r["step_ms"], ".3f"),
+                        fmt(r["samples_per_s"], ",.0f"),
+                        fmt(r["gbps"], ".2f"),
+                        "-" if r["kind"] == "resident" else fmt(100 * r["gbps"] / entry["link"]["gbps"], ".0f"),
+                        fmt(100 * r["wait_fraction"], ".1f"),
+                        fmt(r["cpu_cores"], ".2f"),
+                        fmt(r["cores_per_gbps"], ".3f"),
+                    ]
+                )
         lines.append("")
-        lines.append(table(["compute", "feed", "config", "step ms", "samples/s", "GB/s", "% link", "wait %",
-                            "cores", "cores/GB/s"], rows,  # resident: GB/s consumed, nothing crosses the link
-                           title=f"{fmt_size(entry['row_bytes'])} rows x {entry['batch']} "
-                                 f"({entry['batch_bytes'] / MiB:.1f} MiB batches; link "
-                                 f"{entry['link']['gbps']:.1f} GB/s, batch transfer {entry['transfer_ms']:.3f} ms)"))
+        lines.append(
+            table(
+                [
+                    "compute",
+                    "feed",
+                    "config",
+                    "step ms",
+                    "samples/s",
+                    "GB/s",
+                    "% link",
+                    "wait %",
+                    "cores",
+                    "cores/GB/s",
+                ],
+                rows,  # resident: GB/s consumed, nothing crosses the link
+                title=f"{fmt_size(entry['row_bytes'])} rows x {entry['batch']} "
+                f"({entry['batch_bytes'] / MiB:.1f} MiB batches; link "
+                f"{entry['link']['gbps']:.1f} GB/s, batch transfer {entry['transfer_ms']:.3f} ms)",
+            )
+        )
     return "\n".join(lines)
 
 
@@ -699,22 +851,39 @@ def summary_table(results: dict) -> str:
         for case in entry["cases"]:
             b = case.get("best") or {}
             tp, fp = b.get("torch_params") or {}, b.get("fastload_params") or {}
-            rows.append([
-                f"{fmt_size(entry['row_bytes'])} x{entry['batch']}",
-                f"{case['ratio']:g}x ({case['achieved_ratio']:.2f})",
-                fmt(b.get("resident_step_ms"), ".3f"), fmt(b.get("resident_h2d_step_ms"), ".3f"),
-                fmt(b.get("torch_step_ms"), ".3f") + (f" w{tp['num_workers']}" if tp else ""),
-                fmt(b.get("fastload_step_ms"), ".3f") + (f" T{fp['stage_threads']}" if fp else ""),
-                fmt(b.get("fastload_over_resident"), ".3f"),
-                fmt(b.get("fastload_vs_torch"), ".2f"),
-                fmt(b.get("fastload_gbps"), ".1f"),
-                fmt(100 * b["fastload_of_ceiling"] if b.get("fastload_of_ceiling") else None, ".0f"),
-                fmt(b.get("fastload_cores_per_gbps"), ".3f"),
-            ])
-    return table(["batches", "compute (actual)", "resident ms", "+h2d ms", "torch best ms", "fastload best ms",
-                  "fl/resident", "fl/torch sps", "fl GB/s", "% link", "fl cores/GB/s"], rows,
-                 title="SUMMARY: step time by feed (best config of each); fl/resident target <= "
-                       f"{TARGET_T1} when compute >= 1x, fl/torch target >= {TARGET_T2:g}")
+            rows.append(
+                [
+                    f"{fmt_size(entry['row_bytes'])} x{entry['batch']}",
+                    f"{case['ratio']:g}x ({case['achieved_ratio']:.2f})",
+                    fmt(b.get("resident_step_ms"), ".3f"),
+                    fmt(b.get("resident_h2d_step_ms"), ".3f"),
+                    fmt(b.get("torch_step_ms"), ".3f") + (f" w{tp['num_workers']}" if tp else ""),
+                    fmt(b.get("fastload_step_ms"), ".3f") + (f" T{fp['stage_threads']}" if fp else ""),
+                    fmt(b.get("fastload_over_resident"), ".3f"),
+                    fmt(b.get("fastload_vs_torch"), ".2f"),
+                    fmt(b.get("fastload_gbps"), ".1f"),
+                    fmt(100 * b["fastload_of_ceiling"] if b.get("fastload_of_ceiling") else None, ".0f"),
+                    fmt(b.get("fastload_cores_per_gbps"), ".3f"),
+                ]
+            )
+    return table(
+        [
+            "batches",
+            "compute (actual)",
+            "resident ms",
+            "+h2d ms",
+            "torch best ms",
+            "fastload best ms",
+            "fl/resident",
+            "fl/torch sps",
+            "fl GB/s",
+            "% link",
+            "fl cores/GB/s",
+        ],
+        rows,
+        title="SUMMARY: step time by feed (best config of each); fl/resident target <= "
+        f"{TARGET_T1} when compute >= 1x, fl/torch target >= {TARGET_T2:g}",
+    )
 
 
 def make_plot(results: dict, path: Path) -> str | None:
@@ -743,8 +912,13 @@ def make_plot(results: dict, path: Path) -> str | None:
             for k, (kind, color) in enumerate(kinds):
                 r = best_of(case, kind)
                 if r is not None:
-                    ax.bar(pos + (k - 1) * width, r["step_ms"] / res["step_ms"], width, color=color,
-                           label=kind if pos == 0 else None)
+                    ax.bar(
+                        pos + (k - 1) * width,
+                        r["step_ms"] / res["step_ms"],
+                        width,
+                        color=color,
+                        label=kind if pos == 0 else None,
+                    )
             labels.append(f"{fmt_size(entry['row_bytes'])}\n{case['achieved_ratio']:.1f}x")
             pos += 1
     if labels:
@@ -770,17 +944,25 @@ def make_plot(results: dict, path: Path) -> str | None:
         threads = [r["params"]["stage_threads"] for r in runs]
         name = f"{fmt_size(entry['row_bytes'])} rows"
         line = axes[1].plot(threads, [r["gbps"] for r in runs], marker=marker, label=f"fastload {name}")[0]
-        axes[1].axhline(entry["link"]["gbps"], color=line.get_color(), ls=":", lw=1,
-                        label=f"pinned ceiling {name}")
+        axes[1].axhline(entry["link"]["gbps"], color=line.get_color(), ls=":", lw=1, label=f"pinned ceiling {name}")
         tb = best_of(case, "torch")
         if tb is not None:
-            axes[1].axhline(tb["gbps"], color=line.get_color(), ls="-.", lw=1,
-                            label=f"torch best {name} (w={tb['params']['num_workers']})")
+            axes[1].axhline(
+                tb["gbps"],
+                color=line.get_color(),
+                ls="-.",
+                lw=1,
+                label=f"torch best {name} (w={tb['params']['num_workers']})",
+            )
             if tb.get("cores_per_gbps") is not None:
-                axes[2].axhline(tb["cores_per_gbps"], color=line.get_color(), ls="-.", lw=1,
-                                label=f"torch best {name}")
-        axes[2].plot(threads, [math.nan if r.get("cores_per_gbps") is None else r["cores_per_gbps"] for r in runs],
-                     marker=marker, color=line.get_color(), label=f"fastload {name}")
+                axes[2].axhline(tb["cores_per_gbps"], color=line.get_color(), ls="-.", lw=1, label=f"torch best {name}")
+        axes[2].plot(
+            threads,
+            [math.nan if r.get("cores_per_gbps") is None else r["cores_per_gbps"] for r in runs],
+            marker=marker,
+            color=line.get_color(),
+            label=f"fastload {name}",
+        )
     for ax in axes[1:]:
         ax.set_xticks(sorted({t for t in results["args"]["stage_threads"]}))
     axes[1].axhline(TARGET_T3_GBPS, color="tab:green", ls="--", lw=1, label=f"T3 {TARGET_T3_GBPS:g} GB/s")
@@ -793,8 +975,11 @@ def make_plot(results: dict, path: Path) -> str | None:
     axes[2].set_title("pure input: CPU cost")
     axes[2].legend(fontsize=7)
     m = results["machine"]
-    fig.suptitle(f"torch_fastload overlap study: {(m.get('gpu') or {}).get('name', 'CPU smoke')}, torch {m['torch']}, "
-                 f"{m['date']}", fontsize=10)
+    fig.suptitle(
+        f"torch_fastload overlap study: {(m.get('gpu') or {}).get('name', 'CPU smoke')}, torch {m['torch']}, "
+        f"{m['date']}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -805,49 +990,92 @@ def make_plot(results: dict, path: Path) -> str | None:
 # main
 # --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out",
-                   help="directory for overlap.json and overlap.png")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent / "out",
+        help="directory for overlap.json and overlap.png",
+    )
     p.add_argument("--quick", action="store_true", help="short run (<= ~1 min on one H100)")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="no GPU needed: tiny sizes on the CPU, exercising every code path (numbers meaningless)")
+    p.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="no GPU needed: tiny sizes on the CPU, exercising every code path (numbers meaningless)",
+    )
     p.add_argument("--device", type=int, default=0, help="CUDA device index")
     p.add_argument("--row-sizes", type=size_list, default=None, help="bytes per row [1MiB,256KiB; smoke 64KiB,16KiB]")
     p.add_argument("--batch", type=int, default=None, help="rows per batch [64; smoke 16]")
-    p.add_argument("--data-bytes", type=parse_size, default=None,
-                   help="pageable dataset size per row size [2GiB, 1GiB quick; smoke 32MiB]")
-    p.add_argument("--run-bytes", type=parse_size, default=None,
-                   help="bytes consumed per timed resident / fastload run (sets the steps) [8GiB, 1GiB quick; "
-                        "smoke 32MiB]")
-    p.add_argument("--torch-run-bytes", type=parse_size, default=None,
-                   help="the same for torch DataLoader runs (slow, and steady) [3GiB, 1GiB quick; smoke 16MiB]")
+    p.add_argument(
+        "--data-bytes",
+        type=parse_size,
+        default=None,
+        help="pageable dataset size per row size [2GiB, 1GiB quick; smoke 32MiB]",
+    )
+    p.add_argument(
+        "--run-bytes",
+        type=parse_size,
+        default=None,
+        help="bytes consumed per timed resident / fastload run (sets the steps) [8GiB, 1GiB quick; smoke 32MiB]",
+    )
+    p.add_argument(
+        "--torch-run-bytes",
+        type=parse_size,
+        default=None,
+        help="the same for torch DataLoader runs (slow, and steady) [3GiB, 1GiB quick; smoke 16MiB]",
+    )
     p.add_argument("--min-steps", type=int, default=None, help="at least this many timed steps [30; smoke 8]")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per run [8, 5 quick; smoke 3]")
-    p.add_argument("--repeats", type=int, default=None,
-                   help="runs per resident / fastload config, best kept (torch runs once) [2, 1 quick]")
-    p.add_argument("--ratios", type=float_list, default=None,
-                   help="compute time per step as multiples of the batch's pinned transfer time; 0 = pure input "
-                        "[0,1,2]")
-    p.add_argument("--torch-workers", type=int_list, default=None, help="torch num_workers tried [0,4,8; 0,4 quick; "
-                   "smoke 0,2]")
-    p.add_argument("--stage-threads", type=int_list, default=None,
-                   help="torch_fastload stage_threads tried [1,2,4,8; 2,4,8 quick; smoke 1,2]")
-    p.add_argument("--loader-kwargs", type=json.loads, default={},
-                   help="extra JSON kwargs for torch_fastload.DataLoader, e.g. '{\"pool_slots\": 4}'")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs per resident / fastload config, best kept (torch runs once) [2, 1 quick]",
+    )
+    p.add_argument(
+        "--ratios",
+        type=float_list,
+        default=None,
+        help="compute time per step as multiples of the batch's pinned transfer time; 0 = pure input [0,1,2]",
+    )
+    p.add_argument(
+        "--torch-workers", type=int_list, default=None, help="torch num_workers tried [0,4,8; 0,4 quick; smoke 0,2]"
+    )
+    p.add_argument(
+        "--stage-threads",
+        type=int_list,
+        default=None,
+        help="torch_fastload stage_threads tried [1,2,4,8; 2,4,8 quick; smoke 1,2]",
+    )
+    p.add_argument(
+        "--loader-kwargs",
+        type=json.loads,
+        default={},
+        help="extra JSON kwargs for torch_fastload.DataLoader, e.g. '{\"pool_slots\": 4}'",
+    )
     p.add_argument("--model-dim", type=int, default=None, help="MLP token width d [1024; smoke 128]")
     p.add_argument("--layers", type=int, default=None, help="MLP residual blocks [1]")
     p.add_argument("--amp", choices=["bf16", "none"], default="bf16", help="autocast for the MLP (CUDA)")
-    p.add_argument("--eager", action="store_true",
-                   help="run the MLP step eagerly instead of as a CUDA graph (then Python launch overhead is part "
-                        "of the step and competes with the loader's threads for the GIL)")
-    p.add_argument("--switch-interval", type=float, default=None,
-                   help="diagnostic: sys.setswitchinterval(SECONDS) for the run (Python's default is 0.005)")
+    p.add_argument(
+        "--eager",
+        action="store_true",
+        help="run the MLP step eagerly instead of as a CUDA graph (then Python launch overhead is part "
+        "of the step and competes with the loader's threads for the GIL)",
+    )
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="diagnostic: sys.setswitchinterval(SECONDS) for the run (Python's default is 0.005)",
+    )
     p.add_argument("--max-inflight", type=int, default=2, help="steps the host may queue ahead of the GPU")
     p.add_argument("--resident-batches", type=int, default=8, help="distinct batches pre-staged on the device")
     p.add_argument("--link-reps", type=int, default=7, help="samples of the pinned H2D ceiling")
-    p.add_argument("--run-timeout", type=int, default=300,
-                   help="seconds before a hung run dumps every thread's stack and exits")
+    p.add_argument(
+        "--run-timeout", type=int, default=300, help="seconds before a hung run dumps every thread's stack and exits"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bars")
     p.add_argument("--no-plot", dest="plot", action="store_false", help="skip the PNG")
@@ -875,8 +1103,18 @@ def finish_args(args) -> None:
     pick("stage_threads", [1, 2, 4, 8], [2, 4, 8], [1, 2])
     pick("model_dim", 1024, 1024, 128)
     pick("layers", 1, 1, 1)
-    for name in ("batch", "min_steps", "warmup", "repeats", "model_dim", "layers", "max_inflight",
-                 "resident_batches", "link_reps", "run_timeout"):
+    for name in (
+        "batch",
+        "min_steps",
+        "warmup",
+        "repeats",
+        "model_dim",
+        "layers",
+        "max_inflight",
+        "resident_batches",
+        "link_reps",
+        "run_timeout",
+    ):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if any(t < 1 for t in args.stage_threads):
@@ -891,9 +1129,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     finish_args(args)
     if not args.cpu_smoke and not torch.cuda.is_available():
-        sys.stderr.write(f"overlap.py: CUDA is not available (torch {torch.__version__}, CUDA build "
-                         f"{torch.version.cuda}); this study needs a GPU.\n"
-                         f"Use --cpu-smoke to exercise the code paths on the CPU with tiny sizes.\n")
+        sys.stderr.write(
+            f"overlap.py: CUDA is not available (torch {torch.__version__}, CUDA build "
+            f"{torch.version.cuda}); this study needs a GPU.\n"
+            f"Use --cpu-smoke to exercise the code paths on the CPU with tiny sizes.\n"
+        )
         return 2
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
@@ -914,12 +1154,20 @@ def main(argv=None) -> int:
         "benchmark": "benchmarks/overlap.py",
         "machine": machine_info(device.type == "cuda"),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "targets": {"T1_max_step_over_resident": TARGET_T1, "T2_min_speedup_vs_torch": TARGET_T2,
-                    "T3_min_gbps": TARGET_T3_GBPS, "T3_max_threads": TARGET_T3_THREADS},
-        "design_reference": {"pinned_h2d_gbps": [53.5, 55.3], "staging_gbps_8_16_threads": [33, 50],
-                             "torch_tensordataset_gbps": {"num_workers=0": 3.9, "num_workers=4": 2.1},
-                             "h2d_slows_concurrent_gemm": 0.11},
-        "row_sizes": [], "errors": {},
+        "targets": {
+            "T1_max_step_over_resident": TARGET_T1,
+            "T2_min_speedup_vs_torch": TARGET_T2,
+            "T3_min_gbps": TARGET_T3_GBPS,
+            "T3_max_threads": TARGET_T3_THREADS,
+        },
+        "design_reference": {
+            "pinned_h2d_gbps": [53.5, 55.3],
+            "staging_gbps_8_16_threads": [33, 50],
+            "torch_tensordataset_gbps": {"num_workers=0": 3.9, "num_workers=4": 2.1},
+            "h2d_slows_concurrent_gemm": 0.11,
+        },
+        "row_sizes": [],
+        "errors": {},
     }
     began = time.perf_counter()
 
@@ -928,9 +1176,11 @@ def main(argv=None) -> int:
         write_json(json_path, results)
 
     m = results["machine"]
-    log(f"torch_fastload overlap study on {(m.get('gpu') or {}).get('name', 'CPU (smoke: numbers are meaningless)')}: "
+    log(
+        f"torch_fastload overlap study on {(m.get('gpu') or {}).get('name', 'CPU (smoke: numbers are meaningless)')}: "
         f"torch {m['torch']}, python {m['python']}, {m['cpu_affinity'] or m['cpu_count']} CPUs, "
-        f"stage copier {m.get('stage_copier')}, {m['date']}")
+        f"stage copier {m.get('stage_copier')}, {m['date']}"
+    )
     log(f"command: {m['command_line']}")
     save()
 
@@ -958,8 +1208,10 @@ def main(argv=None) -> int:
         case = next((c for c in entry["cases"] if c["ratio"] == 0), None)
         fl = best_of(case, "fastload") if case else None
         if fl is not None and fl.get("fastload_stats_text"):
-            log(f"\nloader.stats() of the best pure-input torch_fastload run, {fmt_size(entry['row_bytes'])} rows "
-                f"(stage_threads={fl['params']['stage_threads']}):")
+            log(
+                f"\nloader.stats() of the best pure-input torch_fastload run, {fmt_size(entry['row_bytes'])} rows "
+                f"(stage_threads={fl['params']['stage_threads']}):"
+            )
             log(fl["fastload_stats_text"])
     errors = dict(results["errors"])
     for entry in results["row_sizes"]:
@@ -967,8 +1219,14 @@ def main(argv=None) -> int:
             errors.update(case["errors"])
     if errors:
         log("\nERRORS: " + "; ".join(f"{k}: {v['error'] if isinstance(v, dict) else v}" for k, v in errors.items()))
-    log(f"\nwrote {json_path}" + (f" and {png_path}" if results.get("plot") == str(png_path) else
-                                  (f" ({results['plot']})" if args.plot else "")))
+    log(
+        f"\nwrote {json_path}"
+        + (
+            f" and {png_path}"
+            if results.get("plot") == str(png_path)
+            else (f" ({results['plot']})" if args.plot else "")
+        )
+    )
     log(f"total time {time.perf_counter() - began:.1f} s")
     log("")
     log(summary_table(results))

@@ -52,8 +52,20 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from torch_fastload._benchutil import (Progress, cpu_affinity, error_text, float_list, fmt, git_state,  # noqa: E402
-                                       log, machine_basics, positive_int_list, run_quiet, table, write_json)
+from torch_fastload._benchutil import (
+    Progress,
+    cpu_affinity,
+    error_text,
+    float_list,
+    fmt,
+    git_state,  # noqa: E402
+    log,
+    machine_basics,
+    positive_int_list,
+    run_quiet,
+    table,
+    write_json,
+)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -67,8 +79,18 @@ DEFAULT_SIZES = [1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB, 64 * MiB, 256 * M
 def parse_size(text: str) -> int:
     """'64MiB', '64M', '1GiB', '1G', '512KiB', '4096B'; a bare number means MiB."""
     s = str(text).strip().lower().replace(" ", "")
-    units = [("gib", GiB), ("gb", GiB), ("g", GiB), ("mib", MiB), ("mb", MiB), ("m", MiB),
-             ("kib", 1024), ("kb", 1024), ("k", 1024), ("b", 1)]
+    units = [
+        ("gib", GiB),
+        ("gb", GiB),
+        ("g", GiB),
+        ("mib", MiB),
+        ("mb", MiB),
+        ("m", MiB),
+        ("kib", 1024),
+        ("kb", 1024),
+        ("k", 1024),
+        ("b", 1),
+    ]
     for suffix, mult in units:
         if s.endswith(suffix):
             number = s[: -len(suffix)]
@@ -110,7 +132,7 @@ def aligned_empty(nbytes: int, fill: int | None = None) -> torch.Tensor:
     touched with ``fill`` so every page is resident."""
     raw = torch.empty(nbytes + PAGE, dtype=torch.uint8)
     shift = (-raw.data_ptr()) % PAGE
-    view = raw[shift:shift + nbytes]
+    view = raw[shift : shift + nbytes]
     if fill is not None:
         view.fill_(fill)
     return view
@@ -138,6 +160,7 @@ def choose_copier(choice: str) -> str:
     if choice == "auto":
         try:
             from torch_fastload.staging import ParallelCopier
+
             copier = ParallelCopier(1)
             backend = copier_backend(copier)
             copier.close()
@@ -145,6 +168,7 @@ def choose_copier(choice: str) -> str:
         except Exception as exc:
             return f"auto: ParallelCopier unusable ({error_text(exc)})"
     import torch_fastload.staging as staging
+
     if not hasattr(staging, "_native_copy"):
         return "numpy requested, but torch_fastload.staging has no _native_copy switch: auto"
     staging._native_copy = None
@@ -172,6 +196,7 @@ def probe_native_copier(timeout: float = 180.0) -> str | None:
     the native path is not in use; otherwise why it failed."""
     try:
         from torch_fastload.staging import ParallelCopier
+
         copier = ParallelCopier(1)
         native = getattr(copier, "native", False)
         copier.close()
@@ -182,8 +207,9 @@ def probe_native_copier(timeout: float = 180.0) -> str | None:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
-        res = subprocess.run([sys.executable, "-c", _PROBE], cwd=str(REPO), env=env,
-                             capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(
+            [sys.executable, "-c", _PROBE], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return f"native copy probe hung for {timeout:.0f} s"
     if res.returncode == 0:
@@ -232,11 +258,13 @@ def machine_info(use_cuda: bool) -> dict:
     }
     try:
         import numpy
+
         info["numpy"] = numpy.__version__
     except Exception:
         pass
     try:
         import torch_fastload.pool as _pool_mod
+
         info["torch_fastload_path"] = str(Path(_pool_mod.__file__).resolve().parent)
     except Exception as exc:
         info["torch_fastload_path"] = f"import failed: {error_text(exc)}"
@@ -252,10 +280,15 @@ def machine_info(use_cuda: bool) -> dict:
             "multiprocessors": getattr(props, "multi_processor_count", None),
             "device_count": torch.cuda.device_count(),
         }
-        smi = run_quiet(["nvidia-smi", f"--id={dev}",
-                         "--query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.gen.max,"
-                         "pcie.link.width.current,pcie.link.width.max,clocks.sm,clocks.max.sm",
-                         "--format=csv,noheader"])
+        smi = run_quiet(
+            [
+                "nvidia-smi",
+                f"--id={dev}",
+                "--query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.gen.max,"
+                "pcie.link.width.current,pcie.link.width.max,clocks.sm,clocks.max.sm",
+                "--format=csv,noheader",
+            ]
+        )
         info["nvidia_smi"] = smi
     return info
 
@@ -329,8 +362,12 @@ class Sleeper:
             return {"available": False, "error": self.error}
         self.cycles_per_ms = (c2 - c1) / (t2 - t1)
         self.offset_ms = max(0.0, t1 - c1 / self.cycles_per_ms)
-        return {"available": True, "cycles_per_ms": self.cycles_per_ms, "offset_ms": self.offset_ms,
-                "implied_sm_clock_mhz": self.cycles_per_ms / 1e3}
+        return {
+            "available": True,
+            "cycles_per_ms": self.cycles_per_ms,
+            "offset_ms": self.offset_ms,
+            "implied_sm_clock_mhz": self.cycles_per_ms / 1e3,
+        }
 
     def cycles(self, ms: float) -> int:
         if not self.cycles_per_ms or ms <= 0:
@@ -366,15 +403,18 @@ def part1_h2d(args, sleeper: Sleeper, results: dict, save) -> None:
     rot_budget = max(args.rotate_bytes, 0)
     max_n = max(sizes)
     arena_n = max(min(rot_budget, max_n), 0)
-    out: dict = {"sizes": [], "method": {
-        "timed": "CUDA events around `inner` back-to-back dst.copy_(src, non_blocking=True); "
-                 "GB/s = inner*size/elapsed; median over reps samples; modes interleaved per rep",
-        "ratio": "median over reps of pool_sample / pinned_sample (taken back to back)",
-        "pinned_blocker": "pinned/pool samples are queued behind a calibrated torch.cuda._sleep so "
-                          "launch gaps are not timed; pageable copies are host-staged by the driver "
-                          "and timed without it",
-        "rotation_bytes": rot_budget,
-    }}
+    out: dict = {
+        "sizes": [],
+        "method": {
+            "timed": "CUDA events around `inner` back-to-back dst.copy_(src, non_blocking=True); "
+            "GB/s = inner*size/elapsed; median over reps samples; modes interleaved per rep",
+            "ratio": "median over reps of pool_sample / pinned_sample (taken back to back)",
+            "pinned_blocker": "pinned/pool samples are queued behind a calibrated torch.cuda._sleep so "
+            "launch gaps are not timed; pageable copies are host-staged by the driver "
+            "and timed without it",
+            "rotation_bytes": rot_budget,
+        },
+    }
     results["part1_h2d"] = out
 
     dst = torch.empty(max_n, dtype=torch.uint8, device=device)
@@ -386,8 +426,7 @@ def part1_h2d(args, sleeper: Sleeper, results: dict, save) -> None:
     bar = Progress(total_samples, "part 1: H2D", args.progress)
     try:
         for n in sizes:
-            row = _part1_one_size(args, n, dst, pageable_arena, pinned_arena, rot_budget, sleeper,
-                                  PinnedPool, bar)
+            row = _part1_one_size(args, n, dst, pageable_arena, pinned_arena, rot_budget, sleeper, PinnedPool, bar)
             out["sizes"].append(row)
             save()
     finally:
@@ -401,13 +440,37 @@ def part1_h2d(args, sleeper: Sleeper, results: dict, save) -> None:
     log()
     rows = []
     for r in out["sizes"]:
-        rows.append([fmt_size(r["bytes"]), r["inner"], r["reps"] + r["extra_reps"], fmt(r["pageable_gbps"]),
-                     fmt(r["pinned_gbps"]), fmt(r["pool_gbps"]),
-                     fmt(None if r["ratio"] is None else 100 * r["ratio"], ".1f"),
-                     f">={int(100 * r['target'])}%", r["verdict"]])
-    log(table(["size", "copies/sample", "samples", "pageable GB/s", "pinned GB/s", "pool GB/s",
-               "pool/pinned %", "target", "verdict"], rows,
-              title="Part 1: H2D copy_(non_blocking=True) GB/s (1e9 B/s), median of samples", first_left=False))
+        rows.append(
+            [
+                fmt_size(r["bytes"]),
+                r["inner"],
+                r["reps"] + r["extra_reps"],
+                fmt(r["pageable_gbps"]),
+                fmt(r["pinned_gbps"]),
+                fmt(r["pool_gbps"]),
+                fmt(None if r["ratio"] is None else 100 * r["ratio"], ".1f"),
+                f">={int(100 * r['target'])}%",
+                r["verdict"],
+            ]
+        )
+    log(
+        table(
+            [
+                "size",
+                "copies/sample",
+                "samples",
+                "pageable GB/s",
+                "pinned GB/s",
+                "pool GB/s",
+                "pool/pinned %",
+                "target",
+                "verdict",
+            ],
+            rows,
+            title="Part 1: H2D copy_(non_blocking=True) GB/s (1e9 B/s), median of samples",
+            first_left=False,
+        )
+    )
     for r in out["sizes"]:
         for note in r.get("notes", []):
             log(f"  note {fmt_size(r['bytes'])}: {note}")
@@ -425,8 +488,8 @@ def _part1_one_size(args, n, dst, pageable_arena, pinned_arena, rot_budget, slee
 
     own_pageable = own_pinned = None
     if pageable_arena is not None and k * n <= pageable_arena.numel():
-        pageable_srcs = [pageable_arena[i * n:(i + 1) * n] for i in range(k)]
-        pinned_srcs = [pinned_arena[i * n:(i + 1) * n] for i in range(k)]
+        pageable_srcs = [pageable_arena[i * n : (i + 1) * n] for i in range(k)]
+        pinned_srcs = [pinned_arena[i * n : (i + 1) * n] for i in range(k)]
     else:
         own_pageable = aligned_empty(n, fill=1)
         own_pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True).fill_(2)
@@ -486,6 +549,7 @@ def _part1_one_size(args, n, dst, pageable_arena, pinned_arena, rot_budget, slee
     for name, srcs, blk, value in modes:  # warm-up, and a check that the bytes arrive
         sample(srcs, blk, 0)
         check(value, name)
+
     def one_rep(rep, count=True):
         order = modes if rep % 2 == 0 else [modes[0]] + modes[1:][::-1]
         for name, srcs, blk, _ in order:
@@ -533,13 +597,25 @@ def _part1_one_size(args, n, dst, pageable_arena, pinned_arena, rot_budget, slee
     ratio_of_medians = pool_g / pinned if (pool_g and pinned) else None
     verdict = "ERROR" if ratio is None else ("PASS" if ratio >= tgt else "FAIL")
     return {
-        "bytes": n, "rotate_buffers": k, "inner": inner, "reps": reps,
-        "pageable_gbps": median(samples["pageable"]), "pinned_gbps": pinned, "pool_gbps": pool_g,
-        "pageable_best_gbps": max(samples["pageable"]), "pinned_best_gbps": max(samples["pinned"]),
+        "bytes": n,
+        "rotate_buffers": k,
+        "inner": inner,
+        "reps": reps,
+        "pageable_gbps": median(samples["pageable"]),
+        "pinned_gbps": pinned,
+        "pool_gbps": pool_g,
+        "pageable_best_gbps": max(samples["pageable"]),
+        "pinned_best_gbps": max(samples["pinned"]),
         "pool_best_gbps": max(samples["pool"]) if samples.get("pool") else None,
-        "samples_gbps": samples, "ratio": ratio, "ratio_of_medians": ratio_of_medians,
-        "extra_reps": extra, "target": tgt, "verdict": verdict,
-        "pool_error": pool_error, "blocker_ms": blocker["ms"], "notes": notes,
+        "samples_gbps": samples,
+        "ratio": ratio,
+        "ratio_of_medians": ratio_of_medians,
+        "extra_reps": extra,
+        "target": tgt,
+        "verdict": verdict,
+        "pool_error": pool_error,
+        "blocker_ms": blocker["ms"],
+        "notes": notes,
     }
 
 
@@ -598,26 +674,55 @@ def part1_alloc(args, PinnedPool, out: dict, save) -> None:
             gc.collect()
             bar.update(1, note=fmt_size(n))
         row = {
-            "bytes": n, "reps": reps, "host_cache_emptied": can_empty,
-            "fresh_pinned_s": median(fresh), "fresh_pinned_gbps": gbps(n, median(fresh)),
-            "pool_construct_s": median(construct), "pool_construct_gbps": gbps(n, median(construct)),
+            "bytes": n,
+            "reps": reps,
+            "host_cache_emptied": can_empty,
+            "fresh_pinned_s": median(fresh),
+            "fresh_pinned_gbps": gbps(n, median(fresh)),
+            "pool_construct_s": median(construct),
+            "pool_construct_gbps": gbps(n, median(construct)),
             "pool_close_s": median(close),
             "first_touch_gbps": gbps(n, median(touch)),
-            "register_gbps": gbps(n, median(register)), "unregister_s": median(unregister),
+            "register_gbps": gbps(n, median(register)),
+            "unregister_s": median(unregister),
             "samples_s": {"fresh": fresh, "construct": construct, "touch": touch, "register": register},
             "notes": sorted(set(notes)),
         }
         res.append(row)
         save()
     bar.close()
-    rows = [[fmt_size(r["bytes"]), fmt(r["fresh_pinned_gbps"]), fmt(r["pool_construct_gbps"]),
-             fmt(r["first_touch_gbps"]), fmt(r["register_gbps"]),
-             fmt(None if not (r["fresh_pinned_s"] and r["pool_construct_s"])
-                 else r["fresh_pinned_s"] / r["pool_construct_s"], ".1f")] for r in res]
+    rows = [
+        [
+            fmt_size(r["bytes"]),
+            fmt(r["fresh_pinned_gbps"]),
+            fmt(r["pool_construct_gbps"]),
+            fmt(r["first_touch_gbps"]),
+            fmt(r["register_gbps"]),
+            fmt(
+                None
+                if not (r["fresh_pinned_s"] and r["pool_construct_s"])
+                else r["fresh_pinned_s"] / r["pool_construct_s"],
+                ".1f",
+            ),
+        ]
+        for r in res
+    ]
     log()
-    log(table(["size", "fresh pinned GB/s", "pool (touch+register) GB/s", "first touch GB/s",
-               "register only GB/s", "pool speed-up x"], rows,
-              title="Part 1b: making pinned memory (median of %d)" % reps, first_left=False))
+    log(
+        table(
+            [
+                "size",
+                "fresh pinned GB/s",
+                "pool (touch+register) GB/s",
+                "first touch GB/s",
+                "register only GB/s",
+                "pool speed-up x",
+            ],
+            rows,
+            title="Part 1b: making pinned memory (median of %d)" % reps,
+            first_left=False,
+        )
+    )
     for r in res:
         for note in r["notes"]:
             log(f"  note {fmt_size(r['bytes'])}: {note}")
@@ -632,11 +737,15 @@ def part2_staging(args, pin: bool, results: dict, save) -> None:
 
     sizes = [s for s in args.stage_sizes if s <= args.max_size] or [min(args.stage_sizes)]
     threads = args.threads
-    out: dict = {"pinned_destination": pin, "sizes": [], "torch_threads": torch.get_num_threads(),
-                 "method": "host wall time of one ParallelCopier.copy_into(slot, [(0, src)]) per "
-                           "sample; sources rotate over pre-touched pageable tensors, destinations "
-                           "over 2 pool slots; median of reps. torch_copy_gbps: dst.copy_(src) with "
-                           "torch.set_num_threads(threads)"}
+    out: dict = {
+        "pinned_destination": pin,
+        "sizes": [],
+        "torch_threads": torch.get_num_threads(),
+        "method": "host wall time of one ParallelCopier.copy_into(slot, [(0, src)]) per "
+        "sample; sources rotate over pre-touched pageable tensors, destinations "
+        "over 2 pool slots; median of reps. torch_copy_gbps: dst.copy_(src) with "
+        "torch.set_num_threads(threads)",
+    }
     results["part2_staging"] = out
     bar = Progress(len(sizes) * (len(threads) + 1), "part 2: staging", args.progress)
     for n in sizes:
@@ -690,16 +799,26 @@ def part2_staging(args, pin: bool, results: dict, save) -> None:
             finally:
                 torch.set_num_threads(saved_threads)
             sec, tsec = median(times), median(ttimes)
-            entry["threads"].append({"threads": t, "median_s": sec, "gbps": gbps(n, sec),
-                                     "samples_s": times, "torch_copy_median_s": tsec,
-                                     "torch_copy_gbps": gbps(n, tsec),
-                                 "memcpy_gbps": gbps(n, median(cached_times)) if cached_times else None})
+            entry["threads"].append(
+                {
+                    "threads": t,
+                    "median_s": sec,
+                    "gbps": gbps(n, sec),
+                    "samples_s": times,
+                    "torch_copy_median_s": tsec,
+                    "torch_copy_gbps": gbps(n, tsec),
+                    "memcpy_gbps": gbps(n, median(cached_times)) if cached_times else None,
+                }
+            )
             bar.update(1, note=f"{fmt_size(n)} x{t}")
         # torch reference at its default thread count: what pin_memory() gets
         timed(lambda dbuf, sbuf: dbuf.copy_(sbuf), 1)
         times = timed(lambda dbuf, sbuf: dbuf.copy_(sbuf), reps)
-        entry["torch_copy"] = {"threads": torch.get_num_threads(), "median_s": median(times),
-                               "gbps": gbps(n, median(times))}
+        entry["torch_copy"] = {
+            "threads": torch.get_num_threads(),
+            "median_s": median(times),
+            "gbps": gbps(n, median(times)),
+        }
         bar.update(1)
         base = entry["threads"][0]["gbps"] if entry["threads"][0]["threads"] == 1 else None
         for e in entry["threads"]:
@@ -717,20 +836,43 @@ def part2_staging(args, pin: bool, results: dict, save) -> None:
     bar.close()
 
     for entry in out["sizes"]:
-        rows = [[e["threads"], fmt(1e3 * e["median_s"]), fmt(e["gbps"]), fmt(e["gbps_per_thread"]),
-                 fmt(e["threads_per_10gbps"]), fmt(e["speedup_vs_1"], ".2f"), fmt(e.get("memcpy_gbps")),
-                 fmt(e["torch_copy_gbps"])]
-                for e in entry["threads"]]
+        rows = [
+            [
+                e["threads"],
+                fmt(1e3 * e["median_s"]),
+                fmt(e["gbps"]),
+                fmt(e["gbps_per_thread"]),
+                fmt(e["threads_per_10gbps"]),
+                fmt(e["speedup_vs_1"], ".2f"),
+                fmt(e.get("memcpy_gbps")),
+                fmt(e["torch_copy_gbps"]),
+            ]
+            for e in entry["threads"]
+        ]
         tc = entry["torch_copy"]
-        rows.append([f"torch default ({tc['threads']})", fmt(1e3 * tc["median_s"]), fmt(tc["gbps"]),
-                     "", "", "", "", ""])
+        rows.append(
+            [f"torch default ({tc['threads']})", fmt(1e3 * tc["median_s"]), fmt(tc["gbps"]), "", "", "", "", ""]
+        )
         dst_kind = "pinned pool slot" if pin else "unpinned pool slot (cpu smoke)"
         log()
-        log(table(["threads", "ms", "GB/s", "GB/s per thread", "cores per 10 GB/s", "speed-up",
-                   "memcpy GB/s", "torch copy_ GB/s"], rows,
-                  title=f"Part 2: staging {fmt_size(entry['bytes'])} pageable -> {dst_kind}, "
-                        f"ParallelCopier ({entry.get('copier_backend')}), median of {entry['reps']}",
-                  first_left=False))
+        log(
+            table(
+                [
+                    "threads",
+                    "ms",
+                    "GB/s",
+                    "GB/s per thread",
+                    "cores per 10 GB/s",
+                    "speed-up",
+                    "memcpy GB/s",
+                    "torch copy_ GB/s",
+                ],
+                rows,
+                title=f"Part 2: staging {fmt_size(entry['bytes'])} pageable -> {dst_kind}, "
+                f"ParallelCopier ({entry.get('copier_backend')}), median of {entry['reps']}",
+                first_left=False,
+            )
+        )
         for note in entry["notes"]:
             log(f"  note: {note}")
 
@@ -784,7 +926,7 @@ class ThreadedPinnedFeeder:
                 t0 = time.perf_counter()
                 slot = self.pool.acquire(stop=self.stop, timeout=60)
                 t1 = time.perf_counter()
-                span = slot.buffer[:self.nbytes]
+                span = slot.buffer[: self.nbytes]
                 try:
                     stage_copy(self.copier, span, self.srcs[step % len(self.srcs)])
                     t2 = time.perf_counter()
@@ -889,12 +1031,16 @@ def make_compute(kind: str, ms: float, sleeper: Sleeper, device):
         for _ in range(count):
             torch.matmul(a, b, out=c)
 
-    return run, {"kind": "matmul", "target_ms": ms, "matmul_4096_bf16_ms": per, "matmuls": count,
-                 "note": None if kind == "matmul" else f"fell back to matmul: {sleeper.error}"}
+    return run, {
+        "kind": "matmul",
+        "target_ms": ms,
+        "matmul_4096_bf16_ms": per,
+        "matmuls": count,
+        "note": None if kind == "matmul" else f"fell back to matmul: {sleeper.error}",
+    }
 
 
-def run_loop(batches, compute, total: int, warm: int, nbytes: int, expected, max_inflight: int,
-             device) -> dict:
+def run_loop(batches, compute, total: int, warm: int, nbytes: int, expected, max_inflight: int, device) -> dict:
     """Consume ``total`` batches, compute per step; time the last ``total - warm`` steps.
 
     The step time is read on the GPU: between the events recorded after step ``warm - 1`` and
@@ -932,14 +1078,22 @@ def run_loop(batches, compute, total: int, warm: int, nbytes: int, expected, max
     host_elapsed = time.perf_counter() - t0
     timed = total - warm
     elapsed = first_ev.elapsed_time(last_ev) / 1e3
-    res = {"steps": timed, "elapsed_s": elapsed, "step_ms": 1e3 * elapsed / timed,
-           "gbps": nbytes * timed / elapsed / 1e9, "host_step_ms": 1e3 * host_elapsed / timed}
+    res = {
+        "steps": timed,
+        "elapsed_s": elapsed,
+        "step_ms": 1e3 * elapsed / timed,
+        "gbps": nbytes * timed / elapsed / 1e9,
+        "host_step_ms": 1e3 * host_elapsed / timed,
+    }
     if expected is not None:
         got = chk.cpu().tolist()
         wrong = [s for s in range(total) if got[s] != [expected(s), expected(s)]]
-        res["data_check"] = "ok" if not wrong else \
-            f"{len(wrong)} of {total} batches had wrong bytes (first: step {wrong[0]}: {got[wrong[0]]}, " \
+        res["data_check"] = (
+            "ok"
+            if not wrong
+            else f"{len(wrong)} of {total} batches had wrong bytes (first: step {wrong[0]}: {got[wrong[0]]}, "
             f"expected {expected(wrong[0])})"
+        )
     else:
         res["gbps"] = None  # no batch moved: compute only
     return res
@@ -957,13 +1111,26 @@ def part3_loop(args, sleeper: Sleeper, results: dict, save) -> None:
     def expected(step):
         return values[step % R]
 
-    out: dict = {"batch_bytes": B, "sources": R, "steps": K, "warmup_steps": W,
-                 "max_inflight": args.max_inflight, "stage_threads": args.loader_threads,
-                 "slots": args.slots, "compute_kind": args.compute, "settings": []}
+    out: dict = {
+        "batch_bytes": B,
+        "sources": R,
+        "steps": K,
+        "warmup_steps": W,
+        "max_inflight": args.max_inflight,
+        "stage_threads": args.loader_threads,
+        "slots": args.slots,
+        "compute_kind": args.compute,
+        "settings": [],
+    }
     results["part3_loop"] = out
 
-    modes = ["compute-only", "(i) pageable .cuda()", "(ii) pin_memory().cuda(nb)",
-             "(iii) threaded pinned pool", "(iv) torch_fastload.DataLoader"]
+    modes = [
+        "compute-only",
+        "(i) pageable .cuda()",
+        "(ii) pin_memory().cuda(nb)",
+        "(iii) threaded pinned pool",
+        "(iv) torch_fastload.DataLoader",
+    ]
     bar = Progress(len(args.compute_ms) * len(modes), "part 3: loop", args.progress)
     for ms in args.compute_ms:
         compute, cinfo = make_compute(args.compute, ms, sleeper, device)
@@ -1000,9 +1167,13 @@ def part3_loop(args, sleeper: Sleeper, results: dict, save) -> None:
                 res = run_loop(feeder, compute, total, W, B, expected, args.max_inflight, device)
             finally:
                 feeder.close()
-            res["feeder"] = {"copier_backend": copier_backend(feeder.copier), "stage_s": feeder.stage_s, "stage_gbps": gbps(B * total, feeder.stage_s),
-                             "slot_wait_s": feeder.slot_wait_s,
-                             "consumer_wait_s": feeder.consumer_wait_s}
+            res["feeder"] = {
+                "copier_backend": copier_backend(feeder.copier),
+                "stage_s": feeder.stage_s,
+                "stage_gbps": gbps(B * total, feeder.stage_s),
+                "slot_wait_s": feeder.slot_wait_s,
+                "consumer_wait_s": feeder.consumer_wait_s,
+            }
             return res
 
         def project_loader():
@@ -1010,8 +1181,9 @@ def part3_loop(args, sleeper: Sleeper, results: dict, save) -> None:
 
             loader_cls = getattr(torch_fastload, "DataLoader", None)
             if loader_cls is None:
-                raise ImportError("torch_fastload has no DataLoader yet "
-                                  f"(module at {getattr(torch_fastload, '__path__', '?')})")
+                raise ImportError(
+                    f"torch_fastload has no DataLoader yet (module at {getattr(torch_fastload, '__path__', '?')})"
+                )
             kwargs = dict(batch_size=None, device="cuda", stage_threads=args.loader_threads)
             kwargs.update(args.loader_kwargs)
             loader = loader_cls(_SourceDataset(srcs, total), **kwargs)
@@ -1084,23 +1256,36 @@ def part3_table(setting: dict, out: dict) -> str:
         if res.get("data_check") not in (None, "ok"):
             extra.append("DATA WRONG: " + res["data_check"])
         if res.get("wait_fraction") is not None:
-            extra.append(f"stats: wait {100 * res['wait_fraction']:.1f}%, "
-                         f"{fmt(res.get('stats_gbps'), '.1f')} GB/s (warm-up included)")
+            extra.append(
+                f"stats: wait {100 * res['wait_fraction']:.1f}%, "
+                f"{fmt(res.get('stats_gbps'), '.1f')} GB/s (warm-up included)"
+            )
         if res.get("feeder"):
             f = res["feeder"]
-            extra.append(f"stage {fmt(f['stage_gbps'], '.1f')} GB/s, consumer wait "
-                         f"{fmt(f['consumer_wait_s'] * 1e3, '.0f')} ms")
+            extra.append(
+                f"stage {fmt(f['stage_gbps'], '.1f')} GB/s, consumer wait {fmt(f['consumer_wait_s'] * 1e3, '.0f')} ms"
+            )
         if res.get("note"):
             extra.append(res["note"])
-        rows.append([name, fmt(res["step_ms"]), fmt(res["gbps"]),
-                     fmt(res.get("overlap"), ".2f"), fmt(res.get("input_overhead_ms")),
-                     "; ".join(extra) or ("data ok" if res.get("data_check") == "ok" else "")])
+        rows.append(
+            [
+                name,
+                fmt(res["step_ms"]),
+                fmt(res["gbps"]),
+                fmt(res.get("overlap"), ".2f"),
+                fmt(res.get("input_overhead_ms")),
+                "; ".join(extra) or ("data ok" if res.get("data_check") == "ok" else ""),
+            ]
+        )
     c = setting["compute"]
     desc = f"{c['kind']}" + (f" (target {c['target_ms']:g} ms)" if c.get("target_ms") else "")
-    return table(["mode", "step ms", "GB/s", "overlap", "input ms/step", "notes"], rows,
-                 title=f"Part 3: {out['steps']} steps x {fmt_size(out['batch_bytes'])} batch, "
-                       f"compute {desc}, stage_threads {out['stage_threads']}, slots {out['slots']}",
-                 first_left=False)
+    return table(
+        ["mode", "step ms", "GB/s", "overlap", "input ms/step", "notes"],
+        rows,
+        title=f"Part 3: {out['steps']} steps x {fmt_size(out['batch_bytes'])} batch, "
+        f"compute {desc}, stage_threads {out['stage_threads']}, slots {out['slots']}",
+        first_left=False,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -1109,6 +1294,7 @@ def part3_table(setting: dict, out: dict) -> str:
 def make_plot(results: dict, path: Path) -> str | None:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception as exc:
@@ -1125,9 +1311,11 @@ def make_plot(results: dict, path: Path) -> str | None:
     for ax, panel in zip(axes, panels):
         if panel == "h2d":
             x = [r["bytes"] / MiB for r in p1]
-            for key, label, style in (("pageable_gbps", "pageable", "o-"),
-                                      ("pinned_gbps", "pinned (torch.empty pin_memory)", "s-"),
-                                      ("pool_gbps", "PinnedPool slot (register)", "^--")):
+            for key, label, style in (
+                ("pageable_gbps", "pageable", "o-"),
+                ("pinned_gbps", "pinned (torch.empty pin_memory)", "s-"),
+                ("pool_gbps", "PinnedPool slot (register)", "^--"),
+            ):
                 y = [r.get(key) for r in p1]
                 if any(v is not None for v in y):
                     ax.plot(x, [float("nan") if v is None else v for v in y], style, label=label)
@@ -1141,12 +1329,18 @@ def make_plot(results: dict, path: Path) -> str | None:
         elif panel == "stage":
             for entry in p2:
                 th = [e["threads"] for e in entry["threads"]]
-                line, = ax.plot(th, [e["gbps"] for e in entry["threads"]], "o-",
-                                label=f"ParallelCopier {fmt_size(entry['bytes'])}")
+                (line,) = ax.plot(
+                    th, [e["gbps"] for e in entry["threads"]], "o-", label=f"ParallelCopier {fmt_size(entry['bytes'])}"
+                )
                 tg = [e.get("torch_copy_gbps") for e in entry["threads"]]
                 if any(tg):
-                    ax.plot(th, [float("nan") if v is None else v for v in tg], "x:",
-                            color=line.get_color(), label=f"torch copy_ {fmt_size(entry['bytes'])}")
+                    ax.plot(
+                        th,
+                        [float("nan") if v is None else v for v in tg],
+                        "x:",
+                        color=line.get_color(),
+                        label=f"torch copy_ {fmt_size(entry['bytes'])}",
+                    )
             ax.set_xscale("log", base=2)
             allth = sorted({e["threads"] for entry in p2 for e in entry["threads"]})
             ax.set_xticks(allth)
@@ -1168,11 +1362,17 @@ def make_plot(results: dict, path: Path) -> str | None:
                     err = "error" in setting["modes"].get(nm, {})
                     text = "err" if err else (f"{ov:.2f}" if ov else "")
                     if text:
-                        ax.annotate(text, (bx.get_x() + bx.get_width() / 2, bx.get_height()),
-                                    ha="center", va="bottom", fontsize=7)
+                        ax.annotate(
+                            text,
+                            (bx.get_x() + bx.get_width() / 2, bx.get_height()),
+                            ha="center",
+                            va="bottom",
+                            fontsize=7,
+                        )
             ax.set_xticks([j + width * (len(p3) - 1) / 2 for j in range(len(names))])
-            ax.set_xticklabels([nm.split(" ", 1)[1] if " " in nm else nm for nm in names],
-                               rotation=20, ha="right", fontsize=8)
+            ax.set_xticklabels(
+                [nm.split(" ", 1)[1] if " " in nm else nm for nm in names], rotation=20, ha="right", fontsize=8
+            )
             ax.set_ylabel("effective GB/s (labels: overlap)")
             ax.set_title(f"loop: {fmt_size(results['part3_loop']['batch_bytes'])} batches")
         ax.grid(True, alpha=0.3)
@@ -1188,8 +1388,10 @@ def summary(results: dict) -> str:
     lines = ["", "=" * 100, "SUMMARY  torch_fastload pin-memory study"]
     m = results.get("machine", {})
     gpu = (m.get("gpu") or {}).get("name", "no GPU")
-    lines.append(f"  {gpu}; torch {m.get('torch')}; {m.get('cpu_affinity') or m.get('cpu_count')} CPUs "
-                 f"({m.get('cpu_model')}); {m.get('date')}")
+    lines.append(
+        f"  {gpu}; torch {m.get('torch')}; {m.get('cpu_affinity') or m.get('cpu_count')} CPUs "
+        f"({m.get('cpu_model')}); {m.get('date')}"
+    )
     lines.append(f"  ParallelCopier backend: {results.get('copier_choice')}")
     if results.get("native_copier_problem"):
         lines.append(f"  WARNING: {results['native_copier_problem']} (numpy fallback used)")
@@ -1200,9 +1402,11 @@ def summary(results: dict) -> str:
     p3 = results.get("part3_loop")
     if p1 and p1.get("alloc"):
         for r in p1["alloc"]:
-            lines.append(f"  pinning {fmt_size(r['bytes'])}: fresh pinned alloc {fmt(r['fresh_pinned_gbps'])} GB/s, "
-                         f"pool touch+register {fmt(r['pool_construct_gbps'])} GB/s "
-                         f"(register alone {fmt(r['register_gbps'])} GB/s)")
+            lines.append(
+                f"  pinning {fmt_size(r['bytes'])}: fresh pinned alloc {fmt(r['fresh_pinned_gbps'])} GB/s, "
+                f"pool touch+register {fmt(r['pool_construct_gbps'])} GB/s "
+                f"(register alone {fmt(r['register_gbps'])} GB/s)"
+            )
     pinned_ref = None
     if p1 and p1.get("sizes"):
         big = [r["pinned_gbps"] for r in p1["sizes"] if r["bytes"] >= 16 * MiB and r["pinned_gbps"]]
@@ -1211,15 +1415,20 @@ def summary(results: dict) -> str:
         for entry in p2["sizes"]:
             best = max(entry["threads"], key=lambda e: e["gbps"] or 0)
             one = next((e for e in entry["threads"] if e["threads"] == 1), None)
-            text = (f"  staging {fmt_size(entry['bytes'])}: 1 thread {fmt(one and one['gbps'])} GB/s, best "
-                    f"{fmt(best['gbps'])} GB/s at {best['threads']} threads "
-                    f"({fmt(best['threads_per_10gbps'], '.1f')} cores per 10 GB/s); torch copy_ "
-                    f"{fmt(best.get('torch_copy_gbps'))} GB/s at {best['threads']} threads, "
-                    f"{fmt(entry['torch_copy']['gbps'])} GB/s at its default {entry['torch_copy']['threads']}")
+            text = (
+                f"  staging {fmt_size(entry['bytes'])}: 1 thread {fmt(one and one['gbps'])} GB/s, best "
+                f"{fmt(best['gbps'])} GB/s at {best['threads']} threads "
+                f"({fmt(best['threads_per_10gbps'], '.1f')} cores per 10 GB/s); torch copy_ "
+                f"{fmt(best.get('torch_copy_gbps'))} GB/s at {best['threads']} threads, "
+                f"{fmt(entry['torch_copy']['gbps'])} GB/s at its default {entry['torch_copy']['threads']}"
+            )
             if pinned_ref:
                 need = next((e["threads"] for e in entry["threads"] if (e["gbps"] or 0) >= pinned_ref), None)
-                text += (f"; {need} threads match pinned H2D {pinned_ref:.1f} GB/s" if need else
-                         f"; no thread count matched pinned H2D {pinned_ref:.1f} GB/s")
+                text += (
+                    f"; {need} threads match pinned H2D {pinned_ref:.1f} GB/s"
+                    if need
+                    else f"; no thread count matched pinned H2D {pinned_ref:.1f} GB/s"
+                )
             lines.append(text)
     if p3:
         for setting in p3["settings"]:
@@ -1228,19 +1437,32 @@ def summary(results: dict) -> str:
     if p1 and p1.get("sizes"):
         rows = []
         for r in p1["sizes"]:
-            rows.append([fmt_size(r["bytes"]), fmt(r["pageable_gbps"]), fmt(r["pinned_gbps"]),
-                         fmt(r["pool_gbps"]), fmt(None if r["ratio"] is None else 100 * r["ratio"], ".1f"),
-                         f">={int(100 * r['target'])}%", r["verdict"]])
+            rows.append(
+                [
+                    fmt_size(r["bytes"]),
+                    fmt(r["pageable_gbps"]),
+                    fmt(r["pinned_gbps"]),
+                    fmt(r["pool_gbps"]),
+                    fmt(None if r["ratio"] is None else 100 * r["ratio"], ".1f"),
+                    f">={int(100 * r['target'])}%",
+                    r["verdict"],
+                ]
+            )
         lines.append("")
-        lines.append(table(["size", "pageable GB/s", "pinned GB/s", "pool GB/s", "pool/pinned %",
-                            "target", "verdict"], rows,
-                           title="H2D copy_(non_blocking=True): PinnedPool slot vs raw pinned memory",
-                           first_left=False))
+        lines.append(
+            table(
+                ["size", "pageable GB/s", "pinned GB/s", "pool GB/s", "pool/pinned %", "target", "verdict"],
+                rows,
+                title="H2D copy_(non_blocking=True): PinnedPool slot vs raw pinned memory",
+                first_left=False,
+            )
+        )
         verdicts = [r["verdict"] for r in p1["sizes"]]
-        overall = "PASS" if all(v == "PASS" for v in verdicts) else \
-            ("FAIL" if "FAIL" in verdicts else "ERROR")
-        lines.append(f"pool/pinned target (>=95% for >=16 MiB, >=90% below): {overall} "
-                     f"({verdicts.count('PASS')}/{len(verdicts)} sizes pass)")
+        overall = "PASS" if all(v == "PASS" for v in verdicts) else ("FAIL" if "FAIL" in verdicts else "ERROR")
+        lines.append(
+            f"pool/pinned target (>=95% for >=16 MiB, >=90% below): {overall} "
+            f"({verdicts.count('PASS')}/{len(verdicts)} sizes pass)"
+        )
     return "\n".join(lines)
 
 
@@ -1248,56 +1470,95 @@ def summary(results: dict) -> str:
 # main
 # --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out",
-                   help="directory for the JSON and PNG")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent / "out", help="directory for the JSON and PNG"
+    )
     p.add_argument("--quick", action="store_true", help="short run (<= ~1 min on one H100)")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="no GPU needed: run Part 2 (staging) only, into unpinned pool slots")
+    p.add_argument(
+        "--cpu-smoke", action="store_true", help="no GPU needed: run Part 2 (staging) only, into unpinned pool slots"
+    )
     p.add_argument("--parts", type=positive_int_list, default=[1, 2, 3], help="which parts to run, e.g. 1,3")
     p.add_argument("--device", type=int, default=0, help="CUDA device index")
-    p.add_argument("--copier", choices=["auto", "numpy"], default="auto",
-                   help="ParallelCopier backend: auto (native C++ where built) or numpy threads")
+    p.add_argument(
+        "--copier",
+        choices=["auto", "numpy"],
+        default="auto",
+        help="ParallelCopier backend: auto (native C++ where built) or numpy threads",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bars")
     p.add_argument("--no-plot", dest="plot", action="store_false", help="skip the PNG")
     g = p.add_argument_group("part 1 (H2D)")
-    g.add_argument("--max-size", type=parse_size, default=None,
-                   help="cap on every size (e.g. 256MiB); default 1GiB, 256MiB with --quick")
+    g.add_argument(
+        "--max-size",
+        type=parse_size,
+        default=None,
+        help="cap on every size (e.g. 256MiB); default 1GiB, 256MiB with --quick",
+    )
     g.add_argument("--sizes", type=parse_size_list, default=DEFAULT_SIZES, help="H2D copy sizes")
-    g.add_argument("--reps", type=int, default=None, help="timed samples per size (doubled <= 8 MiB); "
-                   "default 15, 5 with --quick")
-    g.add_argument("--sample-bytes", type=parse_size, default=64 * MiB,
-                   help="bytes per timed sample: small sizes do several back-to-back copies (<= 64)")
-    g.add_argument("--rotate-bytes", type=parse_size, default=256 * MiB,
-                   help="source buffers rotated per size cover this many bytes")
+    g.add_argument(
+        "--reps", type=int, default=None, help="timed samples per size (doubled <= 8 MiB); default 15, 5 with --quick"
+    )
+    g.add_argument(
+        "--sample-bytes",
+        type=parse_size,
+        default=64 * MiB,
+        help="bytes per timed sample: small sizes do several back-to-back copies (<= 64)",
+    )
+    g.add_argument(
+        "--rotate-bytes",
+        type=parse_size,
+        default=256 * MiB,
+        help="source buffers rotated per size cover this many bytes",
+    )
     g.add_argument("--max-rotate", type=int, default=64, help="at most this many rotated buffers")
-    g.add_argument("--alloc-sizes", type=parse_size_list, default=[256 * MiB, GiB],
-                   help="sizes for the pinning-cost measurement")
+    g.add_argument(
+        "--alloc-sizes", type=parse_size_list, default=[256 * MiB, GiB], help="sizes for the pinning-cost measurement"
+    )
     g.add_argument("--alloc-reps", type=int, default=None, help="default 3, 1 with --quick")
     g.add_argument("--skip-alloc", action="store_true", help="skip the pinning-cost measurement")
     g = p.add_argument_group("part 2 (staging)")
-    g.add_argument("--stage-sizes", type=parse_size_list, default=None,
-                   help="default 64MiB,256MiB; 64MiB with --quick")
+    g.add_argument("--stage-sizes", type=parse_size_list, default=None, help="default 64MiB,256MiB; 64MiB with --quick")
     g.add_argument("--threads", type=positive_int_list, default=[1, 2, 4, 8, 16], help="staging thread counts")
     g.add_argument("--stage-reps", type=int, default=None, help="default 9, 3 with --quick")
     g = p.add_argument_group("part 3 (loop)")
     g.add_argument("--batch-bytes", type=parse_size, default=64 * MiB, help="bytes per batch")
     g.add_argument("--steps", type=int, default=None, help="timed steps per mode; default 200, 40 with --quick")
-    g.add_argument("--warmup-steps", type=int, default=None, help="untimed steps first (>= 1); default 10, 5 with --quick")
-    g.add_argument("--compute-ms", type=float_list, default=[0.0, 5.0],
-                   help="simulated GPU compute per step (ms), one experiment each; 0 = input only")
-    g.add_argument("--compute", choices=["sleep", "matmul"], default="sleep",
-                   help="simulated compute: calibrated torch.cuda._sleep, or bf16 4096^2 matmuls")
+    g.add_argument(
+        "--warmup-steps", type=int, default=None, help="untimed steps first (>= 1); default 10, 5 with --quick"
+    )
+    g.add_argument(
+        "--compute-ms",
+        type=float_list,
+        default=[0.0, 5.0],
+        help="simulated GPU compute per step (ms), one experiment each; 0 = input only",
+    )
+    g.add_argument(
+        "--compute",
+        choices=["sleep", "matmul"],
+        default="sleep",
+        help="simulated compute: calibrated torch.cuda._sleep, or bf16 4096^2 matmuls",
+    )
     g.add_argument("--loader-threads", type=int, default=8, help="staging threads for modes iii and iv")
     g.add_argument("--slots", type=int, default=3, help="pinned slots for mode iii")
     g.add_argument("--sources", type=int, default=4, help="pre-touched pageable batches rotated")
-    g.add_argument("--max-inflight", type=int, default=2,
-                   help="steps the host may run ahead of the GPU (a real loop syncs eventually)")
-    g.add_argument("--loader-kwargs", type=json.loads, default={},
-                   help="extra JSON kwargs for torch_fastload.DataLoader, e.g. '{\"pool_slots\": 3}'")
-    g.add_argument("--loader-timeout", type=int, default=300,
-                   help="seconds before a hung DataLoader run dumps stacks and exits")
+    g.add_argument(
+        "--max-inflight",
+        type=int,
+        default=2,
+        help="steps the host may run ahead of the GPU (a real loop syncs eventually)",
+    )
+    g.add_argument(
+        "--loader-kwargs",
+        type=json.loads,
+        default={},
+        help="extra JSON kwargs for torch_fastload.DataLoader, e.g. '{\"pool_slots\": 3}'",
+    )
+    g.add_argument(
+        "--loader-timeout", type=int, default=300, help="seconds before a hung DataLoader run dumps stacks and exits"
+    )
     return p
 
 
@@ -1314,8 +1575,18 @@ def finish_args(args) -> None:
     args.stage_reps = args.stage_reps or (3 if q else 9)
     args.steps = args.steps or (40 if q else 200)
     args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (5 if q else 10)
-    for name in ("warmup_steps", "reps", "alloc_reps", "stage_reps", "steps", "loader_threads", "slots", "sources",
-                 "max_inflight", "max_rotate"):
+    for name in (
+        "warmup_steps",
+        "reps",
+        "alloc_reps",
+        "stage_reps",
+        "steps",
+        "loader_threads",
+        "slots",
+        "sources",
+        "max_inflight",
+        "max_rotate",
+    ):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not isinstance(args.loader_kwargs, dict):
@@ -1334,12 +1605,14 @@ def main(argv=None) -> int:
         sys.stderr.write(
             f"pin_memory.py: CUDA is not available (torch {torch.__version__}, CUDA build "
             f"{torch.version.cuda}): Parts 1-3 need a GPU.\n"
-            f"Run with --cpu-smoke to measure the staging part (Part 2) on the CPU only.\n")
+            f"Run with --cpu-smoke to measure the staging part (Part 2) on the CPU only.\n"
+        )
         return 2
     if use_cuda:
         if args.device >= torch.cuda.device_count():
-            sys.stderr.write(f"pin_memory.py: --device {args.device} but only "
-                             f"{torch.cuda.device_count()} CUDA device(s)\n")
+            sys.stderr.write(
+                f"pin_memory.py: --device {args.device} but only {torch.cuda.device_count()} CUDA device(s)\n"
+            )
             return 2
         torch.cuda.set_device(args.device)
         torch.cuda.init()
@@ -1347,13 +1620,19 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "pin_memory_cpu_smoke" if args.cpu_smoke else "pin_memory"
     json_path, png_path = args.out / f"{stem}.json", args.out / f"{stem}.png"
-    results: dict = {"machine": machine_info(use_cuda),
-                     "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                     "design_reference": {"pinned_h2d_gbps": [53.5, 55.3], "pageable_h2d_gbps": [6, 13],
-                                          "fresh_pin_gbps": [1.1, 1.5], "register_gbps": 37,
-                                          "staging_gbps_per_thread": [5, 11],
-                                          "staging_gbps_8_16_threads": [33, 50]},
-                     "errors": {}}
+    results: dict = {
+        "machine": machine_info(use_cuda),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "design_reference": {
+            "pinned_h2d_gbps": [53.5, 55.3],
+            "pageable_h2d_gbps": [6, 13],
+            "fresh_pin_gbps": [1.1, 1.5],
+            "register_gbps": 37,
+            "staging_gbps_per_thread": [5, 11],
+            "staging_gbps_8_16_threads": [33, 50],
+        },
+        "errors": {},
+    }
     started = time.perf_counter()
 
     def save():
@@ -1361,8 +1640,10 @@ def main(argv=None) -> int:
         write_json(json_path, results)
 
     m = results["machine"]
-    log(f"torch_fastload pin-memory study: {(m.get('gpu') or {}).get('name', 'CPU smoke (no GPU)')}, "
-        f"torch {m['torch']}, {m['cpu_affinity'] or m['cpu_count']} CPUs, {m['date']}")
+    log(
+        f"torch_fastload pin-memory study: {(m.get('gpu') or {}).get('name', 'CPU smoke (no GPU)')}, "
+        f"torch {m['torch']}, {m['cpu_affinity'] or m['cpu_count']} CPUs, {m['date']}"
+    )
     log(f"command: {m['command_line']}")
     save()
 
@@ -1379,13 +1660,20 @@ def main(argv=None) -> int:
     if use_cuda and (1 in parts or 3 in parts):
         results["sleep_calibration"] = sleeper.calibrate()
         cal = results["sleep_calibration"]
-        log("torch.cuda._sleep calibration: " + (
-            f"{cal['cycles_per_ms']:.0f} cycles/ms (~{cal['implied_sm_clock_mhz']:.0f} MHz SM clock)"
-            if cal.get("available") else f"unavailable ({cal.get('error')})"))
+        log(
+            "torch.cuda._sleep calibration: "
+            + (
+                f"{cal['cycles_per_ms']:.0f} cycles/ms (~{cal['implied_sm_clock_mhz']:.0f} MHz SM clock)"
+                if cal.get("available")
+                else f"unavailable ({cal.get('error')})"
+            )
+        )
 
-    for part, fn in ((1, lambda: part1_h2d(args, sleeper, results, save)),
-                     (2, lambda: part2_staging(args, use_cuda, results, save)),
-                     (3, lambda: part3_loop(args, sleeper, results, save))):
+    for part, fn in (
+        (1, lambda: part1_h2d(args, sleeper, results, save)),
+        (2, lambda: part2_staging(args, use_cuda, results, save)),
+        (3, lambda: part3_loop(args, sleeper, results, save)),
+    ):
         if part not in parts:
             continue
         try:
@@ -1405,8 +1693,14 @@ def main(argv=None) -> int:
         results["plot"] = problem or str(png_path)
     save()
     log()
-    log(f"wrote {json_path}" + (f" and {png_path}" if args.plot and results.get("plot") == str(png_path) else
-                                (f" ({results.get('plot')})" if args.plot else "")))
+    log(
+        f"wrote {json_path}"
+        + (
+            f" and {png_path}"
+            if args.plot and results.get("plot") == str(png_path)
+            else (f" ({results.get('plot')})" if args.plot else "")
+        )
+    )
     log(f"total time {time.perf_counter() - started:.1f} s")
     log(summary(results))
     return 1 if results["errors"] else 0

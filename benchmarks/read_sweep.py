@@ -68,9 +68,22 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from torch_fastload import engine, io as fio  # noqa: E402
-from torch_fastload._benchutil import (Progress, error_text, fmt, h2d_copy_seconds, log, machine_info,  # noqa: E402
-                                       positive_int_list, size_arg, size_list, sync, table, write_json)
+from torch_fastload import engine  # noqa: E402
+from torch_fastload import io as fio
+from torch_fastload._benchutil import (
+    Progress,
+    error_text,
+    fmt,
+    h2d_copy_seconds,
+    log,
+    machine_info,  # noqa: E402
+    positive_int_list,
+    size_arg,
+    size_list,
+    sync,
+    table,
+    write_json,
+)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 PAGE = 4096
@@ -89,9 +102,13 @@ HOT_SERIES = [("engine", "hot"), ("kvikio", "hot")]
 COLD_SERIES = [("engine", "cold-buffered"), ("engine", "cold-odirect"), ("kvikio", "cold")]
 
 DESIGN_REFERENCE = {  # DESIGN.md, measured facts of the H100 test machine
-    "pinned_h2d_gbps": [53.5, 55.3], "disk_cold_gbps": [1.0, 2.6], "page_cache_one_thread_gbps": [6, 8],
-    "kvikio_compat_hot_best_gbps": 44, "kvikio_compat_hot_best_at": "16 threads x 4 MiB",
-    "kvikio_compat_hot_one_thread_gbps": 5, "kvikio_compat_cold_gbps": 1.3,
+    "pinned_h2d_gbps": [53.5, 55.3],
+    "disk_cold_gbps": [1.0, 2.6],
+    "page_cache_one_thread_gbps": [6, 8],
+    "kvikio_compat_hot_best_gbps": 44,
+    "kvikio_compat_hot_best_at": "16 threads x 4 MiB",
+    "kvikio_compat_hot_one_thread_gbps": 5,
+    "kvikio_compat_cold_gbps": 1.3,
 }
 
 
@@ -117,7 +134,7 @@ def aligned_host(nbytes: int) -> np.ndarray:
     """A page-aligned uint8 numpy array (a view into a slightly larger one), every page touched."""
     raw = np.empty(nbytes + PAGE, dtype=np.uint8)
     shift = (-raw.ctypes.data) % PAGE
-    view = raw[shift:shift + nbytes]
+    view = raw[shift : shift + nbytes]
     view.fill(0)
     return view
 
@@ -126,7 +143,7 @@ def aligned_pinned(nbytes: int) -> torch.Tensor:
     """A page-aligned pinned uint8 tensor (O_DIRECT reads into it need no bounce buffer)."""
     raw = torch.empty(nbytes + PAGE, dtype=torch.uint8, pin_memory=True)
     shift = (-raw.data_ptr()) % PAGE
-    return raw[shift:shift + nbytes]
+    return raw[shift : shift + nbytes]
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,6 +159,7 @@ def default_data_dir() -> Path:
     except OSError:
         pass
     import tempfile
+
     return Path(tempfile.gettempdir())
 
 
@@ -161,8 +179,11 @@ def prepare_file(directory: Path, size: int, seed: int, progress: bool) -> dict:
         return info
     free = shutil.disk_usage(directory).free
     if free < size + 256 * MiB:
-        raise OSError(errno.ENOSPC, f"{directory} has {free / GiB:.1f} GiB free; the data file needs "
-                                    f"{size / GiB:.2f} GiB (use --dir elsewhere or a smaller --size)")
+        raise OSError(
+            errno.ENOSPC,
+            f"{directory} has {free / GiB:.1f} GiB free; the data file needs "
+            f"{size / GiB:.2f} GiB (use --dir elsewhere or a smaller --size)",
+        )
     tmp = path.with_suffix(".bin.tmp")
     rng = np.random.default_rng(seed)
     chunk = 64 * MiB
@@ -209,8 +230,7 @@ def _mincore_fraction(fd: int, offset: int, nbytes: int) -> float:
     if _libc is None:
         lib = ctypes.CDLL(None, use_errno=True)
         lib.mmap.restype = ctypes.c_void_p
-        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                             ctypes.c_long]
+        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         _libc = lib
@@ -241,6 +261,7 @@ class Residency:
         self.method, self.problems = None, []
         try:
             import kvikio
+
             kvikio.get_page_cache_info(path, 0, PAGE)
             self._fn = lambda off, n: (lambda c, t: c / t if t else 0.0)(*kvikio.get_page_cache_info(path, off, n))
             self.method = "kvikio.get_page_cache_info"
@@ -279,20 +300,30 @@ def link_baseline(device: torch.device, nbytes: int, reps: int) -> dict:
             t0 = time.perf_counter()
             dst.copy_(src)
             samples.append(gbps(nbytes, time.perf_counter() - t0))
-        return {"what": "host memcpy (cpu smoke: no GPU)", "bytes": nbytes, "gbps": statistics.median(samples),
-                "samples_gbps": samples}
+        return {
+            "what": "host memcpy (cpu smoke: no GPU)",
+            "bytes": nbytes,
+            "gbps": statistics.median(samples),
+            "samples_gbps": samples,
+        }
     src = torch.ones(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
     samples = [gbps(nbytes, seconds) for seconds in h2d_copy_seconds(src, dst, reps)]
     ok = int(dst[0].item()) == 1 and int(dst[-1].item()) == 1
     del src, dst
-    return {"what": "pinned (torch.empty(pin_memory=True)) -> cuda copy_(non_blocking=True), CUDA events",
-            "bytes": nbytes, "gbps": statistics.median(samples), "best_gbps": max(samples),
-            "samples_gbps": samples, "bytes_verified": ok}
+    return {
+        "what": "pinned (torch.empty(pin_memory=True)) -> cuda copy_(non_blocking=True), CUDA events",
+        "bytes": nbytes,
+        "gbps": statistics.median(samples),
+        "best_gbps": max(samples),
+        "samples_gbps": samples,
+        "bytes_verified": ok,
+    }
 
 
-def disk_baseline(path: str, fd: int, offset: int, nbytes: int, residency: Residency,
-                  threads: int = 16, block: int = 4 * MiB) -> dict:
+def disk_baseline(
+    path: str, fd: int, offset: int, nbytes: int, residency: Residency, threads: int = 16, block: int = 4 * MiB
+) -> dict:
     """The disk's parallel O_DIRECT read rate, no engine code: ``threads`` Python threads, each
     ``os.preadv`` of ``block`` bytes from an O_DIRECT fd into its own page-aligned anonymous
     mmap (the GIL is released in the syscall), over a window dropped from the page cache."""
@@ -336,10 +367,17 @@ def disk_baseline(path: str, fd: int, offset: int, nbytes: int, residency: Resid
         os.close(dfd)
     if errors:
         raise errors[0]
-    return {"what": f"{threads} Python thread{'s' if threads != 1 else ''}, os.preadv of {fmt_size(block)} blocks, O_DIRECT fd, "
-                    f"page-aligned mmap buffers, window dropped with posix_fadvise first",
-            "offset": offset, "bytes": sum(done), "threads": threads, "block": block, "seconds": seconds,
-            "gbps": gbps(sum(done), seconds), "resident_before": resident}
+    return {
+        "what": f"{threads} Python thread{'s' if threads != 1 else ''}, os.preadv of {fmt_size(block)} blocks, O_DIRECT fd, "
+        f"page-aligned mmap buffers, window dropped with posix_fadvise first",
+        "offset": offset,
+        "bytes": sum(done),
+        "threads": threads,
+        "block": block,
+        "seconds": seconds,
+        "gbps": gbps(sum(done), seconds),
+        "resident_before": resident,
+    }
 
 
 def hot_buffered_baseline(fd: int, offsets: list, nbytes: int, block: int = 64 * MiB) -> dict:
@@ -357,8 +395,13 @@ def hot_buffered_baseline(fd: int, offsets: list, nbytes: int, block: int = 64 *
                 raise EOFError(f"preadv at {off} returned {got} of {n} bytes")
         samples.append(gbps(nbytes, time.perf_counter() - t0))
     view.release()
-    return {"what": f"1 thread, os.preadv of {fmt_size(block)} into a bytearray, page cache hot",
-            "bytes": nbytes, "block": block, "gbps": statistics.median(samples), "samples_gbps": samples}
+    return {
+        "what": f"1 thread, os.preadv of {fmt_size(block)} into a bytearray, page cache hot",
+        "bytes": nbytes,
+        "block": block,
+        "gbps": statistics.median(samples),
+        "samples_gbps": samples,
+    }
 
 
 def warm_file(path: str, fd: int, size: int, residency: Residency) -> dict:
@@ -377,8 +420,7 @@ def warm_file(path: str, fd: int, size: int, residency: Residency) -> dict:
             if os.preadv(fd, [memoryview(buf)[:n]], off) != n:
                 raise EOFError(f"short read at {off} while warming {path}")
     seconds = time.perf_counter() - t0
-    return {"how": how, "seconds": seconds, "gbps": gbps(size, seconds),
-            "resident_after": residency.fraction(0, size)}
+    return {"how": how, "seconds": seconds, "gbps": gbps(size, seconds), "resident_after": residency.fraction(0, size)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -406,11 +448,14 @@ class EngineBackend:
 
     def describe(self) -> str:
         if not self.cuda:
-            return ("engine.read_ranges straight into a page-aligned host numpy buffer, chunk by chunk "
-                    "(cpu smoke: no H2D)")
-        return ("engine.DeviceStager.read of the whole window: each task preads into a chunk of a pinned ring "
-                "(threads + threads/4 chunks of the task size, capped at 1 GiB), its H2D copy enqueued on a "
-                "stream, a chunk reused after its event; timed to the last copy's completion")
+            return (
+                "engine.read_ranges straight into a page-aligned host numpy buffer, chunk by chunk (cpu smoke: no H2D)"
+            )
+        return (
+            "engine.DeviceStager.read of the whole window: each task preads into a chunk of a pinned ring "
+            "(threads + threads/4 chunks of the task size, capped at 1 GiB), its H2D copy enqueued on a "
+            "stream, a chunk reused after its event; timed to the last copy's completion"
+        )
 
     def stager(self, threads: int, task_size: int):
         chunks = max(2, min(fio.ring_chunks(threads), self.RING_BYTES_CAP // task_size))
@@ -428,14 +473,31 @@ class EngineBackend:
             t0 = time.perf_counter()
             for start in range(0, nbytes, chunk):
                 n = min(chunk, nbytes - start)
-                engine.read_ranges(path, None, [offset + start], [n], dst[start:start + n],
-                                   num_threads=threads, task_size=task_size, o_direct=o_direct)
+                engine.read_ranges(
+                    path,
+                    None,
+                    [offset + start],
+                    [n],
+                    dst[start : start + n],
+                    num_threads=threads,
+                    task_size=task_size,
+                    o_direct=o_direct,
+                )
             return time.perf_counter() - t0
         stager = self.stager(threads, task_size)
         sync(self.device)
         t0 = time.perf_counter()
-        stager.read(path, None, [offset], [nbytes], dst, stream=self.stream.cuda_stream, num_threads=threads,
-                    task_size=task_size, o_direct=o_direct)
+        stager.read(
+            path,
+            None,
+            [offset],
+            [nbytes],
+            dst,
+            stream=self.stream.cuda_stream,
+            num_threads=threads,
+            task_size=task_size,
+            o_direct=o_direct,
+        )
         self.stream.synchronize()
         return time.perf_counter() - t0
 
@@ -460,8 +522,14 @@ class KvikioBackend:
             return
         self.kvikio = kvikio
         self.info["version"] = getattr(kvikio, "__version__", "?")
-        for key in ("compat_mode", "num_threads", "task_size", "bounce_buffer_size", "gds_threshold",
-                    "auto_direct_io_read"):
+        for key in (
+            "compat_mode",
+            "num_threads",
+            "task_size",
+            "bounce_buffer_size",
+            "gds_threshold",
+            "auto_direct_io_read",
+        ):
             try:
                 value = kvikio.defaults.get(key)
                 self.info[key] = getattr(value, "name", value)  # CompatMode is an IntEnum: keep its name
@@ -473,12 +541,15 @@ class KvikioBackend:
             self.info["compat_mode_preferred"] = f"unknown ({type(exc).__name__})"
         try:
             from torch_fastload.io import gds_status
+
             self.info["gds_status"] = str(gds_status())
         except Exception as exc:
             self.info["gds_status"] = f"unknown ({error_text(exc)})"
         if smoke:
-            self.reason = (f"--cpu-smoke: kvikio {self.info['version']} reads into GPU memory and this run has no GPU "
-                           "(its CuFile needs libcuda)")
+            self.reason = (
+                f"--cpu-smoke: kvikio {self.info['version']} reads into GPU memory and this run has no GPU "
+                "(its CuFile needs libcuda)"
+            )
             return
         # probe: one 4 KiB read into the device buffer, checked against the file
         try:
@@ -499,6 +570,7 @@ class KvikioBackend:
     def view(self, dst):
         if self.view_kind == "cupy":
             import cupy
+
             return cupy.asarray(dst)  # zero-copy through __cuda_array_interface__
         return dst
 
@@ -522,8 +594,10 @@ class KvikioBackend:
             defaults.num_threads_reset(threads)
 
     def describe(self) -> str:
-        return (f"kvikio {self.info.get('version')} CuFile.pread into a device tensor ({self.view_kind or '-'} view), "
-                f"compat_mode={self.info.get('compat_mode')}; {self.info.get('gds_status')}")
+        return (
+            f"kvikio {self.info.get('version')} CuFile.pread into a device tensor ({self.view_kind or '-'} view), "
+            f"compat_mode={self.info.get('compat_mode')}; {self.info.get('gds_status')}"
+        )
 
     def __call__(self, path, offset, nbytes, dst, threads, task_size, cold) -> float:
         self.set_threads(threads)
@@ -550,13 +624,15 @@ def verify(dst, fd: int, offset: int, nbytes: int, rng: np.random.Generator, eve
         starts.add(base + (int(rng.integers(0, span // PAGE + 1)) * PAGE if span > 0 else 0))
     for s in sorted(starts):
         n = min(PAGE, nbytes - s)
-        piece = dst[s:s + n]
+        piece = dst[s : s + n]
         got = piece.cpu().numpy() if isinstance(piece, torch.Tensor) else np.asarray(piece)
         want = np.frombuffer(os.pread(fd, n, offset + s), dtype=np.uint8)
         if len(want) != n or not np.array_equal(got, want):
             bad = int(np.argmax(got != want)) if len(want) == n else 0
-            return (f"wrong bytes at window byte {s + bad} (file offset {offset + s + bad}): "
-                    f"got {int(got[bad])}, file has {int(want[bad]) if len(want) > bad else 'EOF'}")
+            return (
+                f"wrong bytes at window byte {s + bad} (file offset {offset + s + bad}): "
+                f"got {int(got[bad])}, file has {int(want[bad]) if len(want) > bad else 'EOF'}"
+            )
     return None
 
 
@@ -572,8 +648,9 @@ def fill(dst, value: int) -> None:
 # the sweep
 # --------------------------------------------------------------------------------------------
 class Sweep:
-    def __init__(self, args, path: str, fd: int, dst, backends: dict, skip: dict, residency: Residency,
-                 results: dict, save):
+    def __init__(
+        self, args, path: str, fd: int, dst, backends: dict, skip: dict, residency: Residency, results: dict, save
+    ):
         self.args, self.path, self.fd, self.dst = args, path, fd, dst
         self.backends, self.skip, self.residency = backends, skip, residency
         self.results, self.save = results, save
@@ -597,10 +674,20 @@ class Sweep:
         nbytes = self.args.read_bytes
         calls = self.call_bytes(backend, task)
         tasks_per_call = math.ceil(calls / task)
-        entry = {"backend": backend, "mode": mode, "temperature": "hot" if mode == "hot" else "cold",
-                 "threads": threads, "task_size": task, "read_bytes": nbytes, "bytes_per_call": calls,
-                 "tasks_per_call": tasks_per_call, "idle_threads": threads > tasks_per_call,
-                 "status": "ok", "gbps": None, "reps": []}
+        entry = {
+            "backend": backend,
+            "mode": mode,
+            "temperature": "hot" if mode == "hot" else "cold",
+            "threads": threads,
+            "task_size": task,
+            "read_bytes": nbytes,
+            "bytes_per_call": calls,
+            "tasks_per_call": tasks_per_call,
+            "idle_threads": threads > tasks_per_call,
+            "status": "ok",
+            "gbps": None,
+            "reps": [],
+        }
         key = (backend, mode)
         reason = self.skip.get(key)
         if reason is None and self.failures.get(key, 0) >= 2:
@@ -622,9 +709,15 @@ class Sweep:
                 c0 = time.process_time()  # every thread of this process: the engine's and kvikio's too
                 seconds = fn(self.path, offset, nbytes, self.dst, threads, task, cold)
                 c1 = time.process_time()
-                entry["reps"].append({"offset": offset, "seconds": seconds, "gbps": gbps(nbytes, seconds),
-                                      "resident_before": resident,
-                                      "cpu_cores": (c1 - c0) / seconds if seconds else None})
+                entry["reps"].append(
+                    {
+                        "offset": offset,
+                        "seconds": seconds,
+                        "gbps": gbps(nbytes, seconds),
+                        "resident_before": resident,
+                        "cpu_cores": (c1 - c0) / seconds if seconds else None,
+                    }
+                )
                 if check and rep == 0:
                     problem = verify(self.dst, self.fd, offset, nbytes, self.rng)
                     entry["verified"] = problem is None
@@ -640,9 +733,12 @@ class Sweep:
         rates = [r["gbps"] for r in entry["reps"]]
         residents = [r["resident_before"] for r in entry["reps"] if r["resident_before"] is not None]
         cores = [r["cpu_cores"] for r in entry["reps"] if r["cpu_cores"] is not None]
-        entry.update(gbps=statistics.median(rates), best_gbps=max(rates),
-                     resident_before=max(residents) if residents else None,
-                     cpu_cores=statistics.median(cores) if cores else None)
+        entry.update(
+            gbps=statistics.median(rates),
+            best_gbps=max(rates),
+            resident_before=max(residents) if residents else None,
+            cpu_cores=statistics.median(cores) if cores else None,
+        )
         entry["not_cold"] = bool(cold is not None and residents and max(residents) > NOT_COLD)
         return entry
 
@@ -655,7 +751,8 @@ class Sweep:
                     entry = self.cell(backend, mode, t, s, reps)
                     self.results["cells"].append(entry)
                     note = f"{backend} {mode} T{t} x {fmt_size(s)}: " + (
-                        f"{entry['gbps']:.2f} GB/s" if entry["gbps"] is not None else entry["status"])
+                        f"{entry['gbps']:.2f} GB/s" if entry["gbps"] is not None else entry["status"]
+                    )
                     bar.update(1, note)
                     if self.args.verbose:
                         log(note)
@@ -701,8 +798,10 @@ def grid_tables(results: dict) -> str:
         by = {(c["threads"], c["task_size"]): c for c in cells}
         rows = [[t] + [cell_text(by.get((t, k))) for k in tasks] for t in threads]
         reps = max((len(c["reps"]) for c in cells), default=0)
-        title = (f"{s['backend']} {s['mode']}: GB/s file -> {'host' if results['cpu_smoke'] else 'GPU'}, "
-                 f"{fmt_size(results['args']['read_bytes'])} per read" + (f", median of {reps}" if reps else ""))
+        title = (
+            f"{s['backend']} {s['mode']}: GB/s file -> {'host' if results['cpu_smoke'] else 'GPU'}, "
+            f"{fmt_size(results['args']['read_bytes'])} per read" + (f", median of {reps}" if reps else "")
+        )
         out.append("")
         out.append(table(["threads \\ task"] + [fmt_size(k) for k in tasks], rows, title=title))
         reasons = sorted({c["reason"] for c in cells if c["status"] == "skipped"})
@@ -713,8 +812,10 @@ def grid_tables(results: dict) -> str:
                 out.append(f"  err T{c['threads']} x {fmt_size(c['task_size'])}: {c['reason']}")
     if out:
         out.append("")
-        out.append("'*' more threads than tasks per call (the engine's chunk, or kvikio's whole read) / task: some "
-                   f"idle; '!' cold cell with > {NOT_COLD:.0%} of its window resident before the read")
+        out.append(
+            "'*' more threads than tasks per call (the engine's chunk, or kvikio's whole read) / task: some "
+            f"idle; '!' cold cell with > {NOT_COLD:.0%} of its window resident before the read"
+        )
     return "\n".join(out)
 
 
@@ -732,18 +833,23 @@ def summarize(results: dict) -> None:
             why = next((x.get("reason") for x in cells if x.get("reason")), None) or s.get("reason") or "no cell ran"
             best[key] = {"backend": s["backend"], "mode": s["mode"], "gbps": None, "reason": why}
             continue
-        best[key] = {"backend": s["backend"], "mode": s["mode"], "gbps": c["gbps"], "threads": c["threads"],
-                     "task_size": c["task_size"], "cpu_cores": c.get("cpu_cores"),
-                     "of_link": ratio(c["gbps"], link),
-                     "over_disk": ratio(c["gbps"], disk) if s["mode"] != "hot" else None,
-                     "over_hot_1_thread": ratio(c["gbps"], hot1) if s["mode"] == "hot" else None}
+        best[key] = {
+            "backend": s["backend"],
+            "mode": s["mode"],
+            "gbps": c["gbps"],
+            "threads": c["threads"],
+            "task_size": c["task_size"],
+            "cpu_cores": c.get("cpu_cores"),
+            "of_link": ratio(c["gbps"], link),
+            "over_disk": ratio(c["gbps"], disk) if s["mode"] != "hot" else None,
+            "over_hot_1_thread": ratio(c["gbps"], hot1) if s["mode"] == "hot" else None,
+        }
     results["best"] = best
 
     def g(key):
         return (best.get(key) or {}).get("gbps")
 
-    cold_engine = max([v for v in (g("engine cold-buffered"), g("engine cold-odirect")) if v is not None],
-                      default=None)
+    cold_engine = max([v for v in (g("engine cold-buffered"), g("engine cold-odirect")) if v is not None], default=None)
     results["ratios"] = {
         "engine_over_kvikio_hot": ratio(g("engine hot"), g("kvikio hot")),
         "engine_over_kvikio_cold": ratio(cold_engine, g("kvikio cold")),
@@ -754,10 +860,21 @@ def summarize(results: dict) -> None:
 
 def summary_text(results: dict) -> str:
     b = results["baselines"]
-    lines = ["SUMMARY: read sweep (" + ("CPU smoke: numbers are meaningless" if results["cpu_smoke"] else
-                                        (results["machine"].get("gpu") or {}).get("name", "GPU")) + ")"]
-    names = [("link", "link ceiling"), ("disk_odirect", "disk O_DIRECT baseline"),
-             ("hot_buffered_1_thread", "hot 1-thread buffered"), ("warm", "warm-up read of the file")]
+    lines = [
+        "SUMMARY: read sweep ("
+        + (
+            "CPU smoke: numbers are meaningless"
+            if results["cpu_smoke"]
+            else (results["machine"].get("gpu") or {}).get("name", "GPU")
+        )
+        + ")"
+    ]
+    names = [
+        ("link", "link ceiling"),
+        ("disk_odirect", "disk O_DIRECT baseline"),
+        ("hot_buffered_1_thread", "hot 1-thread buffered"),
+        ("warm", "warm-up read of the file"),
+    ]
     for key, label in names:
         v = b.get(key) or {}
         if v.get("gbps") is not None:
@@ -773,22 +890,38 @@ def summary_text(results: dict) -> str:
             rows.append([key, "skipped", "-", "-", "-", "-", "-", "-"])
             notes.append(f"  {key}: {v['reason']}")
             continue
-        rows.append([key, f"{v['gbps']:.2f}", v["threads"], fmt_size(v["task_size"]),
-                     fmt(100 * v["of_link"] if v["of_link"] else None, ".0f"),
-                     fmt(v["over_disk"], ".2f"), fmt(v["over_hot_1_thread"], ".2f"), fmt(v["cpu_cores"], ".2f")])
+        rows.append(
+            [
+                key,
+                f"{v['gbps']:.2f}",
+                v["threads"],
+                fmt_size(v["task_size"]),
+                fmt(100 * v["of_link"] if v["of_link"] else None, ".0f"),
+                fmt(v["over_disk"], ".2f"),
+                fmt(v["over_hot_1_thread"], ".2f"),
+                fmt(v["cpu_cores"], ".2f"),
+            ]
+        )
     lines.append("")
-    lines.append(table(["backend mode", "best GB/s", "threads", "task", "% link", "x disk", "x hot-1T", "CPU cores"],
-                       rows, title="best cell of each backend x temperature (% link: of the link ceiling; x disk: "
-                                   "over the O_DIRECT disk baseline)"))
+    lines.append(
+        table(
+            ["backend mode", "best GB/s", "threads", "task", "% link", "x disk", "x hot-1T", "CPU cores"],
+            rows,
+            title="best cell of each backend x temperature (% link: of the link ceiling; x disk: "
+            "over the O_DIRECT disk baseline)",
+        )
+    )
     if notes:
         lines.append("skipped or failed:")
         lines.extend(notes)
     r = results["ratios"]
     lines.append("")
-    lines.append(f"engine best / kvikio best: hot {fmt(r['engine_over_kvikio_hot'], '.2f')}x; cold "
-                 f"{fmt(r['engine_over_kvikio_cold'], '.2f')}x (engine's better of buffered "
-                 f"{fmt(r['engine_buffered_over_kvikio_cold'], '.2f')}x / O_DIRECT "
-                 f"{fmt(r['engine_odirect_over_kvikio_cold'], '.2f')}x)")
+    lines.append(
+        f"engine best / kvikio best: hot {fmt(r['engine_over_kvikio_hot'], '.2f')}x; cold "
+        f"{fmt(r['engine_over_kvikio_cold'], '.2f')}x (engine's better of buffered "
+        f"{fmt(r['engine_buffered_over_kvikio_cold'], '.2f')}x / O_DIRECT "
+        f"{fmt(r['engine_odirect_over_kvikio_cold'], '.2f')}x)"
+    )
     return "\n".join(lines)
 
 
@@ -799,13 +932,20 @@ def plot_notes(results: dict) -> str:
         if v["gbps"] is None:
             lines.append(f"  {key:<21} skipped")
         else:
-            lines.append(f"  {key:<21} {v['gbps']:6.2f}  T{v['threads']} x {fmt_size(v['task_size'])}  "
-                         f"{fmt(100 * v['of_link'] if v['of_link'] else None, '.0f')}%")
+            lines.append(
+                f"  {key:<21} {v['gbps']:6.2f}  T{v['threads']} x {fmt_size(v['task_size'])}  "
+                f"{fmt(100 * v['of_link'] if v['of_link'] else None, '.0f')}%"
+            )
     r = results["ratios"]
-    lines += ["", "engine best / kvikio best:",
-              f"  hot  {fmt(r['engine_over_kvikio_hot'], '.2f')}x",
-              f"  cold {fmt(r['engine_over_kvikio_cold'], '.2f')}x",
-              "", "* threads > tasks per call (some idle)", f"! cold cell > {NOT_COLD:.0%} resident"]
+    lines += [
+        "",
+        "engine best / kvikio best:",
+        f"  hot  {fmt(r['engine_over_kvikio_hot'], '.2f')}x",
+        f"  cold {fmt(r['engine_over_kvikio_cold'], '.2f')}x",
+        "",
+        "* threads > tasks per call (some idle)",
+        f"! cold cell > {NOT_COLD:.0%} resident",
+    ]
     return "\n".join(lines)
 
 
@@ -842,8 +982,16 @@ def make_plot(results: dict, path: Path) -> str | None:
                 ax.axis("off")
                 if not panel_used:
                     panel_used = True
-                    ax.text(0.0, 1.0, plot_notes(results), ha="left", va="top", fontsize=8, family="monospace",
-                            transform=ax.transAxes)
+                    ax.text(
+                        0.0,
+                        1.0,
+                        plot_notes(results),
+                        ha="left",
+                        va="top",
+                        fontsize=8,
+                        family="monospace",
+                        transform=ax.transAxes,
+                    )
                 continue
             s = row[col]
             cells = cells_of(results, s["backend"], s["mode"])
@@ -851,8 +999,16 @@ def make_plot(results: dict, path: Path) -> str | None:
             measured = [c for c in cells if c["gbps"] is not None]
             if not measured:
                 why = next((c.get("reason") for c in cells if c.get("reason")), None) or s.get("reason") or "no cells"
-                ax.text(0.5, 0.5, "skipped / failed:\n" + textwrap.fill(str(why), 42), ha="center", va="center",
-                        fontsize=8, transform=ax.transAxes, wrap=True)
+                ax.text(
+                    0.5,
+                    0.5,
+                    "skipped / failed:\n" + textwrap.fill(str(why), 42),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    transform=ax.transAxes,
+                    wrap=True,
+                )
                 ax.set_xticks([])
                 ax.set_yticks([])
                 ax.set_title(title, fontsize=10)
@@ -869,27 +1025,34 @@ def make_plot(results: dict, path: Path) -> str | None:
                 i, j = threads.index(c["threads"]), tasks.index(c["task_size"])
                 text = cell_text(c)
                 shade = norm(c["gbps"]) if c["gbps"] is not None else 1.0
-                ax.text(j, i, text, ha="center", va="center", fontsize=7.5,
-                        color="white" if shade < 0.55 else "black")
+                ax.text(j, i, text, ha="center", va="center", fontsize=7.5, color="white" if shade < 0.55 else "black")
             ax.set_xticks(range(len(tasks)), [fmt_size(k).replace(" ", "") for k in tasks], fontsize=8)
             ax.set_yticks(range(len(threads)), [str(t) for t in threads], fontsize=8)
             ax.set_xlabel("task size", fontsize=8)
             ax.set_ylabel("threads", fontsize=8)
             b = best_cell(results, s["backend"], s["mode"])
-            ax.set_title(f"{title}: best {b['gbps']:.1f} GB/s (T{b['threads']} x {fmt_size(b['task_size'])})",
-                         fontsize=9)
+            ax.set_title(
+                f"{title}: best {b['gbps']:.1f} GB/s (T{b['threads']} x {fmt_size(b['task_size'])})", fontsize=9
+            )
     if image is not None:
-        bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.85,
-                           label="GB/s (1e9 B/s), " + ("log scale" if isinstance(norm, LogNorm) else "linear"))
+        bar = fig.colorbar(
+            image,
+            ax=axes.ravel().tolist(),
+            shrink=0.85,
+            label="GB/s (1e9 B/s), " + ("log scale" if isinstance(norm, LogNorm) else "linear"),
+        )
         bar.ax.yaxis.set_major_formatter(ScalarFormatter())
         bar.ax.yaxis.set_minor_formatter(ScalarFormatter())
     m, bl = results["machine"], results["baselines"]
     what = "CPU smoke (numbers meaningless)" if results["cpu_smoke"] else (m.get("gpu") or {}).get("name", "GPU")
-    fig.suptitle(f"torch_fastload read sweep, file -> {'host' if results['cpu_smoke'] else 'GPU'}: {what}, "
-                 f"{fmt_size(results['args']['read_bytes'])} reads of a {fmt_size(results['args']['size'])} file, "
-                 f"{m['date']}\nlink {fmt((bl.get('link') or {}).get('gbps'), '.1f')} GB/s | disk O_DIRECT "
-                 f"{fmt((bl.get('disk_odirect') or {}).get('gbps'), '.2f')} GB/s | hot 1-thread buffered "
-                 f"{fmt((bl.get('hot_buffered_1_thread') or {}).get('gbps'), '.2f')} GB/s", fontsize=10)
+    fig.suptitle(
+        f"torch_fastload read sweep, file -> {'host' if results['cpu_smoke'] else 'GPU'}: {what}, "
+        f"{fmt_size(results['args']['read_bytes'])} reads of a {fmt_size(results['args']['size'])} file, "
+        f"{m['date']}\nlink {fmt((bl.get('link') or {}).get('gbps'), '.1f')} GB/s | disk O_DIRECT "
+        f"{fmt((bl.get('disk_odirect') or {}).get('gbps'), '.2f')} GB/s | hot 1-thread buffered "
+        f"{fmt((bl.get('hot_buffered_1_thread') or {}).get('gbps'), '.2f')} GB/s",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
@@ -899,33 +1062,58 @@ def make_plot(results: dict, path: Path) -> str | None:
 # main
 # --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out",
-                   help="directory for read_sweep.json and read_sweep.png")
-    p.add_argument("--dir", type=Path, default=None,
-                   help="directory of the data file [benchmarks/out/data, else $TMPDIR]; not a tmpfs: cold cells "
-                        "need a disk")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent / "out",
+        help="directory for read_sweep.json and read_sweep.png",
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="directory of the data file [benchmarks/out/data, else $TMPDIR]; not a tmpfs: cold cells need a disk",
+    )
     p.add_argument("--quick", action="store_true", help="threads 1,4,16,64 x tasks 1,4,16 MiB, 512 MiB reads")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="no GPU: 16 MiB file, 4 MiB reads into host memory, kvikio skipped (numbers meaningless)")
+    p.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="no GPU: 16 MiB file, 4 MiB reads into host memory, kvikio skipped (numbers meaningless)",
+    )
     p.add_argument("--device", type=int, default=0, help="CUDA device index")
     p.add_argument("--size", type=size_arg, default=None, help="data file size [4GiB; smoke 16MiB]")
-    p.add_argument("--read-bytes", type=size_arg, default=None,
-                   help="bytes per cell's read [1GiB, 512MiB quick; smoke 4MiB]")
-    p.add_argument("--threads", type=positive_int_list, default=None,
-                   help="hot thread counts [1,2,4,8,16,32,64; quick 1,4,16,64; smoke 1,2]")
-    p.add_argument("--task-sizes", type=size_list, default=None,
-                   help="hot task sizes [256KiB,1MiB,4MiB,16MiB,64MiB; quick 1MiB,4MiB,16MiB; smoke 1MiB]")
-    p.add_argument("--cold-threads", type=positive_int_list, default=None,
-                   help="cold thread counts [1,4,16,64; smoke 1,2]")
-    p.add_argument("--cold-task-sizes", type=size_list, default=None,
-                   help="cold task sizes [1MiB,4MiB,16MiB; smoke 1MiB]")
+    p.add_argument(
+        "--read-bytes", type=size_arg, default=None, help="bytes per cell's read [1GiB, 512MiB quick; smoke 4MiB]"
+    )
+    p.add_argument(
+        "--threads",
+        type=positive_int_list,
+        default=None,
+        help="hot thread counts [1,2,4,8,16,32,64; quick 1,4,16,64; smoke 1,2]",
+    )
+    p.add_argument(
+        "--task-sizes",
+        type=size_list,
+        default=None,
+        help="hot task sizes [256KiB,1MiB,4MiB,16MiB,64MiB; quick 1MiB,4MiB,16MiB; smoke 1MiB]",
+    )
+    p.add_argument(
+        "--cold-threads", type=positive_int_list, default=None, help="cold thread counts [1,4,16,64; smoke 1,2]"
+    )
+    p.add_argument(
+        "--cold-task-sizes", type=size_list, default=None, help="cold task sizes [1MiB,4MiB,16MiB; smoke 1MiB]"
+    )
     p.add_argument("--no-cold", dest="cold", action="store_false", help="hot cells only")
     p.add_argument("--backends", default="engine,kvikio", help="comma-separated subset of engine,kvikio")
-    p.add_argument("--chunk-bytes", type=size_arg, default=None,
-                   help="engine: minimum chunk per read_ranges call + H2D copy; a chunk is max(this, task) [64MiB; "
-                        "smoke 1MiB]")
+    p.add_argument(
+        "--chunk-bytes",
+        type=size_arg,
+        default=None,
+        help="engine: minimum chunk per read_ranges call + H2D copy; a chunk is max(this, task) [64MiB; smoke 1MiB]",
+    )
     p.add_argument("--reps", type=int, default=None, help="reads per hot cell, median reported [3; quick and smoke 2]")
     p.add_argument("--cold-reps", type=int, default=1, help="reads per cold cell (each dropped first)")
     p.add_argument("--link-reps", type=int, default=5, help="samples of the pinned H2D ceiling (256 MiB copies)")
@@ -963,8 +1151,9 @@ def finish_args(args) -> None:
     args.backends = backends
     for name in ("size", "read_bytes"):
         if getattr(args, name) % PAGE:
-            raise SystemExit(f"--{name.replace('_', '-')} must be a multiple of {PAGE} (O_DIRECT), "
-                             f"got {getattr(args, name)}")
+            raise SystemExit(
+                f"--{name.replace('_', '-')} must be a multiple of {PAGE} (O_DIRECT), got {getattr(args, name)}"
+            )
     if args.read_bytes > args.size:
         raise SystemExit(f"--read-bytes {fmt_size(args.read_bytes)} > --size {fmt_size(args.size)}")
     for name in ("threads", "cold_threads"):
@@ -979,9 +1168,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     finish_args(args)
     if not args.cpu_smoke and not torch.cuda.is_available():
-        sys.stderr.write(f"read_sweep.py: CUDA is not available (torch {torch.__version__}, CUDA build "
-                         f"{torch.version.cuda}); this sweep reads into GPU memory.\n"
-                         "Use --cpu-smoke to exercise the code paths on the CPU with tiny sizes.\n")
+        sys.stderr.write(
+            f"read_sweep.py: CUDA is not available (torch {torch.__version__}, CUDA build "
+            f"{torch.version.cuda}); this sweep reads into GPU memory.\n"
+            "Use --cpu-smoke to exercise the code paths on the CPU with tiny sizes.\n"
+        )
         return 2
     began = time.perf_counter()
     faulthandler.dump_traceback_later(args.timeout, exit=True)
@@ -998,20 +1189,29 @@ def main(argv=None) -> int:
     json_path, png_path = args.out / "read_sweep.json", args.out / "read_sweep.png"
     machine = machine_info(device.type == "cuda")
     results: dict = {
-        "benchmark": "benchmarks/read_sweep.py", "cpu_smoke": args.cpu_smoke,
-        "date": machine["date"], "command_line": machine["command_line"], "machine": machine,
+        "benchmark": "benchmarks/read_sweep.py",
+        "cpu_smoke": args.cpu_smoke,
+        "date": machine["date"],
+        "command_line": machine["command_line"],
+        "machine": machine,
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "design_reference": DESIGN_REFERENCE, "units": "GB/s = 1e9 bytes per second",
+        "design_reference": DESIGN_REFERENCE,
+        "units": "GB/s = 1e9 bytes per second",
         "definitions": {
             "gbps": "median over the cell's reads of read_bytes / wall seconds (engine: to the last H2D copy's "
-                    "completion; kvikio: pread(...).get() + device sync); best_gbps: the fastest read",
+            "completion; kvikio: pread(...).get() + device sync); best_gbps: the fastest read",
             "cpu_cores": "process CPU seconds (all threads, incl. any spin-waits) / wall seconds during the read",
             "resident_before": "fraction of the window in the page cache just before the read",
             "tasks_per_call": "ceil(bytes per read call / task): the engine's chunk, kvikio's whole read; "
-                              "idle_threads = threads > tasks_per_call",
+            "idle_threads = threads > tasks_per_call",
             "verified": "first cell of each backend x mode: sampled 4 KiB pieces compared with the file",
         },
-        "data": {}, "baselines": {}, "backends": {}, "series": [], "cells": [], "errors": {},
+        "data": {},
+        "baselines": {},
+        "backends": {},
+        "series": [],
+        "cells": [],
+        "errors": {},
     }
 
     def save():
@@ -1019,17 +1219,21 @@ def main(argv=None) -> int:
         write_json(json_path, results)
 
     where = (machine.get("gpu") or {}).get("name", "CPU (smoke: numbers are meaningless)")
-    log(f"torch_fastload read sweep on {where}: "
+    log(
+        f"torch_fastload read sweep on {where}: "
         f"torch {machine['torch']}, {machine['cpu_affinity'] or machine['cpu_count']} CPUs, "
-        f"{machine['mem_total_gib']} GiB RAM, {machine['date']}")
+        f"{machine['mem_total_gib']} GiB RAM, {machine['date']}"
+    )
     log(f"command: {machine['command_line']}")
 
     # ---- data file ------------------------------------------------------------------------
     data = prepare_file(args.dir, args.size, args.seed, args.progress)
     results["data"] = data
     path = data["path"]
-    log(f"data file {path} ({fmt_size(args.size)}): " + (
-        "reused" if data["reused"] else f"written in {data['write_s']:.1f} s ({data['write_gbps']:.2f} GB/s)"))
+    log(
+        f"data file {path} ({fmt_size(args.size)}): "
+        + ("reused" if data["reused"] else f"written in {data['write_s']:.1f} s ({data['write_gbps']:.2f} GB/s)")
+    )
     mem = machine.get("mem_total_gib")
     if mem and args.size > 0.6 * mem * GiB:
         log(f"WARNING: the {fmt_size(args.size)} file is > 60 % of {mem} GiB RAM: hot cells may not be hot")
@@ -1050,8 +1254,10 @@ def main(argv=None) -> int:
     if "engine" in args.backends:
         if engine.available():
             backends["engine"] = EngineBackend(device, args.chunk_bytes)
-            results["backends"]["engine"] = {"how": backends["engine"].describe(),
-                                             "pool_size_before": engine.pool_size()}
+            results["backends"]["engine"] = {
+                "how": backends["engine"].describe(),
+                "pool_size_before": engine.pool_size(),
+            }
             try:  # O_DIRECT probe: one aligned page
                 probe = aligned_host(PAGE)
                 engine.read_ranges(path, None, [0], [PAGE], probe, num_threads=1, task_size=PAGE, o_direct=True)
@@ -1073,8 +1279,11 @@ def main(argv=None) -> int:
     kv = KvikioBackend()
     if "kvikio" in args.backends:
         kv.setup(args.cpu_smoke, path, dst)
-        results["backends"]["kvikio"] = {**kv.info, "how": kv.describe() if kv.reason is None else None,
-                                         "skipped": kv.reason}
+        results["backends"]["kvikio"] = {
+            **kv.info,
+            "how": kv.describe() if kv.reason is None else None,
+            "skipped": kv.reason,
+        }
         if kv.reason is None:
             backends["kvikio"] = kv
         else:
@@ -1100,38 +1309,50 @@ def main(argv=None) -> int:
     link_bytes = 256 * MiB if not args.cpu_smoke else 16 * MiB
     for name, fn in (
         ("link", lambda: link_baseline(device, link_bytes, args.link_reps)),
-        ("disk_odirect", lambda: disk_baseline(path, fd, windows[-1], args.read_bytes, residency,
-                                               threads=args.disk_threads)),
+        (
+            "disk_odirect",
+            lambda: disk_baseline(path, fd, windows[-1], args.read_bytes, residency, threads=args.disk_threads),
+        ),
         ("warm", lambda: warm_file(path, fd, args.size, residency)),
-        ("hot_buffered_1_thread", lambda: hot_buffered_baseline(fd, [windows[i % len(windows)] for i in range(3)],
-                                                                args.read_bytes)),
+        (
+            "hot_buffered_1_thread",
+            lambda: hot_buffered_baseline(fd, [windows[i % len(windows)] for i in range(3)], args.read_bytes),
+        ),
     ):
         try:
             base[name] = fn()
             v = base[name]
-            log(f"baseline {name}: {fmt(v.get('gbps'), '.2f')} GB/s" + (
-                f" (resident after: {v['resident_after']:.0%})" if v.get("resident_after") is not None else "") + (
-                f" (resident before: {v['resident_before']:.0%})" if v.get("resident_before") is not None else ""))
+            log(
+                f"baseline {name}: {fmt(v.get('gbps'), '.2f')} GB/s"
+                + (f" (resident after: {v['resident_after']:.0%})" if v.get("resident_after") is not None else "")
+                + (f" (resident before: {v['resident_before']:.0%})" if v.get("resident_before") is not None else "")
+            )
         except Exception as exc:
             base[name] = {"gbps": None, "error": error_text(exc)}
             log(f"baseline {name}: FAILED {error_text(exc)}")
         save()
     warm = base.get("warm") or {}
     if warm.get("resident_after") is not None and warm["resident_after"] < 0.95:
-        log(f"WARNING: only {warm['resident_after']:.0%} of the file is in the page cache after reading it: "
-            "hot cells are partly cold")
+        log(
+            f"WARNING: only {warm['resident_after']:.0%} of the file is in the page cache after reading it: "
+            "hot cells are partly cold"
+        )
 
     # ---- the sweep --------------------------------------------------------------------------
     sweep = Sweep(args, path, fd, dst, backends, skip, residency, results, save)
     hot_series = [s for s in series if s[1] == "hot"]
     cold_series = [s for s in series if s[1] != "hot"]
     try:
-        log(f"hot: {len(args.threads)} x {len(args.task_sizes)} cells x {len(hot_series)} backends, "
-            f"{args.reps} reads of {fmt_size(args.read_bytes)} each")
+        log(
+            f"hot: {len(args.threads)} x {len(args.task_sizes)} cells x {len(hot_series)} backends, "
+            f"{args.reps} reads of {fmt_size(args.read_bytes)} each"
+        )
         sweep.run("hot", hot_series, args.threads, args.task_sizes, args.reps)
         if cold_series:
-            log(f"cold: {len(args.cold_threads)} x {len(args.cold_task_sizes)} cells x {len(cold_series)} "
-                f"(backend, mode), {args.cold_reps} read(s) of {fmt_size(args.read_bytes)} each")
+            log(
+                f"cold: {len(args.cold_threads)} x {len(args.cold_task_sizes)} cells x {len(cold_series)} "
+                f"(backend, mode), {args.cold_reps} read(s) of {fmt_size(args.read_bytes)} each"
+            )
             sweep.run("cold", cold_series, args.cold_threads, args.cold_task_sizes, args.cold_reps)
     except KeyboardInterrupt:
         results["errors"]["sweep"] = "interrupted"

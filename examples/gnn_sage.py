@@ -13,7 +13,8 @@ mini-batch samples a 2-hop neighbourhood (--fanouts, uniform, built-in sampler o
 
 --loader fastload: the FeatureStore gathers x (GPU cache of the highest-degree nodes,
 --cache-fraction; zero-copy gathers from host memory (the uva tier) where the file fits
---pin's budget (auto), or --pin on/off; storage reads by the C++ engine otherwise, --o-direct for data larger than RAM), the next --prefetch mini-batches
+--pin's budget (auto), or --pin on/off; storage reads by the C++ engine otherwise, --o-direct
+for data larger than RAM), the next --prefetch mini-batches
 sampled and gathered on a background thread. --loader baseline: the same sampler, x gathered
 by numpy from a memmap and copied to the GPU in the loop. tqdm progress, accuracy per epoch,
 --json for the figures (epoch time, input-wait fraction, accuracy).
@@ -74,7 +75,8 @@ class SAGELayer(nn.Module):
         src, dst = edge_index
         total = torch.zeros_like(x).index_add_(0, dst, x[src])
         count = torch.zeros(x.shape[0], device=x.device, dtype=x.dtype).index_add_(
-            0, dst, torch.ones_like(dst, dtype=x.dtype))
+            0, dst, torch.ones_like(dst, dtype=x.dtype)
+        )
         mean = total / count.clamp(min=1).unsqueeze(1)
         return self.self_lin(x) + self.neigh_lin(mean)
 
@@ -153,7 +155,7 @@ def run_epoch(model, batches, optimizer, device, max_steps, show, desc, train=Tr
             break
         wait += time.perf_counter() - t0
         with torch.set_grad_enabled(train):
-            out = model(batch.x.float(), batch.edge_index)[:batch.batch_size]
+            out = model(batch.x.float(), batch.edge_index)[: batch.batch_size]
             loss = F.cross_entropy(out, batch.y)
         if train:
             optimizer.zero_grad(set_to_none=True)
@@ -169,14 +171,27 @@ def run_epoch(model, batches, optimizer, device, max_steps, show, desc, train=Tr
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
-    sums = all_reduce_sum(torch.stack([correct.double(), loss_sum.double(),
-                                       torch.tensor(float(total), dtype=torch.float64, device=device),
-                                       torch.tensor(float(steps), dtype=torch.float64, device=device)]))
+    sums = all_reduce_sum(
+        torch.stack(
+            [
+                correct.double(),
+                loss_sum.double(),
+                torch.tensor(float(total), dtype=torch.float64, device=device),
+                torch.tensor(float(steps), dtype=torch.float64, device=device),
+            ]
+        )
+    )
     correct_all, loss_all, total_all, steps_all = sums.tolist()
     del it  # ends the background thread of an epoch stopped at --max-steps
-    return {"loss": loss_all / max(steps_all, 1), "accuracy": correct_all / max(total_all, 1), "seconds": seconds,
-            "steps": steps, "resumed_at": skip, "stopped": stopped,
-            "input_wait_fraction": wait / seconds if seconds else 0.0}
+    return {
+        "loss": loss_all / max(steps_all, 1),
+        "accuracy": correct_all / max(total_all, 1),
+        "seconds": seconds,
+        "steps": steps,
+        "resumed_at": skip,
+        "stopped": stopped,
+        "input_wait_fraction": wait / seconds if seconds else 0.0,
+    }
 
 
 def main(argv=None) -> dict:
@@ -192,19 +207,32 @@ def main(argv=None) -> dict:
     p.add_argument("--fanouts", default="15,10")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--cache-fraction", type=float, default=0.05, help="share of nodes (highest degree) cached on the GPU")
-    p.add_argument("--pin", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
-                   help="register the feature file for zero-copy GPU gathers (the uva tier); auto (default): where "
-                        "the file fits TORCH_FASTLOAD_MAP_BUDGET (25%% of RAM)")
+    p.add_argument(
+        "--cache-fraction", type=float, default=0.05, help="share of nodes (highest degree) cached on the GPU"
+    )
+    p.add_argument(
+        "--pin",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="register the feature file for zero-copy GPU gathers (the uva tier); auto (default): where "
+        "the file fits TORCH_FASTLOAD_MAP_BUDGET (25%% of RAM)",
+    )
     p.add_argument("--o-direct", action="store_true")
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--checkpoint", help="save model, optimizer, epoch and batch position here (rank 0)")
-    p.add_argument("--checkpoint-every", type=int, default=0,
-                   help="training steps between checkpoints (0: only after each epoch)")
-    p.add_argument("--stop-after", type=int, default=0,
-                   help="end the run after N training steps in all, checkpointed first (a preemption drill)")
+    p.add_argument(
+        "--checkpoint-every", type=int, default=0, help="training steps between checkpoints (0: only after each epoch)"
+    )
+    p.add_argument(
+        "--stop-after",
+        type=int,
+        default=0,
+        help="end the run after N training steps in all, checkpointed first (a preemption drill)",
+    )
     p.add_argument("--resume", help="continue from this checkpoint (mid-epoch; --max-steps counts this world's steps)")
     p.add_argument("--json")
     p.add_argument("--no-progress", action="store_true")
@@ -226,9 +254,12 @@ def main(argv=None) -> dict:
     barrier(device)
     if g is None:
         g = make_graph(root, size["nodes"], size["dim"], seed=args.seed, progress=False)
-    log(f"graph: {size['nodes']:,} nodes, {len(g['indices']):,} edges, {size['dim']} features on disk "
+    log(
+        f"graph: {size['nodes']:,} nodes, {len(g['indices']):,} edges, {size['dim']} features on disk "
         f"({os.path.getsize(g['paths']['features']) / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s"
-        + (f"; {world_size} ranks" if world_size > 1 else ""), flush=True)
+        + (f"; {world_size} ranks" if world_size > 1 else ""),
+        flush=True,
+    )
     torch.manual_seed(args.seed + rank)  # dropout differs by rank; DDP broadcasts rank 0's initial weights
     graph = CSRGraph(g["indptr"], g["indices"])
     labels = g["labels"]
@@ -236,7 +267,7 @@ def main(argv=None) -> dict:
     split = np.random.default_rng(args.seed).permutation(graph.num_nodes)
     train_ids, val_ids, test_ids = np.split(split, [int(0.6 * len(split)), int(0.8 * len(split))])
     if args.loader == "fastload":
-        hot = np.argsort(-graph.degree())[:int(args.cache_fraction * graph.num_nodes)] if args.cache_fraction else None
+        hot = np.argsort(-graph.degree())[: int(args.cache_fraction * graph.num_nodes)] if args.cache_fraction else None
         pin = {"auto": "auto", "on": device.type == "cuda", "off": False}[args.pin]
         store = FeatureStore(g["paths"]["features"], device=device, cache_ids=hot, pin=pin, o_direct=args.o_direct)
         log(f"features: {store!r} ({store.pin_reason})", flush=True)
@@ -247,8 +278,20 @@ def main(argv=None) -> dict:
     fanouts = [int(f) for f in args.fanouts.split(",")]
 
     def batches(ids, shuffle):  # this rank's share of every epoch
-        return NeighborBatches(graph, ids, fanouts, store, labels, batch_size=args.batch_size, shuffle=shuffle,
-                               seed=args.seed, prefetch=prefetch, device=device, num_replicas=world_size, rank=rank)
+        return NeighborBatches(
+            graph,
+            ids,
+            fanouts,
+            store,
+            labels,
+            batch_size=args.batch_size,
+            shuffle=shuffle,
+            seed=args.seed,
+            prefetch=prefetch,
+            device=device,
+            num_replicas=world_size,
+            rank=rank,
+        )
 
     model = GraphSAGE(size["dim"], args.hidden, classes).to(device)
     train_batches, val_batches = batches(train_ids, True), batches(val_ids, False)
@@ -257,13 +300,20 @@ def main(argv=None) -> dict:
     if args.resume:
         checkpoint = torch.load(args.resume, map_location=device, weights_only=True)
         model.load_state_dict(checkpoint["model"])
-    train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
-        if world_size > 1 else model
+    train_model = (
+        DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if world_size > 1
+        else model
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
-        history, start_epoch, skip, step = (checkpoint["history"], checkpoint["epoch"], checkpoint["step_in_epoch"],
-                                            checkpoint["step"])
+        history, start_epoch, skip, step = (
+            checkpoint["history"],
+            checkpoint["epoch"],
+            checkpoint["step_in_epoch"],
+            checkpoint["step"],
+        )
         if checkpoint["batches"] is not None:  # mid-epoch: the rest of that epoch's batches
             train_batches.load_state_dict(checkpoint["batches"])
         if len(checkpoint["rng"]) == world_size:  # same world: each rank's dropout continues as it would have
@@ -271,8 +321,11 @@ def main(argv=None) -> dict:
             torch.set_rng_state(cpu_rng.cpu())
             if cuda_rng is not None and device.type == "cuda":
                 torch.cuda.set_rng_state(cuda_rng.cpu(), device)
-        log(f"resumed from {args.resume}: epoch {start_epoch}, step {skip} of it (saved by "
-            f"{checkpoint['world_size']} rank(s), now {world_size})", flush=True)
+        log(
+            f"resumed from {args.resume}: epoch {start_epoch}, step {skip} of it (saved by "
+            f"{checkpoint['world_size']} rank(s), now {world_size})",
+            flush=True,
+        )
         del checkpoint
 
     def save(epoch: int, step_in_epoch: int, batch_state) -> None:
@@ -285,9 +338,20 @@ def main(argv=None) -> dict:
         if not lead:  # every rank is at the same step: rank 0's batch state serves all of them
             return
         tmp = args.checkpoint + ".tmp"
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                    "step_in_epoch": step_in_epoch, "step": step, "batches": batch_state, "history": history,
-                    "world_size": world_size, "rng": rngs}, tmp)
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "epoch": epoch,
+                "step_in_epoch": step_in_epoch,
+                "step": step,
+                "batches": batch_state,
+                "history": history,
+                "world_size": world_size,
+                "rng": rngs,
+            },
+            tmp,
+        )
         os.replace(tmp, args.checkpoint)  # a run killed while saving leaves the previous checkpoint whole
 
     for epoch in range(start_epoch, args.epochs):
@@ -302,26 +366,57 @@ def main(argv=None) -> dict:
                 save(epoch, done, train_batches.state_dict())
             return stop
 
-        train = run_epoch(train_model, train_batches, optimizer, device, args.max_steps, show, f"epoch {epoch} train",
-                          skip=skip if epoch == start_epoch else 0, on_step=on_step)
+        train = run_epoch(
+            train_model,
+            train_batches,
+            optimizer,
+            device,
+            args.max_steps,
+            show,
+            f"epoch {epoch} train",
+            skip=skip if epoch == start_epoch else 0,
+            on_step=on_step,
+        )
         if train["stopped"]:
             done = train["resumed_at"] + train["steps"]
-            log(f"stopped after {step} steps (epoch {epoch}, step {done} of it)"
-                + (f": checkpoint {args.checkpoint}" if args.checkpoint else ""), flush=True)
-            return finish({"stopped_at": {"epoch": epoch, "step_in_epoch": done, "step": step},
-                           "world_size": world_size, "history": history}, args, lead, device)
+            log(
+                f"stopped after {step} steps (epoch {epoch}, step {done} of it)"
+                + (f": checkpoint {args.checkpoint}" if args.checkpoint else ""),
+                flush=True,
+            )
+            return finish(
+                {
+                    "stopped_at": {"epoch": epoch, "step_in_epoch": done, "step": step},
+                    "world_size": world_size,
+                    "history": history,
+                },
+                args,
+                lead,
+                device,
+            )
         val = run_epoch(model, val_batches, optimizer, device, args.max_steps, show, f"epoch {epoch} val", train=False)
         history.append({"epoch": epoch, "train": train, "val": val})
-        log(f"epoch {epoch}: loss {train['loss']:.4f}  train acc {100 * train['accuracy']:.1f}%  "
+        log(
+            f"epoch {epoch}: loss {train['loss']:.4f}  train acc {100 * train['accuracy']:.1f}%  "
             f"val acc {100 * val['accuracy']:.1f}%  epoch {train['seconds']:.2f} s "
-            f"({train['steps']} steps), input wait {100 * train['input_wait_fraction']:.1f}%", flush=True)
+            f"({train['steps']} steps), input wait {100 * train['input_wait_fraction']:.1f}%",
+            flush=True,
+        )
         if args.checkpoint:
             save(epoch + 1, 0, None)
     test = run_epoch(model, batches(test_ids, False), optimizer, device, args.max_steps, show, "test", train=False)
     log(f"test accuracy {100 * test['accuracy']:.1f}% (chance {100 / classes:.1f}%)")
-    result = {"loader": args.loader, "preset": args.preset, **size, "edges": int(len(g["indices"])),
-              "device": str(device), "world_size": world_size, "history": history, "test": test,
-              "store_stats": vars(store.stats()) if hasattr(store, "stats") else None}
+    result = {
+        "loader": args.loader,
+        "preset": args.preset,
+        **size,
+        "edges": int(len(g["indices"])),
+        "device": str(device),
+        "world_size": world_size,
+        "history": history,
+        "test": test,
+        "store_stats": vars(store.stats()) if hasattr(store, "stats") else None,
+    }
     return finish(result, args, lead, device)
 
 

@@ -61,9 +61,11 @@ from torch_fastload.vision.sample_data import make_image_folder  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", help="ImageNet folder (train/, val/) or a folder of train/val packs")
-    p.add_argument("--sample-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "torch_fastload",
-                                                         "imagenet-sample"),
-                   help="where the embedded default dataset is generated (once)")
+    p.add_argument(
+        "--sample-dir",
+        default=os.path.join(os.path.expanduser("~"), ".cache", "torch_fastload", "imagenet-sample"),
+        help="where the embedded default dataset is generated (once)",
+    )
     p.add_argument("--sample-classes", type=int, default=100)
     p.add_argument("--sample-train-per-class", type=int, default=40)
     p.add_argument("--sample-val-per-class", type=int, default=10)
@@ -84,8 +86,13 @@ def parse_args(argv=None):
     p.add_argument("--evaluate", action="store_true", help="only validate (with --resume)")
     p.add_argument("--no-val", action="store_true", help="skip validation")
     p.add_argument("--checkpoint-dir", default="checkpoints")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
-                   help="also checkpoint every STEPS training steps, mid-epoch (0: at epoch ends only)")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also checkpoint every STEPS training steps, mid-epoch (0: at epoch ends only)",
+    )
     p.add_argument("--max-steps", type=int, default=0, help="stop after N training steps in all (0: no limit)")
     p.add_argument("--resume", help="checkpoint to continue from (an epoch end or mid-epoch)")
     p.add_argument("--seed", type=int, default=0)
@@ -96,6 +103,7 @@ def parse_args(argv=None):
 
 
 # -- distributed -----------------------------------------------------------------------------
+
 
 def setup_distributed():
     """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; a plain launch is rank 0 of 1. Each process
@@ -134,6 +142,7 @@ def all_reduce_sum(values: list[float], device) -> list[float]:
 
 # -- data ------------------------------------------------------------------------------------
 
+
 def find_data(args, rank: int) -> tuple[str, str]:
     if args.data:
         train, val = os.path.join(args.data, "train"), os.path.join(args.data, "val")
@@ -142,12 +151,18 @@ def find_data(args, rank: int) -> tuple[str, str]:
                 raise SystemExit(f"--data {args.data}: expected {split} (an ImageFolder or a pack)")
         return train, val
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # once per node; the others wait
-        make_image_folder(args.sample_dir, args.sample_classes, args.sample_train_per_class,
-                          args.sample_val_per_class, progress=not args.no_progress and rank == 0)
+        make_image_folder(
+            args.sample_dir,
+            args.sample_classes,
+            args.sample_train_per_class,
+            args.sample_val_per_class,
+            progress=not args.no_progress and rank == 0,
+        )
     if distributed():
         dist.barrier()
-    return make_image_folder(args.sample_dir, args.sample_classes, args.sample_train_per_class,
-                             args.sample_val_per_class, progress=False)
+    return make_image_folder(
+        args.sample_dir, args.sample_classes, args.sample_train_per_class, args.sample_val_per_class, progress=False
+    )
 
 
 def fastload_dataset(path: str, transform):
@@ -170,10 +185,12 @@ def make_loaders(args, train_dir, val_dir, device, world_size, rank):
         import torchvision.transforms as T
 
         norm = T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-        train_ds = torchvision.datasets.ImageFolder(train_dir, T.Compose(
-            [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm]))
-        val_ds = torchvision.datasets.ImageFolder(val_dir, T.Compose(
-            [T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm]))
+        train_ds = torchvision.datasets.ImageFolder(
+            train_dir, T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+        )
+        val_ds = torchvision.datasets.ImageFolder(
+            val_dir, T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm])
+        )
         make = torch.utils.data.DataLoader
         loader_kw = dict(num_workers=args.workers, pin_memory=True, persistent_workers=args.workers > 0)
     # the training order is a function of (seed, epoch) alone, on one process too: a resumed run
@@ -183,8 +200,15 @@ def make_loaders(args, train_dir, val_dir, device, world_size, rank):
     val_sampler = None
     if world_size > 1:
         val_sampler = Sampler(val_ds, num_replicas=world_size, rank=rank, shuffle=False)
-    train = make(train_ds, batch_size=args.batch_size, shuffle=train_sampler is None, sampler=train_sampler,
-                 drop_last=True, **loader_kw, **sampler_kw)
+    train = make(
+        train_ds,
+        batch_size=args.batch_size,
+        shuffle=train_sampler is None,
+        sampler=train_sampler,
+        drop_last=True,
+        **loader_kw,
+        **sampler_kw,
+    )
     val = make(val_ds, batch_size=args.batch_size, shuffle=False, sampler=val_sampler, **loader_kw)
     return train, val, train_sampler, len(train_ds.classes)
 
@@ -207,9 +231,10 @@ class SyntheticBatches:
 
 # -- training --------------------------------------------------------------------------------
 
+
 def param_groups(model, weight_decay):
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         (no_decay if p.ndim <= 1 else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
@@ -225,7 +250,7 @@ def accuracy(output, target, topk=(1, 5)):
     k = min(max(topk), output.shape[1])
     pred = output.topk(k, 1).indices
     correct = pred.eq(target.view(-1, 1))
-    return [correct[:, :min(t, k)].any(1).float().sum() for t in topk]
+    return [correct[:, : min(t, k)].any(1).float().sum() for t in topk]
 
 
 def progress(iterable, total, desc, enabled):
@@ -238,8 +263,9 @@ def progress(iterable, total, desc, enabled):
     return tqdm(iterable, total=total, desc=desc, dynamic_ncols=True, mininterval=1.0)
 
 
-def train_epoch(model, loader, criterion, optimizer, schedule, epoch, args, device, state, resume=None,
-                checkpoint=None) -> dict:
+def train_epoch(
+    model, loader, criterion, optimizer, schedule, epoch, args, device, state, resume=None, checkpoint=None
+) -> dict:
     """One epoch (or what is left of it after a mid-epoch checkpoint: ``resume``). Returns the
     epoch's figures, all-reduced over the ranks. ``checkpoint(epoch, epoch_step)`` is called
     every --checkpoint-every steps (on every rank: the loaders' states are gathered)."""
@@ -253,8 +279,11 @@ def train_epoch(model, loader, criterion, optimizer, schedule, epoch, args, devi
         done_samples = resume["epoch_step"] * resume["batch_size"] * resume["world_size"]
         start = done_samples // (args.batch_size * world)
         if resume["world_size"] != world and done_samples % (args.batch_size * world):
-            print(f"warning: the checkpoint's {done_samples} samples of epoch {epoch} are not whole batches of "
-                  f"{args.batch_size} x {world} ranks: resuming after {start} batches", file=sys.stderr)
+            print(
+                f"warning: the checkpoint's {done_samples} samples of epoch {epoch} are not whole batches of "
+                f"{args.batch_size} x {world} ranks: resuming after {start} batches",
+                file=sys.stderr,
+            )
         states = resume.get("loader_states")
         loader_state = None
         if states:
@@ -263,8 +292,11 @@ def train_epoch(model, loader, criterion, optimizer, schedule, epoch, args, devi
             loader.load_state_dict(loader_state)  # after set_epoch, before iter: the batches that were left
         else:
             if resume["world_size"] != world:
-                print("warning: the loader has no load_state_dict() and the world size changed: the resumed "
-                      "epoch replays this world size's order", file=sys.stderr)
+                print(
+                    "warning: the loader has no load_state_dict() and the world size changed: the resumed "
+                    "epoch replays this world size's order",
+                    file=sys.stderr,
+                )
             replay = start
     it = iter(loader)
     for _ in range(replay):  # the same order (sampler seeded by seed and epoch): skip what was trained
@@ -315,8 +347,12 @@ def train_epoch(model, loader, criterion, optimizer, schedule, epoch, args, devi
         samples += len(target)
         if state["show"] and i % 20 == 0 and hasattr(bar, "set_postfix"):
             bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{optimizer.param_groups[0]['lr']:.3f}")
-        if (checkpoint is not None and args.checkpoint_every and state["step"] % args.checkpoint_every == 0
-                and i + 1 < steps):  # the epoch's last step gets the end-of-epoch checkpoint
+        if (
+            checkpoint is not None
+            and args.checkpoint_every
+            and state["step"] % args.checkpoint_every == 0
+            and i + 1 < steps
+        ):  # the epoch's last step gets the end-of-epoch checkpoint
             checkpoint(epoch, i + 1, loader)
             saved_at = i + 1
     else:
@@ -327,12 +363,19 @@ def train_epoch(model, loader, criterion, optimizer, schedule, epoch, args, devi
         elapsed = time.perf_counter() - timed_start
         state["timed"].append((timed_images, timed_wait, elapsed))
     loss_total, trained_all, samples_all, checksum_all = all_reduce(
-        [loss_sum.item(), trained, samples, checksum.item()], device)
+        [loss_sum.item(), trained, samples, checksum.item()], device
+    )
     if stopped and checkpoint is not None and saved_at != start + trained:
         checkpoint(epoch, start + trained, loader)  # --max-steps ended the run inside the epoch: keep its place
     del it
-    return {"loss": loss_total / max(1, trained_all), "steps": trained, "samples": int(samples_all),
-            "label_checksum": checksum_all, "resumed_at": start, "partial": stopped}
+    return {
+        "loss": loss_total / max(1, trained_all),
+        "steps": trained,
+        "samples": int(samples_all),
+        "label_checksum": checksum_all,
+        "resumed_at": start,
+        "partial": stopped,
+    }
 
 
 @torch.no_grad()
@@ -348,8 +391,9 @@ def validate(model, loader, device, args, show):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=not args.no_amp):
             output = model(images)
         top1, top5 = accuracy(output.float(), target)
-        totals += torch.stack([top1.double(), top5.double(), torch.tensor(float(len(target)), device=device,
-                                                                          dtype=torch.float64)])
+        totals += torch.stack(
+            [top1.double(), top5.double(), torch.tensor(float(len(target)), device=device, dtype=torch.float64)]
+        )
     top1, top5, n = all_reduce_sum(totals.tolist(), device)
     return 100.0 * top1 / max(n, 1), 100.0 * top5 / max(n, 1)
 
@@ -360,16 +404,16 @@ def main(argv=None) -> dict:
     torch.manual_seed(args.seed + rank)
     show = rank == 0 and not args.no_progress
     train_dir, val_dir = find_data(args, rank)
-    train_loader, val_loader, train_sampler, classes = make_loaders(args, train_dir, val_dir, device, world_size,
-                                                                    rank)
+    train_loader, val_loader, train_sampler, classes = make_loaders(args, train_dir, val_dir, device, world_size, rank)
     model = getattr(torchvision.models, args.arch)(num_classes=classes).to(device)
     if not args.no_channels_last:
         model = model.to(memory_format=torch.channels_last)
     if args.compile:
         model = torch.compile(model)
     if world_size > 1:
-        ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                        else None)
+        ddp_model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     else:
         ddp_model = model
     base_lr = args.lr if args.lr is not None else 0.1 * args.batch_size * world_size / 256
@@ -389,9 +433,12 @@ def main(argv=None) -> dict:
         state["step"], best_top1 = checkpoint["step"], checkpoint["best_top1"]
         if checkpoint.get("mid_epoch"):  # continue inside the epoch it was saved in
             start_epoch = checkpoint["epoch"]
-            resume = {"epoch_step": checkpoint["epoch_step"], "loader_states": checkpoint.get("loader_states"),
-                      "world_size": checkpoint.get("world_size", world_size),
-                      "batch_size": checkpoint.get("batch_size", args.batch_size)}
+            resume = {
+                "epoch_step": checkpoint["epoch_step"],
+                "loader_states": checkpoint.get("loader_states"),
+                "world_size": checkpoint.get("world_size", world_size),
+                "batch_size": checkpoint.get("batch_size", args.batch_size),
+            }
         else:
             start_epoch = checkpoint["epoch"] + 1
         state["timing_from"] = state["step"] + args.warmup_steps
@@ -419,12 +466,29 @@ def main(argv=None) -> dict:
         if rank != 0:
             return
         os.makedirs(args.checkpoint_dir, exist_ok=True)
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": {"kind": "warmup-cosine", "step": state["step"], "total_steps": total_steps,
-                                  "warmup_steps": warmup, "base_lr": base_lr},
-                    "epoch": epoch, "step": state["step"], "mid_epoch": mid_epoch, "epoch_step": epoch_step,
-                    "loader_states": states, "world_size": world_size, "batch_size": args.batch_size,
-                    "best_top1": best_top1, "args": vars(args)}, path + ".tmp")
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": {
+                    "kind": "warmup-cosine",
+                    "step": state["step"],
+                    "total_steps": total_steps,
+                    "warmup_steps": warmup,
+                    "base_lr": base_lr,
+                },
+                "epoch": epoch,
+                "step": state["step"],
+                "mid_epoch": mid_epoch,
+                "epoch_step": epoch_step,
+                "loader_states": states,
+                "world_size": world_size,
+                "batch_size": args.batch_size,
+                "best_top1": best_top1,
+                "args": vars(args),
+            },
+            path + ".tmp",
+        )
         os.replace(path + ".tmp", path)  # a preempted save never leaves a torn checkpoint
         if mid_epoch:
             print(f"checkpoint: epoch {epoch} step {epoch_step} (global step {state['step']}) -> {path}", flush=True)
@@ -438,17 +502,30 @@ def main(argv=None) -> dict:
             break
         if train_sampler is not None:
             train_sampler.set_epoch(epoch)  # before iter() and before load_state_dict()
-        figures = train_epoch(ddp_model, train_loader, criterion, optimizer,
-                              lambda s: lr_at(s, total_steps, warmup, base_lr), epoch, args, device, state,
-                              resume=resume if epoch == start_epoch else None, checkpoint=save_mid_epoch)
+        figures = train_epoch(
+            ddp_model,
+            train_loader,
+            criterion,
+            optimizer,
+            lambda s: lr_at(s, total_steps, warmup, base_lr),
+            epoch,
+            args,
+            device,
+            state,
+            resume=resume if epoch == start_epoch else None,
+            checkpoint=save_mid_epoch,
+        )
         top1 = top5 = float("nan")
         if not args.no_val and not figures["partial"]:
             top1, top5 = validate(ddp_model, val_loader, device, args, show)
         history.append({"epoch": epoch, "top1": top1, "top5": top5, **figures})
         if rank == 0:
             if figures["partial"]:
-                print(f"epoch {epoch}: train loss {figures['loss']:.4f} (stopped inside the epoch at step "
-                      f"{state['step']}: --max-steps)", flush=True)
+                print(
+                    f"epoch {epoch}: train loss {figures['loss']:.4f} (stopped inside the epoch at step "
+                    f"{state['step']}: --max-steps)",
+                    flush=True,
+                )
             else:
                 val = "" if args.no_val else f"  val top-1 {top1:.2f}%  top-5 {top5:.2f}%"
                 print(f"epoch {epoch}: train loss {figures['loss']:.4f}{val}", flush=True)
@@ -458,15 +535,19 @@ def main(argv=None) -> dict:
         save(epoch)
     images, wait, elapsed = (sum(t[k] for t in state["timed"]) for k in range(3))
     images, wait_fraction = all_reduce([images, wait / elapsed if elapsed else 0.0], device)
-    elapsed, = all_reduce([elapsed], device, op=dist.ReduceOp.MAX if distributed() else None)  # the slowest rank
+    (elapsed,) = all_reduce([elapsed], device, op=dist.ReduceOp.MAX if distributed() else None)  # the slowest rank
     result = {
-        "arch": args.arch, "loader": args.loader, "world_size": world_size, "batch_size": args.batch_size,
+        "arch": args.arch,
+        "loader": args.loader,
+        "world_size": world_size,
+        "batch_size": args.batch_size,
         "backend": dist.get_backend() if distributed() else None,
         "timed_steps": int(images // (args.batch_size * world_size)) if images else 0,
         "train_images_per_s": images / elapsed if elapsed else 0.0,
         "step_ms": 1e3 * elapsed / max(1, images / (args.batch_size * world_size)),
         "input_wait_fraction": wait_fraction / world_size,
-        "steps": state["step"], "history": history,
+        "steps": state["step"],
+        "history": history,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "sampler": type(train_sampler).__module__ + "." + type(train_sampler).__qualname__,
         "loader_state_dict": hasattr(train_loader, "state_dict"),
@@ -480,9 +561,11 @@ def main(argv=None) -> dict:
             if rank == 0:
                 print(f"decode route: {'every JPEG on the CPU' if trial.choice else 'nvJPEG'} ({trial.describe()})")
     if rank == 0:
-        print(f"{args.arch} / {args.loader}: {result['train_images_per_s']:,.0f} train images/s "
-              f"({world_size} process{'es' if world_size > 1 else ''}), step {result['step_ms']:.1f} ms, input wait "
-              f"{100 * result['input_wait_fraction']:.1f}% (steps after the first {args.warmup_steps})")
+        print(
+            f"{args.arch} / {args.loader}: {result['train_images_per_s']:,.0f} train images/s "
+            f"({world_size} process{'es' if world_size > 1 else ''}), step {result['step_ms']:.1f} ms, input wait "
+            f"{100 * result['input_wait_fraction']:.1f}% (steps after the first {args.warmup_steps})"
+        )
     return finish(result, args, rank)
 
 

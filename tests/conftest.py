@@ -25,8 +25,11 @@ def pytest_collection_modifyitems(config, items):
 
 def pipeline_threads():
     """Names of live loader pipeline threads (fetch / stage), which must not outlive an iterator."""
-    return sorted(t.name for t in threading.enumerate()
-                  if t.name.startswith(("fastload-fetch", "fastload-stage")) and t.is_alive())
+    return sorted(
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith(("fastload-fetch", "fastload-stage")) and t.is_alive()
+    )
 
 
 @pytest.fixture

@@ -32,8 +32,9 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     dataset = torch_fastload.ArrayDataset(args.data)
     sampler = DistributedSampler(dataset, shuffle=True, seed=3)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, device="cpu",
-                        fetch_threads=args.fetch_threads)
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, sampler=sampler, device="cpu", fetch_threads=args.fetch_threads
+    )
     first_epoch = 0
     if args.resume:
         with open(args.resume) as f:

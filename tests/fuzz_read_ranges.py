@@ -59,10 +59,21 @@ def make_files(root: str, rng: random.Random):
 
 
 def hostile(rng: random.Random, near: int) -> int:
-    return rng.choice([
-        -1, -near - 1, -(2**63), INT64_MAX, INT64_MAX - rng.randrange(0, 4097), near, near + 1,
-        near + rng.randrange(1, 1 << 20), 2**31, 2**32 + 1, rng.randrange(-(2**63), 2**63),
-    ])
+    return rng.choice(
+        [
+            -1,
+            -near - 1,
+            -(2**63),
+            INT64_MAX,
+            INT64_MAX - rng.randrange(0, 4097),
+            near,
+            near + 1,
+            near + rng.randrange(1, 1 << 20),
+            2**31,
+            2**32 + 1,
+            rng.randrange(-(2**63), 2**63),
+        ]
+    )
 
 
 def one_call(ext, rng, paths, contents, o_direct_ok, stats):
@@ -121,22 +132,32 @@ def one_call(ext, rng, paths, contents, o_direct_ok, stats):
         view = backing
     else:
         backing = np.full(dst_size + 2 * CANARY, FILL ^ 0xFF, dtype=np.uint8)
-        view = backing[CANARY:CANARY + dst_size]
+        view = backing[CANARY : CANARY + dst_size]
         view[:] = FILL
     threads = rng.choice([1, 2, 3, 8])
     task_size = rng.choice([1, 7, 4096, 65_536, 1 << 20])
     o_direct = o_direct_ok and rng.random() < 0.3
     arrays = [np.array(x, dtype=np.int64) for x in (fi, off, ln, dsto)]
     try:
-        got = ext.read_ranges(paths, arrays[0], arrays[1], arrays[2], view.ctypes.data, dst_size, arrays[3],
-                              num_threads=threads, task_size=task_size, o_direct=o_direct)
+        got = ext.read_ranges(
+            paths,
+            arrays[0],
+            arrays[1],
+            arrays[2],
+            view.ctypes.data,
+            dst_size,
+            arrays[3],
+            num_threads=threads,
+            task_size=task_size,
+            o_direct=o_direct,
+        )
         error = None
     except (ValueError, OSError) as exc:  # RangeError is a ValueError
         error = exc
 
     failures = []
     if not exact:
-        if (backing[:CANARY] != FILL ^ 0xFF).any() or (backing[CANARY + dst_size:] != FILL ^ 0xFF).any():
+        if (backing[:CANARY] != FILL ^ 0xFF).any() or (backing[CANARY + dst_size :] != FILL ^ 0xFF).any():
             failures.append("canary overwritten")
     if expect_ok:
         if error is not None:
@@ -146,7 +167,7 @@ def one_call(ext, rng, paths, contents, o_direct_ok, stats):
                 failures.append(f"returned {got}, expected {sum(ln)}")
             expected = np.full(dst_size, FILL, dtype=np.uint8)
             for k in range(n):
-                expected[dsto[k]:dsto[k] + ln[k]] = np.frombuffer(contents[fi[k]], np.uint8)[off[k]:off[k] + ln[k]]
+                expected[dsto[k] : dsto[k] + ln[k]] = np.frombuffer(contents[fi[k]], np.uint8)[off[k] : off[k] + ln[k]]
             if not np.array_equal(view, expected):
                 failures.append("destination differs from the file bytes")
         stats["ok"] += 1
@@ -157,8 +178,17 @@ def one_call(ext, rng, paths, contents, o_direct_ok, stats):
             failures.append(f"rejected call ({error!r}) wrote to the destination")
         stats["rejected"] += 1
     if failures:
-        detail = dict(fi=fi, off=off, ln=ln, dsto=dsto, dst_size=dst_size, threads=threads,
-                      task_size=task_size, o_direct=o_direct, exact=exact)
+        detail = dict(
+            fi=fi,
+            off=off,
+            ln=ln,
+            dsto=dsto,
+            dst_size=dst_size,
+            threads=threads,
+            task_size=task_size,
+            o_direct=o_direct,
+            exact=exact,
+        )
         raise AssertionError(f"{failures}: {detail}")
 
 
@@ -171,13 +201,18 @@ def fuzz_copy(ext, rng, stats):
     if bad:
         sizes[rng.randrange(n)] = rng.choice([-1, -(2**63)])
     try:
-        total = ext.copy_ranges([d.ctypes.data for d in dsts], [s.ctypes.data for s in srcs], sizes,
-                                num_threads=rng.choice([1, 4]), task_size=rng.choice([1, 1000, 1 << 20]))
+        total = ext.copy_ranges(
+            [d.ctypes.data for d in dsts],
+            [s.ctypes.data for s in srcs],
+            sizes,
+            num_threads=rng.choice([1, 4]),
+            task_size=rng.choice([1, 1000, 1 << 20]),
+        )
     except ValueError:
         if not bad:
             raise
         if any(d.any() for d in dsts):
-            raise AssertionError("rejected copy_ranges wrote to a destination")
+            raise AssertionError("rejected copy_ranges wrote to a destination") from None
         stats["rejected"] += 1
         return
     if bad:
@@ -193,8 +228,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--iterations", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--provoke-overflow", action="store_true",
-                        help="copy one byte past an allocation on purpose, to prove ASan is watching")
+    parser.add_argument(
+        "--provoke-overflow",
+        action="store_true",
+        help="copy one byte past an allocation on purpose, to prove ASan is watching",
+    )
     args = parser.parse_args()
     ext = load_extension(args.so)
     if args.provoke_overflow:
@@ -225,8 +263,10 @@ def main() -> int:
                 print(f"FAIL (seed {seed}, call {calls}): {exc}", file=sys.stderr)
                 return 1
             calls += 1
-    print(f"fuzz: seed={seed} calls={calls} ok={stats['ok']} rejected={stats['rejected']} "
-          f"o_direct={o_direct_ok} failures=0")
+    print(
+        f"fuzz: seed={seed} calls={calls} ok={stats['ok']} rejected={stats['rejected']} "
+        f"o_direct={o_direct_ok} failures=0"
+    )
     return 0
 
 

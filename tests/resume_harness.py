@@ -17,8 +17,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 import torch
 
@@ -40,8 +40,7 @@ def to_cpu(batch):
     if hasattr(batch, "_asdict"):  # namedtuples (RecordBatch, SampledBatch-likes)
         return {"__type__": type(batch).__name__, **{k: to_cpu(v) for k, v in batch._asdict().items()}}
     if hasattr(batch, "__dataclass_fields__"):
-        return {"__type__": type(batch).__name__,
-                **{k: to_cpu(getattr(batch, k)) for k in batch.__dataclass_fields__}}
+        return {"__type__": type(batch).__name__, **{k: to_cpu(getattr(batch, k)) for k in batch.__dataclass_fields__}}
     if isinstance(batch, (list, tuple)):
         return [to_cpu(v) for v in batch]
     return batch
@@ -49,8 +48,9 @@ def to_cpu(batch):
 
 def assert_equal(a, b, where: str) -> None:
     if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, \
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, (
             f"{where}: {getattr(b, 'dtype', type(b))}{tuple(getattr(b, 'shape', ()))} vs {a.dtype}{tuple(a.shape)}"
+        )
         assert torch.equal(a, b), f"{where}: values differ"
     elif isinstance(a, dict):
         assert isinstance(b, dict) and list(a) == list(b), f"{where}: keys {list(b)} vs {list(a)}"
@@ -71,15 +71,33 @@ def run_child(spec: str, kwargs: dict, state: dict, seed: int, timeout: float = 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rest.pt")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-        proc = subprocess.run([sys.executable, str(HERE / "resume_harness.py"), spec, json.dumps(kwargs),
-                               json.dumps(state), out, str(seed)], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "resume_harness.py"),
+                spec,
+                json.dumps(kwargs),
+                json.dumps(state),
+                out,
+                str(seed),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
         assert proc.returncode == 0, f"resumed child failed:\n{proc.stdout}\n{proc.stderr}"
         return torch.load(out, weights_only=False)
 
 
-def check_resume(spec: str, kwargs: dict, *, points: Optional[Iterable[int]] = None,
-                 child_overrides: Optional[dict] = None, fresh_process: bool = True) -> list:
+def check_resume(
+    spec: str,
+    kwargs: dict,
+    *,
+    points: Iterable[int] | None = None,
+    child_overrides: dict | None = None,
+    fresh_process: bool = True,
+) -> list:
     """Checkpoint after each of ``points`` batches (default 0, 1, k = half and the last),
     resume from the JSON round-tripped state, compare the rest with an uninterrupted run.
     Returns the uninterrupted epoch's batches."""
@@ -102,8 +120,10 @@ def check_resume(spec: str, kwargs: dict, *, points: Optional[Iterable[int]] = N
             resumed.load_state_dict(state)
             rest = [to_cpu(b) for b in resumed]
         expected = full[k:]  # after the last batch (before StopIteration): nothing left
-        assert len(rest) == len(expected), f"{spec}: after {k} of {len(full)} batches the resumed run gave " \
-                                           f"{len(rest)} batches, expected {len(expected)}"
+        assert len(rest) == len(expected), (
+            f"{spec}: after {k} of {len(full)} batches the resumed run gave "
+            f"{len(rest)} batches, expected {len(expected)}"
+        )
         for i, (want, got) in enumerate(zip(expected, rest)):
             assert_equal(want, got, f"{spec} checkpoint after {k}: batch {k + i}")
     return full

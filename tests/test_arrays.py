@@ -6,12 +6,11 @@ import traceback
 import numpy as np
 import pytest
 import torch
+from test_loader import ListSampler, assert_same
 
 from torch_fastload import DataLoader, engine
 from torch_fastload.sources import ArrayDataset, ArrayFile, ArrayFormatError
 from torch_fastload.staging import PendingRead
-
-from test_loader import ListSampler, assert_same
 
 
 @pytest.fixture
@@ -37,8 +36,9 @@ def test_batches_equal_torch_per_sample_path(arrays, native, monkeypatch):
     dataset = ArrayDataset(root / "x.npy", root / "y.npy")
     loader = DataLoader(dataset, batch_size=32, shuffle=True, device="cpu", generator=torch.Generator().manual_seed(5))
     ours = list(loader)
-    theirs = list(torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True,
-                                              generator=torch.Generator().manual_seed(5)))
+    theirs = list(
+        torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(5))
+    )
     assert_same(ours, theirs)
     assert loader.io.mode == ("engine-posix" if native else "python-posix")
     assert loader.stats().io.startswith(loader.io.mode)
@@ -65,14 +65,17 @@ def write_header(path, header: bytes, body: bytes = b""):
         f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + body)
 
 
-@pytest.mark.parametrize("name,header,match", [
-    ("unknown-dtype", b"{'descr': '<x9', 'fortran_order': False, 'shape': (4,), }", "not a valid .npy header"),
-    ("object", b"{'descr': '|O', 'fortran_order': False, 'shape': (4,), }", "not a plain numeric dtype"),
-    ("big-endian", b"{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }", "big-endian"),
-    ("fortran", b"{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", "Fortran-ordered"),
-    ("too-long", b"{'descr': '<f4', 'fortran_order': False, 'shape': (1000,), }", "has only"),
-    ("garbage", b"not a dict at all", "not a valid .npy header"),
-])
+@pytest.mark.parametrize(
+    "name,header,match",
+    [
+        ("unknown-dtype", b"{'descr': '<x9', 'fortran_order': False, 'shape': (4,), }", "not a valid .npy header"),
+        ("object", b"{'descr': '|O', 'fortran_order': False, 'shape': (4,), }", "not a plain numeric dtype"),
+        ("big-endian", b"{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }", "big-endian"),
+        ("fortran", b"{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", "Fortran-ordered"),
+        ("too-long", b"{'descr': '<f4', 'fortran_order': False, 'shape': (1000,), }", "has only"),
+        ("garbage", b"not a dict at all", "not a valid .npy header"),
+    ],
+)
 def test_bad_headers_name_the_file(tmp_path, name, header, match):
     path = tmp_path / f"{name}.npy"
     write_header(path, header.ljust(118) + b"\n", b"\0" * 16)
@@ -85,10 +88,13 @@ def test_truncated_zero_length_missing_and_directory(tmp_path):
     np.save(tmp_path / "full.npy", np.ones((10, 8), np.float32))
     blob = (tmp_path / "full.npy").read_bytes()
     (tmp_path / "header_only.npy").write_bytes(blob[:128])
-    (tmp_path / "mid_sample.npy").write_bytes(blob[:128 + 8 * 4 * 5 + 7])
+    (tmp_path / "mid_sample.npy").write_bytes(blob[: 128 + 8 * 4 * 5 + 7])
     (tmp_path / "empty.npy").write_bytes(b"")
-    for name, match in [("header_only", "has only 128 bytes"), ("mid_sample", "has only 295 bytes"),
-                        ("empty", "not a valid .npy header")]:
+    for name, match in [
+        ("header_only", "has only 128 bytes"),
+        ("mid_sample", "has only 295 bytes"),
+        ("empty", "not a valid .npy header"),
+    ]:
         with pytest.raises(ArrayFormatError, match=match):
             ArrayFile.npy(tmp_path / f"{name}.npy")
     with pytest.raises(FileNotFoundError):

@@ -13,8 +13,17 @@ REPO = Path(__file__).resolve().parents[1]
 def run_smoke(script: str, tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
     """``benchmarks/<script> --cpu-smoke`` with its data and output under ``tmp_path``."""
     out = tmp_path / "out"
-    cmd = [sys.executable, str(REPO / "benchmarks" / script), "--cpu-smoke", "--out", str(out),
-           "--dir", str(tmp_path / "data"), "--no-progress", *extra]
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / script),
+        "--cpu-smoke",
+        "--out",
+        str(out),
+        "--dir",
+        str(tmp_path / "data"),
+        "--no-progress",
+        *extra,
+    ]
     res = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, f"rc {res.returncode}\nstdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
     return res, out
@@ -64,9 +73,15 @@ def test_imagenet_train_cpu_smoke(tmp_path):
     report = json.loads((out / "imagenet_train.json").read_text())
     assert not report["failures"], report["failures"]
     loaders = {(r["arch"], r["loader"]) for r in report["runs"]}
-    assert loaders == {("resnet18", "synthetic"), ("resnet18", "fastload"), ("resnet18", "fastload-share-1-2-3"),
-                       ("resnet18", "torch")}
-    assert "TORCH_FASTLOAD_CPU_DECODE_SHARE=1 TORCH_FASTLOAD_CPU_DECODE_THREADS=2 TORCH_FASTLOAD_PREFETCH=3" in res.stdout
+    assert loaders == {
+        ("resnet18", "synthetic"),
+        ("resnet18", "fastload"),
+        ("resnet18", "fastload-share-1-2-3"),
+        ("resnet18", "torch"),
+    }
+    assert (
+        "TORCH_FASTLOAD_CPU_DECODE_SHARE=1 TORCH_FASTLOAD_CPU_DECODE_THREADS=2 TORCH_FASTLOAD_PREFETCH=3" in res.stdout
+    )
     assert all(r["train_images_per_s"] > 0 for r in report["runs"])
     fastload = next(r for r in report["runs"] if r["loader"] == "fastload")
     assert 0.0 <= fastload["history"][-1]["top1"] <= 100.0  # validated

@@ -9,13 +9,12 @@ import textwrap
 import psutil
 import pytest
 import torch
+from conftest import pipeline_threads
+from test_loader import Nested, assert_same
 from torch.utils.data import Dataset, TensorDataset
 
 from torch_fastload import DataLoader
 from torch_fastload.pool import PinnedPool
-
-from conftest import pipeline_threads
-from test_loader import Nested, assert_same
 
 pytestmark = pytest.mark.cuda
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,10 +36,12 @@ class Filled(Dataset):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_batches_arrive_on_gpu_and_equal_torch(num_workers):
-    ours = DataLoader(Nested(), batch_size=6, shuffle=True, num_workers=num_workers,
-                      generator=torch.Generator().manual_seed(4))
-    theirs = torch.utils.data.DataLoader(Nested(), batch_size=6, shuffle=True, num_workers=num_workers,
-                                         generator=torch.Generator().manual_seed(4))
+    ours = DataLoader(
+        Nested(), batch_size=6, shuffle=True, num_workers=num_workers, generator=torch.Generator().manual_seed(4)
+    )
+    theirs = torch.utils.data.DataLoader(
+        Nested(), batch_size=6, shuffle=True, num_workers=num_workers, generator=torch.Generator().manual_seed(4)
+    )
     assert ours.device == torch.device("cuda", torch.cuda.current_device())
     count = 0
     for a, b in zip(ours, theirs, strict=True):
@@ -59,7 +60,7 @@ def test_user_stream_waits_for_delayed_copies():
     side = torch.cuda.Stream()
     sums = []
     with torch.cuda.stream(side):
-        for rows, index in loader:
+        for rows, _index in loader:
             sums.append((rows * 2).sum())  # runs on `side`, which must wait for the copy
     torch.cuda.synchronize()
     assert [float(s) for s in sums] == [2.0 * i * (1 << 20) for i in range(12)]
@@ -120,7 +121,7 @@ def test_gpu_soak_keeps_pinned_device_and_host_memory_flat():
     loader = DataLoader(VaryingRows(2000), batch_size=None, prefetch=3, oversize="grow")
     process = psutil.Process()
     marks = []
-    for epoch in range(2):
+    for _epoch in range(2):
         for i, (rows, index) in enumerate(loader):
             assert rows.is_cuda and rows.shape[0] == 1 + (int(index) * 7919) % 64
             if i % 400 == 399:
@@ -153,17 +154,19 @@ SHUTDOWN_SCRIPT = """
 """
 
 
-@pytest.mark.parametrize("ending", [
-    # break + del + close: close must wait for queued copies before unregistering the pool
-    "del it\nt = time.perf_counter(); loader.close(); print('closed after', time.perf_counter() - t)\n"
-    "assert loader.pool is None\nprint('FREED')",
-    # interpreter exit with copies still queued on the copy stream
-    "print('FREED')",
-])
+@pytest.mark.parametrize(
+    "ending",
+    [
+        # break + del + close: close must wait for queued copies before unregistering the pool
+        "del it\nt = time.perf_counter(); loader.close(); print('closed after', time.perf_counter() - t)\n"
+        "assert loader.pool is None\nprint('FREED')",
+        # interpreter exit with copies still queued on the copy stream
+        "print('FREED')",
+    ],
+)
 def test_shutdown_waits_for_copies_in_flight(ending):
     body = textwrap.dedent(SHUTDOWN_SCRIPT).replace("{ending}", ending)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               CUDA_LAUNCH_BLOCKING="0")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), CUDA_LAUNCH_BLOCKING="0")
     result = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=180, env=env)
     assert result.returncode == 0, result.stderr
     assert "FREED" in result.stdout

@@ -31,10 +31,33 @@ def run(cmd: list, timeout: float = 300, gpus: bool = False) -> subprocess.Compl
 def imagenet_ddp(tmp_path: Path, name: str, *extra: str, gpus: bool = False) -> tuple[dict, str]:
     """examples/imagenet.py under torchrun, 2 processes (the tiny settings of test_examples.py)."""
     out = tmp_path / f"{name}.json"
-    cmd = [*TORCHRUN, str(REPO / "examples" / "imagenet.py"), "--arch", "resnet18", "--batch-size", str(BATCH),
-           "--sample-dir", str(tmp_path / "sample"), "--sample-classes", str(CLASSES), "--sample-train-per-class",
-           str(TRAIN_PER_CLASS), "--sample-val-per-class", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
-           "--no-progress", "--warmup-steps", "1", "--no-amp", "--epochs", "1", "--json", str(out), *extra]
+    cmd = [
+        *TORCHRUN,
+        str(REPO / "examples" / "imagenet.py"),
+        "--arch",
+        "resnet18",
+        "--batch-size",
+        str(BATCH),
+        "--sample-dir",
+        str(tmp_path / "sample"),
+        "--sample-classes",
+        str(CLASSES),
+        "--sample-train-per-class",
+        str(TRAIN_PER_CLASS),
+        "--sample-val-per-class",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--no-progress",
+        "--warmup-steps",
+        "1",
+        "--no-amp",
+        "--epochs",
+        "1",
+        "--json",
+        str(out),
+        *extra,
+    ]
     res = run(cmd, gpus=gpus)
     return json.loads(out.read_text()), res.stdout
 
@@ -52,7 +75,7 @@ def expected_checksum(train_dir: Path, world: int = 2, epoch: int = 0) -> float:
         sampler.set_epoch(epoch)
         order = list(sampler)
         for i in range(len(order) // BATCH):  # drop_last
-            for j, index in enumerate(order[i * BATCH:(i + 1) * BATCH]):
+            for j, index in enumerate(order[i * BATCH : (i + 1) * BATCH]):
                 total += (labels[index] + 1) * (i * BATCH + j + 1)
     return total
 
@@ -110,8 +133,19 @@ def check_scaling_report(report: dict, counts: list) -> None:
 
 def test_ddp_scaling_cpu_smoke_covers_every_sample_once(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "ddp_scaling.py"), "--driver", "--cpu-smoke", "--gpus", "1,2",
-           "--out", str(out), "--dir", str(tmp_path / "data"), "--no-progress"]
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "ddp_scaling.py"),
+        "--driver",
+        "--cpu-smoke",
+        "--gpus",
+        "1,2",
+        "--out",
+        str(out),
+        "--dir",
+        str(tmp_path / "data"),
+        "--no-progress",
+    ]
     res = run(cmd)
     report = json.loads((out / "ddp_scaling.json").read_text())
     check_scaling_report(report, [1, 2])
@@ -139,9 +173,24 @@ def test_ddp_scaling_cpu_smoke_covers_every_sample_once(tmp_path):
 def test_ddp_scaling_two_gpus_small(tmp_path):
     """On a machine with 2+ GPUs: nccl, one GPU a rank, small data; coverage exact."""
     out = tmp_path / "out"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "ddp_scaling.py"), "--driver", "--gpus", "1,2", "--gib", "0.25",
-           "--epochs", "2", "--torch-workers", "2", "--out", str(out), "--dir", str(tmp_path / "data"),
-           "--no-progress"]
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "ddp_scaling.py"),
+        "--driver",
+        "--gpus",
+        "1,2",
+        "--gib",
+        "0.25",
+        "--epochs",
+        "2",
+        "--torch-workers",
+        "2",
+        "--out",
+        str(out),
+        "--dir",
+        str(tmp_path / "data"),
+        "--no-progress",
+    ]
     run(cmd, timeout=600, gpus=True)
     report = json.loads((out / "ddp_scaling.json").read_text())
     check_scaling_report(report, [1, 2])

@@ -15,11 +15,26 @@ ROWS = 203  # not a multiple of 2, 3 or 8: padding and a short last batch
 
 
 def torchrun(nproc: int, *args, timeout=240):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                           str(HERE / "dist_worker.py"), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            str(HERE / "dist_worker.py"),
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
 

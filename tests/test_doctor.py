@@ -36,8 +36,9 @@ def leftovers(directory) -> list[str]:
 
 def test_quick_run_saves_tuning_and_json(tmp_path, tuning, monkeypatch, capsys):
     out_json = tmp_path / "d.json"
-    rc = doctor.main(["--quick", "--dir", str(tmp_path), "--size", "8M", "--save", "--json", str(out_json)],
-                     prog="doctor")
+    rc = doctor.main(
+        ["--quick", "--dir", str(tmp_path), "--size", "8M", "--save", "--json", str(out_json)], prog="doctor"
+    )
     out = capsys.readouterr().out
     assert rc == 0
     for title in ("== GPU ==", "== GDS / kvikio ==", "== Storage ==", "== Sweep"):
@@ -72,8 +73,17 @@ def test_quick_run_saves_tuning_and_json(tmp_path, tuning, monkeypatch, capsys):
         assert config.get("io_threads") == 5 and config.source("io_threads") == "override"
 
 
-@pytest.mark.parametrize("argv", [["--size", "nonsense"], ["--size", "0"], ["--threads", "0"],
-                                  ["--tasks", "4X"], ["--dir", "/nonexistent/doctor"], ["--bogus"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--size", "nonsense"],
+        ["--size", "0"],
+        ["--threads", "0"],
+        ["--tasks", "4X"],
+        ["--dir", "/nonexistent/doctor"],
+        ["--bogus"],
+    ],
+)
 def test_bad_arguments_exit_2(argv, tuning, capsys):
     assert doctor.main(argv, prog="doctor") == 2
     assert "error" in capsys.readouterr().err
@@ -81,12 +91,14 @@ def test_bad_arguments_exit_2(argv, tuning, capsys):
 
 
 def test_help_through_the_package_entry_point():
-    res = subprocess.run([sys.executable, "-m", "torch_fastload", "doctor", "--help"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "torch_fastload", "doctor", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     assert "--save" in res.stdout and "--quick" in res.stdout
-    listing = subprocess.run([sys.executable, "-m", "torch_fastload", "--help"], capture_output=True, text=True,
-                             timeout=120)
+    listing = subprocess.run(
+        [sys.executable, "-m", "torch_fastload", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert "doctor" in listing.stdout
 
 
@@ -135,8 +147,10 @@ def test_o_direct_refused_is_reported_and_skipped(tmp_path, monkeypatch, capsys)
 
 
 def test_recommend_prefers_fewer_threads_then_smaller_tasks_within_5_percent():
-    cells = [{"threads": t, "task_size": s, "gbps": g} for t, s, g in
-             [(16, 4 * MiB, 10.0), (4, 4 * MiB, 9.7), (4, MiB, 9.6), (2, 16 * MiB, 9.0), (8, MiB, 9.9)]]
+    cells = [
+        {"threads": t, "task_size": s, "gbps": g}
+        for t, s, g in [(16, 4 * MiB, 10.0), (4, 4 * MiB, 9.7), (4, MiB, 9.6), (2, 16 * MiB, 9.0), (8, MiB, 9.9)]
+    ]
     rec = doctor.recommend(cells)
     assert (rec["threads"], rec["task_size"]) == (4, MiB)
     assert (rec["best"]["threads"], rec["best"]["task_size"]) == (16, 4 * MiB)
@@ -162,8 +176,9 @@ def test_h2d_and_file_to_gpu_sweep(tmp_path, tuning, capsys):
     gpu = doctor.gpu_info()
     assert gpu["cuda"] and gpu["device"]["name"]
     out_json = tmp_path / "d.json"
-    assert doctor.main(["--quick", "--dir", str(tmp_path), "--size", "64M", "--json", str(out_json)],
-                       prog="doctor") == 0
+    assert (
+        doctor.main(["--quick", "--dir", str(tmp_path), "--size", "64M", "--json", str(out_json)], prog="doctor") == 0
+    )
     report = json.loads(out_json.read_text())
     assert report["h2d"]["pinned"]["gbps"] > 0 and report["h2d"]["pageable"]["gbps"] > 0
     assert report["sweep"]["to_gpu"] is True and all(v > 0 for row in report["sweep"]["gbps"] for v in row)

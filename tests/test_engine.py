@@ -96,13 +96,14 @@ def test_random_ranges_match_python_reads(files, tmp_path, num_threads, task_siz
         cursor += length
     dst = torch.full((cursor + 100,), SENTINEL, dtype=torch.uint8)
 
-    total = engine.read_ranges(paths, fi, off, ln, dst, dsto, num_threads=num_threads, task_size=task_size,
-                               o_direct=o_direct)
+    total = engine.read_ranges(
+        paths, fi, off, ln, dst, dsto, num_threads=num_threads, task_size=task_size, o_direct=o_direct
+    )
 
     assert total == sum(ln)
     expected = np.full(cursor + 100, SENTINEL, dtype=np.uint8)
     for k in range(len(fi)):
-        expected[dsto[k]:dsto[k] + ln[k]] = np.frombuffer(python_read(paths[fi[k]], off[k], ln[k]), np.uint8)
+        expected[dsto[k] : dsto[k] + ln[k]] = np.frombuffer(python_read(paths[fi[k]], off[k], ln[k]), np.uint8)
     np.testing.assert_array_equal(dst.numpy(), expected)
 
 
@@ -120,8 +121,8 @@ def test_unaligned_everything_and_file_tail(tmp_path, o_direct):
     for offset, length in cases:
         dst[:] = SENTINEL
         assert engine.read_ranges(path, None, [offset], [length], dst, [5], o_direct=o_direct, task_size=4096) == length
-        assert bytes(dst[5:5 + length]) == data[offset:offset + length]
-        assert untouched(dst[:5]) and untouched(dst[5 + length:])
+        assert bytes(dst[5 : 5 + length]) == data[offset : offset + length]
+        assert untouched(dst[:5]) and untouched(dst[5 + length :])
 
 
 def test_aligned_o_direct_reads_straight_into_destination(tmp_path):
@@ -131,7 +132,7 @@ def test_aligned_o_direct_reads_straight_into_destination(tmp_path):
     path = write(tmp_path / "aligned.bin", data)
     raw = np.empty((1 << 20) + 8192, dtype=np.uint8)
     start = (-raw.ctypes.data) % 4096
-    dst = raw[start:start + (1 << 20)]
+    dst = raw[start : start + (1 << 20)]
     assert dst.ctypes.data % 4096 == 0
     assert engine.read_ranges(path, None, [0], [1 << 20], dst, o_direct=True, task_size=1 << 16) == 1 << 20
     assert dst.tobytes() == data
@@ -184,8 +185,12 @@ def test_coalescing_merges_only_ranges_adjacent_in_file_and_destination(files):
 def test_big_range_is_sliced_into_task_size_tasks(files):
     paths, contents = files
     plan = engine.plan_ranges(paths, [0], [3], [1_000_000], 1_000_000, [0], task_size=300_000)
-    assert plan == [[(0, 3, 300_000, 0)], [(0, 300_003, 300_000, 300_000)],
-                    [(0, 600_003, 300_000, 600_000)], [(0, 900_003, 100_000, 900_000)]]
+    assert plan == [
+        [(0, 3, 300_000, 0)],
+        [(0, 300_003, 300_000, 300_000)],
+        [(0, 600_003, 300_000, 600_000)],
+        [(0, 900_003, 100_000, 900_000)],
+    ]
     # Small ranges share a task; zero-length ranges produce no read.
     plan = engine.plan_ranges(paths, [0, 0, 0], [0, 50, 90], [10, 0, 10], 100, [0, 20, 40], task_size=1 << 20)
     assert plan == [[(0, 0, 10, 0), (0, 90, 10, 40)]]
@@ -363,7 +368,7 @@ def test_hostile_range_is_rejected_and_nothing_is_written(files, case):
     fi, off, ln, dsto, pattern = HOSTILE[case]
     # A guarded view: the engine sees 64 bytes; anything it wrote outside lands in the canaries.
     backing = torch.full((64 + 2 * 4096,), SENTINEL, dtype=torch.uint8)
-    dst = backing[4096:4096 + 64]
+    dst = backing[4096 : 4096 + 64]
     # A valid range first: it must not be read either, since checks precede every read.
     with pytest.raises(engine.RangeError, match=pattern) as info:
         engine.read_ranges(paths, [0, fi], [0, off], [8, ln], dst, [0, dsto])
@@ -498,7 +503,7 @@ def test_concurrent_calls_share_the_pool(files):
                 off = sorted(rng.randrange(0, 900_000) for _ in range(8))
                 dst = np.zeros(8 * 10_000, np.uint8)
                 engine.read_ranges(paths[0], None, off, [10_000] * 8, dst, num_threads=4, task_size=4096)
-                expected = b"".join(contents[0][o:o + 10_000] for o in off)
+                expected = b"".join(contents[0][o : o + 10_000] for o in off)
                 assert dst.tobytes() == expected
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -549,8 +554,13 @@ def test_copy_ranges_parallel_memcpy():
     rng = np.random.default_rng(0)
     srcs = [rng.integers(0, 256, size, dtype=np.uint8) for size in (0, 1, 4095, 3 << 20, 100_000)]
     dsts = [np.zeros(len(s), np.uint8) for s in srcs]
-    total = engine.copy_ranges([d.ctypes.data for d in dsts], [s.ctypes.data for s in srcs],
-                               [s.nbytes for s in srcs], num_threads=4, task_size=64 << 10)
+    total = engine.copy_ranges(
+        [d.ctypes.data for d in dsts],
+        [s.ctypes.data for s in srcs],
+        [s.nbytes for s in srcs],
+        num_threads=4,
+        task_size=64 << 10,
+    )
     assert total == sum(s.nbytes for s in srcs)
     for d, s in zip(dsts, srcs):
         np.testing.assert_array_equal(d, s)
@@ -625,8 +635,14 @@ def test_import_error_is_clear_when_not_built():
 
 def test_fuzz_plain_build():
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, FUZZ, "--seconds", "4", "--seed", "11"], capture_output=True,
-                         text=True, timeout=120, cwd=REPO, env=env)
+    out = subprocess.run(
+        [sys.executable, FUZZ, "--seconds", "4", "--seed", "11"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "failures=0" in out.stdout and " ok=" in out.stdout
 
@@ -650,25 +666,54 @@ def test_fuzz_under_address_sanitizer(tmp_path):
     libasan, libstdcxx = runtime
     env = {**os.environ, "TORCH_FASTLOAD_ASAN": "1"}
     build = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path / "lib"),
-         "--build-temp", str(tmp_path / "obj")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "setup.py",
+            "-q",
+            "build_ext",
+            "--build-lib",
+            str(tmp_path / "lib"),
+            "--build-temp",
+            str(tmp_path / "obj"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert build.returncode == 0, build.stdout + build.stderr
     (so,) = glob.glob(str(tmp_path / "lib" / "torch_fastload" / "_C*.so"))
     assert b"__asan_init" in open(so, "rb").read(), "the extension was not built with -fsanitize=address"
     # libstdc++ is preloaded too: ASan must see __cxa_throw at start-up to intercept C++ throws.
-    run_env = {**os.environ, "LD_PRELOAD": f"{libasan} {libstdcxx}",
-               "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:exitcode=86"}
+    run_env = {
+        **os.environ,
+        "LD_PRELOAD": f"{libasan} {libstdcxx}",
+        "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:exitcode=86",
+    }
     run_env.pop("TORCH_FASTLOAD_ASAN", None)
 
     # The harness must notice a real overflow, or a clean run would prove nothing.
-    provoke = subprocess.run([sys.executable, FUZZ, "--so", so, "--provoke-overflow"], env=run_env,
-                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert provoke.returncode == 86 and "heap-buffer-overflow" in provoke.stderr, provoke.stdout + provoke.stderr[-3000:]
+    provoke = subprocess.run(
+        [sys.executable, FUZZ, "--so", so, "--provoke-overflow"],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert provoke.returncode == 86 and "heap-buffer-overflow" in provoke.stderr, (
+        provoke.stdout + provoke.stderr[-3000:]
+    )
 
-    fuzz = subprocess.run([sys.executable, FUZZ, "--so", so, "--seconds", "15", "--seed", "12345"], env=run_env,
-                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    fuzz = subprocess.run(
+        [sys.executable, FUZZ, "--so", so, "--seconds", "15", "--seed", "12345"],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert fuzz.returncode == 0, fuzz.stdout + fuzz.stderr[-5000:]
     assert "AddressSanitizer" not in fuzz.stderr
     assert "failures=0" in fuzz.stdout

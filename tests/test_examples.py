@@ -12,10 +12,31 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_imagenet(tmp_path: Path, *extra: str) -> dict:
     out = tmp_path / f"run-{len(list(tmp_path.glob('run-*.json')))}.json"
-    cmd = [sys.executable, str(REPO / "examples" / "imagenet.py"), "--arch", "resnet18", "--batch-size", "4",
-           "--sample-dir", str(tmp_path / "sample"), "--sample-classes", "3", "--sample-train-per-class", "4",
-           "--sample-val-per-class", "2", "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress",
-           "--warmup-steps", "1", "--no-amp", "--json", str(out), *extra]
+    cmd = [
+        sys.executable,
+        str(REPO / "examples" / "imagenet.py"),
+        "--arch",
+        "resnet18",
+        "--batch-size",
+        "4",
+        "--sample-dir",
+        str(tmp_path / "sample"),
+        "--sample-classes",
+        "3",
+        "--sample-train-per-class",
+        "4",
+        "--sample-val-per-class",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--no-progress",
+        "--warmup-steps",
+        "1",
+        "--no-amp",
+        "--json",
+        str(out),
+        *extra,
+    ]
     res = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"stdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}"
     return json.loads(out.read_text())

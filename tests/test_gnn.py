@@ -26,7 +26,7 @@ def test_generated_graph_is_a_valid_symmetric_power_law_csr(graph_dir):
     g = CSRGraph(graph_dir["indptr"], graph_dir["indices"])
     deg = g.degree()
     assert deg.max() > 10 * deg.mean()  # hubs: a heavy tail
-    edges = {(int(v), int(u)) for v in range(g.num_nodes) for u in g.indices[g.indptr[v]:g.indptr[v + 1]]}
+    edges = {(int(v), int(u)) for v in range(g.num_nodes) for u in g.indices[g.indptr[v] : g.indptr[v + 1]]}
     assert all((u, v) in edges for v, u in list(edges)[:2000])  # undirected
     community = np.load(graph_dir["paths"]["community"])
     src = np.repeat(np.arange(g.num_nodes), deg)
@@ -42,7 +42,7 @@ def test_sampler_returns_real_edges_with_seeds_first(graph_dir):
     assert np.array_equal(n_id[:4], seeds) and len(np.unique(n_id)) == len(n_id)
     src, dst = n_id[edge_index[0]], n_id[edge_index[1]]
     for u, v in zip(src.tolist(), dst.tolist()):  # every sampled edge exists: u is a neighbour of v
-        assert u in g.indices[g.indptr[v]:g.indptr[v + 1]]
+        assert u in g.indices[g.indptr[v] : g.indptr[v + 1]]
     first_hop = edge_index[1] < 4
     assert np.bincount(edge_index[1][first_hop], minlength=4).max() <= 4  # at most fanout per seed
 
@@ -64,9 +64,9 @@ def test_batches_cover_every_seed_once_with_features_and_labels(graph_dir, devic
     batches = NeighborBatches(g, seeds, [5, 5], store, labels, batch_size=128, prefetch=2)
     seen = []
     for batch in batches:
-        seen.append(batch.n_id[:batch.batch_size].numpy())
+        seen.append(batch.n_id[: batch.batch_size].numpy())
         assert torch.equal(batch.x.cpu(), torch.from_numpy(features[batch.n_id.numpy()]))
-        assert torch.equal(batch.y.cpu(), torch.from_numpy(labels[batch.n_id[:batch.batch_size].numpy()]))
+        assert torch.equal(batch.y.cpu(), torch.from_numpy(labels[batch.n_id[: batch.batch_size].numpy()]))
         assert batch.edge_index.max() < len(batch.n_id)
     assert np.array_equal(np.sort(np.concatenate(seen)), seeds)
     assert store.stats().cache_hits > 0
@@ -77,8 +77,10 @@ def test_prefetch_does_not_change_the_batches(graph_dir):
     store = FeatureStore(graph_dir["paths"]["features"], device="cpu")
 
     def run(prefetch):
-        return [(b.n_id, b.edge_index) for b in NeighborBatches(g, np.arange(1000), [3, 3], store, batch_size=100,
-                                                                prefetch=prefetch, seed=4)]
+        return [
+            (b.n_id, b.edge_index)
+            for b in NeighborBatches(g, np.arange(1000), [3, 3], store, batch_size=100, prefetch=prefetch, seed=4)
+        ]
 
     for (a_ids, a_edges), (b_ids, b_edges) in zip(run(0), run(3), strict=True):
         assert torch.equal(a_ids, b_ids) and torch.equal(a_edges, b_edges)
@@ -86,9 +88,25 @@ def test_prefetch_does_not_change_the_batches(graph_dir):
 
 def test_gnn_example_learns_on_the_cpu(tmp_path):
     out = tmp_path / "gnn.json"
-    cmd = [sys.executable, str(REPO / "examples" / "gnn_sage.py"), "--root", str(tmp_path / "g"), "--nodes", "20000",
-           "--dim", "32", "--epochs", "2", "--batch-size", "256", "--max-steps", "20", "--no-progress",
-           "--json", str(out)]
+    cmd = [
+        sys.executable,
+        str(REPO / "examples" / "gnn_sage.py"),
+        "--root",
+        str(tmp_path / "g"),
+        "--nodes",
+        "20000",
+        "--dim",
+        "32",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "256",
+        "--max-steps",
+        "20",
+        "--no-progress",
+        "--json",
+        str(out),
+    ]
     res = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -119,8 +137,9 @@ def test_pyg_feature_store_serves_gathers(graph_dir):
         return  # PyG's NeighborLoader needs pyg-lib or torch-sparse for its sampler
     from torch_geometric.loader import NeighborLoader
 
-    loader = NeighborLoader((store, graph), num_neighbors=[5, 5], input_nodes=("node", torch.arange(100)),
-                            batch_size=50)
+    loader = NeighborLoader(
+        (store, graph), num_neighbors=[5, 5], input_nodes=("node", torch.arange(100)), batch_size=50
+    )
     batch = next(iter(loader))
     assert torch.equal(batch["node"].x, torch.from_numpy(features[batch["node"].n_id.numpy()]))
 
@@ -137,8 +156,9 @@ def test_pyg_node_loader_runs_on_the_fastload_sampler(graph_dir, device):
 
     features = np.load(graph_dir["paths"]["features"])
     fs = FastloadFeatureStore()
-    fs["node", "x", None] = FeatureStore(graph_dir["paths"]["features"], device=device, pin=device == "cuda",
-                                         cache_ids=np.arange(0, 3000, 5))
+    fs["node", "x", None] = FeatureStore(
+        graph_dir["paths"]["features"], device=device, pin=device == "cuda", cache_ids=np.arange(0, 3000, 5)
+    )
     fs["node", "y", None] = torch.from_numpy(graph_dir["labels"])
     gs = CSRGraphStore()
     edge_type = ("node", "to", "node")
@@ -157,13 +177,14 @@ def test_pyg_node_loader_runs_on_the_fastload_sampler(graph_dir, device):
         seen.extend(n_id[:size].tolist())
         src, dst = n_id[data.edge_index[0].numpy()], n_id[data.edge_index[1].numpy()]
         for s_, d_ in zip(src[:300], dst[:300]):
-            assert s_ in indices[indptr[d_]:indptr[d_ + 1]]
+            assert s_ in indices[indptr[d_] : indptr[d_ + 1]]
         assert sum(data.num_sampled_nodes) == len(n_id) and data.num_sampled_nodes[0] == size
         assert sum(data.num_sampled_edges) == data.edge_index.shape[1]
     assert seen == seeds.tolist()
 
 
 # -- the C++ sampler (csrc/sampler.cpp) and its numpy reference -----------------------------------
+
 
 def random_csr(n=600, max_degree=30, seed=0, dtype=np.int64) -> CSRGraph:
     """Random in-neighbour lists (repeats allowed), about 10% of the nodes without any."""
@@ -179,12 +200,12 @@ def check_sample(g: CSRGraph, seeds, fanouts, n_id, edge_index):
     """Every property sample_neighbors promises, hop by hop."""
     seeds = np.asarray(seeds, dtype=np.int64)
     assert n_id.dtype == np.int64 and edge_index.dtype == np.int64 and edge_index.shape == (2, edge_index.shape[1])
-    assert np.array_equal(n_id[:len(seeds)], seeds) and len(np.unique(n_id)) == len(n_id)
+    assert np.array_equal(n_id[: len(seeds)], seeds) and len(np.unique(n_id)) == len(n_id)
     src, dst = edge_index
     assert ((0 <= edge_index) & (edge_index < len(n_id))).all()
     assert len({(a, b) for a, b in zip(src.tolist(), dst.tolist())}) == len(src)  # duplicates merged
     for u, v in zip(n_id[src].tolist(), n_id[dst].tolist()):  # u is an in-neighbour of v
-        assert u in g.indices[g.indptr[v]:g.indptr[v + 1]]
+        assert u in g.indices[g.indptr[v] : g.indptr[v + 1]]
     degree = g.degree()
     lo, hi, covered = 0, len(seeds), 0
     for fanout in fanouts:  # the frontier is [lo, hi): the seeds, then the previous hop's new nodes
@@ -301,8 +322,10 @@ def test_sampler_edge_cases_and_bad_input():
     for seeds in ([], np.zeros(0, dtype=np.int64)):
         n_id, edge_index = sample_neighbors(g, seeds, [5, 5], key=1)
         assert n_id.shape == (0,) and edge_index.shape == (2, 0) and n_id.dtype == edge_index.dtype == np.int64
-    for sample in (lambda s, f: sample_neighbors(g, s, f, key=1),
-                   lambda s, f: sample_neighbors_numpy(g, s, f, np.random.default_rng(0))):
+    for sample in (
+        lambda s, f: sample_neighbors(g, s, f, key=1),
+        lambda s, f: sample_neighbors_numpy(g, s, f, np.random.default_rng(0)),
+    ):
         with pytest.raises(ValueError, match=r"2 seed\(s\) outside \[0, 600\): -1, 600"):
             sample(np.array([3, -1, 600]), [2])
         with pytest.raises(ValueError, match="fanouts"):
@@ -315,7 +338,7 @@ def test_a_corrupted_graph_is_an_error_not_a_bad_read():
     g = random_csr()
     v = int(np.flatnonzero(g.degree() > 0)[0])
     g.native_sampler()
-    g.indices[g.indptr[v]:g.indptr[v + 1]] = 10**6  # after the CSRGraph checks: the sampler reads in place
+    g.indices[g.indptr[v] : g.indptr[v + 1]] = 10**6  # after the CSRGraph checks: the sampler reads in place
     with pytest.raises(ValueError, match=f"outside \\[0, 600\\) for node {v}"):
         sample_neighbors(g, [v], [3], key=1)
 
@@ -338,8 +361,9 @@ def test_batches_do_not_depend_on_prefetch_or_sampler_threads(graph_dir):
     assert g.native_sampler() is not None
 
     def run(prefetch, threads):
-        nb = NeighborBatches(g, np.arange(0, 3000, 2), [5, 3], batch_size=128, prefetch=prefetch, seed=3,
-                             sampler_threads=threads)
+        nb = NeighborBatches(
+            g, np.arange(0, 3000, 2), [5, 3], batch_size=128, prefetch=prefetch, seed=3, sampler_threads=threads
+        )
         nb.set_epoch(2)
         return [(b.n_id, b.edge_index, b.batch_size) for b in nb]
 

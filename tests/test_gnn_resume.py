@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from resume_harness import assert_equal, check_resume, to_cpu
+
 from torch_fastload.gnn import CSRGraph, NeighborBatches, make_graph
 from torch_fastload.resume import ResumeError
 from torch_fastload.sources import FeatureStore
@@ -28,23 +28,47 @@ REPO = Path(__file__).resolve().parents[1]
 NODES, DIM = 3000, 16
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _graph(path: str):
     g = make_graph(path, nodes=NODES, dim=DIM, communities=4, progress=False)  # reused once written
     return CSRGraph(g["indptr"], g["indices"]), g["labels"], g["paths"]["features"]
 
 
-def batches(seed: int = 0, *, path: str, seeds=None, prefetch: int = 2, num_replicas: int = 1, rank: int = 0,
-            batch_size: int = 64, epoch: int = 0, order_seed: int = 7, shuffle: bool = True, drop_last: bool = False,
-            fanouts=(4, 3), features: bool = True) -> NeighborBatches:
+def batches(
+    seed: int = 0,
+    *,
+    path: str,
+    seeds=None,
+    prefetch: int = 2,
+    num_replicas: int = 1,
+    rank: int = 0,
+    batch_size: int = 64,
+    epoch: int = 0,
+    order_seed: int = 7,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    fanouts=(4, 3),
+    features: bool = True,
+) -> NeighborBatches:
     """The harness factory: NeighborBatches over the test graph, features from a CPU FeatureStore."""
     torch.manual_seed(seed)  # as a script would; must not matter
     graph, labels, feature_path = _graph(path)
     store = FeatureStore(feature_path, device="cpu") if features else None
     ids = np.arange(1, NODES, 2) if seeds is None else np.asarray(seeds)
-    nb = NeighborBatches(graph, ids, list(fanouts), store, labels if features else None, batch_size=batch_size,
-                         shuffle=shuffle, seed=order_seed, prefetch=prefetch, num_replicas=num_replicas, rank=rank,
-                         drop_last=drop_last)
+    nb = NeighborBatches(
+        graph,
+        ids,
+        list(fanouts),
+        store,
+        labels if features else None,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=order_seed,
+        prefetch=prefetch,
+        num_replicas=num_replicas,
+        rank=rank,
+        drop_last=drop_last,
+    )
     nb.set_epoch(epoch)
     return nb
 
@@ -57,7 +81,7 @@ def path(tmp_path_factory):
 
 
 def seeds_of(batch_list) -> list:
-    return [int(s) for b in batch_list for s in b.n_id[:b.batch_size].tolist()]
+    return [int(s) for b in batch_list for s in b.n_id[: b.batch_size].tolist()]
 
 
 def test_resume_in_a_fresh_process_is_exact(path):
@@ -68,8 +92,7 @@ def test_resume_in_a_fresh_process_is_exact(path):
 
 def test_sharded_resume_in_a_fresh_process_is_exact(path):
     # rank 2 of 3, epoch 2, 1000 seeds padded to 1002: 334 each, 6 batches of 64 (the last 14)
-    kwargs = {"path": path, "seeds": list(range(0, NODES, 3)), "num_replicas": 3, "rank": 2, "epoch": 2,
-              "prefetch": 1}
+    kwargs = {"path": path, "seeds": list(range(0, NODES, 3)), "num_replicas": 3, "rank": 2, "epoch": 2, "prefetch": 1}
     full = check_resume("test_gnn_resume:batches", kwargs, points=(1, 3, 6), child_overrides={"prefetch": 3})
     assert [b["batch_size"] for b in full] == [64] * 5 + [14]
 
@@ -77,8 +100,19 @@ def test_sharded_resume_in_a_fresh_process_is_exact(path):
 def test_two_ranks_cover_every_seed_once_per_epoch(path):
     seeds = np.arange(0, NODES, 2)[:1001]  # odd: one padded seed, or one dropped
     for drop_last in (False, True):
-        ranks = [batches(path=path, seeds=seeds, num_replicas=2, rank=r, batch_size=50, drop_last=drop_last,
-                         features=False, fanouts=(2,)) for r in (0, 1)]
+        ranks = [
+            batches(
+                path=path,
+                seeds=seeds,
+                num_replicas=2,
+                rank=r,
+                batch_size=50,
+                drop_last=drop_last,
+                features=False,
+                fanouts=(2,),
+            )
+            for r in (0, 1)
+        ]
         whole = batches(path=path, seeds=seeds, batch_size=50, features=False, fanouts=(2,))
         orders = []
         for epoch in (0, 1):
@@ -95,7 +129,7 @@ def test_two_ranks_cover_every_seed_once_per_epoch(path):
             # the global order does not depend on the world size: rank r holds positions r, r + 2, ...
             order = seeds_of(list(whole))
             padded = order + order[:1]
-            assert mine[0] == padded[0::2][:len(mine[0])] and mine[1] == padded[1::2][:len(mine[1])]
+            assert mine[0] == padded[0::2][: len(mine[0])] and mine[1] == padded[1::2][: len(mine[1])]
             orders.append(order)
         assert orders[0] != orders[1]  # each epoch its own shuffle
 
@@ -155,15 +189,20 @@ def test_a_resumed_epoch_checkpoints_and_resumes_again(path):
         if state is not None:
             nb.load_state_dict(state)
             loaded = nb.state_dict()  # loaded, not iterated yet: the same place
-            assert [loaded[k] for k in ("epoch", "in_progress", "position")] == \
-                [state[k] for k in ("epoch", "in_progress", "position")]
+            assert [loaded[k] for k in ("epoch", "in_progress", "position")] == [
+                state[k] for k in ("epoch", "in_progress", "position")
+            ]
         it = iter(nb)
         got += [to_cpu(b) for _, b in zip(range(stop or len(full)), it)]
         state = json.loads(json.dumps(nb.state_dict()))
         places.append((state["epoch"], state["in_progress"], state["start"], state["position"]))
         del it
-    assert places == [(0, True, 0, 4 * 120), (0, True, 4 * 120, 7 * 120), (0, True, 7 * 120, 9 * 120),
-                      (1, False, 0, 0)]  # the last run reached the epoch's end: next is epoch 1
+    assert places == [
+        (0, True, 0, 4 * 120),
+        (0, True, 4 * 120, 7 * 120),
+        (0, True, 7 * 120, 9 * 120),
+        (1, False, 0, 0),
+    ]  # the last run reached the epoch's end: next is epoch 1
     for i, (a, b) in enumerate(zip(full, got, strict=True)):
         assert_equal(a, b, f"batch {i}")
 
@@ -215,24 +254,60 @@ def test_a_state_from_other_seeds_shuffle_or_seed_is_refused(path):
 def test_gnn_example_under_torchrun_resumes_a_preempted_run(tmp_path):
     """examples/gnn_sage.py on the CPU: one process is stopped mid-epoch (checkpoint), then two
     ranks under torchrun (gloo, DDP) continue the epoch from it and finish."""
-    common = [str(REPO / "examples" / "gnn_sage.py"), "--root", str(tmp_path / "g"), "--nodes", "20000", "--dim",
-              "32", "--epochs", "2", "--batch-size", "256", "--max-steps", "20", "--no-progress", "--device", "cpu",
-              "--checkpoint", str(tmp_path / "ck.pt")]
+    common = [
+        str(REPO / "examples" / "gnn_sage.py"),
+        "--root",
+        str(tmp_path / "g"),
+        "--nodes",
+        "20000",
+        "--dim",
+        "32",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "256",
+        "--max-steps",
+        "20",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--checkpoint",
+        str(tmp_path / "ck.pt"),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    first = subprocess.run([sys.executable, *common, "--stop-after", "10", "--json", str(tmp_path / "a.json")],
-                           cwd=str(REPO), capture_output=True, text=True, timeout=300, env=env)
+    first = subprocess.run(
+        [sys.executable, *common, "--stop-after", "10", "--json", str(tmp_path / "a.json")],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     assert json.loads((tmp_path / "a.json").read_text())["stopped_at"] == {"epoch": 0, "step_in_epoch": 10, "step": 10}
     out = tmp_path / "b.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *common,
-           "--resume", str(tmp_path / "ck.pt"), "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        *common,
+        "--resume",
+        str(tmp_path / "ck.pt"),
+        "--json",
+        str(out),
+    ]
     res = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "resumed from" in res.stdout and "test accuracy" in res.stdout
     result = json.loads(out.read_text())
     assert result["world_size"] == 2
-    assert [(h["epoch"], h["train"]["resumed_at"], h["train"]["steps"]) for h in result["history"]] == \
-        [(0, 10, 10), (1, 0, 20)]  # the rest of epoch 0 (to --max-steps), then epoch 1
+    assert [(h["epoch"], h["train"]["resumed_at"], h["train"]["steps"]) for h in result["history"]] == [
+        (0, 10, 10),
+        (1, 0, 20),
+    ]  # the rest of epoch 0 (to --max-steps), then epoch 1
     assert result["test"]["accuracy"] > 0.5  # 32 communities: chance is ~3%
     assert result["store_stats"]["cache_hits"] > 0
 
@@ -246,8 +321,25 @@ def test_gnn_example_resumed_mid_epoch_trains_as_if_never_stopped(tmp_path):
     spec = importlib.util.spec_from_file_location("gnn_sage_example", REPO / "examples" / "gnn_sage.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    common = ["--root", str(tmp_path / "g"), "--nodes", "8000", "--dim", "16", "--epochs", "2", "--batch-size", "128",
-              "--max-steps", "12", "--hidden", "32", "--device", "cpu", "--no-progress"]
+    common = [
+        "--root",
+        str(tmp_path / "g"),
+        "--nodes",
+        "8000",
+        "--dim",
+        "16",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "128",
+        "--max-steps",
+        "12",
+        "--hidden",
+        "32",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
     # The model's CPU float math must be bit-reproducible for weights to compare exactly: with
     # 16 intra-op threads two uninterrupted runs already differ by ~3e-8 (GPU machine, measured),
     # with one they are identical. The loader's part (batches, RNG) does not depend on this.
@@ -263,11 +355,14 @@ def _compare_whole_and_resumed(example, common, tmp_path):
     whole = example.main(common + ["--checkpoint", str(tmp_path / "whole.pt")])
     stopped = example.main(common + ["--checkpoint", str(tmp_path / "ck.pt"), "--stop-after", "7", "--prefetch", "4"])
     assert stopped["stopped_at"] == {"epoch": 0, "step_in_epoch": 7, "step": 7}
-    resumed = example.main(common + ["--checkpoint", str(tmp_path / "ck.pt"), "--resume", str(tmp_path / "ck.pt"),
-                                     "--prefetch", "0"])
+    resumed = example.main(
+        common + ["--checkpoint", str(tmp_path / "ck.pt"), "--resume", str(tmp_path / "ck.pt"), "--prefetch", "0"]
+    )
     assert [(h["train"]["resumed_at"], h["train"]["steps"]) for h in resumed["history"]] == [(7, 5), (0, 12)]
-    metrics = [(h["train"]["loss"], h["train"]["accuracy"], h["val"]["loss"], h["val"]["accuracy"])
-               for h in (whole["history"][1], resumed["history"][1])]
+    metrics = [
+        (h["train"]["loss"], h["train"]["accuracy"], h["val"]["loss"], h["val"]["accuracy"])
+        for h in (whole["history"][1], resumed["history"][1])
+    ]
     assert metrics[0] == metrics[1]
     assert whole["test"]["accuracy"] == resumed["test"]["accuracy"]
     a = torch.load(tmp_path / "whole.pt", weights_only=True)["model"]

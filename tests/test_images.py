@@ -17,9 +17,8 @@ from PIL import Image
 import torch_fastload
 from torch_fastload import DataLoader
 from torch_fastload.sources import ImageFolder, PackedImageFolder
-from torch_fastload.vision import EvalTransform, TrainTransform, decode, transforms
+from torch_fastload.vision import EvalTransform, TrainTransform, decode, route_trial, transforms
 from torch_fastload.vision.decode import ImageDecodeError, probe, probe_python, route
-from torch_fastload.vision import route_trial
 from torch_fastload.vision.route_trial import RouteTrial
 from torch_fastload.vision.sample_data import make_image_folder
 
@@ -31,8 +30,14 @@ def folder(tmp_path_factory):
     """10 classes x 4 train images of real photographs, with a gray, CMYK, PNG-named-.JPEG and
     progressive file (the 4000x3000 one is left to the GPU tests: slow on a 2-core CPU)."""
     root = tmp_path_factory.mktemp("images")
-    train, val = make_image_folder(str(root), classes=10, train_per_class=4, val_per_class=2,
-                                   edge_cases=("gray", "cmyk", "png", "progressive"), progress=False)
+    train, val = make_image_folder(
+        str(root),
+        classes=10,
+        train_per_class=4,
+        val_per_class=2,
+        edge_cases=("gray", "cmyk", "png", "progressive"),
+        progress=False,
+    )
     return train, val
 
 
@@ -56,12 +61,21 @@ def slab(blobs):
 
 # -- probe ---------------------------------------------------------------------------------
 
+
 def test_probe_reads_format_size_components_and_flags():
     img = photo()
-    blobs = [encoded(img, format="JPEG"), encoded(img, format="JPEG", progressive=True),
-             encoded(img.convert("L"), format="JPEG"), encoded(img.convert("CMYK"), format="JPEG"),
-             encoded(img, format="PNG"), encoded(img, format="GIF"), encoded(img, format="BMP"),
-             encoded(img, format="WEBP"), b"", b"not an image at all"]
+    blobs = [
+        encoded(img, format="JPEG"),
+        encoded(img, format="JPEG", progressive=True),
+        encoded(img.convert("L"), format="JPEG"),
+        encoded(img.convert("CMYK"), format="JPEG"),
+        encoded(img, format="PNG"),
+        encoded(img, format="GIF"),
+        encoded(img, format="BMP"),
+        encoded(img, format="WEBP"),
+        b"",
+        b"not an image at all",
+    ]
     data, offsets = slab(blobs)
     info = probe(data, offsets)
     fmt, h, w, comps, flags, status = info.T
@@ -76,7 +90,7 @@ def test_probe_reads_format_size_components_and_flags():
 def test_probe_finds_truncation_anywhere():
     jpeg = encoded(photo((200, 150)), format="JPEG", quality=90)
     png = encoded(photo(), format="PNG")
-    cuts = [jpeg[:n] for n in (3, 20, 200, len(jpeg) // 2, len(jpeg) - 2, len(jpeg) - 1)] + [png[:len(png) - 5]]
+    cuts = [jpeg[:n] for n in (3, 20, 200, len(jpeg) // 2, len(jpeg) - 2, len(jpeg) - 1)] + [png[: len(png) - 5]]
     info = probe(*slab(cuts))
     assert (info[:, 5] == decode.TRUNCATED).all(), info
     assert probe(*slab([jpeg + b"trailing junk after EOI"]))[0, 5] == 0  # real files carry trailers
@@ -86,13 +100,14 @@ def test_probe_engine_matches_python_twin_on_damaged_files():
     """The C++ probe and its Python twin agree on thousands of cut and bit-flipped images."""
     pytest.importorskip("torch_fastload._C")
     rng = np.random.default_rng(7)
-    sources = [encoded(photo((96, 64)), format="JPEG", progressive=p, quality=q) for p in (False, True)
-               for q in (50, 95)] + [encoded(photo(), format="PNG"), encoded(photo(), format="GIF")]
+    sources = [
+        encoded(photo((96, 64)), format="JPEG", progressive=p, quality=q) for p in (False, True) for q in (50, 95)
+    ] + [encoded(photo(), format="PNG"), encoded(photo(), format="GIF")]
     blobs = []
     for _ in range(3000):
         blob = bytearray(sources[int(rng.integers(len(sources)))])
         if rng.random() < 0.5:
-            blob = blob[:int(rng.integers(0, len(blob) + 1))]
+            blob = blob[: int(rng.integers(0, len(blob) + 1))]
         for _ in range(int(rng.integers(0, 4))):
             if blob:
                 blob[int(rng.integers(len(blob)))] = int(rng.integers(256))
@@ -112,23 +127,36 @@ def test_probe_rejects_offsets_outside_the_buffer():
 
 def test_routes_send_what_nvjpeg_cannot_take_to_the_cpu():
     img = photo()
-    blobs = [encoded(img, format="JPEG"), encoded(img.convert("CMYK"), format="JPEG"),
-             encoded(img, format="PNG"), encoded(img.convert("L"), format="JPEG"),
-             encoded(img, format="JPEG")[:100]]
+    blobs = [
+        encoded(img, format="JPEG"),
+        encoded(img.convert("CMYK"), format="JPEG"),
+        encoded(img, format="PNG"),
+        encoded(img.convert("L"), format="JPEG"),
+        encoded(img, format="JPEG")[:100],
+    ]
     info = probe(*slab(blobs))
     cuda = torch.device("cuda")
-    assert route(info, cuda, 1 << 30) == ["nvjpeg", "cpu:cmyk", "cpu:png", "nvjpeg",
-                                           "error:" + decode.STATUS_TEXT[decode.TRUNCATED]]
+    assert route(info, cuda, 1 << 30) == [
+        "nvjpeg",
+        "cpu:cmyk",
+        "cpu:png",
+        "nvjpeg",
+        "error:" + decode.STATUS_TEXT[decode.TRUNCATED],
+    ]
     assert route(info[:1], cuda, 100)[0] == "cpu:huge"
     assert route(info[:1], torch.device("cpu"), 1 << 30)[0] == "cpu:device-cpu"
 
 
 # -- decode and transforms on the CPU ---------------------------------------------------------
 
+
 def test_cpu_decode_handles_cmyk_gray_and_png_as_rgb():
     img = photo()
-    for blob in (encoded(img.convert("CMYK"), format="JPEG"), encoded(img.convert("L"), format="JPEG"),
-                 encoded(img, format="PNG")):
+    for blob in (
+        encoded(img.convert("CMYK"), format="JPEG"),
+        encoded(img.convert("L"), format="JPEG"),
+        encoded(img, format="PNG"),
+    ):
         out = decode.decode_cpu(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
         assert out.shape == (3, 48, 64) and out.dtype == torch.uint8 and out.is_contiguous()
     png = decode.decode_cpu(torch.frombuffer(bytearray(encoded(img, format="PNG")), dtype=torch.uint8))
@@ -165,8 +193,18 @@ def test_native_jpeg_decoder_is_bit_exact_with_torchvision(folder):
     assert len(jpegs) >= len(ds) - 3
     heights, widths, places = _planar_places(info, jpegs)
     out = torch.full((int(places[-1]),), 7, dtype=torch.uint8)
-    messages = _native().decode_jpegs_planar(data.ctypes.data, data.size, offsets[jpegs], np.diff(offsets)[jpegs],
-                                             out.data_ptr(), out.numel(), places[:-1], heights, widths, 3)
+    messages = _native().decode_jpegs_planar(
+        data.ctypes.data,
+        data.size,
+        offsets[jpegs],
+        np.diff(offsets)[jpegs],
+        out.data_ptr(),
+        out.numel(),
+        places[:-1],
+        heights,
+        widths,
+        3,
+    )
     cmyk = [k for k, i in enumerate(jpegs) if info[i, 3] == 4]
     assert cmyk and all("CMYK" in messages[k] for k in cmyk)
     checked = 0
@@ -174,8 +212,10 @@ def test_native_jpeg_decoder_is_bit_exact_with_torchvision(folder):
         if k in cmyk:
             continue
         assert messages[k] == "", (ds.paths[i], messages[k])
-        got = out[places[k]:places[k + 1]].view(3, int(heights[k]), int(widths[k]))
-        assert torch.equal(got, decode.decode_cpu(torch.from_numpy(data[offsets[i]:offsets[i + 1]].copy()))), ds.paths[i]
+        got = out[places[k] : places[k + 1]].view(3, int(heights[k]), int(widths[k]))
+        assert torch.equal(got, decode.decode_cpu(torch.from_numpy(data[offsets[i] : offsets[i + 1]].copy()))), (
+            ds.paths[i]
+        )
         checked += 1
     assert checked >= len(ds) - 4 and any(info[i, 3] == 1 for i in jpegs)  # a grayscale one among them
 
@@ -186,8 +226,11 @@ def test_native_decoder_regions_are_exactly_the_whole_decodes_pixels(folder):
     decode exactly: 4:2:0, 4:2:2, 4:4:4, gray and progressive files, boxes touching every edge
     and boxes of one row or column. Bad regions are refused before any work."""
     ds, data, offsets, info = _laid_back_to_back(folder)
-    blobs = [data[offsets[i]:offsets[i + 1]].tobytes() for i in range(len(ds))
-             if info[i, 0] == 1 and info[i, 5] == 0 and info[i, 3] in (1, 3)][:12]
+    blobs = [
+        data[offsets[i] : offsets[i + 1]].tobytes()
+        for i in range(len(ds))
+        if info[i, 0] == 1 and info[i, 5] == 0 and info[i, 3] in (1, 3)
+    ][:12]
     picture = Image.open(io.BytesIO(blobs[0])).convert("RGB")
     blobs += [encoded(picture, format="JPEG", quality=90, subsampling=s) for s in (0, 1, 2)]  # 4:4:4, 4:2:2, 4:2:0
     blobs.append(encoded(picture.crop((0, 0, 203, 157)), format="JPEG", quality=85))  # sizes off the iMCU grid
@@ -207,26 +250,58 @@ def test_native_decoder_regions_are_exactly_the_whole_decodes_pixels(folder):
         regions = np.stack([top, left, height, width], axis=1)
         places = np.concatenate([[0], np.cumsum(3 * height * width)])
         out = torch.full((int(places[-1]),), 7, dtype=torch.uint8)
-        messages = native.decode_jpegs_planar(source.ctypes.data, source.size, bounds[:-1], np.diff(bounds),
-                                              out.data_ptr(), out.numel(), places[:-1], heights, widths, 2,
-                                              regions.reshape(-1))
+        messages = native.decode_jpegs_planar(
+            source.ctypes.data,
+            source.size,
+            bounds[:-1],
+            np.diff(bounds),
+            out.data_ptr(),
+            out.numel(),
+            places[:-1],
+            heights,
+            widths,
+            2,
+            regions.reshape(-1),
+        )
         assert messages == [""] * len(blobs)
         for k, blob in enumerate(blobs):
             whole = decode.decode_cpu(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
-            t, l, h, w = (int(v) for v in regions[k])
-            got = out[places[k]:places[k + 1]].view(3, h, w)
-            assert torch.equal(got, whole[:, t:t + h, l:l + w]), (k, regions[k].tolist())
+            top, left, h, w = (int(v) for v in regions[k])
+            got = out[places[k] : places[k + 1]].view(3, h, w)
+            assert torch.equal(got, whole[:, top : top + h, left : left + w]), (k, regions[k].tolist())
             checked += 1
     assert checked == 6 * len(blobs)
     h, w = int(rows[0, 1]), int(rows[0, 2])
     out = torch.empty(3 * h * w, dtype=torch.uint8)
     for bad in ([0, 0, h + 1, w], [-1, 0, 2, 2], [0, w - 1, 1, 2], [0, 0, 0, 5]):
         with pytest.raises(ValueError, match="outside its"):
-            native.decode_jpegs_planar(source.ctypes.data, source.size, bounds[:1], np.diff(bounds)[:1], out.data_ptr(),
-                                       out.numel(), [0], [h], [w], 1, bad)
+            native.decode_jpegs_planar(
+                source.ctypes.data,
+                source.size,
+                bounds[:1],
+                np.diff(bounds)[:1],
+                out.data_ptr(),
+                out.numel(),
+                [0],
+                [h],
+                [w],
+                1,
+                bad,
+            )
     with pytest.raises(ValueError, match="4 entries"):
-        native.decode_jpegs_planar(source.ctypes.data, source.size, bounds[:1], np.diff(bounds)[:1], out.data_ptr(),
-                                   out.numel(), [0], [h], [w], 1, [0, 0, 1])
+        native.decode_jpegs_planar(
+            source.ctypes.data,
+            source.size,
+            bounds[:1],
+            np.diff(bounds)[:1],
+            out.data_ptr(),
+            out.numel(),
+            [0],
+            [h],
+            [w],
+            1,
+            [0, 0, 1],
+        )
 
 
 @pytest.mark.skipif(_native() is None, reason="the extension was built without libjpeg (no jpeglib.h at build time)")
@@ -238,19 +313,23 @@ def test_native_jpeg_decoder_reports_damage_and_refuses_bad_places(folder):
     out = torch.empty(3 * h * w, dtype=torch.uint8)
     native = _native()
     # a probed size the file does not have: refused, nothing claimed decoded
-    [message] = native.decode_jpegs_planar(blob.ctypes.data, blob.size, [0], [blob.size], out.data_ptr(), out.numel(),
-                                           [0], [h - 1], [w], 1)
+    [message] = native.decode_jpegs_planar(
+        blob.ctypes.data, blob.size, [0], [blob.size], out.data_ptr(), out.numel(), [0], [h - 1], [w], 1
+    )
     assert "not the probed" in message
     garbage = np.concatenate([blob[:200], np.full(4000, 0x55, dtype=np.uint8)])
-    [message] = native.decode_jpegs_planar(garbage.ctypes.data, garbage.size, [0], [garbage.size], out.data_ptr(),
-                                           out.numel(), [0], [h], [w], 1)
+    [message] = native.decode_jpegs_planar(
+        garbage.ctypes.data, garbage.size, [0], [garbage.size], out.data_ptr(), out.numel(), [0], [h], [w], 1
+    )
     assert message.startswith("libjpeg")
     with pytest.raises(ValueError, match="runs past"):
-        native.decode_jpegs_planar(blob.ctypes.data, blob.size, [0], [blob.size], out.data_ptr(), out.numel() - 1,
-                                   [0], [h], [w], 1)
+        native.decode_jpegs_planar(
+            blob.ctypes.data, blob.size, [0], [blob.size], out.data_ptr(), out.numel() - 1, [0], [h], [w], 1
+        )
     with pytest.raises(ValueError, match="outside"):
-        native.decode_jpegs_planar(blob.ctypes.data, blob.size, [0], [blob.size + 1], out.data_ptr(), out.numel(),
-                                   [0], [h], [w], 1)
+        native.decode_jpegs_planar(
+            blob.ctypes.data, blob.size, [0], [blob.size + 1], out.data_ptr(), out.numel(), [0], [h], [w], 1
+        )
 
 
 @pytest.mark.skipif(_native() is None, reason="the extension was built without libjpeg (no jpeglib.h at build time)")
@@ -263,17 +342,26 @@ def test_split_job_gives_the_cpu_only_what_the_front_left(folder):
     assert n >= 30
     heights, widths, places = _planar_places(info, jpegs)
     out = torch.full((int(places[-1]),), 7, dtype=torch.uint8)
-    job = _native().JpegSplitJob(data.ctypes.data, data.size, offsets[jpegs], np.diff(offsets)[jpegs], out.data_ptr(),
-                                 out.numel(), places[:-1], heights, widths)
+    job = _native().JpegSplitJob(
+        data.ctypes.data,
+        data.size,
+        offsets[jpegs],
+        np.diff(offsets)[jpegs],
+        out.data_ptr(),
+        out.numel(),
+        places[:-1],
+        heights,
+        widths,
+    )
     assert job.claim_front(15) == (0, 15) and job.claim_front(10) == (15, 25)
     job.run_back(3)
     assert job.split == 25 and job.claim_front(10) == (25, 25)  # the ends met: nothing left to claim
-    assert (out[:places[25]] == 7).all()  # the front's places untouched
+    assert (out[: places[25]] == 7).all()  # the front's places untouched
     for k in range(25, n):
         i = jpegs[k]
         assert job.messages[k] == ""
-        got = out[places[k]:places[k + 1]].view(3, int(heights[k]), int(widths[k]))
-        assert torch.equal(got, decode.decode_cpu(torch.from_numpy(data[offsets[i]:offsets[i + 1]].copy())))
+        got = out[places[k] : places[k + 1]].view(3, int(heights[k]), int(widths[k]))
+        assert torch.equal(got, decode.decode_cpu(torch.from_numpy(data[offsets[i] : offsets[i + 1]].copy())))
 
 
 @pytest.mark.skipif(_native() is None, reason="the extension was built without libjpeg (no jpeglib.h at build time)")
@@ -302,8 +390,8 @@ def test_batch_decoder_drives_the_cpp_decoder_into_its_places(folder):
             assert job.split == 0
         assert messages == [""] * len(jpegs)
         for i, (start, shape) in zip(jpegs, places):
-            whole = decode.decode_cpu(torch.from_numpy(data[offsets[i]:offsets[i + 1]].copy()))
-            assert torch.equal(buffer[start:start + whole.numel()].view(shape), whole), (run, ds.paths[i])
+            whole = decode.decode_cpu(torch.from_numpy(data[offsets[i] : offsets[i + 1]].copy()))
+            assert torch.equal(buffer[start : start + whole.numel()].view(shape), whole), (run, ds.paths[i])
 
 
 def test_geometry_is_rebased_to_decoded_regions_and_redrawn_for_surprise_sizes():
@@ -319,18 +407,25 @@ def test_geometry_is_rebased_to_decoded_regions_and_redrawn_for_surprise_sizes()
     boxes = np.zeros((4, 4), dtype=np.int64)
     boxes[:, 2:] = info[:, 1:3]
     boxes[:2] = np.stack([geometry.top[:2], geometry.left[:2], geometry.height[:2], geometry.width[:2]], axis=1)
-    images = [torch.empty(3, int(boxes[0, 2]), int(boxes[0, 3]), dtype=torch.uint8),  # decoded as its region
-              torch.empty(3, 300, 400, dtype=torch.uint8),  # the C++ decoder refused: decoded whole
-              torch.empty(3, 300, 400, dtype=torch.uint8),
-              torch.empty(3, 64, 48, dtype=torch.uint8)]
+    images = [
+        torch.empty(3, int(boxes[0, 2]), int(boxes[0, 3]), dtype=torch.uint8),  # decoded as its region
+        torch.empty(3, 300, 400, dtype=torch.uint8),  # the C++ decoder refused: decoded whole
+        torch.empty(3, 300, 400, dtype=torch.uint8),
+        torch.empty(3, 64, 48, dtype=torch.uint8),
+    ]
     counts: dict = {}
-    fitted = decode.BatchDecoder._fit_geometry(geometry, images, info, boxes,
-                                               lambda h, w: transform.geometry(h, w, rng), np.arange(4), counts)
+    fitted = decode.BatchDecoder._fit_geometry(
+        geometry, images, info, boxes, lambda h, w: transform.geometry(h, w, rng), np.arange(4), counts
+    )
     assert (fitted.top[0], fitted.left[0]) == (0, 0) and fitted.height[0] == before.height[0]
     assert counts == {"cpu-region": 1}
     for k in (1, 2):
-        assert (fitted.top[k], fitted.left[k], fitted.height[k], fitted.width[k]) == \
-            (before.top[k], before.left[k], before.height[k], before.width[k])
+        assert (fitted.top[k], fitted.left[k], fitted.height[k], fitted.width[k]) == (
+            before.top[k],
+            before.left[k],
+            before.height[k],
+            before.width[k],
+        )
     assert 0 < fitted.height[3] <= 64 and 0 < fitted.width[3] <= 48
     transforms._check_geometry(fitted.table(), np.array([(0, *im.shape[1:]) for im in images]), 224)
 
@@ -367,8 +462,7 @@ def test_train_geometry_follows_random_resized_crop_rules():
 
 
 def test_train_geometry_falls_back_to_a_central_crop_for_extreme_shapes():
-    g = TrainTransform(size=224, scale=(0.99, 1.0)).geometry(np.array([10]), np.array([1000]),
-                                                             np.random.default_rng(0))
+    g = TrainTransform(size=224, scale=(0.99, 1.0)).geometry(np.array([10]), np.array([1000]), np.random.default_rng(0))
     assert g.height[0] == 10 and g.width[0] == round(10 * 4 / 3) and g.left[0] == (1000 - 13) // 2
 
 
@@ -379,8 +473,7 @@ def test_eval_transform_matches_torchvision_resize_center_crop():
     image = torch.from_numpy(np.array(photo((500, 375)))).permute(2, 0, 1).contiguous()
     t = EvalTransform()
     ours = t.apply([image], t.geometry(np.array([375]), np.array([500])), torch.device("cpu"))[0]
-    pipeline = v2.Compose([v2.ToDtype(torch.float32, scale=False), v2.Resize(256, antialias=True),
-                           v2.CenterCrop(224)])
+    pipeline = v2.Compose([v2.ToDtype(torch.float32, scale=False), v2.Resize(256, antialias=True), v2.CenterCrop(224)])
     theirs = pipeline(image) / 255.0
     theirs = (theirs - torch.tensor(t.mean).view(3, 1, 1)) / torch.tensor(t.std).view(3, 1, 1)
     assert torch.allclose(ours, theirs, atol=1e-4)
@@ -389,8 +482,11 @@ def test_eval_transform_matches_torchvision_resize_center_crop():
 def test_transform_dtype_and_channels_last():
     image = torch.randint(0, 256, (3, 60, 80), dtype=torch.uint8)
     t = TrainTransform(size=32, dtype=torch.bfloat16, channels_last=True)
-    out = t.apply([image, image], t.geometry(np.array([60, 60]), np.array([80, 80]), np.random.default_rng(1)),
-                  torch.device("cpu"))
+    out = t.apply(
+        [image, image],
+        t.geometry(np.array([60, 60]), np.array([80, 80]), np.random.default_rng(1)),
+        torch.device("cpu"),
+    )
     assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 32, 32)
     assert out.is_contiguous(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match="dtype must be one of"):
@@ -405,6 +501,7 @@ def test_geometry_outside_the_image_is_refused():
 
 
 # -- ImageFolder through the loader (CPU) ------------------------------------------------------
+
 
 def test_image_folder_matches_torchvision_classes_and_order(folder):
     train, _ = folder
@@ -488,9 +585,14 @@ def corrupt_copy(src, dst, damage):
     return victim
 
 
-@pytest.mark.parametrize("damage, reason", [(lambda d: d[: len(d) // 2], "truncated"),
-                                             (lambda d: b"\0" * len(d), "bad or missing header"),
-                                             (lambda d: b"", "empty file")])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda d: d[: len(d) // 2], "truncated"),
+        (lambda d: b"\0" * len(d), "bad or missing header"),
+        (lambda d: b"", "empty file"),
+    ],
+)
 def test_bad_file_raises_a_typed_error_naming_it(folder, tmp_path, damage, reason, no_leaked_threads):
     _, val = folder
     victim = corrupt_copy(val, tmp_path / "val", damage)
@@ -540,6 +642,7 @@ def test_bad_arguments_are_refused(folder, tmp_path):
 
 
 # -- GPU ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def gpu_folder(tmp_path_factory):
@@ -772,6 +875,7 @@ def test_route_trial_needs_both_clocks_when_the_queue_is_deep():
 def test_route_trial_waits_out_a_models_slow_first_steps():
     """Nine 1 s first steps (cuDNN autotuning) while the CPU route is the faster: the warm-up
     batches absorb them; with no warm-up (negative control) they land in the CPU's window."""
+
     def run(warmup):
         now, calls = [0.0], [0]
         trial = RouteTrial(warmup=warmup, settle=3, window=10, clock=lambda: now[0])
@@ -839,8 +943,10 @@ def test_route_trial_on_the_gpu_decodes_every_batch_and_settles(gpu_folder, monk
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtype, channels_last", [(torch.float32, False), (torch.float32, True),
-                                                  (torch.bfloat16, True), (torch.float16, False)])
+@pytest.mark.parametrize(
+    "dtype, channels_last",
+    [(torch.float32, False), (torch.float32, True), (torch.bfloat16, True), (torch.float16, False)],
+)
 def test_transform_kernel_matches_reference(dtype, channels_last):
     if not transforms.kernel_available():
         pytest.skip("torch.cuda._compile_kernel is missing")
@@ -848,12 +954,15 @@ def test_transform_kernel_matches_reference(dtype, channels_last):
     shapes = [(375, 500), (500, 333), (60, 90), (2000, 3000), (224, 224), (17, 1000)]
     images = [torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8).cuda() for h, w in shapes]
     heights, widths = np.array([s[0] for s in shapes]), np.array([s[1] for s in shapes])
-    for t in (TrainTransform(dtype=dtype, channels_last=channels_last),
-              EvalTransform(dtype=dtype, channels_last=channels_last)):
+    for t in (
+        TrainTransform(dtype=dtype, channels_last=channels_last),
+        EvalTransform(dtype=dtype, channels_last=channels_last),
+    ):
         geometry = t.geometry(heights, widths, np.random.default_rng(5))
         out = t.apply(images, geometry, torch.device("cuda"))
         assert out.dtype == dtype and out.is_contiguous(
-            memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+            memory_format=torch.channels_last if channels_last else torch.contiguous_format
+        )
         reference = torch.stack([transforms.reference(im, geometry, i) for i, im in enumerate(images)])
         tol = 1e-3 if dtype == torch.float32 else 3e-2
         assert torch.allclose(out.float(), reference, atol=tol), (out.float() - reference).abs().max()

@@ -9,13 +9,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from test_loader import assert_same
 
 import torch_fastload
 from torch_fastload import DataLoader, RecordDataset, engine, io, pack
 from torch_fastload._benchutil import drop_page_cache
 from torch_fastload.sources import ArrayDataset, ArrayFile
-
-from test_loader import assert_same
 
 
 @pytest.fixture
@@ -66,8 +65,9 @@ def test_io_mode_from_the_environment_and_loader_arguments(tmp_path, monkeypatch
     stats = loader.stats()
     assert stats.io.startswith("engine-odirect") and "file reads: engine-odirect" in str(stats)
     assert stats.stage_bytes["read"] == 160 and stats.stage_s["read"] > 0
-    override = DataLoader(ArrayDataset(tmp_path / "x.npy"), batch_size=5, device="cpu", o_direct=False,
-                          io_task_size="64KiB")
+    override = DataLoader(
+        ArrayDataset(tmp_path / "x.npy"), batch_size=5, device="cpu", o_direct=False, io_task_size="64KiB"
+    )
     assert override.io.mode == "engine-posix" and override.io.task_size == 65536
     with pytest.raises(ValueError, match="'io_threads' must be an integer in \\[1, 256\\], got 0"):
         DataLoader(ArrayDataset(tmp_path / "x.npy"), io_threads=0)
@@ -95,8 +95,12 @@ def test_coalesce_matches_the_engine_plan(tmp_path):
 
 def expected_mode(io_mode):
     gds = io.gds_status().available
-    return {"auto": "gds" if gds else "engine-posix", "posix": "engine-posix", "pinned": "kvikio-compat",
-            "gds": "gds" if gds else "kvikio-compat"}[io_mode]
+    return {
+        "auto": "gds" if gds else "engine-posix",
+        "posix": "engine-posix",
+        "pinned": "kvikio-compat",
+        "gds": "gds" if gds else "kvikio-compat",
+    }[io_mode]
 
 
 def make_sources(tmp_path):
@@ -117,11 +121,21 @@ def test_every_backend_gives_torchs_batches_on_the_gpu(tmp_path, io_mode):
     for dataset, extra in ((arrays, {}), (records, {"collate_fn": records.collate})):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            loader = DataLoader(dataset, batch_size=32, shuffle=True, io_mode=io_mode, io_threads=4,
-                                io_task_size=1 << 16, generator=torch.Generator().manual_seed(2))
+            loader = DataLoader(
+                dataset,
+                batch_size=32,
+                shuffle=True,
+                io_mode=io_mode,
+                io_threads=4,
+                io_task_size=1 << 16,
+                generator=torch.Generator().manual_seed(2),
+            )
             ours = list(loader)
-        theirs = list(torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True,
-                                                  generator=torch.Generator().manual_seed(2), **extra))
+        theirs = list(
+            torch.utils.data.DataLoader(
+                dataset, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(2), **extra
+            )
+        )
         assert loader.io.mode == expected_mode(io_mode)
         assert loader.io.to_device == (io_mode != "pinned")  # the engine streams through its ring
         assert (loader.io.ring_chunks > 0) == loader.io.mode.startswith("engine")
@@ -184,8 +198,18 @@ def _ring_read(tmp_path, wait_for_chunks: bool) -> bool:
     offsets = np.arange(0, len(data), 4096)[::-1].copy()  # nothing coalesces: 64 tasks
     with torch.cuda.stream(stream):
         torch.cuda._sleep(50_000_000)  # ~25 ms: the first copies wait behind this
-        stager.read(str(path), None, offsets, np.full(len(offsets), 4096), dst, offsets, stream=stream.cuda_stream,
-                    num_threads=4, task_size=64 << 10, wait_for_chunks=wait_for_chunks)
+        stager.read(
+            str(path),
+            None,
+            offsets,
+            np.full(len(offsets), 4096),
+            dst,
+            offsets,
+            stream=stream.cuda_stream,
+            num_threads=4,
+            task_size=64 << 10,
+            wait_for_chunks=wait_for_chunks,
+        )
     stream.synchronize()
     assert stager.close()
     return bool(torch.equal(dst.cpu(), torch.from_numpy(data)))
@@ -205,12 +229,21 @@ def test_negative_control_ring_reused_without_waiting_corrupts(tmp_path):
 def test_ring_under_delayed_copies_in_the_loader(tmp_path):
     arrays, records = make_sources(tmp_path)
     with torch_fastload.config.override(map_budget=0):  # every byte through the ring
-        loader = DataLoader(records, batch_size=40, shuffle=True, io_threads=8, io_task_size=16 << 10,
-                            generator=torch.Generator().manual_seed(9))
+        loader = DataLoader(
+            records,
+            batch_size=40,
+            shuffle=True,
+            io_threads=8,
+            io_task_size=16 << 10,
+            generator=torch.Generator().manual_seed(9),
+        )
     loader._resources()[0].debug_delay_cycles = 20_000_000  # copies queue up behind sleeps
     ours = [torch_fastload.RecordBatch(*(t.cpu() if t is not None else None for t in b)) for b in loader]
-    theirs = list(torch.utils.data.DataLoader(records, batch_size=40, shuffle=True, collate_fn=records.collate,
-                                              generator=torch.Generator().manual_seed(9)))
+    theirs = list(
+        torch.utils.data.DataLoader(
+            records, batch_size=40, shuffle=True, collate_fn=records.collate, generator=torch.Generator().manual_seed(9)
+        )
+    )
     assert loader.io.ring_chunks == 10 and loader.io.map_budget == 0
     assert_same(ours, theirs)
     assert set(loader.stats().io_bytes) == {"engine-posix"}
@@ -237,23 +270,43 @@ def test_gather_kernel_copies_unaligned_ragged_ranges_from_a_mapping(tmp_path):
     dst = torch.full((int(dst_offsets[-1] + lengths[-1]) + 64,), 0xA5, dtype=torch.uint8, device=device)
     stager = engine.DeviceStager(4096, 2)  # 4 KiB chunks: 170 ranges a launch, so two launches
     stream = torch.cuda.current_stream()
-    moved = stager.gather_mapped([mapped], np.zeros(300, np.int64), offsets, lengths, dst, dst_offsets,
-                                 stream=stream.cuda_stream, function=uva.kernel_handle(device),
-                                 piece_bytes=uva.PIECE, blocks=7)
+    moved = stager.gather_mapped(
+        [mapped],
+        np.zeros(300, np.int64),
+        offsets,
+        lengths,
+        dst,
+        dst_offsets,
+        stream=stream.cuda_stream,
+        function=uva.kernel_handle(device),
+        piece_bytes=uva.PIECE,
+        blocks=7,
+    )
     assert moved == lengths.sum()
     expected = np.full(dst.numel(), 0xA5, np.uint8)
     for o, n, d in zip(offsets, lengths, dst_offsets):
-        expected[d:d + n] = data[o:o + n]
+        expected[d : d + n] = data[o : o + n]
     assert np.array_equal(dst.cpu().numpy(), expected)
     with pytest.raises(engine.RangeError, match="u.bin"):
-        stager.gather_mapped([mapped], [0], [len(data) - 5], [10], dst, [0], stream=stream.cuda_stream,
-                             function=uva.kernel_handle(device), piece_bytes=uva.PIECE, blocks=7)
+        stager.gather_mapped(
+            [mapped],
+            [0],
+            [len(data) - 5],
+            [10],
+            dst,
+            [0],
+            stream=stream.cuda_stream,
+            function=uva.kernel_handle(device),
+            piece_bytes=uva.PIECE,
+            blocks=7,
+        )
     assert stager.close()
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("budget,kernel", [("25%", True), ("25%", False), (0, True)],
-                         ids=["mapped-kernel", "mapped-dma", "ring"])
+@pytest.mark.parametrize(
+    "budget,kernel", [("25%", True), ("25%", False), (0, True)], ids=["mapped-kernel", "mapped-dma", "ring"]
+)
 def test_resident_files_are_dma_copied_from_the_page_cache(tmp_path, budget, kernel, monkeypatch):
     from torch_fastload import uva
 
@@ -262,13 +315,19 @@ def test_resident_files_are_dma_copied_from_the_page_cache(tmp_path, budget, ker
     arrays, records = make_sources(tmp_path)
     with torch_fastload.config.override(map_budget=budget):
         for dataset in (arrays, records):
-            for path in (dataset.shard_paths if dataset is records else [f.path for f in dataset.files]):
+            for path in dataset.shard_paths if dataset is records else [f.path for f in dataset.files]:
                 open(path, "rb").read()  # resident
             loader = DataLoader(dataset, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(1))
             ours = list(loader)
-            theirs = list(torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True,
-                                                      collate_fn=getattr(dataset, "collate", None),
-                                                      generator=torch.Generator().manual_seed(1)))
+            theirs = list(
+                torch.utils.data.DataLoader(
+                    dataset,
+                    batch_size=32,
+                    shuffle=True,
+                    collate_fn=getattr(dataset, "collate", None),
+                    generator=torch.Generator().manual_seed(1),
+                )
+            )
             assert_same(ours, theirs)
             moved = loader.stats().io_bytes
             assert set(moved) == ({"mapped"} if budget else {"engine-posix"}), moved

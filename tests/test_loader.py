@@ -9,6 +9,7 @@ import traceback
 import numpy as np
 import pytest
 import torch
+from conftest import pipeline_threads
 from torch.utils.data import (
     BatchSampler,
     Dataset,
@@ -22,8 +23,6 @@ from torch.utils.data import (
 import torch_fastload
 from torch_fastload import BatchTooLargeError, DataLoader
 
-from conftest import pipeline_threads
-
 Point = collections.namedtuple("Point", ["x", "label"])
 
 
@@ -31,7 +30,9 @@ def assert_same(a, b, path="batch"):
     """Same structure, container types, dtypes, shapes and values."""
     assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
     if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        assert a.dtype == b.dtype and a.shape == b.shape, (
+            f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        )
         assert torch.equal(a.cpu(), b.cpu()), f"{path}: values differ"
     elif isinstance(a, dict):
         assert list(a) == list(b), path
@@ -48,9 +49,13 @@ def assert_same(a, b, path="batch"):
 def both(dataset, **kwargs):
     """Batches of torch's DataLoader and of ours, built with identical arguments and seeds."""
     seed = kwargs.pop("seed", 0)
-    ours_kwargs = {k: kwargs.pop(k) for k in ("stage_threads", "fetch_threads", "prefetch", "pool_slots") if k in kwargs}
+    ours_kwargs = {
+        k: kwargs.pop(k) for k in ("stage_threads", "fetch_threads", "prefetch", "pool_slots") if k in kwargs
+    }
     theirs = list(torch.utils.data.DataLoader(dataset, generator=torch.Generator().manual_seed(seed), **kwargs))
-    ours = list(DataLoader(dataset, generator=torch.Generator().manual_seed(seed), device="cpu", **kwargs, **ours_kwargs))
+    ours = list(
+        DataLoader(dataset, generator=torch.Generator().manual_seed(seed), device="cpu", **kwargs, **ours_kwargs)
+    )
     return ours, theirs
 
 
@@ -97,8 +102,15 @@ def test_same_batches_as_torch(num_workers, shuffle, drop_last):
 
 @pytest.mark.parametrize("fetch_threads,stage_threads,prefetch", [(1, 1, 1), (4, 3, 4), (3, 8, 2)])
 def test_thread_counts_do_not_change_batches(fetch_threads, stage_threads, prefetch):
-    ours, theirs = both(Nested(), batch_size=4, shuffle=True, seed=3, fetch_threads=fetch_threads,
-                        stage_threads=stage_threads, prefetch=prefetch)
+    ours, theirs = both(
+        Nested(),
+        batch_size=4,
+        shuffle=True,
+        seed=3,
+        fetch_threads=fetch_threads,
+        stage_threads=stage_threads,
+        prefetch=prefetch,
+    )
     for a, b in zip(ours, theirs, strict=True):
         assert_same(a, b)
 
@@ -160,10 +172,23 @@ def test_iterable_dataset(num_workers):
 
 def test_persistent_workers_across_epochs_and_len():
     data = TensorDataset(torch.arange(40).float())
-    loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=2, persistent_workers=True,
-                        device="cpu", generator=torch.Generator().manual_seed(1))
-    ref = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, num_workers=2,
-                                      persistent_workers=True, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(
+        data,
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        persistent_workers=True,
+        device="cpu",
+        generator=torch.Generator().manual_seed(1),
+    )
+    ref = torch.utils.data.DataLoader(
+        data,
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        persistent_workers=True,
+        generator=torch.Generator().manual_seed(1),
+    )
     assert len(loader) == len(ref) == 5
     for _ in range(3):
         it = iter(loader)
@@ -176,9 +201,17 @@ def test_persistent_workers_across_epochs_and_len():
 def test_every_sample_exactly_once_under_jitter(num_workers, fetch_threads):
     n = 300
     for trial in range(3):
-        loader = DataLoader(Ids(n, jitter=0.002), batch_size=7, shuffle=True, num_workers=num_workers,
-                            fetch_threads=fetch_threads, stage_threads=1 + trial, prefetch=1 + 2 * trial,
-                            pool_slots=1 + trial, device="cpu")
+        loader = DataLoader(
+            Ids(n, jitter=0.002),
+            batch_size=7,
+            shuffle=True,
+            num_workers=num_workers,
+            fetch_threads=fetch_threads,
+            stage_threads=1 + trial,
+            prefetch=1 + 2 * trial,
+            pool_slots=1 + trial,
+            device="cpu",
+        )
         seen = []
         for ids, rows in loader:
             assert torch.equal(rows, ids[:, None].float().expand(-1, 16))  # each row is its own sample
@@ -368,11 +401,15 @@ def test_tensor_dataset_rows_are_gathered_without_per_sample_python(backend, mon
     data = TensorDataset(torch.randn(50, 3, 7), torch.arange(50), torch.randn(7, 50).t())  # last: strided
     loader = DataLoader(data, batch_size=8, shuffle=True, device="cpu", generator=torch.Generator().manual_seed(2))
     assert _batch_reader(loader) is not None
-    theirs = list(torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2)))
+    theirs = list(
+        torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2))
+    )
     assert_same(list(loader), theirs)
 
     negative = DataLoader(data, batch_size=3, sampler=ListSampler([-1, 0, -50, 4]), device="cpu")
-    assert_same(list(negative), list(torch.utils.data.DataLoader(data, batch_size=3, sampler=ListSampler([-1, 0, -50, 4]))))
+    assert_same(
+        list(negative), list(torch.utils.data.DataLoader(data, batch_size=3, sampler=ListSampler([-1, 0, -50, 4])))
+    )
 
     it = iter(DataLoader(data, batch_size=2, sampler=ListSampler([1, 2, 50, 3, 4, 5]), device="cpu"))
     assert next(it)[1].tolist() == [1, 2]

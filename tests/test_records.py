@@ -10,13 +10,12 @@ import traceback
 import numpy as np
 import pytest
 import torch
+from test_loader import ListSampler, assert_same
 from torch.utils.data.distributed import DistributedSampler
 
 from torch_fastload import DataLoader, RecordBatch, RecordDataset, engine, pack, pack_image_folder
 from torch_fastload.sources import RecordFormatError
 from torch_fastload.staging import PendingRead
-
-from test_loader import ListSampler, assert_same
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,8 +51,11 @@ def test_batches_equal_torch_with_the_dataset_collate(packed, python_reads, monk
     kwargs = dict(batch_size=16, shuffle=True, drop_last=True)
     loader = DataLoader(dataset, device="cpu", generator=torch.Generator().manual_seed(3), **kwargs)
     ours = list(loader)
-    theirs = list(torch.utils.data.DataLoader(dataset, collate_fn=dataset.collate,
-                                              generator=torch.Generator().manual_seed(3), **kwargs))
+    theirs = list(
+        torch.utils.data.DataLoader(
+            dataset, collate_fn=dataset.collate, generator=torch.Generator().manual_seed(3), **kwargs
+        )
+    )
     assert len(ours) == len(records) // 16
     assert_same(ours, theirs)
     assert loader.io.mode == ("python-posix" if python_reads else "engine-posix")
@@ -118,14 +120,33 @@ def test_image_folder_and_cli(tmp_path):
         data, got_label = dataset[i]
         assert bytes(data.numpy()) == payloads[path] and got_label == label
         assert dataset.name(i) == os.path.relpath(path, root)
-    out = subprocess.run([sys.executable, "-m", "torch_fastload", "pack", str(root), str(tmp_path / "cli"),
-                          "--no-progress", "--shard-size", "256"], capture_output=True, text=True, timeout=120,
-                         cwd=REPO)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch_fastload",
+            "pack",
+            str(root),
+            str(tmp_path / "cli"),
+            "--no-progress",
+            "--shard-size",
+            "256",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     assert "packed 9 records" in out.stdout and "3 classes" in out.stdout
     assert len(RecordDataset(tmp_path / "cli").shard_paths) > 1
-    again = subprocess.run([sys.executable, "-m", "torch_fastload", "pack", str(root), str(tmp_path / "cli")],
-                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    again = subprocess.run(
+        [sys.executable, "-m", "torch_fastload", "pack", str(root), str(tmp_path / "cli")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert again.returncode == 1 and "not empty" in again.stderr
 
 
@@ -140,14 +161,17 @@ def rewrite_index(dataset, row, values):
     np.save(os.path.join(dataset.root, "index.npy"), index)
 
 
-@pytest.mark.parametrize("values,match", [
-    ((0, 10**9, 5), "record 5: offset=1000000000, length=5"),
-    ((0, 0, -1), "record 5: offset=0, length=-1"),
-    ((99, 0, 5), "shard 99 \\(the pack has"),
-    ((-1, 0, 5), "shard -1"),
-    ((0, -8, 5), "offset=-8"),
-    ((0, 2**62, 2**62), "lies outside its shard"),  # offset + length overflows int64
-])
+@pytest.mark.parametrize(
+    "values,match",
+    [
+        ((0, 10**9, 5), "record 5: offset=1000000000, length=5"),
+        ((0, 0, -1), "record 5: offset=0, length=-1"),
+        ((99, 0, 5), "shard 99 \\(the pack has"),
+        ((-1, 0, 5), "shard -1"),
+        ((0, -8, 5), "offset=-8"),
+        ((0, 2**62, 2**62), "lies outside its shard"),  # offset + length overflows int64
+    ],
+)
 def test_hostile_index_is_refused_when_opened(packed, values, match):
     dataset = packed[0]
     rewrite_index(dataset, 5, values)

@@ -14,12 +14,11 @@ import time
 import numpy as np
 import pytest
 import torch
+from resume_harness import assert_equal, check_resume, to_cpu
 from torch.utils.data import Dataset, IterableDataset, RandomSampler
 
 import torch_fastload
 from torch_fastload import DataLoader, DistributedSampler, ResumeError, shard_indices
-
-from resume_harness import assert_equal, check_resume, to_cpu
 
 DATA = os.path.join(tempfile.gettempdir(), f"fastload-resume-data-{os.getuid()}")
 
@@ -59,15 +58,28 @@ def _array_file(rows=300):
 
 def sample_path(seed, fetch_threads=1, prefetch=2, num_workers=0, in_order=True, augment=True):
     torch.manual_seed(seed)
-    return DataLoader(Augmented(augment=augment), batch_size=4, shuffle=True, device="cpu", fetch_threads=fetch_threads,
-                      prefetch=prefetch, num_workers=num_workers, in_order=in_order)
+    return DataLoader(
+        Augmented(augment=augment),
+        batch_size=4,
+        shuffle=True,
+        device="cpu",
+        fetch_threads=fetch_threads,
+        prefetch=prefetch,
+        num_workers=num_workers,
+        in_order=in_order,
+    )
 
 
 def generator_owned(seed, fetch_threads=1):
     torch.manual_seed(seed)
-    return DataLoader(Augmented(40), batch_size=3, sampler=RandomSampler(range(40), generator=torch.Generator()
-                                                                         .manual_seed(7)),
-                      device="cpu", fetch_threads=fetch_threads, drop_last=True)
+    return DataLoader(
+        Augmented(40),
+        batch_size=3,
+        sampler=RandomSampler(range(40), generator=torch.Generator().manual_seed(7)),
+        device="cpu",
+        fetch_threads=fetch_threads,
+        drop_last=True,
+    )
 
 
 def iterable(seed, num_workers=0):
@@ -77,8 +89,14 @@ def iterable(seed, num_workers=0):
 
 def arrays(seed, stage_threads=1, prefetch=2):
     torch.manual_seed(seed)
-    return DataLoader(torch_fastload.ArrayDataset(_array_file()), batch_size=16, shuffle=True, device="cpu",
-                      stage_threads=stage_threads, prefetch=prefetch)
+    return DataLoader(
+        torch_fastload.ArrayDataset(_array_file()),
+        batch_size=16,
+        shuffle=True,
+        device="cpu",
+        stage_threads=stage_threads,
+        prefetch=prefetch,
+    )
 
 
 def records(seed, fetch_threads=1):
@@ -86,13 +104,13 @@ def records(seed, fetch_threads=1):
     root = os.path.join(DATA, "pack")
     if not os.path.exists(os.path.join(root, "meta.json")):
         rng = np.random.default_rng(0)
-        items = [(rng.integers(0, 255, int(rng.integers(1, 900)), dtype=np.uint8).tobytes(), i % 5)
-                 for i in range(120)]
+        items = [(rng.integers(0, 255, int(rng.integers(1, 900)), dtype=np.uint8).tobytes(), i % 5) for i in range(120)]
         torch_fastload.pack(items, root + f".{os.getpid()}", shard_size=16 << 10, progress=False)
         os.replace(root + f".{os.getpid()}", root)
     torch.manual_seed(seed)
-    return DataLoader(torch_fastload.RecordDataset(root), batch_size=8, shuffle=True, device="cpu",
-                      fetch_threads=fetch_threads)
+    return DataLoader(
+        torch_fastload.RecordDataset(root), batch_size=8, shuffle=True, device="cpu", fetch_threads=fetch_threads
+    )
 
 
 def images(seed, stage_threads=1):
@@ -114,8 +132,7 @@ def distributed(seed, rank=0, num_replicas=2, epoch=3, batch_size=5, fetch_threa
     torch.manual_seed(seed)
     sampler = DistributedSampler(range(53), num_replicas=num_replicas, rank=rank, shuffle=True, seed=11)
     sampler.set_epoch(epoch)
-    return DataLoader(Augmented(53), batch_size=batch_size, sampler=sampler, device="cpu",
-                      fetch_threads=fetch_threads)
+    return DataLoader(Augmented(53), batch_size=batch_size, sampler=sampler, device="cpu", fetch_threads=fetch_threads)
 
 
 def _state_after(loader, batches: int) -> dict:
@@ -129,15 +146,18 @@ def _state_after(loader, batches: int) -> dict:
 
 
 # -- the harness over every source -----------------------------------------------------
-@pytest.mark.parametrize("spec, kwargs, child", [
-    ("sample_path", {}, {"fetch_threads": 4, "prefetch": 5}),
-    ("sample_path", {"fetch_threads": 3}, {"fetch_threads": 1}),
-    ("generator_owned", {}, {"fetch_threads": 2}),
-    ("iterable", {}, {}),
-    ("arrays", {}, {"stage_threads": 3, "prefetch": 1}),
-    ("records", {}, {"fetch_threads": 2}),
-    ("distributed", {}, {"fetch_threads": 3}),
-])
+@pytest.mark.parametrize(
+    "spec, kwargs, child",
+    [
+        ("sample_path", {}, {"fetch_threads": 4, "prefetch": 5}),
+        ("sample_path", {"fetch_threads": 3}, {"fetch_threads": 1}),
+        ("generator_owned", {}, {"fetch_threads": 2}),
+        ("iterable", {}, {}),
+        ("arrays", {}, {"stage_threads": 3, "prefetch": 1}),
+        ("records", {}, {"fetch_threads": 2}),
+        ("distributed", {}, {"fetch_threads": 3}),
+    ],
+)
 def test_resume_in_a_fresh_process(spec, kwargs, child):
     check_resume(f"test_resume:{spec}", kwargs, child_overrides=child)
 
@@ -151,8 +171,13 @@ def test_resume_images_in_a_fresh_process():
 def test_resume_with_worker_processes():
     """The epoch's indices resume exactly (random draws inside worker processes follow torch's
     per-worker seeding, not per batch: README, "Resuming")."""
-    check_resume("test_resume:sample_path", {"num_workers": 2, "augment": False}, points=(0, 3),
-                 child_overrides={"num_workers": 1}, fresh_process=False)
+    check_resume(
+        "test_resume:sample_path",
+        {"num_workers": 2, "augment": False},
+        points=(0, 3),
+        child_overrides={"num_workers": 1},
+        fresh_process=False,
+    )
 
 
 # -- determinism ----------------------------------------------------------------------
@@ -256,8 +281,9 @@ def test_shard_indices_is_torch_distributed_sampler(drop_last):
             for rank in range(world):
                 sampler = torch.utils.data.DistributedSampler(range(n), world, rank, seed=4, drop_last=drop_last)
                 sampler.set_epoch(2)
-                assert list(sampler) == shard_indices(n, num_replicas=world, rank=rank, seed=4, epoch=2,
-                                                      drop_last=drop_last)
+                assert list(sampler) == shard_indices(
+                    n, num_replicas=world, rank=rank, seed=4, epoch=2, drop_last=drop_last
+                )
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -272,8 +298,9 @@ def test_loader_draws_distributed_batches_as_torch_does(drop_last, batch_drop_la
                 sampler = DistributedSampler(range(n), world, rank, shuffle=shuffle, seed=4, drop_last=drop_last)
                 sampler.set_epoch(3)
                 want = list(torch.utils.data.BatchSampler(sampler, 4, batch_drop_last))
-                loader = DataLoader(torch.arange(n), batch_size=4, sampler=sampler, drop_last=batch_drop_last,
-                                    device="cpu")
+                loader = DataLoader(
+                    torch.arange(n), batch_size=4, sampler=sampler, drop_last=batch_drop_last, device="cpu"
+                )
                 drawn = torch_fastload.distributed.exact_sampler_batches(loader)
                 assert drawn is not None and len(drawn) == len(want) == len(loader)
                 assert list(drawn) == want
@@ -283,6 +310,7 @@ def test_loader_draws_distributed_batches_as_torch_does(drop_last, batch_drop_la
 def test_distributed_batches_fall_back_to_the_sampler_when_they_cannot_be_exact():
     """A subclass that re-orders, a custom batch sampler, or a dataset that changed size since
     the sampler was made: the sampler itself is iterated (torch's own checks apply)."""
+
     class Reversed(DistributedSampler):
         def __iter__(self):
             return reversed(list(super().__iter__()))
@@ -292,8 +320,9 @@ def test_distributed_batches_fall_back_to_the_sampler_when_they_cannot_be_exact(
     assert torch_fastload.distributed.exact_sampler_batches(loader) is None
     assert [b.tolist() for b in loader][0] == [18, 16, 14, 12]
     batches = torch.utils.data.BatchSampler(DistributedSampler(data, 2, 0), 4, False)
-    assert torch_fastload.distributed.exact_sampler_batches(DataLoader(data, batch_sampler=batches,
-                                                                        device="cpu")) is None
+    assert (
+        torch_fastload.distributed.exact_sampler_batches(DataLoader(data, batch_sampler=batches, device="cpu")) is None
+    )
     sampler = DistributedSampler(data, 2, 0)
     data.extend(range(20, 30))
     grown = DataLoader(data, batch_size=4, sampler=sampler, device="cpu")
@@ -349,8 +378,9 @@ def test_bad_states_are_refused_with_the_values():
     with pytest.raises(ResumeError, match="RandomSampler .* SequentialSampler"):
         DataLoader(Augmented(), batch_size=4, device="cpu").load_state_dict(state)
     with pytest.raises(ResumeError, match="'map' sampler, this loader has a 'distributed' one"):
-        DataLoader(Augmented(), batch_size=4, sampler=DistributedSampler(range(57), 1, 0),
-                   device="cpu").load_state_dict(state)
+        DataLoader(
+            Augmented(), batch_size=4, sampler=DistributedSampler(range(57), 1, 0), device="cpu"
+        ).load_state_dict(state)
 
 
 def test_state_between_epochs_and_after_the_end():

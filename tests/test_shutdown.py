@@ -17,8 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_script(body: str, timeout: float = 120, **environ: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **environ)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 PRELUDE = """
@@ -39,7 +40,9 @@ PRELUDE = """
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_keyboard_interrupt_in_training_loop(num_workers):
-    result = run_script(PRELUDE + f"""
+    result = run_script(
+        PRELUDE
+        + f"""
     loader = DataLoader(Rows(), batch_size=8, num_workers={num_workers}, device="cpu", prefetch=4)
     try:
         for step, batch in enumerate(loader):
@@ -52,7 +55,8 @@ def test_keyboard_interrupt_in_training_loop(num_workers):
     assert loader.pool.idle()
     loader.close()
     print("CLEAN")
-    """)
+    """
+    )
     assert result.returncode == 0, result.stderr
     assert "CLEAN" in result.stdout
 
@@ -60,13 +64,16 @@ def test_keyboard_interrupt_in_training_loop(num_workers):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_interpreter_exit_with_live_iterator(num_workers):
     started = time.monotonic()
-    result = run_script(PRELUDE + f"""
+    result = run_script(
+        PRELUDE
+        + f"""
     loader = DataLoader(Rows(), batch_size=8, num_workers={num_workers}, device="cpu", prefetch=4)
     it = iter(loader)
     for _ in range(3):
         next(it)
     print("EXITING", flush=True)
-    """)
+    """
+    )
     assert result.returncode == 0, result.stderr
     assert "EXITING" in result.stdout
     assert "Traceback" not in result.stderr and "Exception" not in result.stderr, result.stderr
@@ -126,8 +133,7 @@ def _soak(mode: str) -> dict:
     """Three epochs of 3000 varying batches in a fresh process (the allocator state that earlier
     tests leave behind would blur RSS), sampling RSS every 500 batches. Two malloc arenas: with
     one per thread, epoch medians drifted by up to +-8 MiB between clean runs, with two +-5."""
-    out = run_script(_SOAK.replace('sys.argv[1] == "leak"', repr(mode == "leak")), timeout=600,
-                     MALLOC_ARENA_MAX="2")
+    out = run_script(_SOAK.replace('sys.argv[1] == "leak"', repr(mode == "leak")), timeout=600, MALLOC_ARENA_MAX="2")
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -152,8 +158,9 @@ def test_soak_keeps_rss_and_pool_flat():
         growths.append(_last_epoch_growth(result))
         if growths[-1] < 16 * 2**20:
             break
-    assert min(growths) < 16 * 2**20, \
+    assert min(growths) < 16 * 2**20, (
         f"RSS grew by {[round(g / 2**20, 1) for g in growths]} MiB in the last epoch of each run: {result['rss']}"
+    )
 
 
 def test_negative_control_soak_catches_a_small_leak():

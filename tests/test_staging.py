@@ -21,13 +21,13 @@ def copier_factory(request, monkeypatch):
 @pytest.mark.parametrize("nontemporal", [False, True])
 def test_copy_into_matches_sources(copier_factory, threads, nontemporal):
     sources = [
-        torch.randn(700_001),                      # odd size, several MiB-chunks
-        torch.randn(50_001)[1:],                   # source not 16-byte aligned
+        torch.randn(700_001),  # odd size, several MiB-chunks
+        torch.randn(50_001)[1:],  # source not 16-byte aligned
         torch.randint(0, 255, (3, 5), dtype=torch.uint8),
-        torch.randn(64, 48).t(),                   # strided: goes through Tensor.copy_
-        torch.randn(0),                            # empty
+        torch.randn(64, 48).t(),  # strided: goes through Tensor.copy_
+        torch.randn(0),  # empty
         torch.randn(1000).to(torch.bfloat16),
-        torch.tensor(7, dtype=torch.int64),       # 0-d
+        torch.tensor(7, dtype=torch.int64),  # 0-d
     ]
     offsets, cursor = [], 0
     for src in sources:
@@ -38,7 +38,7 @@ def test_copy_into_matches_sources(copier_factory, threads, nontemporal):
     copier = copier_factory(threads, nontemporal)
     assert copier.copy_into(dst, list(zip(offsets, sources))) == sum(s.numel() * s.element_size() for s in sources)
     for offset, src in zip(offsets, sources):
-        got = dst[offset:offset + src.numel() * src.element_size()].view(src.dtype).view(src.shape)
+        got = dst[offset : offset + src.numel() * src.element_size()].view(src.dtype).view(src.shape)
         assert torch.equal(got, src.contiguous())
     assert torch.all(dst[cursor:] == 0xAB)  # nothing written past the last range
     copier.close()
@@ -55,8 +55,9 @@ def test_copy_into_refuses_out_of_bounds(copier_factory):
 
 
 def test_deferred_collate_has_default_collate_structure():
-    samples = [{"x": torch.full((2, 3), float(i)), "y": i, "name": f"s{i}", "pair": (torch.tensor([i]), 1.5)}
-               for i in range(4)]
+    samples = [
+        {"x": torch.full((2, 3), float(i)), "y": i, "name": f"s{i}", "pair": (torch.tensor([i]), 1.5)} for i in range(4)
+    ]
     deferred = deferred_collate(samples)
     assert isinstance(deferred["x"], PendingStack) and deferred["x"].shape == (4, 2, 3)
     plan = plan_batch(deferred)

@@ -1,15 +1,15 @@
 """torch_fastload: a drop-in PyTorch DataLoader whose batches arrive on the GPU without waiting.
 
-    from torch_fastload import DataLoader      # instead of torch.utils.data.DataLoader
-    loader = DataLoader(dataset, batch_size=256, shuffle=True, num_workers=8)
-    for x, y in loader:                         # x, y are already CUDA tensors
-        ...
-    print(loader.stats())                       # input-wait time, per-stage GB/s
+from torch_fastload import DataLoader      # instead of torch.utils.data.DataLoader
+loader = DataLoader(dataset, batch_size=256, shuffle=True, num_workers=8)
+for x, y in loader:                         # x, y are already CUDA tensors
+    ...
+print(loader.stats())                       # input-wait time, per-stage GB/s
 """
 
 from . import config
-from .errors import BatchTooLargeError, FastloadError, LoaderShutdownError, PoolError
 from .distributed import DistributedSampler, shard_indices
+from .errors import BatchTooLargeError, FastloadError, LoaderShutdownError, PoolError
 from .loader import DataLoader
 from .packing import pack, pack_image_folder
 from .pool import PinnedPool

@@ -11,15 +11,19 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "pack": ("torch_fastload.packing", "pack an image folder or a folder of files into record shards"),
-    "bench": ("torch_fastload.bench",
-              "torch DataLoader vs torch_fastload on a generated dataset (samples/s, input wait, GB/s)"),
-    "doctor": ("torch_fastload.doctor", "measure GPU link, H2D, GDS, storage and the I/O engine; --save the best settings"),
+    "bench": (
+        "torch_fastload.bench",
+        "torch DataLoader vs torch_fastload on a generated dataset (samples/s, input wait, GB/s)",
+    ),
+    "doctor": (
+        "torch_fastload.doctor",
+        "measure GPU link, H2D, GDS, storage and the I/O engine; --save the best settings",
+    ),
 }
 
 
 def usage() -> str:
-    lines = ["usage: python -m torch_fastload <command> [args]   (<command> --help for its options)", "",
-             "commands:"]
+    lines = ["usage: python -m torch_fastload <command> [args]   (<command> --help for its options)", "", "commands:"]
     width = max(len(name) for name in COMMANDS)
     lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
     return "\n".join(lines)

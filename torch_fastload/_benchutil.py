@@ -23,9 +23,29 @@ try:  # progress bars are optional
 except Exception:  # pragma: no cover - tqdm missing
     _tqdm = None
 
-__all__ = ["log", "error_text", "fmt", "table", "Progress", "write_json", "int_list", "positive_int_list",
-           "float_list", "size_arg", "size_list", "run_quiet", "cpu_affinity", "machine_basics", "git_state",
-           "machine_info", "cpu_seconds", "sync", "h2d_copy_seconds", "drop_page_cache", "InflightWindow"]
+__all__ = [
+    "log",
+    "error_text",
+    "fmt",
+    "table",
+    "Progress",
+    "write_json",
+    "int_list",
+    "positive_int_list",
+    "float_list",
+    "size_arg",
+    "size_list",
+    "run_quiet",
+    "cpu_affinity",
+    "machine_basics",
+    "git_state",
+    "machine_info",
+    "cpu_seconds",
+    "sync",
+    "h2d_copy_seconds",
+    "drop_page_cache",
+    "InflightWindow",
+]
 
 GiB = 1 << 30
 
@@ -59,8 +79,10 @@ def table(headers: list, rows: list, title: str | None = None, first_left: bool 
             widths[i] = max(widths[i], len(c))
 
     def line(items):
-        return "  ".join(str(c).ljust(w) if (i == 0 and first_left) else str(c).rjust(w)
-                         for i, (c, w) in enumerate(zip(items, widths)))
+        return "  ".join(
+            str(c).ljust(w) if (i == 0 and first_left) else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(items, widths))
+        )
 
     out = [title] if title else []
     out.append(line(headers))
@@ -73,9 +95,11 @@ class Progress:
     """A tqdm bar on stderr when tqdm is importable and wanted; otherwise nothing."""
 
     def __init__(self, total: int, desc: str, enabled: bool = True):
-        self.bar = (_tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True,
-                          mininterval=0.25)
-                    if (enabled and _tqdm is not None) else None)
+        self.bar = (
+            _tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True, mininterval=0.25)
+            if (enabled and _tqdm is not None)
+            else None
+        )
 
     def update(self, n: int = 1, note: str | None = None) -> None:
         """Advance by ``n``; ``note`` replaces the bar's postfix text."""
@@ -222,12 +246,21 @@ def machine_info(use_cuda: bool) -> dict:
     if use_cuda:
         dev = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(dev)
-        info["gpu"] = {"index": dev, "name": props.name, "capability": f"{props.major}.{props.minor}",
-                       "total_memory_gib": round(props.total_memory / GiB, 1),
-                       "multiprocessors": getattr(props, "multi_processor_count", None)}
+        info["gpu"] = {
+            "index": dev,
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "total_memory_gib": round(props.total_memory / GiB, 1),
+            "multiprocessors": getattr(props, "multi_processor_count", None),
+        }
         info["nvidia_smi"] = run_quiet(
-            ["nvidia-smi", f"--id={dev}", "--query-gpu=name,driver_version,pcie.link.gen.current,"
-             "pcie.link.width.current,clocks.sm,clocks.max.sm", "--format=csv,noheader"])
+            [
+                "nvidia-smi",
+                f"--id={dev}",
+                "--query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.max.sm",
+                "--format=csv,noheader",
+            ]
+        )
     return info
 
 
@@ -251,7 +284,7 @@ def _proc_children_cpu(pid: int) -> float:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) "
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
         try:
             parents[int(name)] = int(fields[1])
             times[int(name)] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime

@@ -34,8 +34,18 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from torch_fastload._benchutil import (InflightWindow, Progress, cpu_seconds, fmt, h2d_copy_seconds, int_list, log,
-                                       machine_info, sync, table)
+from torch_fastload._benchutil import (
+    InflightWindow,
+    Progress,
+    cpu_seconds,
+    fmt,
+    h2d_copy_seconds,
+    int_list,
+    log,
+    machine_info,
+    sync,
+    table,
+)
 
 __all__ = ["main", "build_parser", "make_dataset", "SmallConvNet", "CudaSleeper"]
 
@@ -93,15 +103,16 @@ class CudaSleeper:
 # --------------------------------------------------------------------------------------------
 # dataset and model
 # --------------------------------------------------------------------------------------------
-def make_dataset(samples: int, channels: int, size: int, classes: int, seed: int,
-                 progress: bool = True) -> torch.utils.data.TensorDataset:
+def make_dataset(
+    samples: int, channels: int, size: int, classes: int, seed: int, progress: bool = True
+) -> torch.utils.data.TensorDataset:
     """Image-like float32 samples (smooth class patterns + low-frequency noise + pixel noise,
     roughly zero mean, unit variance) and int64 labels; seeded, so every run sees the same data."""
     g = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, classes, (samples,), generator=g, dtype=torch.int64)
     templates = torch.nn.functional.interpolate(
-        torch.randn(classes, channels, 4, 4, generator=g), size=(size, size), mode="bilinear",
-        align_corners=False)
+        torch.randn(classes, channels, 4, 4, generator=g), size=(size, size), mode="bilinear", align_corners=False
+    )
     images = torch.empty(samples, channels, size, size, dtype=torch.float32)
     chunk = 256
     bar = Progress(samples, "generating dataset", progress)
@@ -109,8 +120,9 @@ def make_dataset(samples: int, channels: int, size: int, classes: int, seed: int
         end = min(samples, start + chunk)
         n = end - start
         low = max(2, size // 8)
-        blobs = torch.nn.functional.interpolate(torch.randn(n, channels, low, low, generator=g),
-                                                size=(size, size), mode="bilinear", align_corners=False)
+        blobs = torch.nn.functional.interpolate(
+            torch.randn(n, channels, low, low, generator=g), size=(size, size), mode="bilinear", align_corners=False
+        )
         block = images[start:end]
         torch.mul(templates[labels[start:end]], 0.8, out=block)
         block.add_(blobs, alpha=0.6)
@@ -128,10 +140,16 @@ class SmallConvNet(nn.Module):
         super().__init__()
         c = width
         self.net = nn.Sequential(
-            nn.Conv2d(in_channels, c, 4, stride=4), nn.ReLU(inplace=True),
-            nn.Conv2d(c, 2 * c, 3, stride=2, padding=1), nn.ReLU(inplace=True),
-            nn.Conv2d(2 * c, 4 * c, 3, stride=2, padding=1), nn.ReLU(inplace=True),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * c, classes))
+            nn.Conv2d(in_channels, c, 4, stride=4),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(c, 2 * c, 3, stride=2, padding=1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(2 * c, 4 * c, 3, stride=2, padding=1),
+            nn.ReLU(inplace=True),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(4 * c, classes),
+        )
 
     def forward(self, x):
         return self.net(x)
@@ -152,8 +170,7 @@ class Trainer:
         if self.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         try:
-            self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9,
-                                       fused=device.type == "cuda")
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9, fused=device.type == "cuda")
         except (RuntimeError, TypeError, ValueError):  # torch without fused SGD
             self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
         self.loss_fn = nn.CrossEntropyLoss()
@@ -246,8 +263,10 @@ def train_run(name: str, loader, trainer: Trainer, args, device: torch.device, f
     steps_per_epoch = len(loader)
     total = steps_per_epoch * args.epochs
     if total <= args.warmup_steps:
-        raise SystemExit(f"{name}: {total} steps in {args.epochs} epoch(s) is not more than "
-                         f"--warmup-steps {args.warmup_steps}; use more --samples or --epochs")
+        raise SystemExit(
+            f"{name}: {total} steps in {args.epochs} epoch(s) is not more than "
+            f"--warmup-steps {args.warmup_steps}; use more --samples or --epochs"
+        )
     window = InflightWindow(device, args.max_inflight)
     bar = Progress(total, name, args.progress)
     timed = False
@@ -299,12 +318,18 @@ def train_run(name: str, loader, trainer: Trainer, args, device: torch.device, f
     finally:
         bar.close()
     result = {
-        "name": name, "steps": steps, "samples": samples, "bytes": nbytes, "wall_s": wall,
-        "wait_s": wait, "wait_fraction": wait / wall if wall > 0 else None,
+        "name": name,
+        "steps": steps,
+        "samples": samples,
+        "bytes": nbytes,
+        "wall_s": wall,
+        "wait_s": wait,
+        "wait_fraction": wait / wall if wall > 0 else None,
         "samples_per_s": samples / wall if wall > 0 else None,
         "gbps": nbytes / wall / 1e9 if wall > 0 else None,
         "step_ms": 1e3 * wall / steps if steps else None,
-        "cpu_s": cpu, "cpu_cores": cpu / wall if wall > 0 else None,
+        "cpu_s": cpu,
+        "cpu_cores": cpu / wall if wall > 0 else None,
         "first_loss": float(first_loss) if first_loss is not None else None,
         "last_loss": float(last_loss) if last_loss is not None else None,
     }
@@ -323,8 +348,11 @@ class _ResidentLoader:
         self.y = dataset.tensors[1].to(device)
         self.batch_size = batch_size
         self.device = device
-        self.g = torch.Generator(device=device).manual_seed(seed) if device.type == "cuda" \
+        self.g = (
+            torch.Generator(device=device).manual_seed(seed)
+            if device.type == "cuda"
             else torch.Generator().manual_seed(seed)
+        )
 
     def __len__(self):
         return self.x.shape[0] // self.batch_size
@@ -332,7 +360,7 @@ class _ResidentLoader:
     def __iter__(self):
         order = torch.randperm(self.x.shape[0], device=self.device, generator=self.g)
         for i in range(len(self)):
-            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            idx = order[i * self.batch_size : (i + 1) * self.batch_size]
             yield self.x[idx], self.y[idx]
 
 
@@ -343,9 +371,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog or "python -m torch_fastload.bench",
         description="Train a small conv net on a generated in-memory image dataset, fed by torch's "
-                    "DataLoader(pin_memory=True) and by torch_fastload.DataLoader; print samples/s, "
-                    "input-wait fraction, GB/s and the speedup. Defaults in [brackets] are for a GPU "
-                    "/ the CPU.")
+        "DataLoader(pin_memory=True) and by torch_fastload.DataLoader; print samples/s, "
+        "input-wait fraction, GB/s and the speedup. Defaults in [brackets] are for a GPU "
+        "/ the CPU.",
+    )
     p.add_argument("--device", default="auto", help="auto (cuda if available) | cuda | cuda:N | cpu")
     g = p.add_argument_group("dataset (generated in memory, seeded)")
     g.add_argument("--samples", type=int, default=None, help="number of images [8192 / 1024]")
@@ -357,28 +386,43 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=None, help="[128 / 32]")
     g.add_argument("--epochs", type=int, default=None, help="[6 / 3]")
     g.add_argument("--warmup-steps", type=int, default=5, help="untimed steps at the start of each run")
-    g.add_argument("--width", default="auto",
-                   help="conv net base width; 'auto' (GPU) picks the narrowest whose step takes >= "
-                        "--compute-ratio x the pinned copy of a batch [auto / 16]")
+    g.add_argument(
+        "--width",
+        default="auto",
+        help="conv net base width; 'auto' (GPU) picks the narrowest whose step takes >= "
+        "--compute-ratio x the pinned copy of a batch [auto / 16]",
+    )
     g.add_argument("--compute-ratio", type=float, default=1.0, help="for --width auto")
-    g.add_argument("--compute-ms", type=float, default=None,
-                   help="instead of the model, a calibrated busy kernel of this many ms per step "
-                        "(time.sleep on the CPU); the batch is still read")
+    g.add_argument(
+        "--compute-ms",
+        type=float,
+        default=None,
+        help="instead of the model, a calibrated busy kernel of this many ms per step "
+        "(time.sleep on the CPU); the batch is still read",
+    )
     g.add_argument("--amp", choices=["bf16", "none"], default="bf16", help="autocast on CUDA")
     g.add_argument("--lr", type=float, default=0.05)
-    g.add_argument("--max-inflight", type=int, default=2,
-                   help="steps the host may queue ahead of the GPU before waiting")
+    g.add_argument(
+        "--max-inflight", type=int, default=2, help="steps the host may queue ahead of the GPU before waiting"
+    )
     g = p.add_argument_group("loaders")
-    g.add_argument("--torch-workers", type=int_list, default=None,
-                   help="torch DataLoader num_workers, comma-separated; each is run and the best is "
-                        "the baseline [0,4 / 0,2]")
+    g.add_argument(
+        "--torch-workers",
+        type=int_list,
+        default=None,
+        help="torch DataLoader num_workers, comma-separated; each is run and the best is the baseline [0,4 / 0,2]",
+    )
     g.add_argument("--fastload-workers", type=int, default=0, help="torch_fastload num_workers")
     g.add_argument("--stage-threads", type=int, default=None, help="torch_fastload stage_threads [configured]")
     g.add_argument("--fetch-threads", type=int, default=None, help="torch_fastload fetch_threads [configured]")
     g.add_argument("--prefetch", type=int, default=None, help="torch_fastload prefetch [configured]")
     g.add_argument("--pool-slots", type=int, default=None, help="torch_fastload pool_slots [configured]")
-    g.add_argument("--no-resident", dest="resident", action="store_false",
-                   help="skip the device-resident (model only) reference run")
+    g.add_argument(
+        "--no-resident",
+        dest="resident",
+        action="store_false",
+        help="skip the device-resident (model only) reference run",
+    )
     g = p.add_argument_group("output")
     g.add_argument("--json", type=Path, default=None, help="write every number here")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bars")
@@ -387,9 +431,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def _finish_args(args, device: torch.device) -> None:
     gpu = device.type == "cuda"
-    defaults = {"samples": 8192 if gpu else 1024, "image_size": 128 if gpu else 64,
-                "batch_size": 128 if gpu else 32, "epochs": 6 if gpu else 3,
-                "torch_workers": [0, 4] if gpu else [0, 2]}
+    defaults = {
+        "samples": 8192 if gpu else 1024,
+        "image_size": 128 if gpu else 64,
+        "batch_size": 128 if gpu else 32,
+        "epochs": 6 if gpu else 3,
+        "torch_workers": [0, 4] if gpu else [0, 2],
+    }
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -408,8 +456,7 @@ def _finish_args(args, device: torch.device) -> None:
 
 def _resolve_device(text: str) -> torch.device:
     if text == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-            else torch.device("cpu")
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(text)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -428,12 +475,22 @@ def _print_table(runs: list[dict], baseline: dict | None) -> None:
         if r.get("error"):
             rows.append([r["name"], "error", "", "", "", "", ""])
             continue
-        speedup = (r["samples_per_s"] / baseline["samples_per_s"]
-                   if baseline and baseline.get("samples_per_s") and r.get("samples_per_s") else None)
-        rows.append([r["name"], fmt(r["samples_per_s"], ",.0f"), fmt(r["step_ms"], ".2f"),
-                     fmt(100 * r["wait_fraction"] if r["wait_fraction"] is not None else None, ".1f"),
-                     fmt(r["gbps"], ".2f"), fmt(speedup, ".2f") + ("x" if speedup else ""),
-                     fmt(r["last_loss"], ".4f")])
+        speedup = (
+            r["samples_per_s"] / baseline["samples_per_s"]
+            if baseline and baseline.get("samples_per_s") and r.get("samples_per_s")
+            else None
+        )
+        rows.append(
+            [
+                r["name"],
+                fmt(r["samples_per_s"], ",.0f"),
+                fmt(r["step_ms"], ".2f"),
+                fmt(100 * r["wait_fraction"] if r["wait_fraction"] is not None else None, ".1f"),
+                fmt(r["gbps"], ".2f"),
+                fmt(speedup, ".2f") + ("x" if speedup else ""),
+                fmt(r["last_loss"], ".4f"),
+            ]
+        )
     log(table(["loader", "samples/s", "step ms", "input wait %", "GB/s", "speedup", "final loss"], rows))
 
 
@@ -447,16 +504,19 @@ def main(argv=None, prog: str | None = None) -> int:
         torch.backends.cudnn.benchmark = True
     began = time.perf_counter()
     machine = machine_info(device.type == "cuda")
-    where = (machine.get("gpu") or {}).get("name") or f"CPU only ({machine['cpu_affinity'] or machine['cpu_count']} cores)"
-    log(f"torch_fastload.bench on {where}: torch {torch.__version__}, python {machine['python']}, "
-        f"device {device}")
+    where = (machine.get("gpu") or {}).get(
+        "name"
+    ) or f"CPU only ({machine['cpu_affinity'] or machine['cpu_count']} cores)"
+    log(f"torch_fastload.bench on {where}: torch {torch.__version__}, python {machine['python']}, device {device}")
 
     dataset = make_dataset(args.samples, args.channels, args.image_size, args.classes, args.seed, args.progress)
     sample_bytes = dataset[0][0].nbytes + dataset[0][1].nbytes
-    log(f"dataset: {args.samples} samples of float32 {args.channels}x{args.image_size}x{args.image_size} "
+    log(
+        f"dataset: {args.samples} samples of float32 {args.channels}x{args.image_size}x{args.image_size} "
         f"+ int64 label = {sample_bytes / 1e3:.1f} KB/sample, {args.samples * sample_bytes / 1e9:.2f} GB; "
         f"batch {args.batch_size} = {args.batch_size * sample_bytes / MiB:.1f} MiB; {args.epochs} epochs, "
-        f"{args.warmup_steps} warm-up steps untimed")
+        f"{args.warmup_steps} warm-up steps untimed"
+    )
 
     sleeper = None
     sleep_cal = None
@@ -468,14 +528,22 @@ def main(argv=None, prog: str | None = None) -> int:
     width, calibration = pick_width(args, device, dataset, sleeper)
     transfer = calibration.get("pinned_transfer_ms")
     if args.compute_ms is not None:
-        log(f"compute: busy kernel, {calibration['compute_ms']:.2f} ms per step measured"
-            + (f"; pinned copy of a batch {transfer:.2f} ms" if transfer else ""))
+        log(
+            f"compute: busy kernel, {calibration['compute_ms']:.2f} ms per step measured"
+            + (f"; pinned copy of a batch {transfer:.2f} ms" if transfer else "")
+        )
     else:
-        log(f"model: conv net width {width} ({sum(p.numel() for p in SmallConvNet(args.channels, width, args.classes).parameters()) / 1e6:.2f} M params"
+        params = sum(p.numel() for p in SmallConvNet(args.channels, width, args.classes).parameters())
+        log(
+            f"model: conv net width {width} ({params / 1e6:.2f} M params"
             + (", bf16 autocast, channels_last" if device.type == "cuda" and args.amp == "bf16" else "")
             + f"), step on a resident batch {calibration['compute_ms']:.2f} ms"
-            + (f"; pinned copy of a batch {transfer:.2f} ms (ratio {calibration['compute_ms'] / transfer:.2f})"
-               if transfer else ""))
+            + (
+                f"; pinned copy of a batch {transfer:.2f} ms (ratio {calibration['compute_ms'] / transfer:.2f})"
+                if transfer
+                else ""
+            )
+        )
 
     pin = device.type == "cuda"
     runs: list[dict] = []
@@ -505,44 +573,70 @@ def main(argv=None, prog: str | None = None) -> int:
         return result
 
     for workers in args.torch_workers:
-        attempt(f"torch DataLoader (workers={workers}{', pinned' if pin else ''})",
-                lambda w=workers: torch.utils.data.DataLoader(
-                    dataset, batch_size=args.batch_size, shuffle=True, num_workers=w, pin_memory=pin,
-                    drop_last=True, generator=torch.Generator().manual_seed(args.seed)))
+        attempt(
+            f"torch DataLoader (workers={workers}{', pinned' if pin else ''})",
+            lambda w=workers: torch.utils.data.DataLoader(
+                dataset,
+                batch_size=args.batch_size,
+                shuffle=True,
+                num_workers=w,
+                pin_memory=pin,
+                drop_last=True,
+                generator=torch.Generator().manual_seed(args.seed),
+            ),
+        )
     fl_threads = args.stage_threads if args.stage_threads is not None else torch_fastload.config.get("stage_threads")
-    attempt(f"torch_fastload (workers={args.fastload_workers}, stage_threads={fl_threads})",
-            lambda: torch_fastload.DataLoader(
-                dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.fastload_workers,
-                drop_last=True, generator=torch.Generator().manual_seed(args.seed), device=device,
-                stage_threads=args.stage_threads, fetch_threads=args.fetch_threads,
-                prefetch=args.prefetch, pool_slots=args.pool_slots),
-            fastload=True)
+    attempt(
+        f"torch_fastload (workers={args.fastload_workers}, stage_threads={fl_threads})",
+        lambda: torch_fastload.DataLoader(
+            dataset,
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=args.fastload_workers,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(args.seed),
+            device=device,
+            stage_threads=args.stage_threads,
+            fetch_threads=args.fetch_threads,
+            prefetch=args.prefetch,
+            pool_slots=args.pool_slots,
+        ),
+        fastload=True,
+    )
     if args.resident:
-        attempt("device-resident (model alone)",
-                lambda: _ResidentLoader(dataset, args.batch_size, device, args.seed))
+        attempt("device-resident (model alone)", lambda: _ResidentLoader(dataset, args.batch_size, device, args.seed))
 
     torch_runs = [r for r in runs if r["name"].startswith("torch DataLoader") and not r.get("error")]
     baseline = max(torch_runs, key=lambda r: r["samples_per_s"] or 0) if torch_runs else None
     fast = next((r for r in runs if r["name"].startswith("torch_fastload") and not r.get("error")), None)
-    speedup = (fast["samples_per_s"] / baseline["samples_per_s"]
-               if fast and baseline and baseline["samples_per_s"] else None)
+    speedup = (
+        fast["samples_per_s"] / baseline["samples_per_s"] if fast and baseline and baseline["samples_per_s"] else None
+    )
 
     log()
-    log(f"results ({device}; timed: {runs[0].get('steps', '?')} steps per loader after warm-up; "
-        f"speedup vs {baseline['name'] if baseline else 'n/a'})")
+    log(
+        f"results ({device}; timed: {runs[0].get('steps', '?')} steps per loader after warm-up; "
+        f"speedup vs {baseline['name'] if baseline else 'n/a'})"
+    )
     _print_table(runs, baseline)
     if fast and baseline:
-        log(f"torch_fastload: {speedup:.2f}x the samples/s of the best torch DataLoader; input wait "
-            f"{100 * fast['wait_fraction']:.1f}% vs {100 * baseline['wait_fraction']:.1f}% of wall time")
+        log(
+            f"torch_fastload: {speedup:.2f}x the samples/s of the best torch DataLoader; input wait "
+            f"{100 * fast['wait_fraction']:.1f}% vs {100 * baseline['wait_fraction']:.1f}% of wall time"
+        )
     losses = [r["last_loss"] for r in runs if r.get("last_loss") is not None and not r["name"].startswith("device")]
     if args.compute_ms is None and len(losses) > 1:
-        log(f"final losses of the loader runs (same batches, same initial weights): "
-            f"{', '.join(f'{v:.4f}' for v in losses)}")
+        log(
+            f"final losses of the loader runs (same batches, same initial weights): "
+            f"{', '.join(f'{v:.4f}' for v in losses)}"
+        )
     if device.type == "cpu":
-        log(f"note: CPU run: no pinning and no host-to-device copy, and the loaders' threads and worker "
+        log(
+            f"note: CPU run: no pinning and no host-to-device copy, and the loaders' threads and worker "
             f"processes compete with the model's {torch.get_num_threads()} intra-op threads for "
             f"{machine['cpu_affinity'] or machine['cpu_count']} cores; the numbers exercise the code, "
-            f"they are not the GPU result")
+            f"they are not the GPU result"
+        )
     if snapshot is not None:
         log()
         log(str(snapshot))
@@ -555,9 +649,14 @@ def main(argv=None, prog: str | None = None) -> int:
             "machine": machine,
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "device": str(device),
-            "dataset": {"samples": args.samples, "sample_bytes": sample_bytes,
-                        "shape": [args.channels, args.image_size, args.image_size], "dtype": "float32",
-                        "label_dtype": "int64", "total_bytes": args.samples * sample_bytes},
+            "dataset": {
+                "samples": args.samples,
+                "sample_bytes": sample_bytes,
+                "shape": [args.channels, args.image_size, args.image_size],
+                "dtype": "float32",
+                "label_dtype": "int64",
+                "total_bytes": args.samples * sample_bytes,
+            },
             "model": {"width": width, "calibration": calibration, "sleep_calibration": sleep_cal},
             "runs": runs,
             "baseline": baseline["name"] if baseline else None,

@@ -16,8 +16,9 @@ import json
 import os
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 __all__ = ["get", "set", "override", "describe", "resolve", "source", "tuning_file", "parse_size", "OPTIONS"]
 
@@ -48,8 +49,9 @@ def _int_between(minimum: int, maximum: int) -> Callable[[str, Any], int]:
         except ValueError:
             as_int = None
         if as_int is None or as_int > maximum:
-            raise ValueError(f"torch_fastload option {name!r} must be an integer in [{minimum}, {maximum}], "
-                             f"got {value!r}") from None
+            raise ValueError(
+                f"torch_fastload option {name!r} must be an integer in [{minimum}, {maximum}], got {value!r}"
+            ) from None
         return as_int
 
     return parse
@@ -68,8 +70,9 @@ def _byte_size(name: str, value: Any) -> int:
         try:
             value = parse_size(value)
         except ValueError:
-            raise ValueError(f"torch_fastload option {name!r} must be a byte count such as 4194304 or 4MiB, "
-                             f"got {value!r}") from None
+            raise ValueError(
+                f"torch_fastload option {name!r} must be a byte count such as 4194304 or 4MiB, got {value!r}"
+            ) from None
     return _positive_int(name, value)
 
 
@@ -90,8 +93,9 @@ def _size_or_share_of_ram(name: str, value: Any) -> int:
         except ValueError:
             share = -1.0
         if not 0 <= share <= 100:
-            raise ValueError(f"torch_fastload option {name!r} must be a byte count or a percentage of RAM, "
-                             f"got {value!r}")
+            raise ValueError(
+                f"torch_fastload option {name!r} must be a byte count or a percentage of RAM, got {value!r}"
+            )
         return int(physical_memory() * share / 100)
     if text == "0":
         return 0
@@ -177,44 +181,96 @@ OPTIONS: dict[str, Option] = {
     opt.name: opt
     for opt in (
         Option("prefetch", 2, _positive_int, "batches kept ready on the device ahead of the training step"),
-        Option("stage_threads", _default_stage_threads(), _positive_int,
-               "threads that copy a batch from pageable memory into its pinned slot"),
-        Option("nontemporal", True, _bool,
-               "stage with non-temporal stores (the slot is read by DMA, not the CPU; C++ engine only)"),
-        Option("fetch_threads", 1, _positive_int,
-               "threads running per-sample Python when num_workers == 0 (map-style datasets)"),
+        Option(
+            "stage_threads",
+            _default_stage_threads(),
+            _positive_int,
+            "threads that copy a batch from pageable memory into its pinned slot",
+        ),
+        Option(
+            "nontemporal",
+            True,
+            _bool,
+            "stage with non-temporal stores (the slot is read by DMA, not the CPU; C++ engine only)",
+        ),
+        Option(
+            "fetch_threads",
+            1,
+            _positive_int,
+            "threads running per-sample Python when num_workers == 0 (map-style datasets)",
+        ),
         Option("pool_slots", 3, _positive_int, "pinned staging slots in the pool"),
-        Option("slot_bytes", 0, _non_negative_int,
-               "bytes per pinned slot; 0 sizes slots exactly from the first batch"),
-        Option("oversize", "grow", _choice("grow", "error"),
-               "a batch larger than a slot: 'grow' re-sizes the pool (counted in stats), 'error' raises"),
-        Option("io_mode", "auto", _choice("auto", "gds", "pinned", "posix"),
-               "file reads: 'gds' (kvikio into GPU memory), 'pinned' (kvikio or the engine into the pinned "
-               "pool), 'posix' (the C++ engine into the pinned pool), 'auto' (gds where usable, else posix)"),
+        Option("slot_bytes", 0, _non_negative_int, "bytes per pinned slot; 0 sizes slots exactly from the first batch"),
+        Option(
+            "oversize",
+            "grow",
+            _choice("grow", "error"),
+            "a batch larger than a slot: 'grow' re-sizes the pool (counted in stats), 'error' raises",
+        ),
+        Option(
+            "io_mode",
+            "auto",
+            _choice("auto", "gds", "pinned", "posix"),
+            "file reads: 'gds' (kvikio into GPU memory), 'pinned' (kvikio or the engine into the pinned "
+            "pool), 'posix' (the C++ engine into the pinned pool), 'auto' (gds where usable, else posix)",
+        ),
         Option("o_direct", False, _bool, "the C++ engine reads with O_DIRECT (bypasses the page cache)"),
-        Option("io_threads", 16, _int_between(1, 256), "threads per batched file read (C++ engine, kvikio)",
-               env_name="TORCH_FASTLOAD_NUM_THREADS", tunable=True),
-        Option("io_task_size", 4 << 20, _byte_size, "bytes per read task (reads are sliced and coalesced to it)",
-               env_name="TORCH_FASTLOAD_TASK_SIZE", tunable=True),
-        Option("map_budget", "25%", _size_or_share_of_ram,
-               "page cache the engine may pin by mapping files that are already resident and letting the "
-               "GPU copy from them directly (no CPU copy); a byte count, a share of RAM, or 0 to never map"),
-        Option("cpu_decode_share", "auto", _share_or_word,
-               "share of each batch's GPU-decodable JPEGs decoded on the CPU instead of nvJPEG (DALI's "
-               "hw_decoder_load turned around; 1: all of them); 'auto': from the 9th batch ~15 time every JPEG "
-               "on the C++ decoder, which keeps them if the training loop waited < 10% of its step; else ~15 "
-               "more time nvJPEG and the CPU must be 5% faster to stay (nvJPEG alone below 8 CPUs per process); "
-               "'steal': both split each batch by work stealing. RESULTS.md"),
-        Option("cpu_decode_threads", 0, _non_negative_int,
-               "threads decoding images on the CPU (the C++ decoder's and Python's, at nice +10); "
-               "0 = CPUs - 4 when every JPEG may go to the CPU ('auto', 1), else min(8, CPUs); CPUs per process"),
-        Option("cpu_decode_regions", True, _bool,
-               "the C++ decoder decodes only the rows and columns each random crop reads (the same "
-               "pixels; libjpeg-turbo only)"),
-        Option("shutdown_timeout", 10.0, _positive_float,
-               "seconds to wait for in-flight reads and copies and for threads to join on shutdown"),
-        Option("poll_interval", 0.05, _positive_float,
-               "seconds between checks of the stop flag in every blocking wait"),
+        Option(
+            "io_threads",
+            16,
+            _int_between(1, 256),
+            "threads per batched file read (C++ engine, kvikio)",
+            env_name="TORCH_FASTLOAD_NUM_THREADS",
+            tunable=True,
+        ),
+        Option(
+            "io_task_size",
+            4 << 20,
+            _byte_size,
+            "bytes per read task (reads are sliced and coalesced to it)",
+            env_name="TORCH_FASTLOAD_TASK_SIZE",
+            tunable=True,
+        ),
+        Option(
+            "map_budget",
+            "25%",
+            _size_or_share_of_ram,
+            "page cache the engine may pin by mapping files that are already resident and letting the "
+            "GPU copy from them directly (no CPU copy); a byte count, a share of RAM, or 0 to never map",
+        ),
+        Option(
+            "cpu_decode_share",
+            "auto",
+            _share_or_word,
+            "share of each batch's GPU-decodable JPEGs decoded on the CPU instead of nvJPEG (DALI's "
+            "hw_decoder_load turned around; 1: all of them); 'auto': from the 9th batch ~15 time every JPEG "
+            "on the C++ decoder, which keeps them if the training loop waited < 10% of its step; else ~15 "
+            "more time nvJPEG and the CPU must be 5% faster to stay (nvJPEG alone below 8 CPUs per process); "
+            "'steal': both split each batch by work stealing. RESULTS.md",
+        ),
+        Option(
+            "cpu_decode_threads",
+            0,
+            _non_negative_int,
+            "threads decoding images on the CPU (the C++ decoder's and Python's, at nice +10); "
+            "0 = CPUs - 4 when every JPEG may go to the CPU ('auto', 1), else min(8, CPUs); CPUs per process",
+        ),
+        Option(
+            "cpu_decode_regions",
+            True,
+            _bool,
+            "the C++ decoder decodes only the rows and columns each random crop reads (the same "
+            "pixels; libjpeg-turbo only)",
+        ),
+        Option(
+            "shutdown_timeout",
+            10.0,
+            _positive_float,
+            "seconds to wait for in-flight reads and copies and for threads to join on shutdown",
+        ),
+        Option(
+            "poll_interval", 0.05, _positive_float, "seconds between checks of the stop flag in every blocking wait"
+        ),
     )
 }
 
@@ -230,7 +286,8 @@ _tuning_cache: dict[str, Any] = {}
 def tuning_file() -> str:
     """Where ``doctor --save`` writes measured settings (``TORCH_FASTLOAD_TUNING_FILE``)."""
     return os.environ.get("TORCH_FASTLOAD_TUNING_FILE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "torch_fastload", "tuning.json")
+        os.path.expanduser("~"), ".cache", "torch_fastload", "tuning.json"
+    )
 
 
 def _tuned() -> dict[str, Any]:
@@ -246,8 +303,10 @@ def _tuned() -> dict[str, Any]:
                 recorded = json.load(f).get("settings", {})
             values = {k: OPTIONS[k].parse(k, v) for k, v in recorded.items() if k in OPTIONS and OPTIONS[k].tunable}
         except (OSError, ValueError, AttributeError) as exc:
-            raise ValueError(f"torch_fastload tuning file {path} is unreadable ({exc}); "
-                             "re-run `python -m torch_fastload doctor --save` or delete it") from None
+            raise ValueError(
+                f"torch_fastload tuning file {path} is unreadable ({exc}); "
+                "re-run `python -m torch_fastload doctor --save` or delete it"
+            ) from None
         _tuning_cache.update(key=(path, stamp), values=values)
     return _tuning_cache["values"]
 

@@ -14,6 +14,7 @@ out the same way. ``torch.utils.data.DistributedSampler`` needs no replacement: 
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler
@@ -38,8 +39,9 @@ def _epoch_order(length: int, seed: int, epoch: int, shuffle: bool) -> torch.Ten
     return torch.arange(length)
 
 
-def _shard(length: int, num_replicas: int, rank: int, seed: int, epoch: int, shuffle: bool, drop_last: bool,
-           start: int) -> torch.Tensor:
+def _shard(
+    length: int, num_replicas: int, rank: int, seed: int, epoch: int, shuffle: bool, drop_last: bool, start: int
+) -> torch.Tensor:
     if not 0 <= rank < num_replicas:
         raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
     if not 0 <= start <= length:
@@ -57,8 +59,17 @@ def _shard(length: int, num_replicas: int, rank: int, seed: int, epoch: int, shu
     return rest[rank:total:num_replicas]
 
 
-def shard_indices(length: int, *, num_replicas: int, rank: int, seed: int = 0, epoch: int = 0,
-                  shuffle: bool = True, drop_last: bool = False, start: int = 0) -> list:
+def shard_indices(
+    length: int,
+    *,
+    num_replicas: int,
+    rank: int,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    start: int = 0,
+) -> list:
     """Rank ``rank``'s indices of the epoch, from global position ``start`` on.
 
     ``start == 0`` gives torch's ``DistributedSampler`` order exactly (padding repeats the
@@ -83,15 +94,24 @@ class ShardBatches:
 
     def __iter__(self):
         for position in range(0, len(self) * self.batch_size, self.batch_size):
-            yield self.indices[position:position + self.batch_size].tolist()
+            yield self.indices[position : position + self.batch_size].tolist()
 
 
-def sampler_batches(sampler: DistributedSampler, batch_size: int, drop_last: bool, *, length: int | None = None,
-                    start: int = 0) -> ShardBatches:
+def sampler_batches(
+    sampler: DistributedSampler, batch_size: int, drop_last: bool, *, length: int | None = None, start: int = 0
+) -> ShardBatches:
     """The batches of ``sampler``'s current epoch from global position ``start`` (``length``:
     the dataset's, default the sampler's)."""
-    indices = _shard(len(sampler.dataset) if length is None else length, sampler.num_replicas, sampler.rank,
-                     sampler.seed, sampler.epoch, sampler.shuffle, sampler.drop_last, start)
+    indices = _shard(
+        len(sampler.dataset) if length is None else length,
+        sampler.num_replicas,
+        sampler.rank,
+        sampler.seed,
+        sampler.epoch,
+        sampler.shuffle,
+        sampler.drop_last,
+        start,
+    )
     return ShardBatches(indices, batch_size, drop_last)
 
 
@@ -100,8 +120,12 @@ def exact_sampler_batches(loader) -> ShardBatches | None:
     unmodified ``DistributedSampler`` whose sizes still match its dataset; None otherwise
     (the loader then iterates the sampler itself)."""
     batches, sampler = loader.batch_sampler, loader.sampler
-    if (type(batches) is not BatchSampler or batches.sampler is not sampler or type(sampler) is not DistributedSampler
-            or not loader._auto_collation):
+    if (
+        type(batches) is not BatchSampler
+        or batches.sampler is not sampler
+        or type(sampler) is not DistributedSampler
+        or not loader._auto_collation
+    ):
         return None
     try:
         length = len(sampler.dataset)

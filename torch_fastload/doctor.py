@@ -42,12 +42,34 @@ import numpy as np
 import torch
 
 from torch_fastload import config, engine, io
-from torch_fastload._benchutil import (Progress, drop_page_cache, error_text, fmt, h2d_copy_seconds, log,
-                                       machine_info, positive_int_list, run_quiet, size_arg, size_list, table,
-                                       write_json)
+from torch_fastload._benchutil import (
+    Progress,
+    drop_page_cache,
+    error_text,
+    fmt,
+    h2d_copy_seconds,
+    log,
+    machine_info,
+    positive_int_list,
+    run_quiet,
+    size_arg,
+    size_list,
+    table,
+    write_json,
+)
 
-__all__ = ["main", "build_parser", "gpu_info", "measure_h2d", "gds_info", "measure_storage", "sweep",
-           "recommend", "save_tuning", "render"]
+__all__ = [
+    "main",
+    "build_parser",
+    "gpu_info",
+    "measure_h2d",
+    "gds_info",
+    "measure_storage",
+    "sweep",
+    "recommend",
+    "save_tuning",
+    "render",
+]
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 CHUNK = 64 * MiB  # bytes per read call in the sweep (a large batch) and per write of the test file
@@ -58,8 +80,13 @@ STORAGE_THREADS, STORAGE_TASK = 16, 4 * MiB
 # Gen3, FLIT from Gen6): the spec's ceiling, to judge the measured H2D rate against.
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
-SECTIONS = {"gpu": "GPU", "h2d": "Host -> device copies (H2D)", "gds": "GDS / kvikio",
-            "storage": "Storage", "sweep": "Sweep: engine threads x task size (page cache)"}
+SECTIONS = {
+    "gpu": "GPU",
+    "h2d": "Host -> device copies (H2D)",
+    "gds": "GDS / kvikio",
+    "storage": "Storage",
+    "sweep": "Sweep: engine threads x task size (page cache)",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,8 +116,7 @@ def _kv(rows: list[tuple[str, Any]], indent: str = "  ") -> str:
 def _read_file(path: str, size: int, dst, threads: int, task_size: int, o_direct: bool = False) -> float:
     """Seconds to read the whole file into ``dst`` with one engine call."""
     start = time.perf_counter()
-    got = engine.read_ranges(path, None, [0], [size], dst, num_threads=threads, task_size=task_size,
-                             o_direct=o_direct)
+    got = engine.read_ranges(path, None, [0], [size], dst, num_threads=threads, task_size=task_size, o_direct=o_direct)
     seconds = time.perf_counter() - start
     if got != size:
         raise RuntimeError(f"read {got} bytes of {path}, expected {size}")
@@ -116,15 +142,17 @@ def _gpus_pynvml() -> list[dict] | None:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(h)
-            gpus.append({
-                "name": name.decode() if isinstance(name, bytes) else name,
-                "memory_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // MiB,
-                "driver": driver.decode() if isinstance(driver, bytes) else driver,
-                "pcie_gen_current": pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
-                "pcie_gen_max": pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
-                "pcie_width_current": pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
-                "pcie_width_max": pynvml.nvmlDeviceGetMaxPcieLinkWidth(h),
-            })
+            gpus.append(
+                {
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "memory_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // MiB,
+                    "driver": driver.decode() if isinstance(driver, bytes) else driver,
+                    "pcie_gen_current": pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
+                    "pcie_gen_max": pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
+                    "pcie_width_current": pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
+                    "pcie_width_max": pynvml.nvmlDeviceGetMaxPcieLinkWidth(h),
+                }
+            )
         return gpus
     except Exception:
         return None
@@ -134,9 +162,14 @@ def _gpus_pynvml() -> list[dict] | None:
 
 def _gpus_nvidia_smi() -> list[dict] | None:
     """The GPUs as ``nvidia-smi`` reports them, or None where it is missing or fails."""
-    out = run_quiet(["nvidia-smi", "--query-gpu=name,pcie.link.gen.current,pcie.link.gen.max,"
-                     "pcie.link.width.current,pcie.link.width.max,memory.total,driver_version",
-                     "--format=csv,noheader"])
+    out = run_quiet(
+        [
+            "nvidia-smi",
+            "--query-gpu=name,pcie.link.gen.current,pcie.link.gen.max,"
+            "pcie.link.width.current,pcie.link.width.max,memory.total,driver_version",
+            "--format=csv,noheader",
+        ]
+    )
     if not out:
         return None
 
@@ -150,9 +183,17 @@ def _gpus_nvidia_smi() -> list[dict] | None:
         if len(fields) != 7:
             continue
         name, gen_cur, gen_max, width_cur, width_max, memory, driver = fields
-        gpus.append({"name": name, "memory_mib": number(memory), "driver": driver,
-                     "pcie_gen_current": number(gen_cur), "pcie_gen_max": number(gen_max),
-                     "pcie_width_current": number(width_cur), "pcie_width_max": number(width_max)})
+        gpus.append(
+            {
+                "name": name,
+                "memory_mib": number(memory),
+                "driver": driver,
+                "pcie_gen_current": number(gen_cur),
+                "pcie_gen_max": number(gen_max),
+                "pcie_width_current": number(width_cur),
+                "pcie_width_max": number(width_max),
+            }
+        )
     return gpus or None
 
 
@@ -173,8 +214,12 @@ def gpu_info() -> dict:
         info["device"] = {"index": dev, "name": torch.cuda.get_device_name(dev)}
     else:
         build = getattr(torch.version, "cuda", None)
-        info["reason"] = ("torch.cuda.is_available() is False (torch " + torch.__version__
-                          + (f", built for CUDA {build}" if build else ", built without CUDA") + ")")
+        info["reason"] = (
+            "torch.cuda.is_available() is False (torch "
+            + torch.__version__
+            + (f", built for CUDA {build}" if build else ", built without CUDA")
+            + ")"
+        )
     return info
 
 
@@ -194,8 +239,10 @@ def measure_h2d(nbytes: int, reps: int = 5) -> dict:
         return {"skipped": "no CUDA device"}
     device = torch.device("cuda", torch.cuda.current_device())
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    sources = {"pinned": torch.empty(nbytes, dtype=torch.uint8, pin_memory=True),
-               "pageable": torch.empty(nbytes, dtype=torch.uint8).fill_(1)}  # touched: no page faults timed
+    sources = {
+        "pinned": torch.empty(nbytes, dtype=torch.uint8, pin_memory=True),
+        "pageable": torch.empty(nbytes, dtype=torch.uint8).fill_(1),
+    }  # touched: no page faults timed
     result: dict = {"bytes": nbytes, "reps": reps}
     try:
         for kind, src in sources.items():
@@ -235,9 +282,14 @@ def gds_info() -> dict:
     """Whether cuFile can DMA into GPU memory here, and the read path 'auto' therefore picks."""
     status, printed = _native_output(io.gds_status)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    info = {"available": status.available, "kvikio_version": status.kvikio_version,
-            "compat_mode": status.compat_mode, "reasons": list(status.reasons), "device": device,
-            "kvikio_printed": printed.splitlines()}
+    info = {
+        "available": status.available,
+        "kvikio_version": status.kvikio_version,
+        "compat_mode": status.compat_mode,
+        "reasons": list(status.reasons),
+        "device": device,
+        "kvikio_printed": printed.splitlines(),
+    }
     try:
         path = io.select("auto", device)
         info.update(auto_path=str(path), auto_mode=path.mode)
@@ -268,8 +320,13 @@ def filesystem_of(path: str) -> dict:
             inside = point == "/" or real == point or real.startswith(point.rstrip("/") + "/")
             if inside and (best is None or len(point) >= len(best[1])):
                 best = (source, point, fstype)
-    info: dict = {"dir": real, "mount_source": best and best[0], "mount_point": best and best[1],
-                  "fstype": best and best[2], "block_device": None}
+    info: dict = {
+        "dir": real,
+        "mount_source": best and best[0],
+        "mount_point": best and best[1],
+        "fstype": best and best[2],
+        "block_device": None,
+    }
     st = os.stat(path)
     link = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
     if os.path.exists(link):  # absent for tmpfs, overlay, NFS, ...: no block device of their own
@@ -285,8 +342,11 @@ def filesystem_of(path: str) -> dict:
                 return None
 
         rotational = sysfs("queue/rotational")
-        info["disk"] = {"name": os.path.basename(disk), "model": sysfs("device/model"),
-                        "rotational": None if rotational is None else rotational == "1"}
+        info["disk"] = {
+            "name": os.path.basename(disk),
+            "model": sysfs("device/model"),
+            "rotational": None if rotational is None else rotational == "1",
+        }
     return info
 
 
@@ -315,10 +375,15 @@ def measure_storage(path: str, size: int) -> dict:
     what an epoch costs the first time and when the data set fits in memory."""
     free = shutil.disk_usage(os.path.dirname(path)).free
     if free < size:
-        raise OSError(errno.ENOSPC, f"{_size_text(size)} test file does not fit: {free / GiB:.1f} GiB free",
-                      os.path.dirname(path))
-    result: dict = {"filesystem": filesystem_of(os.path.dirname(path)), "size": size,
-                    "threads": STORAGE_THREADS, "task_size": STORAGE_TASK}
+        raise OSError(
+            errno.ENOSPC, f"{_size_text(size)} test file does not fit: {free / GiB:.1f} GiB free", os.path.dirname(path)
+        )
+    result: dict = {
+        "filesystem": filesystem_of(os.path.dirname(path)),
+        "size": size,
+        "threads": STORAGE_THREADS,
+        "task_size": STORAGE_TASK,
+    }
     result["write"] = write_test_file(path, size)
     dst = np.empty(size, dtype=np.uint8)
     dst.fill(0)  # touch every page now, so no read below times page faults
@@ -330,7 +395,9 @@ def measure_storage(path: str, size: int) -> dict:
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise
-        result["cold_odirect"] = {"skipped": f"the filesystem refuses O_DIRECT (EINVAL) ({result['filesystem']['fstype']})"}
+        result["cold_odirect"] = {
+            "skipped": f"the filesystem refuses O_DIRECT (EINVAL) ({result['filesystem']['fstype']})"
+        }
     drop_page_cache(path)
     result["cold_buffered"] = {"gbps": _gbps(size, read())}
     read()  # the file is in the page cache now; time the next read
@@ -374,11 +441,20 @@ class _FilePass:
         for i, offset in enumerate(range(0, self.size, self.chunk)):
             n = min(self.chunk, self.size - offset)
             if stager is not None:
-                got = stager.read(self.path, None, [offset], [n], self.device_buf[offset:offset + n],
-                                  stream=self.stream.cuda_stream, num_threads=threads, task_size=task_size)
+                got = stager.read(
+                    self.path,
+                    None,
+                    [offset],
+                    [n],
+                    self.device_buf[offset : offset + n],
+                    stream=self.stream.cuda_stream,
+                    num_threads=threads,
+                    task_size=task_size,
+                )
             else:
-                got = engine.read_ranges(self.path, None, [offset], [n], self.host[i % 2], num_threads=threads,
-                                         task_size=task_size)
+                got = engine.read_ranges(
+                    self.path, None, [offset], [n], self.host[i % 2], num_threads=threads, task_size=task_size
+                )
             if got != n:
                 raise RuntimeError(f"read {got} of {n} bytes at offset {offset} of {self.path}")
         if self.cuda:
@@ -397,12 +473,17 @@ def recommend(cells: list[dict]) -> dict:
     best = max(cells, key=lambda c: c["gbps"])
     near = [c for c in cells if c["gbps"] >= NEAR_BEST * best["gbps"]]
     pick = min(near, key=lambda c: (c["threads"], c["task_size"]))
-    return {"threads": pick["threads"], "task_size": pick["task_size"], "gbps": pick["gbps"],
-            "best": {"threads": best["threads"], "task_size": best["task_size"], "gbps": best["gbps"]}}
+    return {
+        "threads": pick["threads"],
+        "task_size": pick["task_size"],
+        "gbps": pick["gbps"],
+        "best": {"threads": best["threads"], "task_size": best["task_size"], "gbps": best["gbps"]},
+    }
 
 
-def sweep(path: str, size: int, threads: list[int], task_sizes: list[int], min_seconds: float,
-          progress: bool = True) -> dict:
+def sweep(
+    path: str, size: int, threads: list[int], task_sizes: list[int], min_seconds: float, progress: bool = True
+) -> dict:
     """Hot-cache rate of each threads x task size: the engine's own ceiling on this machine,
     which is what io_threads / io_task_size should be set to reach."""
     if not os.path.exists(path) or os.path.getsize(path) != size:
@@ -432,11 +513,23 @@ def sweep(path: str, size: int, threads: list[int], task_sizes: list[int], min_s
         if cuda:
             torch.cuda.empty_cache()
     chunk = _size_text(min(CHUNK, size))
-    what = (f"file -> GPU: the engine's device path (pinned ring of io_threads + io_threads/4 chunks of the "
-            f"task size, H2D per task), {chunk} per call" if cuda
-            else f"file -> host memory: {chunk} reads into 2 alternating buffers")
-    return {"what": what, "to_gpu": cuda, "size": size, "chunk": min(CHUNK, size), "threads": threads,
-            "task_sizes": task_sizes, "gbps": grid, "cells": cells, "recommended": recommend(cells)}
+    what = (
+        f"file -> GPU: the engine's device path (pinned ring of io_threads + io_threads/4 chunks of the "
+        f"task size, H2D per task), {chunk} per call"
+        if cuda
+        else f"file -> host memory: {chunk} reads into 2 alternating buffers"
+    )
+    return {
+        "what": what,
+        "to_gpu": cuda,
+        "size": size,
+        "chunk": min(CHUNK, size),
+        "threads": threads,
+        "task_sizes": task_sizes,
+        "gbps": grid,
+        "cells": cells,
+        "recommended": recommend(cells),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -447,15 +540,21 @@ def save_tuning(recommended: dict, measured: dict) -> dict:
     path = Path(config.tuning_file())
     path.parent.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
-    write_json(path, {
-        "settings": {"io_threads": recommended["threads"], "io_task_size": recommended["task_size"]},
-        "measured": measured,
-        "date": datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds"),
-        "machine": machine_info(cuda),
-    })
-    return {"path": str(path),
-            "in_effect": {name: {"value": config.get(name), "source": config.source(name)}
-                          for name in ("io_threads", "io_task_size")}}
+    write_json(
+        path,
+        {
+            "settings": {"io_threads": recommended["threads"], "io_task_size": recommended["task_size"]},
+            "measured": measured,
+            "date": datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds"),
+            "machine": machine_info(cuda),
+        },
+    )
+    return {
+        "path": str(path),
+        "in_effect": {
+            name: {"value": config.get(name), "source": config.source(name)} for name in ("io_threads", "io_task_size")
+        },
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -464,13 +563,23 @@ def save_tuning(recommended: dict, measured: dict) -> dict:
 def _render_gpu(r: dict) -> str:
     lines = []
     if r["gpus"]:
-        rows = [[i, g["name"], fmt(g["memory_mib"] and g["memory_mib"] / 1024, ".1f") + " GiB", g["driver"],
-                 f"Gen{g['pcie_gen_current']} x{g['pcie_width_current']}",
-                 f"Gen{g['pcie_gen_max']} x{g['pcie_width_max']}", fmt(g["pcie_max_gbps"], ".1f")]
-                for i, g in enumerate(r["gpus"])]
+        rows = [
+            [
+                i,
+                g["name"],
+                fmt(g["memory_mib"] and g["memory_mib"] / 1024, ".1f") + " GiB",
+                g["driver"],
+                f"Gen{g['pcie_gen_current']} x{g['pcie_width_current']}",
+                f"Gen{g['pcie_gen_max']} x{g['pcie_width_max']}",
+                fmt(g["pcie_max_gbps"], ".1f"),
+            ]
+            for i, g in enumerate(r["gpus"])
+        ]
         lines.append(table(["#", "name", "memory", "driver", "PCIe now", "PCIe max", "link GB/s"], rows))
-        lines.append(f"(from {r['source']}; link GB/s: the max link's payload rate per direction. "
-                     "An idle GPU lowers its link generation; it rises under load.)")
+        lines.append(
+            f"(from {r['source']}; link GB/s: the max link's payload rate per direction. "
+            "An idle GPU lowers its link generation; it rises under load.)"
+        )
     if r["cuda"]:
         lines.append(f"measuring on cuda:{r['device']['index']} ({r['device']['name']})")
     else:
@@ -487,14 +596,18 @@ def _render_h2d(r: dict, link: dict | None) -> str:
         m = r[kind]
         share = f"{100 * m['gbps'] / ceiling:.0f}%" if ceiling else "-"
         rows.append([kind, fmt(m["gbps"]), fmt(min(m["samples_gbps"])), fmt(max(m["samples_gbps"])), share])
-    return table(["source memory", "GB/s (median)", "min", "max", "of link"], rows) + \
-        f"\n({_size_text(r['bytes'])} copies, CUDA events, median of {r['reps']} after warm-up)"
+    return (
+        table(["source memory", "GB/s (median)", "min", "max", "of link"], rows)
+        + f"\n({_size_text(r['bytes'])} copies, CUDA events, median of {r['reps']} after warm-up)"
+    )
 
 
 def _render_gds(r: dict) -> str:
-    rows = [("kvikio", r["kvikio_version"] or "not installed"),
-            ("compat mode", r["compat_mode"] or "-"),
-            ("GDS available", "yes" if r["available"] else "no")]
+    rows = [
+        ("kvikio", r["kvikio_version"] or "not installed"),
+        ("compat mode", r["compat_mode"] or "-"),
+        ("GDS available", "yes" if r["available"] else "no"),
+    ]
     rows += [("why not" if i == 0 else "", why) for i, why in enumerate(r["reasons"])]
     rows += [("kvikio printed" if i == 0 else "", text) for i, text in enumerate(r.get("kvikio_printed", []))]
     rows.append((f"io_mode='auto' on {r['device']}", r["auto_path"]))
@@ -509,21 +622,32 @@ def _render_storage(r: dict) -> str:
         kind = {True: "rotational per sysfs", False: "non-rotational", None: None}[disk.get("rotational")]
         extra = ", ".join(x for x in (disk.get("model"), kind) if x)
         device += f" ({extra})" if extra else ""
-    head = _kv([("directory", fs["dir"]), ("filesystem", f"{fs['fstype']} mounted at {fs['mount_point']}"),
-                ("block device", device), ("test file", f"{_size_text(r['size'])}, random bytes, fsynced")], "")
+    head = _kv(
+        [
+            ("directory", fs["dir"]),
+            ("filesystem", f"{fs['fstype']} mounted at {fs['mount_point']}"),
+            ("block device", device),
+            ("test file", f"{_size_text(r['size'])}, random bytes, fsynced"),
+        ],
+        "",
+    )
     hot = r["hot"]["gbps"]
     rows, notes = [["write + fsync", fmt(r["write"]["gbps"]), "-"]], []
-    for key, label in (("cold_odirect", "cold read, O_DIRECT"),
-                       ("cold_buffered", "cold read, buffered (after FADV_DONTNEED)"),
-                       ("hot", "hot read (page cache)")):
+    for key, label in (
+        ("cold_odirect", "cold read, O_DIRECT"),
+        ("cold_buffered", "cold read, buffered (after FADV_DONTNEED)"),
+        ("hot", "hot read (page cache)"),
+    ):
         m = r[key]
         if "skipped" in m:
             rows.append([label, "skipped", "-"])
             notes.append(f"{label}: skipped: {m['skipped']}")
         else:
             rows.append([label, fmt(m["gbps"]), f"{m['gbps'] / hot:.2f}x"])
-    notes.append(f"reads: the C++ engine, {r['threads']} threads x {_size_text(r['task_size'])} tasks, one call "
-                 "for the whole file.")
+    notes.append(
+        f"reads: the C++ engine, {r['threads']} threads x {_size_text(r['task_size'])} tasks, one call "
+        "for the whole file."
+    )
     notes.append("A cold rate near the hot one: the cache drop did not take effect, or storage is as fast as memory.")
     return head + "\n\n" + table(["", "GB/s", "vs hot"], rows) + "\n" + "\n".join(notes)
 
@@ -533,17 +657,26 @@ def _render_sweep(r: dict) -> str:
     headers = ["threads"] + [_size_text(s) + " " for s in r["task_sizes"]]  # " ": room for the "*"
     rows = []
     for t, line in zip(r["threads"], r["gbps"]):
-        rows.append([t] + [fmt(v) + ("*" if (t, s) == (rec["threads"], rec["task_size"]) else " ")
-                           for s, v in zip(r["task_sizes"], line)])
+        rows.append(
+            [t]
+            + [
+                fmt(v) + ("*" if (t, s) == (rec["threads"], rec["task_size"]) else " ")
+                for s, v in zip(r["task_sizes"], line)
+            ]
+        )
     best = rec["best"]
-    lines = [f"{r['what']}; {_size_text(r['size'])} file; GB/s (median of passes), columns: task size",
-             table(headers, rows),
-             f"recommended: io_threads={rec['threads']}, io_task_size={_size_text(rec['task_size'])} "
-             f"({rec['gbps']:.2f} GB/s; fastest {best['gbps']:.2f} GB/s at {best['threads']} x "
-             f"{_size_text(best['task_size'])}; within {100 * (1 - NEAR_BEST):.0f}% of it fewer threads, "
-             "then smaller tasks win)"]
-    now = ", ".join(f"{n}={config.get(n) if n == 'io_threads' else _size_text(config.get(n))} ({config.source(n)})"
-                    for n in ("io_threads", "io_task_size"))
+    lines = [
+        f"{r['what']}; {_size_text(r['size'])} file; GB/s (median of passes), columns: task size",
+        table(headers, rows),
+        f"recommended: io_threads={rec['threads']}, io_task_size={_size_text(rec['task_size'])} "
+        f"({rec['gbps']:.2f} GB/s; fastest {best['gbps']:.2f} GB/s at {best['threads']} x "
+        f"{_size_text(best['task_size'])}; within {100 * (1 - NEAR_BEST):.0f}% of it fewer threads, "
+        "then smaller tasks win)",
+    ]
+    now = ", ".join(
+        f"{n}={config.get(n) if n == 'io_threads' else _size_text(config.get(n))} ({config.source(n)})"
+        for n in ("io_threads", "io_task_size")
+    )
     lines.append(f"in effect now: {now}")
     return "\n".join(lines)
 
@@ -555,7 +688,8 @@ def _render_saved(r: dict) -> str:
     for name, m in r["in_effect"].items():
         value = _size_text(m["value"]) if name == "io_task_size" else m["value"]
         why = {"tuning file": "the loader now uses it"}.get(
-            m["source"], f"the tuning file is shadowed by {m['source']}")
+            m["source"], f"the tuning file is shadowed by {m['source']}"
+        )
         lines.append(f"  config.get({name!r}) = {value}; config.source({name!r}) = {m['source']!r}: {why}")
     return "\n".join(lines)
 
@@ -568,12 +702,14 @@ def render(name: str, result: dict, results: dict | None = None) -> None:
         log(f"{name}: failed: {result['error']}")
         return
     results = results or {}
-    text = {"gpu": lambda: _render_gpu(result),
-            "h2d": lambda: _render_h2d(result, _link_for(results.get("gpu", {}))),
-            "gds": lambda: _render_gds(result),
-            "storage": lambda: _render_storage(result),
-            "sweep": lambda: _render_sweep(result),
-            "save": lambda: _render_saved(result)}[name]
+    text = {
+        "gpu": lambda: _render_gpu(result),
+        "h2d": lambda: _render_h2d(result, _link_for(results.get("gpu", {}))),
+        "gds": lambda: _render_gds(result),
+        "storage": lambda: _render_storage(result),
+        "sweep": lambda: _render_sweep(result),
+        "save": lambda: _render_saved(result),
+    }[name]
     try:
         log(text())
     except Exception as exc:  # a rendering bug must not end the report either
@@ -595,20 +731,32 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog or "python -m torch_fastload doctor",
         description="Measure this machine's input path (GPU link, H2D copies, GDS, storage, the C++ "
-                    "engine's threads x task size) and recommend io_threads / io_task_size. "
-                    "Defaults in [brackets] are full / --quick.")
-    p.add_argument("--dir", default=".", help="directory whose filesystem to test; a temporary file is "
-                                              "written there and deleted [.]")
+        "engine's threads x task size) and recommend io_threads / io_task_size. "
+        "Defaults in [brackets] are full / --quick.",
+    )
+    p.add_argument(
+        "--dir",
+        default=".",
+        help="directory whose filesystem to test; a temporary file is written there and deleted [.]",
+    )
     p.add_argument("--size", type=size_arg, default=None, help="test file size, e.g. 512M, 1GiB [1GiB / 256MiB]")
     p.add_argument("--h2d-size", type=size_arg, default=None, help="bytes per H2D copy [256MiB / 64MiB]")
-    p.add_argument("--threads", type=positive_int_list, default=None,
-                   help="sweep thread counts, comma-separated [1,2,4,8,16,32 / 1,4,16]")
-    p.add_argument("--tasks", type=size_list, default=None,
-                   help="sweep task sizes, comma-separated [256K,1M,4M,16M / 1M,4M]")
+    p.add_argument(
+        "--threads",
+        type=positive_int_list,
+        default=None,
+        help="sweep thread counts, comma-separated [1,2,4,8,16,32 / 1,4,16]",
+    )
+    p.add_argument(
+        "--tasks", type=size_list, default=None, help="sweep task sizes, comma-separated [256K,1M,4M,16M / 1M,4M]"
+    )
     p.add_argument("--quick", action="store_true", help="smaller file, copies and sweep")
-    p.add_argument("--save", action="store_true",
-                   help=f"write the recommended io_threads / io_task_size to the tuning file "
-                        f"(TORCH_FASTLOAD_TUNING_FILE, now {config.tuning_file()})")
+    p.add_argument(
+        "--save",
+        action="store_true",
+        help=f"write the recommended io_threads / io_task_size to the tuning file "
+        f"(TORCH_FASTLOAD_TUNING_FILE, now {config.tuning_file()})",
+    )
     p.add_argument("--json", type=Path, default=None, help="write every measurement here")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
     return p
@@ -629,8 +777,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     threads = args.threads or ([1, 4, 16] if args.quick else [1, 2, 4, 8, 16, 32])
     tasks = args.tasks or ([MiB, 4 * MiB] if args.quick else [256 * KiB, MiB, 4 * MiB, 16 * MiB])
 
-    log(f"torch_fastload doctor: torch {torch.__version__}, engine "
-        f"{'built' if engine.available() else 'NOT built'}, {os.cpu_count()} CPUs")
+    log(
+        f"torch_fastload doctor: torch {torch.__version__}, engine "
+        f"{'built' if engine.available() else 'NOT built'}, {os.cpu_count()} CPUs"
+    )
     results: dict = {}
     results["gpu"] = _section("gpu", gpu_info)
     render("gpu", results["gpu"], results)
@@ -652,13 +802,22 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     if args.save:
         rec = results["sweep"].get("recommended")
-        results["save"] = (_section("save", save_tuning, rec, {k: v for k, v in results.items() if k != "save"})
-                           if rec else {"skipped": "the sweep failed, so there is nothing to record"})
+        results["save"] = (
+            _section("save", save_tuning, rec, {k: v for k, v in results.items() if k != "save"})
+            if rec
+            else {"skipped": "the sweep failed, so there is nothing to record"}
+        )
         render("save", results["save"], results)
     if args.json:
         try:
-            write_json(args.json, {**results, "machine": machine_info(torch.cuda.is_available()),
-                                   "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}})
+            write_json(
+                args.json,
+                {
+                    **results,
+                    "machine": machine_info(torch.cuda.is_available()),
+                    "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                },
+            )
             log(f"\nwrote {args.json}")
         except Exception as exc:
             log(f"\njson: failed: {error_text(exc)}")

@@ -21,7 +21,8 @@ import os
 import threading
 import time
 import warnings
-from typing import Any, Sequence, Tuple, Union
+from collections.abc import Sequence
+from typing import Any, Union
 
 import numpy as np
 
@@ -125,7 +126,7 @@ def _int64_array(name: str, values: Any) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
-def _destination(dst: Any) -> Tuple[int, int]:
+def _destination(dst: Any) -> tuple[int, int]:
     """(address, size in bytes) of a writable, contiguous host buffer."""
     if type(dst).__module__.startswith("torch"):
         import torch
@@ -146,9 +147,7 @@ def _destination(dst: Any) -> Tuple[int, int]:
         try:
             view = memoryview(dst)
         except TypeError:
-            raise TypeError(
-                f"dst must be a CPU tensor, ndarray or writable buffer, got {type(dst).__name__}"
-            ) from None
+            raise TypeError(f"dst must be a CPU tensor, ndarray or writable buffer, got {type(dst).__name__}") from None
         if view.readonly:
             raise ValueError("dst buffer is read-only")
         if not view.contiguous:
@@ -162,7 +161,7 @@ def _destination(dst: Any) -> Tuple[int, int]:
 
 
 def read_ranges(
-    paths: Union[PathLike, Sequence[PathLike]],
+    paths: PathLike | Sequence[PathLike],
     file_index: Any,
     offsets: Any,
     lengths: Any,
@@ -200,7 +199,7 @@ def read_ranges(
 
 
 def plan_ranges(
-    paths: Union[PathLike, Sequence[PathLike]],
+    paths: PathLike | Sequence[PathLike],
     file_index: Any,
     offsets: Any,
     lengths: Any,
@@ -215,7 +214,12 @@ def plan_ranges(
     engine = _require()
     encoded, file_index, offsets, lengths, dst_offsets = _prepare(paths, file_index, offsets, lengths, dst_offsets)
     return engine.plan_ranges(
-        encoded, file_index, offsets, lengths, int(dst_size), dst_offsets,
+        encoded,
+        file_index,
+        offsets,
+        lengths,
+        int(dst_size),
+        dst_offsets,
         task_size=default_task_size() if task_size is None else _check_task_size(task_size),
         o_direct=bool(o_direct),
     )
@@ -243,9 +247,21 @@ class DeviceStager:
         start = -self._ring.data_ptr() % engine.DIRECT_ALIGNMENT
         self._stager = engine.DeviceStager(self._ring.data_ptr() + start, chunk_bytes * chunks, chunk_bytes)
 
-    def read(self, paths, file_index, offsets, lengths, dst, dst_offsets=None, *, stream: int,
-             num_threads: int | None = None, task_size: int | None = None, o_direct: bool = False,
-             wait_for_chunks: bool = True) -> int:
+    def read(
+        self,
+        paths,
+        file_index,
+        offsets,
+        lengths,
+        dst,
+        dst_offsets=None,
+        *,
+        stream: int,
+        num_threads: int | None = None,
+        task_size: int | None = None,
+        o_direct: bool = False,
+        wait_for_chunks: bool = True,
+    ) -> int:
         """Like :func:`read_ranges` into ``dst`` (a contiguous CUDA tensor), the copies enqueued on
         ``stream`` (a raw CUDA stream handle); returns once they are enqueued, not finished."""
         if self._stager is None:
@@ -254,15 +270,34 @@ class DeviceStager:
             raise ValueError(f"dst must be a contiguous CUDA tensor, got one on {dst.device}")
         encoded, file_index, offsets, lengths, dst_offsets = _prepare(paths, file_index, offsets, lengths, dst_offsets)
         return self._stager.read(
-            encoded, file_index, offsets, lengths, dst.data_ptr(), dst.numel() * dst.element_size(), dst_offsets,
+            encoded,
+            file_index,
+            offsets,
+            lengths,
+            dst.data_ptr(),
+            dst.numel() * dst.element_size(),
+            dst_offsets,
             int(stream),
             num_threads=default_num_threads() if num_threads is None else _check_threads(num_threads),
             task_size=default_task_size() if task_size is None else _check_task_size(task_size),
-            o_direct=bool(o_direct), wait_for_chunks=bool(wait_for_chunks),
+            o_direct=bool(o_direct),
+            wait_for_chunks=bool(wait_for_chunks),
         )
 
-    def gather_mapped(self, files: list, file_index, offsets, lengths, dst, dst_offsets, *, stream: int,
-                      function: int, piece_bytes: int, blocks: int) -> int:
+    def gather_mapped(
+        self,
+        files: list,
+        file_index,
+        offsets,
+        lengths,
+        dst,
+        dst_offsets,
+        *,
+        stream: int,
+        function: int,
+        piece_bytes: int,
+        blocks: int,
+    ) -> int:
         """Ranges of registered mappings (``_C.MappedFile``, one per file index) into ``dst``
         (CUDA) by the gather kernel ``function`` launched on ``stream``; returns the bytes."""
         if self._stager is None:
@@ -270,10 +305,21 @@ class DeviceStager:
         if dst.device.type != "cuda" or not dst.is_contiguous():
             raise ValueError(f"dst must be a contiguous CUDA tensor, got one on {dst.device}")
         _, file_index, offsets, lengths, dst_offsets = _prepare(
-            [f.path for f in files] or ["-"], file_index, offsets, lengths, dst_offsets)
-        return self._stager.gather_mapped(files, file_index, offsets, lengths, dst.data_ptr(),
-                                          dst.numel() * dst.element_size(), dst_offsets, int(stream),
-                                          int(function), int(piece_bytes), int(blocks))
+            [f.path for f in files] or ["-"], file_index, offsets, lengths, dst_offsets
+        )
+        return self._stager.gather_mapped(
+            files,
+            file_index,
+            offsets,
+            lengths,
+            dst.data_ptr(),
+            dst.numel() * dst.element_size(),
+            dst_offsets,
+            int(stream),
+            int(function),
+            int(piece_bytes),
+            int(blocks),
+        )
 
     def close(self, timeout: float = 10.0) -> bool:
         """Wait for copies reading the ring, then free it; False (ring kept alive) on timeout."""
@@ -333,8 +379,12 @@ class MappedFiles:
         try:
             mapped = _require().MappedFile(path)
         except (OSError, ValueError) as exc:  # e.g. read-only registration unsupported: read instead
-            warnings.warn(f"torch_fastload: could not map {path!r} for direct GPU copies ({exc}); "
-                          "reading it through the engine instead", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"torch_fastload: could not map {path!r} for direct GPU copies ({exc}); "
+                "reading it through the engine instead",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             self._refused[path] = (time.monotonic(), "final")
             return None
         self._mapped[path] = mapped

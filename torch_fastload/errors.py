@@ -5,7 +5,15 @@ from __future__ import annotations
 import sys
 import threading
 
-__all__ = ["FastloadError", "BatchTooLargeError", "PoolError", "LoaderShutdownError", "CapturedError", "capture", "wrap"]
+__all__ = [
+    "FastloadError",
+    "BatchTooLargeError",
+    "PoolError",
+    "LoaderShutdownError",
+    "CapturedError",
+    "capture",
+    "wrap",
+]
 
 
 class FastloadError(RuntimeError):

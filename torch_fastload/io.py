@@ -52,8 +52,17 @@ from .engine import RangeError, ShortReadError
 from .pool import _wait_event
 from .staging import PendingRead
 
-__all__ = ["IoPath", "GdsStatus", "Reader", "select", "make_reader", "gds_status", "batch_ranges", "coalesce",
-           "ring_chunks"]
+__all__ = [
+    "IoPath",
+    "GdsStatus",
+    "Reader",
+    "select",
+    "make_reader",
+    "gds_status",
+    "batch_ranges",
+    "coalesce",
+    "ring_chunks",
+]
 
 log = logging.getLogger("torch_fastload")
 
@@ -143,8 +152,10 @@ class IoPath:
                 where += f"; page-cache-resident files (<= {self.map_budget / 2**30:.1f} GiB) DMA'd directly"
         else:
             where = "GPU memory" if self.to_device else "pinned slot"
-        return (f"{self.mode} -> {where} ({self.threads} threads x {self.task_size / 2**20:g} MiB tasks; "
-                f"io_mode={self.requested}: {self.why})")
+        return (
+            f"{self.mode} -> {where} ({self.threads} threads x {self.task_size / 2**20:g} MiB tasks; "
+            f"io_mode={self.requested}: {self.why})"
+        )
 
 
 def ring_chunks(threads: int) -> int:
@@ -153,8 +164,14 @@ def ring_chunks(threads: int) -> int:
     return threads + max(2, threads // 4)
 
 
-def select(io_mode: str | None = None, device: torch.device | str = "cpu", o_direct: bool | None = None,
-           threads: int | None = None, task_size: int | None = None, map_budget: int | str | None = None) -> IoPath:
+def select(
+    io_mode: str | None = None,
+    device: torch.device | str = "cpu",
+    o_direct: bool | None = None,
+    threads: int | None = None,
+    task_size: int | None = None,
+    map_budget: int | str | None = None,
+) -> IoPath:
     """The read path for ``io_mode`` (None: configured) on ``device``; raises where it cannot run."""
     requested = config.resolve("io_mode", io_mode)
     o_direct = config.resolve("o_direct", o_direct)
@@ -173,16 +190,26 @@ def select(io_mode: str | None = None, device: torch.device | str = "cpu", o_dir
                 return IoPath(requested, mode, True, threads, task_size, why, ring_chunks(threads), budget)
             return IoPath(requested, mode, False, threads, task_size, why)
         if o_direct:
-            raise ValueError("o_direct=True needs the C++ engine (torch_fastload._C), which is not built: "
-                             "run `pip install -e .` or pass o_direct=False")
-        return IoPath(requested, "python-posix", False, threads, task_size,
-                      why + "; the C++ engine is not built, so plain os.pread reads one range at a time")
+            raise ValueError(
+                "o_direct=True needs the C++ engine (torch_fastload._C), which is not built: "
+                "run `pip install -e .` or pass o_direct=False"
+            )
+        return IoPath(
+            requested,
+            "python-posix",
+            False,
+            threads,
+            task_size,
+            why + "; the C++ engine is not built, so plain os.pread reads one range at a time",
+        )
 
     if requested == "posix":
         return engine_path("the C++ engine was asked for")
     if o_direct and requested == "gds":
-        raise ValueError("o_direct=True applies to the C++ engine (io_mode='posix' or 'auto'); "
-                         "cuFile chooses direct I/O itself under io_mode='gds'")
+        raise ValueError(
+            "o_direct=True applies to the C++ engine (io_mode='posix' or 'auto'); "
+            "cuFile chooses direct I/O itself under io_mode='gds'"
+        )
     status = gds_status() if requested != "posix" else None
     if requested == "gds":
         if not cuda:
@@ -192,22 +219,42 @@ def select(io_mode: str | None = None, device: torch.device | str = "cpu", o_dir
         if status.available:
             return IoPath(requested, "gds", True, threads, task_size, "cuFile DMA from storage into GPU memory")
         why = "GDS unavailable: " + "; ".join(status.reasons)
-        warnings.warn(f"torch_fastload: io_mode='gds' runs in kvikio compat mode ({why}); kvikio's "
-                      "device reads then synchronize with the default stream (a training step beside them "
-                      "slows down). io_mode='auto' reads through the engine instead.", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"torch_fastload: io_mode='gds' runs in kvikio compat mode ({why}); kvikio's "
+            "device reads then synchronize with the default stream (a training step beside them "
+            "slows down). io_mode='auto' reads through the engine instead.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return IoPath(requested, "kvikio-compat", True, threads, task_size, why)
     if requested == "pinned":
         if o_direct or status.kvikio_version is None or not cuda:
-            reason = ("o_direct asked for" if o_direct else "kvikio is not installed" if status.kvikio_version is None
-                      else "kvikio needs a CUDA device")
+            reason = (
+                "o_direct asked for"
+                if o_direct
+                else "kvikio is not installed"
+                if status.kvikio_version is None
+                else "kvikio needs a CUDA device"
+            )
             return engine_path(f"pinned slots through the C++ engine ({reason})", ring=False)
-        return IoPath(requested, "kvikio-compat", False, threads, task_size,
-                      "kvikio's thread pool reads into the pinned slot; the H2D copy runs on the loader's stream")
+        return IoPath(
+            requested,
+            "kvikio-compat",
+            False,
+            threads,
+            task_size,
+            "kvikio's thread pool reads into the pinned slot; the H2D copy runs on the loader's stream",
+        )
     # auto
     if cuda and not o_direct and status.available:
         return IoPath(requested, "gds", True, threads, task_size, "GDS is available")
-    why = ("o_direct asked for" if o_direct else f"device is {device}" if not cuda
-           else "GDS unavailable: " + "; ".join(status.reasons))
+    why = (
+        "o_direct asked for"
+        if o_direct
+        else f"device is {device}"
+        if not cuda
+        else "GDS unavailable: " + "; ".join(status.reasons)
+    )
     return engine_path(why)
 
 
@@ -238,7 +285,10 @@ def batch_ranges(reads: list[tuple[int, PendingRead]]):
             starts[0] = 0
             np.cumsum(read.lengths[:-1], out=starts[1:])
         dst_offsets.append(at + starts)
-    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
+
+    def cat(parts):
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
     return paths, cat(file_index), cat(offsets), cat(lengths), cat(dst_offsets)
 
 
@@ -251,8 +301,11 @@ def coalesce(file_index, offsets, lengths, dst_offsets):
         return file_index, offsets, lengths, dst_offsets
     order = np.lexsort((dst_offsets, offsets, file_index))
     file_index, offsets, lengths, dst_offsets = (a[order] for a in (file_index, offsets, lengths, dst_offsets))
-    joins = ((file_index[1:] == file_index[:-1]) & (offsets[1:] == offsets[:-1] + lengths[:-1])
-             & (dst_offsets[1:] == dst_offsets[:-1] + lengths[:-1]))
+    joins = (
+        (file_index[1:] == file_index[:-1])
+        & (offsets[1:] == offsets[:-1] + lengths[:-1])
+        & (dst_offsets[1:] == dst_offsets[:-1] + lengths[:-1])
+    )
     starts = np.flatnonzero(np.concatenate(([True], ~joins)))
     merged = np.add.reduceat(lengths, starts)
     return file_index[starts], offsets[starts], merged, dst_offsets[starts]
@@ -276,9 +329,11 @@ def _open_checked(paths, file_index, offsets, lengths) -> list[int]:
             bad = (offsets < 0) | (lengths < 0) | (offsets + lengths > sizes[file_index])
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                raise RangeError(f"range #{i} (offset={int(offsets[i])}, length={int(lengths[i])}) of "
-                                 f"'{paths[file_index[i]]}': reads past the end of the file "
-                                 f"({int(sizes[file_index[i]])} bytes)")
+                raise RangeError(
+                    f"range #{i} (offset={int(offsets[i])}, length={int(lengths[i])}) of "
+                    f"'{paths[file_index[i]]}': reads past the end of the file "
+                    f"({int(sizes[file_index[i]])} bytes)"
+                )
         return fds
     except BaseException:
         for fd in fds:
@@ -342,8 +397,9 @@ class EngineReader(Reader):
         self.unsafe_ring_reuse = False  # tests: skip the per-chunk wait to prove it is needed
 
     def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets):
-        common = dict(num_threads=self.path.threads, task_size=self.path.task_size,
-                      o_direct=self.path.mode == "engine-odirect")
+        common = dict(
+            num_threads=self.path.threads, task_size=self.path.task_size, o_direct=self.path.mode == "engine-odirect"
+        )
         if self.stager is None:
             return engine.read_ranges(paths, file_index, offsets, lengths, dst, dst_offsets, **common)
         moved = {}
@@ -351,15 +407,26 @@ class EngineReader(Reader):
             maps = [self.mapped.get(p) for p in paths]
             if any(m is not None for m in maps):
                 direct = np.array([m is not None for m in maps])[file_index]
-                moved["mapped"] = self._copy_mapped(dst, maps, file_index[direct], offsets[direct],
-                                                    lengths[direct], dst_offsets[direct])
+                moved["mapped"] = self._copy_mapped(
+                    dst, maps, file_index[direct], offsets[direct], lengths[direct], dst_offsets[direct]
+                )
                 rest = ~direct
-                file_index, offsets, lengths, dst_offsets = (a[rest] for a in (file_index, offsets, lengths,
-                                                                                 dst_offsets))
+                file_index, offsets, lengths, dst_offsets = (
+                    a[rest] for a in (file_index, offsets, lengths, dst_offsets)
+                )
         if len(offsets):
             stream = torch.cuda.current_stream(dst.device).cuda_stream
-            moved[self.mode] = self.stager.read(paths, file_index, offsets, lengths, dst, dst_offsets, stream=stream,
-                                                wait_for_chunks=not self.unsafe_ring_reuse, **common)
+            moved[self.mode] = self.stager.read(
+                paths,
+                file_index,
+                offsets,
+                lengths,
+                dst,
+                dst_offsets,
+                stream=stream,
+                wait_for_chunks=not self.unsafe_ring_reuse,
+                **common,
+            )
         return moved
 
     def _copy_mapped(self, dst, maps, file_index, offsets, lengths, dst_offsets) -> int:
@@ -370,10 +437,18 @@ class EngineReader(Reader):
             return self._dma_mapped(dst, maps, used, file_index, offsets, lengths, dst_offsets)
         remap = np.zeros(len(maps), dtype=np.int64)
         remap[used] = np.arange(len(used))
-        return self.stager.gather_mapped([maps[i] for i in used], remap[file_index], offsets, lengths, dst,
-                                         dst_offsets, stream=torch.cuda.current_stream(dst.device).cuda_stream,
-                                         function=uva.kernel_handle(dst.device), piece_bytes=uva.PIECE,
-                                         blocks=uva.BLOCKS)
+        return self.stager.gather_mapped(
+            [maps[i] for i in used],
+            remap[file_index],
+            offsets,
+            lengths,
+            dst,
+            dst_offsets,
+            stream=torch.cuda.current_stream(dst.device).cuda_stream,
+            function=uva.kernel_handle(dst.device),
+            piece_bytes=uva.PIECE,
+            blocks=uva.BLOCKS,
+        )
 
     def _dma_mapped(self, dst, maps, used, file_index, offsets, lengths, dst_offsets) -> int:
         """One DMA copy per coalesced range, spread over ``mapped_streams`` streams."""
@@ -385,9 +460,16 @@ class EngineReader(Reader):
                 self._aux_streams.append(torch.cuda.Stream(dst.device))
         for aux in self._aux_streams:
             aux.wait_stream(main)  # the buffer's allocation is ordered on the main stream
-        moved = engine._require().mapped_copy([maps[i] for i in used], remap[file_index], offsets, lengths,
-                                              dst.data_ptr(), dst.numel(), dst_offsets,
-                                              [main.cuda_stream] + [s.cuda_stream for s in self._aux_streams])
+        moved = engine._require().mapped_copy(
+            [maps[i] for i in used],
+            remap[file_index],
+            offsets,
+            lengths,
+            dst.data_ptr(),
+            dst.numel(),
+            dst_offsets,
+            [main.cuda_stream] + [s.cuda_stream for s in self._aux_streams],
+        )
         for aux in self._aux_streams:
             main.wait_stream(aux)  # the batch's completion event covers every copy
         return moved
@@ -395,8 +477,12 @@ class EngineReader(Reader):
     def close(self, timeout: float = 10.0) -> None:
         """Called once the loader's copy stream is idle (every copy out of the ring or a mapping)."""
         if self.stager is not None and not self.stager.close(timeout):
-            warnings.warn(f"torch_fastload: copies out of the pinned ring still running after {timeout} s; "
-                          "the ring is kept alive instead of freed", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"torch_fastload: copies out of the pinned ring still running after {timeout} s; "
+                "the ring is kept alive instead of freed",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.stager = None
         if self.mapped is not None:
             self.mapped.close()
@@ -416,9 +502,11 @@ class PythonReader(Reader):
                 while got < length:
                     data = os.pread(fds[fi], int(length - got), int(off + got))
                     if not data:
-                        raise ShortReadError(f"unexpected end of file at byte {int(off + got)} while reading "
-                                             f"file '{paths[fi]}', offset={int(off)}, length={int(length)}")
-                    view[at + got:at + got + len(data)] = np.frombuffer(data, dtype=np.uint8)
+                        raise ShortReadError(
+                            f"unexpected end of file at byte {int(off + got)} while reading "
+                            f"file '{paths[fi]}', offset={int(off)}, length={int(length)}"
+                        )
+                    view[at + got : at + got + len(data)] = np.frombuffer(data, dtype=np.uint8)
                     got += len(data)
         finally:
             for fd in fds:
@@ -452,15 +540,20 @@ class KvikioReader(Reader):
         if host is None:
             settled = torch.cuda.Event()
             settled.record(torch.cuda.current_stream(dst.device))
-            _wait_event(settled, None, time.monotonic() + config.get("shutdown_timeout"),
-                        "the copy stream before a kvikio device read")
+            _wait_event(
+                settled,
+                None,
+                time.monotonic() + config.get("shutdown_timeout"),
+                "the copy stream before a kvikio device read",
+            )
         files = [self.kvikio.CuFile(p, "r") for p in paths]
         futures, error = [], None
         try:
             for fi, off, length, at in zip(*coalesce(file_index, offsets, lengths, dst_offsets)):
-                view = dst[at:at + length] if host is None else host[at:at + length]
-                futures.append((fi, off, length, files[fi].pread(view, int(length), int(off),
-                                                                  task_size=self.path.task_size)))
+                view = dst[at : at + length] if host is None else host[at : at + length]
+                futures.append(
+                    (fi, off, length, files[fi].pread(view, int(length), int(off), task_size=self.path.task_size))
+                )
         finally:
             for fi, off, length, future in futures:  # every read in flight finishes before we leave
                 try:
@@ -469,8 +562,10 @@ class KvikioReader(Reader):
                     error = error or exc
                     continue
                 if got != length and error is None:
-                    error = ShortReadError(f"kvikio read {got} of {int(length)} bytes from file '{paths[fi]}', "
-                                           f"offset={int(off)}, length={int(length)} (was it truncated?)")
+                    error = ShortReadError(
+                        f"kvikio read {got} of {int(length)} bytes from file '{paths[fi]}', "
+                        f"offset={int(off)}, length={int(length)} (was it truncated?)"
+                    )
             for f in files:
                 f.close()
         if error is not None:

@@ -163,15 +163,29 @@ class DataLoader(tud.DataLoader):
     ):
         unknown = set(torch_kwargs) - _TORCH_INIT_PARAMS
         if unknown:
-            raise TypeError(f"DataLoader got unexpected keyword argument(s) {sorted(unknown)} "
-                            f"(torch {torch.__version__} does not know them either)")
+            raise TypeError(
+                f"DataLoader got unexpected keyword argument(s) {sorted(unknown)} "
+                f"(torch {torch.__version__} does not know them either)"
+            )
         if collate_fn is None and callable(getattr(dataset, "collate", None)):
             collate_fn = dataset.collate  # sources collate their own samples (ragged records)
         super().__init__(
-            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
             False,  # torch never pins: the loader stages into its own pinned pool
-            drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
-            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, **torch_kwargs,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            **torch_kwargs,
         )
         self.device = _resolve_device(device)
         self.pin_memory_requested = bool(pin_memory)
@@ -204,11 +218,10 @@ class DataLoader(tud.DataLoader):
         self._epoch_index_sampler = None
         _LIVE_LOADERS.add(self)
         if self.device.type == "cpu" and self.pin_memory_requested and not torch.cuda.is_available():
-            warnings.warn("pin_memory=True but no CUDA device is available: batches will not be pinned",
-                          stacklevel=2)
+            warnings.warn("pin_memory=True but no CUDA device is available: batches will not be pinned", stacklevel=2)
 
     # -- iteration -------------------------------------------------------------------------
-    def __iter__(self) -> "_FastloadIter":
+    def __iter__(self) -> _FastloadIter:
         if self.persistent_workers and self.num_workers > 0:
             for pipeline in list(self._pipelines):  # the torch iterator is shared: stop its reader
                 pipeline.shutdown()
@@ -236,8 +249,7 @@ class DataLoader(tud.DataLoader):
                 finally:
                     self.in_order = in_order
             else:
-                collate = deferred_collate if (self._user_collate is None and self._auto_collation) else \
-                    self.collate_fn
+                collate = deferred_collate if (self._user_collate is None and self._auto_collation) else self.collate_fn
                 source = _InThreadSource(self, collate)
                 source._sampler_iter = _first_pulled(source._sampler_iter)
         finally:
@@ -315,8 +327,9 @@ class DataLoader(tud.DataLoader):
         """The file-read path in effect (gds, kvikio-compat, engine-posix, ...) and why."""
         with self._resources_lock:
             if self._io_path is None:
-                self._io_path = fio.select(self.io_mode, self.device, self.o_direct, self.io_threads,
-                                           self.io_task_size, self.map_budget)
+                self._io_path = fio.select(
+                    self.io_mode, self.device, self.o_direct, self.io_threads, self.io_task_size, self.map_budget
+                )
             return self._io_path
 
     def _file_reader(self) -> fio.Reader:
@@ -334,8 +347,9 @@ class DataLoader(tud.DataLoader):
             if self._host_reader is None:
                 mode = "pinned" if self.io_mode == "pinned" else "posix"
                 path = fio.select(mode, "cpu", self.o_direct, self.io_threads, self.io_task_size, 0)
-                path = dataclasses.replace(path, why=f"{path.why}; the source decodes from host memory "
-                                                     "(nvJPEG takes host bitstreams)")
+                path = dataclasses.replace(
+                    path, why=f"{path.why}; the source decodes from host memory (nvJPEG takes host bitstreams)"
+                )
                 self._host_reader = fio.make_reader(path)
                 self._stats.set_io(str(path))
             return self._host_reader
@@ -422,9 +436,12 @@ def _batch_reader(loader: DataLoader):
     dataset = loader.dataset
     if not loader._auto_collation or loader._user_collate not in (None, getattr(dataset, "collate", None)):
         return None
-    if (isinstance(dataset, tud.TensorDataset) and type(dataset).__getitem__ is tud.TensorDataset.__getitem__
-            and dataset.tensors
-            and all(t.device.type == "cpu" and t.layout == torch.strided for t in dataset.tensors)):
+    if (
+        isinstance(dataset, tud.TensorDataset)
+        and type(dataset).__getitem__ is tud.TensorDataset.__getitem__
+        and dataset.tensors
+        and all(t.device.type == "cpu" and t.layout == torch.strided for t in dataset.tensors)
+    ):
         return lambda indices: gather_rows(dataset.tensors, indices)
     return getattr(dataset, "__fastload_batch__", None)
 
@@ -507,15 +524,18 @@ class _Pipeline:
         # a source that finishes batches itself may time how fast the training loop takes them
         self._on_delivered = getattr(loader.dataset, "__fastload_delivered__", None) if self._finish else None
         self.stats = loader._stats
-        self.stats.path = (f"pinned-pool -> {loader.device}" if loader.device.type == "cuda"
-                           else "cpu (pageable slots, no pinning)")
+        self.stats.path = (
+            f"pinned-pool -> {loader.device}" if loader.device.type == "cuda" else "cpu (pageable slots, no pinning)"
+        )
         self.copy_timer = loader._copy_timer
         self._lock = threading.Lock()
         self.finished = False
         uid = next(self._ids)
         self.fetch_thread = threading.Thread(target=self._fetch_loop, name=f"fastload-fetch-{uid}", daemon=True)
-        self.stage_workers = [threading.Thread(target=self._stage_loop, name=f"fastload-stage-{uid}.{k}", daemon=True)
-                              for k in range(STAGE_WORKERS)]
+        self.stage_workers = [
+            threading.Thread(target=self._stage_loop, name=f"fastload-stage-{uid}.{k}", daemon=True)
+            for k in range(STAGE_WORKERS)
+        ]
         self._reorder: dict = {}  # staged batches that arrived ahead of their turn, by index
         self._next_index = 0
         self._delivered = 0
@@ -706,7 +726,7 @@ class _Pipeline:
             self.stats.add_stage("read", time.perf_counter() - started, sum(by_path.values()))
             self.stats.add_io(by_path)
             self.copier.copy_into(slot.buffer, [item for item in items if not isinstance(item[1], PendingRead)])
-            host = plan.unpack(slot.buffer[:plan.total_bytes], lambda tensor: tensor)
+            host = plan.unpack(slot.buffer[: plan.total_bytes], lambda tensor: tensor)
             counts: dict = {}
             started = time.perf_counter()
             copy = self.engine.run(lambda: finish(host, self.loader.device, counts))
@@ -752,14 +772,14 @@ class _Pipeline:
                 staged = self.copier.copy_into(slot.buffer, host)
                 self.stats.add_stage("stage", time.perf_counter() - started, staged)
             span = slot.buffer[:host_bytes] if slot is not None else None
-            copy = self.engine.start(span, unpack, nbytes=plan.total_bytes, copies=copies,
-                                     fill=read_into if to_device else None)
+            copy = self.engine.start(
+                span, unpack, nbytes=plan.total_bytes, copies=copies, fill=read_into if to_device else None
+            )
         finally:
             if slot is not None:
                 pool.release(slot, copy.done if copy is not None else None)
         copy.moved = moved
-        on_stream = plan.payload_bytes if not to_device or reader.copies_on_stream else \
-            sum(n for _, _, n in copies)
+        on_stream = plan.payload_bytes if not to_device or reader.copies_on_stream else sum(n for _, _, n in copies)
         self.copy_timer.add(copy, on_stream)
         return _Ready(index, copy, plan.samples, plan.payload_bytes)
 
@@ -843,9 +863,13 @@ class _Pipeline:
                 thread.join(max(0.0, deadline - time.monotonic()))
         stuck = [t.name for t in threads if t.is_alive()]
         if stuck:
-            warnings.warn(f"torch_fastload: thread(s) {stuck} did not stop within {timeout} s "
-                          "(a dataset __getitem__ still running?); they are left as daemons. Where they are:\n"
-                          + _where([t for t in threads if t.is_alive()]), RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"torch_fastload: thread(s) {stuck} did not stop within {timeout} s "
+                "(a dataset __getitem__ still running?); they are left as daemons. Where they are:\n"
+                + _where([t for t in threads if t.is_alive()]),
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if wait_for_copies:
             self.engine.synchronize(max(0.0, deadline - time.monotonic()))
         self.copy_timer.count()
@@ -855,8 +879,11 @@ class _Pipeline:
                     q.get_nowait()
                 except queue.Empty:
                     break
-        if (not stuck and hasattr(self.source, "_shutdown_workers")
-                and not (self.loader.persistent_workers and self.loader.num_workers > 0)):
+        if (
+            not stuck
+            and hasattr(self.source, "_shutdown_workers")
+            and not (self.loader.persistent_workers and self.loader.num_workers > 0)
+        ):
             self.source._shutdown_workers()
         _LIVE_PIPELINES.discard(self)
 

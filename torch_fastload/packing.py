@@ -13,7 +13,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,14 +46,24 @@ def _as_bytes(item: Any, i: int) -> memoryview:
     try:
         return memoryview(item).cast("B")
     except TypeError:
-        raise TypeError(f"item {i}: records must be bytes-like (bytes, bytearray, a uint8 array or tensor), "
-                        f"got {type(item).__name__}") from None
+        raise TypeError(
+            f"item {i}: records must be bytes-like (bytes, bytearray, a uint8 array or tensor), "
+            f"got {type(item).__name__}"
+        ) from None
 
 
-def pack(items: Iterable, out_dir: str | os.PathLike, *, labels: Sequence[int] | None = None,
-         classes: Sequence[str] | None = None, names: Sequence[str] | None = None,
-         shard_size: int = DEFAULT_SHARD_SIZE, align: int = 1, overwrite: bool = False,
-         progress: bool = True) -> RecordDataset:
+def pack(
+    items: Iterable,
+    out_dir: str | os.PathLike,
+    *,
+    labels: Sequence[int] | None = None,
+    classes: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    align: int = 1,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> RecordDataset:
     """Pack ``items`` (bytes-like, or ``(bytes, label)`` pairs) into shards under ``out_dir``.
 
     ``labels`` (one int per item) may be given instead of pairs; ``classes`` names the labels;
@@ -131,10 +142,17 @@ def pack(items: Iterable, out_dir: str | os.PathLike, *, labels: Sequence[int] |
     if names is not None:
         with open(os.path.join(out_dir, "names.txt"), "w", encoding="utf-8") as f:
             f.write("\n".join(str(n).replace("\n", " ") for n in names))
-    meta = {"format": FORMAT, "version": VERSION, "num_records": count, "shards": shards,
-            "labels": bool(found_labels), "classes": list(classes) if classes is not None else None,
-            "align": align, "bytes": int(sum(s["bytes"] for s in shards)),
-            "seconds": round(time.perf_counter() - started, 3)}
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "num_records": count,
+        "shards": shards,
+        "labels": bool(found_labels),
+        "classes": list(classes) if classes is not None else None,
+        "align": align,
+        "bytes": int(sum(s["bytes"] for s in shards)),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
     tmp = os.path.join(out_dir, ".meta.json.tmp")
     with open(tmp, "w") as f:
         json.dump(meta, f, indent=1)
@@ -162,8 +180,9 @@ def find_images(root: str | os.PathLike, extensions: Sequence[str] = IMAGE_EXTEN
     return classes, samples
 
 
-def pack_image_folder(root: str | os.PathLike, out_dir: str | os.PathLike, *,
-                      extensions: Sequence[str] = IMAGE_EXTENSIONS, **kwargs) -> RecordDataset:
+def pack_image_folder(
+    root: str | os.PathLike, out_dir: str | os.PathLike, *, extensions: Sequence[str] = IMAGE_EXTENSIONS, **kwargs
+) -> RecordDataset:
     """Pack an ImageFolder tree: encoded file bytes as records, class indices as labels."""
     root = os.fspath(root)
     classes, samples = find_images(root, extensions)
@@ -180,18 +199,25 @@ def pack_image_folder(root: str | os.PathLike, out_dir: str | os.PathLike, *,
         def __iter__(self):
             return records()
 
-    return pack(_Sized(), out_dir, classes=classes,
-                names=[os.path.relpath(path, root) for path, _ in samples], **kwargs)
+    return pack(
+        _Sized(), out_dir, classes=classes, names=[os.path.relpath(path, root) for path, _ in samples], **kwargs
+    )
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m torch_fastload pack") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description="Pack an image folder (root/<class>/<file>) or a "
-                                     "flat folder of files into torch_fastload record shards.")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Pack an image folder (root/<class>/<file>) or a "
+        "flat folder of files into torch_fastload record shards.",
+    )
     parser.add_argument("src", help="an ImageFolder root, or with --flat any folder of files")
     parser.add_argument("out", help="output directory (created; must be empty unless --overwrite)")
     parser.add_argument("--flat", action="store_true", help="pack every file under src, unlabelled")
-    parser.add_argument("--extensions", default=",".join(IMAGE_EXTENSIONS),
-                        help="comma-separated file extensions for image folders (default: torchvision's)")
+    parser.add_argument(
+        "--extensions",
+        default=",".join(IMAGE_EXTENSIONS),
+        help="comma-separated file extensions for image folders (default: torchvision's)",
+    )
     parser.add_argument("--shard-size", default="1GiB", help="bytes per shard, e.g. 512MiB (default 1GiB)")
     parser.add_argument("--align", type=int, default=1, help="align record starts (4096: O_DIRECT-friendly)")
     parser.add_argument("--overwrite", action="store_true")
@@ -226,9 +252,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m torch_fastload pa
         return 1
     seconds = time.perf_counter() - started
     meta = dataset.meta
-    print(f"packed {meta['num_records']} records, {meta['bytes'] / 1e6:.1f} MB in {len(meta['shards'])} shard(s)"
-          + (f", {len(meta['classes'])} classes" if meta.get("classes") else "")
-          + f" -> {args.out} ({seconds:.1f} s, {meta['bytes'] / 1e6 / max(seconds, 1e-9):.0f} MB/s)")
+    print(
+        f"packed {meta['num_records']} records, {meta['bytes'] / 1e6:.1f} MB in {len(meta['shards'])} shard(s)"
+        + (f", {len(meta['classes'])} classes" if meta.get("classes") else "")
+        + f" -> {args.out} ({seconds:.1f} s, {meta['bytes'] / 1e6 / max(seconds, 1e-9):.0f} MB/s)"
+    )
     return 0
 
 

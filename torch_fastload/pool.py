@@ -70,9 +70,7 @@ class PinnedPool:
         self._registered_ptr: int | None = None
         self._mapping: mmap.mmap | None = None
         self._memory = self._allocate(pin)
-        self.slots = [
-            Slot(i, self._memory[i * self.slot_bytes:(i + 1) * self.slot_bytes]) for i in range(num_slots)
-        ]
+        self.slots = [Slot(i, self._memory[i * self.slot_bytes : (i + 1) * self.slot_bytes]) for i in range(num_slots)]
         self._free = collections.deque(self.slots)
         self._cond = threading.Condition()
         self._closed = False
@@ -90,21 +88,24 @@ class PinnedPool:
             memory = torch.frombuffer(self._mapping, dtype=torch.uint8)
             memory.fill_(0)  # touch every page so registration does not fault them in one by one
         except RuntimeError as exc:
-            raise PoolError(f"could not allocate a {self.nbytes}-byte staging pool "
-                            f"({self.num_slots} slots x {self.slot_bytes} bytes): {exc}") from exc
+            raise PoolError(
+                f"could not allocate a {self.nbytes}-byte staging pool "
+                f"({self.num_slots} slots x {self.slot_bytes} bytes): {exc}"
+            ) from exc
         if pin:
             cudart = torch.cuda.cudart()
             err = cudart.cudaHostRegister(memory.data_ptr(), self.nbytes, 0)
             if int(err) != 0:
-                raise PoolError(f"cudaHostRegister of {self.nbytes} bytes failed with CUDA error {int(err)} "
-                                f"({self.num_slots} slots x {self.slot_bytes} bytes); lower pool_slots or slot_bytes")
+                raise PoolError(
+                    f"cudaHostRegister of {self.nbytes} bytes failed with CUDA error {int(err)} "
+                    f"({self.num_slots} slots x {self.slot_bytes} bytes); lower pool_slots or slot_bytes"
+                )
             self._registered_ptr = memory.data_ptr()
             self.pinned = True
         return memory
 
     # -- slot hand-out -------------------------------------------------------------------
-    def acquire(self, stop: threading.Event | None = None, timeout: float | None = None,
-                poll: float = 0.05) -> Slot:
+    def acquire(self, stop: threading.Event | None = None, timeout: float | None = None, poll: float = 0.05) -> Slot:
         """The oldest returned slot, once its last copy has completed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
@@ -166,8 +167,11 @@ class PinnedPool:
             # A copy may still read these pages: keep them alive and registered for good
             # rather than hand the DMA engine freed memory.
             _LEAKED_ON_TIMEOUT.append(self._memory)
-            warnings.warn(f"{self!r}: copies still in flight after {timeout} s; "
-                          "the pool is leaked instead of freed", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{self!r}: copies still in flight after {timeout} s; the pool is leaked instead of freed",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             self._registered_ptr = None
             return
         self._unregister()
@@ -195,5 +199,6 @@ class PinnedPool:
             pass
 
     def __repr__(self) -> str:
-        return (f"PinnedPool({self.num_slots} slots x {self.slot_bytes} bytes, "
-                f"{'pinned' if self.pinned else 'pageable'})")
+        return (
+            f"PinnedPool({self.num_slots} slots x {self.slot_bytes} bytes, {'pinned' if self.pinned else 'pageable'})"
+        )

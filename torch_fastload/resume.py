@@ -18,8 +18,9 @@ import base64
 import json
 import threading
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset
@@ -47,13 +48,13 @@ class BatchKey:
     number: int  # the batch's number in the epoch
 
 
-def batch_key() -> Optional[BatchKey]:
+def batch_key() -> BatchKey | None:
     """The key of the batch being fetched on this thread (None outside a fastload fetch)."""
     return getattr(_local, "key", None)
 
 
 class _KeyScope:
-    def __init__(self, key: Optional[BatchKey]):
+    def __init__(self, key: BatchKey | None):
         self.key = key
 
     def __enter__(self):
@@ -126,8 +127,10 @@ def capture(generators: dict[str, torch.Generator]) -> dict[str, str]:
 def restore(generators: dict[str, torch.Generator], states: dict[str, str]) -> None:
     missing = set(states) - set(generators)
     if missing:
-        raise ResumeError(f"the state holds generator(s) {sorted(missing)} that this loader does not have "
-                          f"(it has {sorted(generators)}): build the loader with the same generator and sampler")
+        raise ResumeError(
+            f"the state holds generator(s) {sorted(missing)} that this loader does not have "
+            f"(it has {sorted(generators)}): build the loader with the same generator and sampler"
+        )
     for name, text in states.items():
         generators[name].set_state(_decode(text))
 
@@ -144,7 +147,7 @@ class EpochProgress:
     extra: set = field(default_factory=set)  # yielded numbers >= prefix (out-of-order mode)
     samples: int = 0
     finished: bool = False
-    numbers: Optional[deque] = None  # epoch numbers of the batches pulled so far (resumed epochs)
+    numbers: deque | None = None  # epoch numbers of the batches pulled so far (resumed epochs)
     counter: int = 0
     discard_prefix: int = 0  # an IterableDataset cannot skip: batches fetched again and dropped
     discard: set = field(default_factory=set)
@@ -171,7 +174,7 @@ class NumberedBatches:
     """A batch sampler's batches with the ones already yielded left out; the epoch number of each
     batch it hands out is queued on ``numbers`` (the fetch side takes them in the same order)."""
 
-    def __init__(self, batches, skip_prefix: int, skip: set, numbers: deque, total: Optional[int]):
+    def __init__(self, batches, skip_prefix: int, skip: set, numbers: deque, total: int | None):
         self.batches = batches
         self.skip_prefix = skip_prefix
         self.skip = skip
@@ -201,14 +204,24 @@ def describe_sampler(loader) -> dict:
         return {"kind": "iterable", "num_workers": loader.num_workers}
     sampler = loader.sampler
     if is_distributed(sampler):
-        return {"kind": "distributed", "num_replicas": sampler.num_replicas, "rank": sampler.rank,
-                "epoch": sampler.epoch, "seed": sampler.seed, "shuffle": sampler.shuffle,
-                "drop_last": sampler.drop_last, "start": 0}
-    return {"kind": "map", "sampler": type(sampler).__name__,
-            "batch_sampler": type(loader.batch_sampler).__name__ if loader.batch_sampler is not None else None}
+        return {
+            "kind": "distributed",
+            "num_replicas": sampler.num_replicas,
+            "rank": sampler.rank,
+            "epoch": sampler.epoch,
+            "seed": sampler.seed,
+            "shuffle": sampler.shuffle,
+            "drop_last": sampler.drop_last,
+            "start": 0,
+        }
+    return {
+        "kind": "map",
+        "sampler": type(sampler).__name__,
+        "batch_sampler": type(loader.batch_sampler).__name__ if loader.batch_sampler is not None else None,
+    }
 
 
-def state_of(loader, progress: Optional[EpochProgress]) -> dict:
+def state_of(loader, progress: EpochProgress | None) -> dict:
     """The JSON-serializable state (see ``DataLoader.state_dict``)."""
     in_progress = progress is not None and not progress.finished
     state = {
@@ -235,7 +248,7 @@ def state_of(loader, progress: Optional[EpochProgress]) -> dict:
     return state
 
 
-def _length(dataset) -> Optional[int]:
+def _length(dataset) -> int | None:
     try:
         return len(dataset)
     except TypeError:
@@ -249,41 +262,50 @@ def check_state(loader, state: Any) -> dict:
         raise ResumeError(f"not a torch_fastload DataLoader state (format {got!r}, expected {STATE_FORMAT!r})")
     length = _length(loader.dataset)
     if state["dataset_length"] != length:
-        raise ResumeError(f"the state is for a dataset of {state['dataset_length']} samples, this loader's has "
-                          f"{length}")
+        raise ResumeError(
+            f"the state is for a dataset of {state['dataset_length']} samples, this loader's has {length}"
+        )
     if not state["epoch_in_progress"]:
         return state
     kind = state["sampler"]["kind"]
     now = describe_sampler(loader)
     if kind != now["kind"]:
-        raise ResumeError(f"the state's epoch was sampled by a {kind!r} sampler, this loader has a "
-                          f"{now['kind']!r} one")
+        raise ResumeError(f"the state's epoch was sampled by a {kind!r} sampler, this loader has a {now['kind']!r} one")
     if kind == "distributed":
         for key in ("seed", "shuffle", "drop_last"):
             if state["sampler"][key] != now[key]:
-                raise ResumeError(f"DistributedSampler {key} was {state['sampler'][key]!r} in the state, is "
-                                  f"{now[key]!r} now")
-        resharded = (state["sampler"]["num_replicas"] != now["num_replicas"]
-                     or state["batch_size"] != loader.batch_size)
+                raise ResumeError(
+                    f"DistributedSampler {key} was {state['sampler'][key]!r} in the state, is {now[key]!r} now"
+                )
+        resharded = state["sampler"]["num_replicas"] != now["num_replicas"] or state["batch_size"] != loader.batch_size
         if resharded and state["yielded_out_of_order"]:
             raise ResumeError(
                 "an epoch checkpointed in out-of-order mode (in_order=False: batches "
                 f"{state['yielded_out_of_order'][:8]} were yielded ahead of batch {state['batches_yielded']}) "
                 f"can only resume at its world size and batch size ({state['sampler']['num_replicas']} x "
-                f"{state['batch_size']}), not {now['num_replicas']} x {loader.batch_size}")
+                f"{state['batch_size']}), not {now['num_replicas']} x {loader.batch_size}"
+            )
         return state
     if state["batch_size"] != loader.batch_size or state["drop_last"] != loader.drop_last:
-        raise ResumeError(f"batch_size/drop_last were {state['batch_size']}/{state['drop_last']} in the state, "
-                          f"are {loader.batch_size}/{loader.drop_last} now: batches are counted, so they must match "
-                          "(a DistributedSampler epoch resumes by sample position instead)")
+        raise ResumeError(
+            f"batch_size/drop_last were {state['batch_size']}/{state['drop_last']} in the state, "
+            f"are {loader.batch_size}/{loader.drop_last} now: batches are counted, so they must match "
+            "(a DistributedSampler epoch resumes by sample position instead)"
+        )
     if kind == "map" and (state["sampler"]["sampler"], state["sampler"]["batch_sampler"]) != (
-            now["sampler"], now["batch_sampler"]):
-        raise ResumeError(f"the state's epoch came from sampler {state['sampler']['sampler']} / batch sampler "
-                          f"{state['sampler']['batch_sampler']}, this loader has {now['sampler']} / "
-                          f"{now['batch_sampler']}")
+        now["sampler"],
+        now["batch_sampler"],
+    ):
+        raise ResumeError(
+            f"the state's epoch came from sampler {state['sampler']['sampler']} / batch sampler "
+            f"{state['sampler']['batch_sampler']}, this loader has {now['sampler']} / "
+            f"{now['batch_sampler']}"
+        )
     if kind == "iterable" and state["sampler"]["num_workers"] != loader.num_workers:
-        raise ResumeError(f"an IterableDataset epoch is split by worker: it resumes only with the same num_workers "
-                          f"({state['sampler']['num_workers']}, not {loader.num_workers})")
+        raise ResumeError(
+            f"an IterableDataset epoch is split by worker: it resumes only with the same num_workers "
+            f"({state['sampler']['num_workers']}, not {loader.num_workers})"
+        )
     return state
 
 
@@ -293,8 +315,10 @@ def distributed_plan(loader, state: dict) -> tuple[int, int, set]:
     sampler = loader.sampler
     saved = state["sampler"]
     if sampler.epoch != saved["epoch"]:
-        raise ResumeError(f"the checkpoint is in epoch {saved['epoch']} but the DistributedSampler is at epoch "
-                          f"{sampler.epoch}: call sampler.set_epoch({saved['epoch']}) before iterating")
+        raise ResumeError(
+            f"the checkpoint is in epoch {saved['epoch']} but the DistributedSampler is at epoch "
+            f"{sampler.epoch}: call sampler.set_epoch({saved['epoch']}) before iterating"
+        )
     start = saved["start"]
     prefix, extra = state["batches_yielded"], set(state["yielded_out_of_order"])
     if saved["num_replicas"] == sampler.num_replicas and state["batch_size"] == loader.batch_size:
@@ -307,7 +331,14 @@ def distributed_batches(loader, start: int):
     sampler = loader.sampler
     size = loader.batch_size
     if size is None or not loader._auto_collation:  # one sample per "batch"
-        return shard_indices(len(loader.dataset), num_replicas=sampler.num_replicas, rank=sampler.rank,
-                             seed=sampler.seed, epoch=sampler.epoch, shuffle=sampler.shuffle,
-                             drop_last=sampler.drop_last, start=start)
+        return shard_indices(
+            len(loader.dataset),
+            num_replicas=sampler.num_replicas,
+            rank=sampler.rank,
+            seed=sampler.seed,
+            epoch=sampler.epoch,
+            shuffle=sampler.shuffle,
+            drop_last=sampler.drop_last,
+            start=start,
+        )
     return sampler_batches(sampler, size, loader.drop_last, length=len(loader.dataset), start=start)

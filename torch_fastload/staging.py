@@ -12,9 +12,9 @@ fresh pageable tensor first: ``deferred_collate`` marks each tensor field as a
 from __future__ import annotations
 
 import collections.abc
+import copy as _copy
 import math
 import os
-import copy as _copy
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -84,10 +84,16 @@ class PendingRead(Pending):
     def __init__(self, paths, offsets, lengths, shape: tuple, dtype: torch.dtype, file_index=None):
         self.paths = [paths] if isinstance(paths, (str, bytes, os.PathLike)) else list(paths)
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-        self.lengths = (np.full(len(self.offsets), lengths, dtype=np.int64) if np.isscalar(lengths)
-                        else np.ascontiguousarray(lengths, dtype=np.int64))
-        self.file_index = (np.zeros(len(self.offsets), dtype=np.int64) if file_index is None
-                           else np.ascontiguousarray(file_index, dtype=np.int64))
+        self.lengths = (
+            np.full(len(self.offsets), lengths, dtype=np.int64)
+            if np.isscalar(lengths)
+            else np.ascontiguousarray(lengths, dtype=np.int64)
+        )
+        self.file_index = (
+            np.zeros(len(self.offsets), dtype=np.int64)
+            if file_index is None
+            else np.ascontiguousarray(file_index, dtype=np.int64)
+        )
         self.shape = tuple(shape)
         self.dtype = dtype
         if not (len(self.lengths) == len(self.offsets) == len(self.file_index)):
@@ -112,8 +118,8 @@ def _stackable(batch: list[torch.Tensor]) -> bool:
     if first.layout != torch.strided or first.is_nested or first.device.type != "cpu":
         return False
     return all(
-        t.shape == first.shape and t.dtype == first.dtype and t.device == first.device
-        and t.layout == torch.strided for t in batch
+        t.shape == first.shape and t.dtype == first.dtype and t.device == first.device and t.layout == torch.strided
+        for t in batch
     )
 
 
@@ -219,7 +225,7 @@ class StagingPlan:
             leaf = next(leaves)
             if leaf is None:
                 return passthrough(item)
-            view = flat[leaf.offset:leaf.offset + leaf.nbytes]
+            view = flat[leaf.offset : leaf.offset + leaf.nbytes]
             return view.view(leaf.dtype).view(leaf.shape)
 
         return map_batch(rebuild, self.batch)
@@ -297,14 +303,18 @@ class ParallelCopier:
         for offset, src in items:
             nbytes = _nbytes(src.shape, src.dtype)
             if offset < 0 or offset + nbytes > capacity:
-                raise ValueError(f"staging range [{offset}, {offset + nbytes}) is outside the "
-                                 f"{capacity}-byte destination")
+                raise ValueError(
+                    f"staging range [{offset}, {offset + nbytes}) is outside the {capacity}-byte destination"
+                )
             if not nbytes or isinstance(src, PendingRead):
                 continue
             total += nbytes
             if isinstance(src, PendingGather):
-                (gathers if self.native and _plain_contiguous(src.source) and src.source.device.type == "cpu"
-                 else fallback).append((offset, src))
+                (
+                    gathers
+                    if self.native and _plain_contiguous(src.source) and src.source.device.type == "cpu"
+                    else fallback
+                ).append((offset, src))
             elif src.device.type != "cpu" or not _plain_contiguous(src):
                 fallback.append((offset, src))
             else:
@@ -314,7 +324,7 @@ class ParallelCopier:
         else:
             self._numpy_copy(dst, contiguous, total)
         for offset, src in fallback:
-            view = dst[offset:offset + _nbytes(src.shape, src.dtype)]
+            view = dst[offset : offset + _nbytes(src.shape, src.dtype)]
             view = view.view(src.dtype).view(src.shape)
             if isinstance(src, PendingGather):
                 torch.index_select(src.source, 0, src.index, out=view)
@@ -336,8 +346,14 @@ class ParallelCopier:
             dst_parts.append(base + offset + np.arange(rows, dtype=np.int64) * row_bytes)
             size_parts.append(np.full(rows, row_bytes, dtype=np.int64))
         if dst_parts:
-            _native_copy(np.concatenate(dst_parts), np.concatenate(src_parts), np.concatenate(size_parts),
-                         self.num_threads, _MIN_CHUNK * 2, self.nontemporal)
+            _native_copy(
+                np.concatenate(dst_parts),
+                np.concatenate(src_parts),
+                np.concatenate(size_parts),
+                self.num_threads,
+                _MIN_CHUNK * 2,
+                self.nontemporal,
+            )
 
     def _numpy_copy(self, dst: torch.Tensor, contiguous: list, total: int) -> None:
         dst_np = dst.numpy()
@@ -347,7 +363,7 @@ class ParallelCopier:
             src_np = _byte_view(src)
             for start in range(0, nbytes, per_thread):
                 end = min(start + per_thread, nbytes)
-                pieces.append((dst_np[offset + start:offset + end], src_np[start:end]))
+                pieces.append((dst_np[offset + start : offset + end], src_np[start:end]))
         if self._executor is None or total < 2 * _MIN_CHUNK:
             _copy_list(pieces)
             return

@@ -69,7 +69,8 @@ class StatsSnapshot:
 
     def __str__(self) -> str:
         lines = [
-            f"torch_fastload stats  path={self.path}" + (f"\n  file reads: {self.io}" if self.io else "")
+            f"torch_fastload stats  path={self.path}"
+            + (f"\n  file reads: {self.io}" if self.io else "")
             + ("".join(f"\n    {kind}: {n / 1e9:.3f} GB" for kind, n in self.io_bytes.items())),
             f"  batches {self.batches}  samples {self.samples}  bytes {self.bytes / 1e9:.3f} GB"
             f"  wall {self.wall_s:.3f} s  ->  {self.samples_per_s:,.0f} samples/s, {self.gbps:.2f} GB/s",

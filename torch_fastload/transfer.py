@@ -12,8 +12,9 @@ users may keep a batch as long as they like.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 
@@ -49,9 +50,15 @@ class CopyEngine:
         self.stream = torch.cuda.Stream(device=device) if self.is_cuda else None
         self.debug_delay_cycles = 0  # tests: delay every copy to widen race windows
 
-    def start(self, span: torch.Tensor | None, unpack: Callable[[torch.Tensor], Any], *,
-              nbytes: int | None = None, copies: Sequence[tuple[int, int, int]] | None = None,
-              fill: Callable[[torch.Tensor], None] | None = None) -> InFlightCopy:
+    def start(
+        self,
+        span: torch.Tensor | None,
+        unpack: Callable[[torch.Tensor], Any],
+        *,
+        nbytes: int | None = None,
+        copies: Sequence[tuple[int, int, int]] | None = None,
+        fill: Callable[[torch.Tensor], None] | None = None,
+    ) -> InFlightCopy:
         """Enqueue the batch's copy to the device and return without waiting.
 
         The batch occupies ``nbytes`` (default ``span.numel()``) on the device. ``copies``:
@@ -70,7 +77,7 @@ class CopyEngine:
             started = time.perf_counter()
             flat = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin_cpu_output)
             for src, dst, n in copies:
-                flat[dst:dst + n].copy_(span[src:src + n])
+                flat[dst : dst + n].copy_(span[src : src + n])
             return InFlightCopy(flat, unpack(flat), None, None, time.perf_counter() - started)
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             start = torch.cuda.Event(enable_timing=True)
@@ -80,7 +87,7 @@ class CopyEngine:
             start.record(self.stream)
             flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             for src, dst, n in copies:
-                flat[dst:dst + n].copy_(span[src:src + n], non_blocking=True)
+                flat[dst : dst + n].copy_(span[src : src + n], non_blocking=True)
             if fill is not None:
                 fill(flat)
             batch = unpack(flat)
@@ -146,7 +153,6 @@ class CopyEngine:
                 return False
             time.sleep(1e-4)
         return True
-
 
 
 def _device_tensors(batch: Any) -> list:

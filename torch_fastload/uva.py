@@ -100,8 +100,13 @@ class _HostMemory:
     """``__cuda_array_interface__`` of registered host memory, so torch wraps it without a copy."""
 
     def __init__(self, address: int, nbytes: int):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
-                                         "version": 3, "strides": None}
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "version": 3,
+            "strides": None,
+        }
 
 
 def host_view(address: int, nbytes: int, device: torch.device) -> torch.Tensor:

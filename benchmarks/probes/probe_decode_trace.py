@@ -8,6 +8,7 @@ launch, memcpy) and by op; for each CUDA stream: busy time and, for the copy str
 its kernels waited between launch and start (queueing behind the step's kernels). Writes the
 summary JSON and the gzipped chrome trace to OUTDIR.
 """
+
 import collections
 import gzip
 import json
@@ -49,8 +50,11 @@ for _ in range(12):
     step(*next(it))
 torch.cuda.synchronize()
 started = time.time()
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
-                            record_shapes=False, with_stack=False) as prof:
+with torch.profiler.profile(
+    activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
+    record_shapes=False,
+    with_stack=False,
+) as prof:
     for _ in range(6):
         step(*next(it))
     torch.cuda.synchronize()
@@ -88,7 +92,9 @@ for e in events:
         counts[key]["op:" + e["name"]] += 1
     elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
         kernels.append(e)
-streams = collections.defaultdict(lambda: {"busy_us": 0.0, "kernels": 0, "queue_us": [], "names": collections.Counter()})
+streams = collections.defaultdict(
+    lambda: {"busy_us": 0.0, "kernels": 0, "queue_us": [], "names": collections.Counter()}
+)
 for k in kernels:
     s = streams[k.get("args", {}).get("stream", k.get("tid"))]
     s["busy_us"] += k["dur"]
@@ -105,11 +111,13 @@ for key, counter in by_thread.items():
 for sid, s in sorted(streams.items(), key=lambda kv: -kv[1]["busy_us"]):
     q = sorted(s["queue_us"])
     summary["streams"][str(sid)] = {
-        "busy_ms": round(s["busy_us"] / 1e3, 1), "kernels": s["kernels"],
+        "busy_ms": round(s["busy_us"] / 1e3, 1),
+        "kernels": s["kernels"],
         "queue_ms_p50": round(q[len(q) // 2] / 1e3, 2) if q else None,
         "queue_ms_p90": round(q[int(len(q) * 0.9)] / 1e3, 2) if q else None,
         "queue_ms_sum": round(sum(q) / 1e3, 1),
-        "top": [(n, round(us / 1e3, 2)) for n, us in s["names"].most_common(8)]}
+        "top": [(n, round(us / 1e3, 2)) for n, us in s["names"].most_common(8)],
+    }
 print(json.dumps(summary, indent=1))
 with open(os.path.join(out, f"summary-{arch}.json"), "w") as f:
     json.dump(summary, f, indent=1)

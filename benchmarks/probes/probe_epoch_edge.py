@@ -10,6 +10,7 @@ the GPU's idle gap can be read next to the host's steps. Variants:
   nosync     the end-of-epoch shutdown does not wait for the copy stream
   switch     sys.setswitchinterval(0.5 ms) (is a thread waiting for the GIL?)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import ddp_scaling  # noqa: E402
+
 import torch_fastload  # noqa: E402
 from torch_fastload import io as fio  # noqa: E402
 from torch_fastload import loader as loader_mod  # noqa: E402
@@ -105,8 +107,9 @@ def run_variant(name: str, ds, args, consumer, trace_path: Path | None) -> dict:
     try:
         for epoch in range(args.epochs):
             if trace_path is not None and args.device == "cuda" and epoch == args.epochs - 3:
-                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                              torch.profiler.ProfilerActivity.CUDA])
+                profiler = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                )
                 profiler.__enter__()
             sampler.set_epoch(epoch)
             consumer.begin_epoch(epoch)
@@ -127,9 +130,16 @@ def run_variant(name: str, ds, args, consumer, trace_path: Path | None) -> dict:
                 torch.cuda.synchronize()
             stamp("epoch synced")
             t_sync = time.perf_counter()
-            epochs.append({"epoch": epoch, "batches": n, "first_batch_ms": 1e3 * (t_first - t0),
-                           "loop_ms": 1e3 * (t_end - t0), "end_epoch_sync_ms": 1e3 * (t_sync - t_end),
-                           "stamps": (first, len(STAMPS))})
+            epochs.append(
+                {
+                    "epoch": epoch,
+                    "batches": n,
+                    "first_batch_ms": 1e3 * (t_first - t0),
+                    "loop_ms": 1e3 * (t_end - t0),
+                    "end_epoch_sync_ms": 1e3 * (t_sync - t_end),
+                    "stamps": (first, len(STAMPS)),
+                }
+            )
             if profiler is not None and epoch == args.epochs - 2:
                 profiler.__exit__(None, None, None)
                 profiler.export_chrome_trace(str(trace_path))
@@ -143,10 +153,14 @@ def run_variant(name: str, ds, args, consumer, trace_path: Path | None) -> dict:
     timed = epochs[1:]
     total_ms = sum(e["loop_ms"] + e["end_epoch_sync_ms"] for e in timed)
     samples = sum(e["batches"] for e in timed) * args.batch
-    return {"variant": name, "epochs": epochs, "samples_per_s": samples / total_ms * 1e3,
-            "epoch_ms": statistics.median(e["loop_ms"] + e["end_epoch_sync_ms"] for e in timed),
-            "first_batch_ms": statistics.median(e["first_batch_ms"] for e in timed),
-            "end_sync_ms": statistics.median(e["end_epoch_sync_ms"] for e in timed)}
+    return {
+        "variant": name,
+        "epochs": epochs,
+        "samples_per_s": samples / total_ms * 1e3,
+        "epoch_ms": statistics.median(e["loop_ms"] + e["end_epoch_sync_ms"] for e in timed),
+        "first_batch_ms": statistics.median(e["first_batch_ms"] for e in timed),
+        "end_sync_ms": statistics.median(e["end_epoch_sync_ms"] for e in timed),
+    }
 
 
 def edge_timeline(result: dict, epoch_index: int) -> list:
@@ -159,7 +173,7 @@ def edge_timeline(result: dict, epoch_index: int) -> list:
     while hi < cur["stamps"][1] and STAMPS[hi][2] != "consumed":
         hi += 1
     base = STAMPS[lo][0]
-    return [(round(1e3 * (t - base), 3), thread, label) for t, thread, label in STAMPS[lo:hi + 1]]
+    return [(round(1e3 * (t - base), 3), thread, label) for t, thread, label in STAMPS[lo : hi + 1]]
 
 
 def main() -> int:
@@ -186,9 +200,11 @@ def main() -> int:
         trace = args.out / f"edge_trace_{name}_{k}.json" if k == 0 else None
         result = run_variant(name, ds, args, consumer, trace)
         results.append(result)
-        print(f"{name:8s} {result['samples_per_s']:>10,.0f} samples/s  epoch {result['epoch_ms']:.1f} ms  "
-              f"first batch {result['first_batch_ms']:.2f} ms  end-of-epoch sync {result['end_sync_ms']:.2f} ms",
-              flush=True)
+        print(
+            f"{name:8s} {result['samples_per_s']:>10,.0f} samples/s  epoch {result['epoch_ms']:.1f} ms  "
+            f"first batch {result['first_batch_ms']:.2f} ms  end-of-epoch sync {result['end_sync_ms']:.2f} ms",
+            flush=True,
+        )
         for e in (2, 3):
             if e < len(result["epochs"]):
                 result[f"edge_{e}"] = edge_timeline(result, e)

@@ -11,6 +11,7 @@ second next to training are the loader's ceiling there). Per mode it prints the 
 time from the step's first to last kernel, the gap between steps, and how far the GPU trailed
 the host at the end of each step (near 0: the GPU had run out of work).
 """
+
 import json
 import os
 import statistics
@@ -113,14 +114,19 @@ def timeline(source, steps=STEPS):
     trail = [ge[k] - launched[k] for k in range(steps)]  # GPU end after the host's last launch
     med = statistics.median
     return {
-        "step_ms": wall, "host_launch_ms_idle_gpu": launch_alone,
-        "gpu_step_ms_median": med(gpu_step), "gpu_step_ms_mean": sum(gpu_step) / steps,
-        "gap_ms_mean": sum(gap) / len(gap), "host_late_ms_mean": sum(host_late) / len(gap),
+        "step_ms": wall,
+        "host_launch_ms_idle_gpu": launch_alone,
+        "gpu_step_ms_median": med(gpu_step),
+        "gpu_step_ms_mean": sum(gpu_step) / steps,
+        "gap_ms_mean": sum(gap) / len(gap),
+        "host_late_ms_mean": sum(host_late) / len(gap),
         "wait_ms_mean": sum(g - a for a, g in zip(asked, got)) / steps,
         "launch_ms_mean": sum(l - g for g, l in zip(got, launched)) / steps,
-        "trail_ms_median": med(trail), "trail_ms_min": min(trail),
+        "trail_ms_median": med(trail),
+        "trail_ms_min": min(trail),
         "steps_gpu_trailing_under_1ms": sum(t < 1.0 for t in trail),
-        "gpu_step_ms_p90": sorted(gpu_step)[int(0.9 * steps)], "gpu_step_ms_max": max(gpu_step),
+        "gpu_step_ms_p90": sorted(gpu_step)[int(0.9 * steps)],
+        "gpu_step_ms_max": max(gpu_step),
         "allocator": allocator,
     }
 

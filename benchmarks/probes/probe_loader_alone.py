@@ -5,6 +5,7 @@
 Per share: one untimed epoch, then two timed ones, of
 the generated 10k-image folder (page cache hot), batch 256, train transform bf16 channels_last.
 """
+
 import os
 import sys
 import time
@@ -35,6 +36,8 @@ for share in shares:
         torch.cuda.synchronize()
         rate = n / (time.perf_counter() - t)
         cpu = sum(v for k, v in loader.stats().decoded.items() if k.startswith("cpu:"))
-        print(f"loader alone, share={share}: {rate:,.0f} images/s "
-              f"(decoded {dict(loader.stats().decoded)}, cpu {cpu})", flush=True)
+        print(
+            f"loader alone, share={share}: {rate:,.0f} images/s (decoded {dict(loader.stats().decoded)}, cpu {cpu})",
+            flush=True,
+        )
         ds.close()

@@ -6,6 +6,7 @@ All-reduces a 100 MB float32 buffer (ResNet-50's 25.6M gradients) and 25 MB buck
 default bucket size) 20 times each and prints the bus bandwidth (NCCL's busbw = 2(n-1)/n x
 bytes / time); NCCL_DEBUG=INFO shows the transport (P2P/NVLink, SHM through the host, ...).
 """
+
 import os
 import time
 
@@ -27,5 +28,7 @@ for mbytes in (25, 100):
     seconds = (time.perf_counter() - started) / 20
     if rank == 0:
         busbw = 2 * (world - 1) / world * buf.numel() * 4 / seconds / 1e9
-        print(f"all_reduce {mbytes} MB x {world} GPUs: {1e3 * seconds:.2f} ms, bus bandwidth {busbw:.1f} GB/s", flush=True)
+        print(
+            f"all_reduce {mbytes} MB x {world} GPUs: {1e3 * seconds:.2f} ms, bus bandwidth {busbw:.1f} GB/s", flush=True
+        )
 dist.destroy_process_group()

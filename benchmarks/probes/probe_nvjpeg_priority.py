@@ -11,6 +11,7 @@ driven directly" (the hardware path was integrated, measured slower end to end a
 
     python benchmarks/probes/probe_nvjpeg_priority.py [OUT.json]
 """
+
 import ctypes
 import glob
 import json
@@ -37,10 +38,17 @@ def find_nvjpeg() -> list:
     roots = [os.path.dirname(torchvision.__file__), os.path.dirname(torch.__file__)] + site.getsitepackages()
     pats = []
     for r in roots:
-        pats += [f"{r}/../torchvision.libs/libnvjpeg*.so*", f"{r}/lib/libnvjpeg*.so*", f"{r}/nvidia/*/lib/libnvjpeg*.so*",
-                 f"{r}/nvidia/cu*/lib/libnvjpeg*.so*"]
-    pats += ["/usr/local/cuda*/lib64/libnvjpeg.so*", "/usr/local/cuda*/targets/*/lib/libnvjpeg.so*",
-             "/usr/lib/x86_64-linux-gnu/libnvjpeg.so*"]
+        pats += [
+            f"{r}/../torchvision.libs/libnvjpeg*.so*",
+            f"{r}/lib/libnvjpeg*.so*",
+            f"{r}/nvidia/*/lib/libnvjpeg*.so*",
+            f"{r}/nvidia/cu*/lib/libnvjpeg*.so*",
+        ]
+    pats += [
+        "/usr/local/cuda*/lib64/libnvjpeg.so*",
+        "/usr/local/cuda*/targets/*/lib/libnvjpeg.so*",
+        "/usr/lib/x86_64-linux-gnu/libnvjpeg.so*",
+    ]
     found = []
     for p in pats:
         found += sorted(glob.glob(p))
@@ -58,8 +66,15 @@ class Nvjpeg:
         lib.nvjpegJpegStreamCreate.argtypes = [vp, ctypes.POINTER(vp)]
         lib.nvjpegJpegStreamParseHeader.argtypes = [vp, vp, ctypes.c_size_t, vp]
         lib.nvjpegDecodeBatchedSupported.argtypes = [vp, vp, ctypes.POINTER(ctypes.c_int)]
-        lib.nvjpegGetImageInfo.argtypes = [vp, vp, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int),
-                                           ctypes.POINTER(ctypes.c_int), vp, vp]
+        lib.nvjpegGetImageInfo.argtypes = [
+            vp,
+            vp,
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_int),
+            ctypes.POINTER(ctypes.c_int),
+            vp,
+            vp,
+        ]
         self.handle = vp()
         status = lib.nvjpegCreateEx(3, None, None, flags, ctypes.byref(self.handle))  # NVJPEG_BACKEND_HARDWARE
         self.hardware = status == 0
@@ -102,8 +117,12 @@ class Nvjpeg:
         for b in blobs:
             comps, sub = ctypes.c_int(), ctypes.c_int()
             w, h = (ctypes.c_int * 4)(), (ctypes.c_int * 4)()
-            self.check(self.lib.nvjpegGetImageInfo(self.handle, b.data_ptr(), b.numel(), ctypes.byref(comps),
-                                                   ctypes.byref(sub), w, h), "info")
+            self.check(
+                self.lib.nvjpegGetImageInfo(
+                    self.handle, b.data_ptr(), b.numel(), ctypes.byref(comps), ctypes.byref(sub), w, h
+                ),
+                "info",
+            )
             planes.append([(h[c], w[c]) for c in range(comps.value)])
         return planes
 
@@ -123,8 +142,12 @@ class Nvjpeg:
         lens = np.array([b.numel() for b in blobs], dtype=np.uint64)
         st = self.state()
         self.check(self.lib.nvjpegDecodeBatchedInitialize(self.handle, st, n, 1, 1), "init")  # NVJPEG_OUTPUT_YUV
-        self.check(self.lib.nvjpegDecodeBatched(self.handle, st, ptrs.ctypes.data, lens.ctypes.data, dest.ctypes.data,
-                                                stream.cuda_stream), "decode yuv")
+        self.check(
+            self.lib.nvjpegDecodeBatched(
+                self.handle, st, ptrs.ctypes.data, lens.ctypes.data, dest.ctypes.data, stream.cuda_stream
+            ),
+            "decode yuv",
+        )
         return out
 
     def decode(self, blobs, heights, widths, stream, state=None):
@@ -145,9 +168,13 @@ class Nvjpeg:
         lens = np.array([b.numel() for b in blobs], dtype=np.uint64)
         st = state if state is not None else self.state()
         self.check(self.lib.nvjpegDecodeBatchedInitialize(self.handle, st, n, 1, 3), "init")  # NVJPEG_OUTPUT_RGB
-        self.check(self.lib.nvjpegDecodeBatched(self.handle, st, ptrs.ctypes.data, lens.ctypes.data, dest.ctypes.data,
-                                                stream.cuda_stream), "decode")
-        views = [out[s:s + 3 * h * w].view(3, h, w) for s, h, w in zip(starts, heights, widths)]
+        self.check(
+            self.lib.nvjpegDecodeBatched(
+                self.handle, st, ptrs.ctypes.data, lens.ctypes.data, dest.ctypes.data, stream.cuda_stream
+            ),
+            "decode",
+        )
+        views = [out[s : s + 3 * h * w].view(3, h, w) for s, h, w in zip(starts, heights, widths)]
         return out, views
 
 
@@ -173,16 +200,28 @@ def main():
     heights, widths = info[:, 1].astype(np.int64), info[:, 2].astype(np.int64)
     normal = torch.cuda.Stream(dev)
     high = torch.cuda.Stream(dev, priority=-5)
-    report["priority_range"] = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else None
+    report["priority_range"] = (
+        torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else None
+    )
 
     tv = torch.ops.image.decode_jpegs_cuda(blobs, 3, dev)
     _, ours = nj.decode(blobs, heights, widths, normal)
     torch.cuda.synchronize()
     diff = max(int((a.int() - b.int()).abs().max()) for a, b in zip(tv, ours))
     report["max_abs_diff_vs_torchvision"] = diff
-    print("hardware", nj.hardware, "supported", report["batched_supported"], "of", report["nvjpeg_routed"],
-          "batch", len(blobs), "max |diff|", diff,
-          flush=True)
+    print(
+        "hardware",
+        nj.hardware,
+        "supported",
+        report["batched_supported"],
+        "of",
+        report["nvjpeg_routed"],
+        "batch",
+        len(blobs),
+        "max |diff|",
+        diff,
+        flush=True,
+    )
 
     def run_tv():
         torch.ops.image.decode_jpegs_cuda(blobs, 3, dev)
@@ -190,12 +229,14 @@ def main():
 
     def timed(queue, stream):
         """A decode that reports the host time of its call, then waits for its GPU work."""
+
         def go():
             t = time.perf_counter()
             queue()
             call = time.perf_counter() - t
             stream.synchronize()
             return call
+
         return go
 
     def run_ours(stream):
@@ -208,8 +249,12 @@ def main():
     report["yuv_planes_first"] = planes[:3]
     run_yuv = timed(lambda: yuv.decode_yuv(blobs, planes, high), high)
 
-    pipe = {"states": [nj.new_state(), nj.new_state()], "events": [None, None], "turn": 0,
-            "stream": torch.cuda.Stream(dev)}
+    pipe = {
+        "states": [nj.new_state(), nj.new_state()],
+        "events": [None, None],
+        "turn": 0,
+        "stream": torch.cuda.Stream(dev),
+    }
 
     def run_pipelined():
         """Two states alternate; a state is reused once its previous batch completed (no sync per batch)."""
@@ -220,8 +265,14 @@ def main():
         ev = pipe["events"][k] = torch.cuda.Event()
         ev.record(pipe["stream"])
 
-    decoders = {"ours-pipelined": run_pipelined, "ours-yuv": run_yuv, "torchvision": run_tv, "ours-normal": run_ours(normal), "ours-high": run_ours(high),
-                "ours-pools": run_pools}
+    decoders = {
+        "ours-pipelined": run_pipelined,
+        "ours-yuv": run_yuv,
+        "torchvision": run_tv,
+        "ours-normal": run_ours(normal),
+        "ours-high": run_ours(high),
+        "ours-pools": run_pools,
+    }
     for name, fn in decoders.items():
         for _ in range(3):
             fn()
@@ -260,8 +311,9 @@ def main():
     steps(15)
     report["step_alone_ms"] = steps(40)
     print(f"step alone {report['step_alone_ms']:.1f} ms", flush=True)
-    cases = [(name, fn, "default") for name, fn in decoders.items()] + \
-        [("ours-normal", decoders["ours-normal"], "default2")]
+    cases = [(name, fn, "default") for name, fn in decoders.items()] + [
+        ("ours-normal", decoders["ours-normal"], "default2")
+    ]
     for name, fn, where in cases:
         train_stream[0] = side if where == "side" else torch.cuda.current_stream(dev)
         if name == "ours-pipelined":
@@ -286,6 +338,7 @@ def main():
                     t = time.perf_counter()
                     fn2()
                     times.append((time.perf_counter() - t) * 1e3)
+
             threads.append(threading.Thread(target=drain2, daemon=True))
         for th in threads:
             th.start()
@@ -299,11 +352,19 @@ def main():
         for th in threads:
             th.join(30)
         got = times[n0:]
-        r = {"step_ms": step_ms, "batches_per_s": (n1 - n0) / elapsed, "decode_ms_median": statistics.median(got) if got else None, "batches": len(got),
-             "host_call_ms_median": statistics.median(calls) if calls else None}
+        r = {
+            "step_ms": step_ms,
+            "batches_per_s": (n1 - n0) / elapsed,
+            "decode_ms_median": statistics.median(got) if got else None,
+            "batches": len(got),
+            "host_call_ms_median": statistics.median(calls) if calls else None,
+        }
         report[f"beside:{name}:train-on-{where}"] = r
-        print(f"beside {name}, training on the {where} stream: " + json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}),
-              flush=True)
+        print(
+            f"beside {name}, training on the {where} stream: "
+            + json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}),
+            flush=True,
+        )
     if out_path:
         with open(out_path, "w") as f:
             json.dump(report, f, indent=1)

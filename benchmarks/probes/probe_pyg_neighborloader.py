@@ -44,8 +44,11 @@ def timed_batches(iterable, batches: int, check=None) -> dict:
             check(batch)
     sync()
     seconds = time.perf_counter() - started
-    return {"batches_per_s": batches / seconds, "ms_per_batch": 1000 * seconds / batches,
-            "sampled_nodes_per_batch": nodes / batches}
+    return {
+        "batches_per_s": batches / seconds,
+        "ms_per_batch": 1000 * seconds / batches,
+        "sampled_nodes_per_batch": nodes / batches,
+    }
 
 
 def main() -> None:
@@ -62,9 +65,16 @@ def main() -> None:
     import torch_geometric
     import torch_geometric.typing as pyg_typing
 
-    result = {"torch_geometric": torch_geometric.__version__, "pyg_lib": bool(pyg_typing.WITH_PYG_LIB),
-              "torch_sparse": bool(pyg_typing.WITH_TORCH_SPARSE), "nodes": args.nodes, "dim": args.dim,
-              "batch_size": args.batch_size, "fanouts": fanouts, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    result = {
+        "torch_geometric": torch_geometric.__version__,
+        "pyg_lib": bool(pyg_typing.WITH_PYG_LIB),
+        "torch_sparse": bool(pyg_typing.WITH_TORCH_SPARSE),
+        "nodes": args.nodes,
+        "dim": args.dim,
+        "batch_size": args.batch_size,
+        "fanouts": fanouts,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
     started = time.perf_counter()
     graph_info = make_graph(args.root, nodes=args.nodes, dim=args.dim, progress=False)
     result["generate_s"] = time.perf_counter() - started
@@ -91,11 +101,12 @@ def main() -> None:
                 check_rows(b.x, b.n_id)
                 checked.append(1)
 
-        runs[f"builtin_{tier}"] = timed_batches(((len(b.n_id), b) for b in batches), args.batches,
-                                                lambda pair: check(pair[1]))
-    baseline_gather = type("Mmap", (), {"device": device,
-                                        "gather": lambda self, ids: torch.from_numpy(memmap[np.asarray(ids)])
-                                        .to(device)})()
+        runs[f"builtin_{tier}"] = timed_batches(
+            ((len(b.n_id), b) for b in batches), args.batches, lambda pair: check(pair[1])
+        )
+    baseline_gather = type(
+        "Mmap", (), {"device": device, "gather": lambda self, ids: torch.from_numpy(memmap[np.asarray(ids)]).to(device)}
+    )()
     batches = NeighborBatches(graph, seeds, fanouts, baseline_gather, labels, batch_size=args.batch_size, prefetch=0)
     runs["baseline_mmap"] = timed_batches(((len(b.n_id), b) for b in batches), args.batches)
     sampler_only = NeighborBatches(graph, seeds, fanouts, None, None, batch_size=args.batch_size, prefetch=0)
@@ -112,9 +123,13 @@ def main() -> None:
             feature_store["node", "y", None] = labels
             graph_store = CSRGraphStore()
             graph_store.put_csr(graph_info["indptr"], graph_info["indices"], ("node", "to", "node"), args.nodes)
-            loader = NeighborLoader((feature_store, graph_store), num_neighbors=fanouts,
-                                    input_nodes=("node", torch.from_numpy(seeds)), batch_size=args.batch_size,
-                                    num_workers=0)
+            loader = NeighborLoader(
+                (feature_store, graph_store),
+                num_neighbors=fanouts,
+                input_nodes=("node", torch.from_numpy(seeds)),
+                batch_size=args.batch_size,
+                num_workers=0,
+            )
             first = []
 
             def check_pyg(pair, first=first):

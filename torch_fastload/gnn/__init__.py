@@ -4,5 +4,12 @@ mini-batch iteration whose node-feature gathers (``sources.FeatureStore``) are p
 from .sampler import CSRGraph, NeighborBatches, SampledBatch, batch_key, sample_neighbors, sample_neighbors_numpy
 from .synthetic import make_graph
 
-__all__ = ["CSRGraph", "NeighborBatches", "SampledBatch", "batch_key", "sample_neighbors", "sample_neighbors_numpy",
-           "make_graph"]
+__all__ = [
+    "CSRGraph",
+    "NeighborBatches",
+    "SampledBatch",
+    "batch_key",
+    "sample_neighbors",
+    "sample_neighbors_numpy",
+    "make_graph",
+]

@@ -22,8 +22,6 @@ for every torch build), PyG's ``NodeLoader`` runs on torch_fastload's C++ sample
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import torch
 from torch_geometric.data import EdgeAttr, GraphStore, TensorAttr
@@ -54,7 +52,7 @@ class FastloadFeatureStore(PyGFeatureStore):
         self._items[_key(attr)] = tensor
         return True
 
-    def _get_tensor(self, attr: TensorAttr) -> Optional[torch.Tensor]:
+    def _get_tensor(self, attr: TensorAttr) -> torch.Tensor | None:
         item = self._items.get(_key(attr))
         if item is None:
             return None
@@ -106,8 +104,9 @@ class CSRGraphStore(GraphStore):
         the sources of v's edges): PyG's CSC layout of (source -> target) edges."""
         colptr = torch.as_tensor(np.asarray(indptr, dtype=np.int64))
         row = torch.as_tensor(np.asarray(indices, dtype=np.int64))
-        self.put_edge_index((row, colptr), edge_type=edge_type, layout="csc", size=(num_nodes, num_nodes),
-                            is_sorted=True)
+        self.put_edge_index(
+            (row, colptr), edge_type=edge_type, layout="csc", size=(num_nodes, num_nodes), is_sorted=True
+        )
 
 
 class FastloadNeighborSampler(BaseSampler):
@@ -117,7 +116,7 @@ class FastloadNeighborSampler(BaseSampler):
     Homogeneous graphs, seeds unique within a mini-batch (PyG's shuffled ``input_nodes``). Mini-batch
     ``k`` of this sampler draws from ``batch_key(seed, k)``: reproducible in one process."""
 
-    def __init__(self, graph: CSRGraph, num_neighbors, *, seed: int = 0, num_threads: Optional[int] = None):
+    def __init__(self, graph: CSRGraph, num_neighbors, *, seed: int = 0, num_threads: int | None = None):
         self.graph = graph
         self.num_neighbors = [int(f) for f in num_neighbors]
         self.seed = int(seed)
@@ -125,7 +124,7 @@ class FastloadNeighborSampler(BaseSampler):
         self._calls = 0
 
     @classmethod
-    def from_graph_store(cls, graph_store: GraphStore, edge_type, num_neighbors, **kwargs) -> "FastloadNeighborSampler":
+    def from_graph_store(cls, graph_store: GraphStore, edge_type, num_neighbors, **kwargs) -> FastloadNeighborSampler:
         """The sampler over ``edge_type``'s CSC edges (``CSRGraphStore.put_csr``'s layout)."""
         row, colptr = graph_store.get_edge_index(edge_type, "csc")
         return cls(CSRGraph(colptr.numpy(), row.numpy()), num_neighbors, **kwargs)
@@ -133,16 +132,25 @@ class FastloadNeighborSampler(BaseSampler):
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs) -> SamplerOutput:
         seeds = index.node.numpy() if isinstance(index.node, torch.Tensor) else np.asarray(index.node)
         if len(np.unique(seeds)) != len(seeds):
-            raise ValueError("FastloadNeighborSampler takes unique seeds in a mini-batch (the seeds are the "
-                             "first nodes of the sampled subgraph)")
+            raise ValueError(
+                "FastloadNeighborSampler takes unique seeds in a mini-batch (the seeds are the "
+                "first nodes of the sampled subgraph)"
+            )
         key = batch_key(self.seed, self._calls)
         self._calls += 1
-        n_id, edge_index = sample_neighbors(self.graph, seeds, self.num_neighbors, key=key,
-                                            num_threads=self.num_threads)
+        n_id, edge_index = sample_neighbors(
+            self.graph, seeds, self.num_neighbors, key=key, num_threads=self.num_threads
+        )
         nodes, edges = _per_hop(len(seeds), n_id, edge_index, len(self.num_neighbors))
-        return SamplerOutput(node=torch.from_numpy(n_id), row=torch.from_numpy(edge_index[0]),
-                             col=torch.from_numpy(edge_index[1]), edge=None, num_sampled_nodes=nodes,
-                             num_sampled_edges=edges, metadata=(index.input_id, index.time))
+        return SamplerOutput(
+            node=torch.from_numpy(n_id),
+            row=torch.from_numpy(edge_index[0]),
+            col=torch.from_numpy(edge_index[1]),
+            edge=None,
+            num_sampled_nodes=nodes,
+            num_sampled_edges=edges,
+            metadata=(index.input_id, index.time),
+        )
 
     def sample_from_edges(self, index, neg_sampling=None):
         raise NotImplementedError("FastloadNeighborSampler samples from nodes only (NodeLoader)")

@@ -27,9 +27,9 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -43,8 +43,16 @@ try:
 except ImportError:  # not built: the numpy sampler serves
     _C = None
 
-__all__ = ["CSRGraph", "SampledBatch", "sample_neighbors", "sample_neighbors_numpy", "batch_key",
-           "default_sampler_threads", "NeighborBatches", "STATE_FORMAT"]
+__all__ = [
+    "CSRGraph",
+    "SampledBatch",
+    "sample_neighbors",
+    "sample_neighbors_numpy",
+    "batch_key",
+    "default_sampler_threads",
+    "NeighborBatches",
+    "STATE_FORMAT",
+]
 
 _KEY_MASK = (1 << 64) - 1
 
@@ -110,8 +118,8 @@ class SampledBatch:
     n_id: torch.Tensor  # sampled node ids (global), the seeds first
     edge_index: torch.Tensor  # (2, E) local ids: row 0 source (neighbour), row 1 target
     batch_size: int  # the first batch_size nodes of n_id are the seeds
-    x: Optional[torch.Tensor] = None  # features of n_id (on the store's device)
-    y: Optional[torch.Tensor] = None  # labels of the seeds
+    x: torch.Tensor | None = None  # features of n_id (on the store's device)
+    y: torch.Tensor | None = None  # labels of the seeds
 
 
 def default_sampler_threads() -> int:
@@ -130,16 +138,25 @@ def _check(graph: CSRGraph, seeds: np.ndarray, fanouts: Sequence[int]) -> list:
     n = graph.num_nodes
     bad = seeds[(seeds < 0) | (seeds >= n)]
     if len(bad):
-        raise ValueError(f"{len(bad)} seed(s) outside [0, {n}): {', '.join(map(str, bad[:8].tolist()))}"
-                         + (", ..." if len(bad) > 8 else ""))
+        raise ValueError(
+            f"{len(bad)} seed(s) outside [0, {n}): {', '.join(map(str, bad[:8].tolist()))}"
+            + (", ..." if len(bad) > 8 else "")
+        )
     fanouts = [int(f) for f in fanouts]
     if any(f < 0 for f in fanouts):
         raise ValueError(f"fanouts must be >= 0 (0: no neighbours at that hop), got {fanouts}")
     return fanouts
 
 
-def sample_neighbors(graph: CSRGraph, seeds, fanouts: Sequence[int], rng: Optional[np.random.Generator] = None, *,
-                     key: Optional[int] = None, num_threads: Optional[int] = None):
+def sample_neighbors(
+    graph: CSRGraph,
+    seeds,
+    fanouts: Sequence[int],
+    rng: np.random.Generator | None = None,
+    *,
+    key: int | None = None,
+    num_threads: int | None = None,
+):
     """``(n_id, edge_index)``, int64 numpy: per hop, each frontier node of degree d > 0 draws
     ``fanout`` neighbours uniformly with replacement (duplicates merged; degree 0: no edges);
     the next frontier is the hop's new nodes. ``n_id`` holds the (unique) seeds in their order,
@@ -258,10 +275,24 @@ class NeighborBatches:
     of batches (true at a step boundary of synchronous training).
     """
 
-    def __init__(self, graph: CSRGraph, seeds, fanouts: Sequence[int], store=None, labels=None, *,
-                 batch_size: int = 1024, shuffle: bool = True, seed: int = 0, prefetch: int = 2,
-                 device=None, num_replicas: Optional[int] = None, rank: Optional[int] = None,
-                 drop_last: bool = False, sampler_threads: Optional[int] = None):
+    def __init__(
+        self,
+        graph: CSRGraph,
+        seeds,
+        fanouts: Sequence[int],
+        store=None,
+        labels=None,
+        *,
+        batch_size: int = 1024,
+        shuffle: bool = True,
+        seed: int = 0,
+        prefetch: int = 2,
+        device=None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+        sampler_threads: int | None = None,
+    ):
         self.graph = graph
         self.seeds = np.asarray(seeds, dtype=np.int64)
         if len(np.unique(self.seeds)) != len(self.seeds):
@@ -277,24 +308,26 @@ class NeighborBatches:
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0 (it seeds numpy's SeedSequence), got {seed}")
         self.prefetch = max(0, int(prefetch))
-        self.device = torch.device(device) if device is not None else (store.device if store is not None else
-                                                                       torch.device("cpu"))
+        self.device = (
+            torch.device(device) if device is not None else (store.device if store is not None else torch.device("cpu"))
+        )
         if num_replicas is None or rank is None:
             world_size, world_rank = world()
             num_replicas = world_size if num_replicas is None else num_replicas
             rank = world_rank if rank is None else rank
         self.num_replicas, self.rank = int(num_replicas), int(rank)
         if self.num_replicas < 1 or not 0 <= self.rank < self.num_replicas:
-            raise ValueError(f"rank {rank} of num_replicas {num_replicas}: need num_replicas >= 1 and "
-                             f"0 <= rank < num_replicas")
+            raise ValueError(
+                f"rank {rank} of num_replicas {num_replicas}: need num_replicas >= 1 and 0 <= rank < num_replicas"
+            )
         self.drop_last = bool(drop_last)
         if sampler_threads is not None and int(sampler_threads) < 1:
             raise ValueError(f"sampler_threads must be >= 1 (or None for the default), got {sampler_threads}")
         self.sampler_threads = None if sampler_threads is None else int(sampler_threads)  # C++ sampler's threads
         self.epoch = 0
-        self._progress: Optional[_Progress] = None  # the iteration handed out last
-        self._resume: Optional[tuple[int, int]] = None  # (epoch, global position) for the next iter()
-        self._digest: Optional[str] = None
+        self._progress: _Progress | None = None  # the iteration handed out last
+        self._resume: tuple[int, int] | None = None  # (epoch, global position) for the next iter()
+        self._digest: str | None = None
 
     def __len__(self) -> int:
         """Batches of a whole epoch on this rank (the same on every rank)."""
@@ -325,17 +358,19 @@ class NeighborBatches:
         total = self._shard_length(len(rest)) * world_size
         if total > len(rest):  # np.resize repeats the order when the padding exceeds it
             rest = np.concatenate([rest, np.resize(order, total - len(rest))])
-        mine = rest[self.rank:total:world_size]
+        mine = rest[self.rank : total : world_size]
         size = self.batch_size
-        return [(start + self.rank + i * world_size, self.seeds[mine[i:i + size]]) for i in range(0, len(mine), size)]
+        return [(start + self.rank + i * world_size, self.seeds[mine[i : i + size]]) for i in range(0, len(mine), size)]
 
     def _make(self, batch_seeds: np.ndarray, key: int) -> SampledBatch:
-        n_id, edge_index = sample_neighbors(self.graph, batch_seeds, self.fanouts, key=key,
-                                            num_threads=self.sampler_threads)
+        n_id, edge_index = sample_neighbors(
+            self.graph, batch_seeds, self.fanouts, key=key, num_threads=self.sampler_threads
+        )
         x = self.store.gather(n_id) if self.store is not None else None
         y = self.labels[torch.from_numpy(batch_seeds)].to(self.device) if self.labels is not None else None
-        return SampledBatch(torch.from_numpy(n_id), torch.from_numpy(edge_index).to(self.device), len(batch_seeds),
-                            x, y)
+        return SampledBatch(
+            torch.from_numpy(n_id), torch.from_numpy(edge_index).to(self.device), len(batch_seeds), x, y
+        )
 
     def __iter__(self):
         """This rank's batches of epoch ``self.epoch`` (the rest of it after ``load_state_dict``);
@@ -344,8 +379,10 @@ class NeighborBatches:
         if self._resume is not None:
             resume_epoch, start = self._resume
             if resume_epoch != epoch:
-                raise ResumeError(f"the loaded state is in epoch {resume_epoch} but NeighborBatches is at epoch "
-                                  f"{epoch}: call set_epoch({resume_epoch}) (or none) before iterating")
+                raise ResumeError(
+                    f"the loaded state is in epoch {resume_epoch} but NeighborBatches is at epoch "
+                    f"{epoch}: call set_epoch({resume_epoch}) (or none) before iterating"
+                )
             self._resume = None
         plan = self._plan(epoch, start)
         progress = _Progress(epoch, start, len(plan))
@@ -356,7 +393,7 @@ class NeighborBatches:
             cuda_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         return self._generate(plan, epoch, progress, cuda_index)
 
-    def _generate(self, plan: list, epoch: int, progress: _Progress, cuda_index: Optional[int]):
+    def _generate(self, plan: list, epoch: int, progress: _Progress, cuda_index: int | None):
         def make(position: int, chunk: np.ndarray) -> SampledBatch:
             return self._make(chunk, batch_key(self.seed, epoch, 1, position))
 
@@ -407,11 +444,23 @@ class NeighborBatches:
             position = n if yielded >= p.batches else min(n, start + yielded * self.batch_size * self.num_replicas)
         else:
             epoch, start, yielded, position, in_progress = self.epoch, 0, 0, 0, False
-        state = {"format": STATE_FORMAT, "epoch": int(epoch), "in_progress": in_progress, "position": int(position),
-                 "start": int(start), "batches_yielded": int(yielded), "batch_size": self.batch_size,
-                 "num_replicas": self.num_replicas, "rank": self.rank, "drop_last": self.drop_last,
-                 "shuffle": self.shuffle, "seed": self.seed, "num_seeds": n, "seeds_digest": self._seeds_digest(),
-                 "fanouts": list(self.fanouts)}
+        state = {
+            "format": STATE_FORMAT,
+            "epoch": int(epoch),
+            "in_progress": in_progress,
+            "position": int(position),
+            "start": int(start),
+            "batches_yielded": int(yielded),
+            "batch_size": self.batch_size,
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "drop_last": self.drop_last,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "num_seeds": n,
+            "seeds_digest": self._seeds_digest(),
+            "fanouts": list(self.fanouts),
+        }
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -424,12 +473,16 @@ class NeighborBatches:
             raise ResumeError(f"not a NeighborBatches state (format {got!r}, expected {STATE_FORMAT!r})")
         n = len(self.seeds)
         if state["num_seeds"] != n or state["seeds_digest"] != self._seeds_digest():
-            raise ResumeError(f"the state is for another set (or order) of seed nodes ({state['num_seeds']} seeds, "
-                              f"digest {state['seeds_digest']}), these are {n} seeds, digest {self._seeds_digest()}")
+            raise ResumeError(
+                f"the state is for another set (or order) of seed nodes ({state['num_seeds']} seeds, "
+                f"digest {state['seeds_digest']}), these are {n} seeds, digest {self._seeds_digest()}"
+            )
         for key in ("shuffle", "seed"):
             if state[key] != getattr(self, key):
-                raise ResumeError(f"the state's epoch order was drawn with {key}={state[key]!r}, this NeighborBatches "
-                                  f"has {key}={getattr(self, key)!r}: the rest of the epoch would not be the rest")
+                raise ResumeError(
+                    f"the state's epoch order was drawn with {key}={state[key]!r}, this NeighborBatches "
+                    f"has {key}={getattr(self, key)!r}: the rest of the epoch would not be the rest"
+                )
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= n:
             raise ResumeError(f"the state's epoch {epoch} is negative or its position {position} is outside [0, {n}]")

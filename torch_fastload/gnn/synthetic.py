@@ -18,12 +18,24 @@ import numpy as np
 
 __all__ = ["make_graph", "PRESETS"]
 
-PRESETS = {"small": dict(nodes=100_000, dim=64), "medium": dict(nodes=2_000_000, dim=128),
-           "large": dict(nodes=20_000_000, dim=128)}
+PRESETS = {
+    "small": dict(nodes=100_000, dim=64),
+    "medium": dict(nodes=2_000_000, dim=128),
+    "large": dict(nodes=20_000_000, dim=128),
+}
 
 
-def make_graph(root: str, nodes: int = 100_000, dim: int = 64, *, communities: int = 32, avg_degree: int = 10,
-               p_in: float = 0.8, seed: int = 0, progress: bool = True) -> dict:
+def make_graph(
+    root: str,
+    nodes: int = 100_000,
+    dim: int = 64,
+    *,
+    communities: int = 32,
+    avg_degree: int = 10,
+    p_in: float = 0.8,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Write (or reuse) the graph under ``root``; returns its paths and the CSR arrays."""
     os.makedirs(root, exist_ok=True)
     stamp = dict(nodes=nodes, dim=dim, communities=communities, avg_degree=avg_degree, p_in=p_in, seed=seed)

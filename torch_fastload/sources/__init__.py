@@ -10,10 +10,21 @@ sources decode and augment there).
 """
 
 from .arrays import ArrayDataset, ArrayFile, ArrayFormatError, read_npy_header
-from .records import RecordBatch, RecordDataset, RecordFormatError
-from .images import EncodedImages, ImageFolder, PackedImageFolder
 from .features import FeatureStore, FeatureStoreError
+from .images import EncodedImages, ImageFolder, PackedImageFolder
+from .records import RecordBatch, RecordDataset, RecordFormatError
 
-__all__ = ["ArrayDataset", "ArrayFile", "ArrayFormatError", "read_npy_header",
-           "RecordDataset", "RecordBatch", "RecordFormatError", "ImageFolder", "PackedImageFolder", "EncodedImages",
-           "FeatureStore", "FeatureStoreError"]
+__all__ = [
+    "ArrayDataset",
+    "ArrayFile",
+    "ArrayFormatError",
+    "read_npy_header",
+    "RecordDataset",
+    "RecordBatch",
+    "RecordFormatError",
+    "ImageFolder",
+    "PackedImageFolder",
+    "EncodedImages",
+    "FeatureStore",
+    "FeatureStoreError",
+]

@@ -81,8 +81,11 @@ def read_npy_header(path: str) -> tuple[np.dtype, tuple, int]:
     dtype = _check_dtype(path, dtype)
     needed = offset + math.prod(shape) * dtype.itemsize
     if needed > size:
-        raise ArrayFormatError(path, f"header says shape {tuple(shape)} of {dtype.str} = {needed - offset} bytes "
-                                     f"from offset {offset}, but the file has only {size} bytes")
+        raise ArrayFormatError(
+            path,
+            f"header says shape {tuple(shape)} of {dtype.str} = {needed - offset} bytes "
+            f"from offset {offset}, but the file has only {size} bytes",
+        )
     return dtype, tuple(shape), offset
 
 
@@ -96,13 +99,13 @@ class ArrayFile:
     offset: int  # byte offset of row 0
 
     @classmethod
-    def npy(cls, path: str | os.PathLike) -> "ArrayFile":
+    def npy(cls, path: str | os.PathLike) -> ArrayFile:
         path = os.fspath(path)
         dtype, shape, offset = read_npy_header(path)
         return cls(path, dtype, shape, offset)
 
     @classmethod
-    def raw(cls, path: str | os.PathLike, dtype, row_shape=(), offset: int = 0) -> "ArrayFile":
+    def raw(cls, path: str | os.PathLike, dtype, row_shape=(), offset: int = 0) -> ArrayFile:
         """A headerless file of fixed-size records (``row_shape`` of ``dtype`` each)."""
         path = os.fspath(path)
         dtype = _check_dtype(path, np.dtype(dtype))
@@ -111,8 +114,9 @@ class ArrayFile:
             raise ArrayFormatError(path, f"records of shape {tuple(row_shape)} hold no bytes")
         size = os.stat(path).st_size
         if offset < 0 or offset > size or (size - offset) % row_bytes:
-            raise ArrayFormatError(path, f"{size} bytes from offset {offset} are not a whole number of "
-                                         f"{row_bytes}-byte records")
+            raise ArrayFormatError(
+                path, f"{size} bytes from offset {offset} are not a whole number of {row_bytes}-byte records"
+            )
         return cls(path, dtype, ((size - offset) // row_bytes, *row_shape), offset)
 
     @property
@@ -132,8 +136,13 @@ class ArrayFile:
 
     def pending_rows(self, index: np.ndarray) -> PendingRead:
         """Rows ``index`` (already range-checked) as one read plan for the stager."""
-        return PendingRead(self.path, self.offset + index * self.row_bytes, self.row_bytes,
-                           (len(index), *self.shape[1:]), self.torch_dtype)
+        return PendingRead(
+            self.path,
+            self.offset + index * self.row_bytes,
+            self.row_bytes,
+            (len(index), *self.shape[1:]),
+            self.torch_dtype,
+        )
 
 
 def _as_file(item) -> ArrayFile:

@@ -26,8 +26,8 @@ import contextlib
 import math
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ __all__ = ["FeatureStore", "FeatureStoreError", "GatherStats"]
 
 #: reads are whole aligned pages (what O_DIRECT needs; neighbouring rows share one read)
 PAGE = 4096
+
 
 class FeatureStoreError(FastloadError, ValueError):
     """Bad ids, a bad feature file or a cache that cannot be held."""
@@ -63,9 +64,18 @@ class GatherStats:
 class FeatureStore:
     """An ``(N, D)`` feature matrix on storage, gathered by row ids onto ``device``."""
 
-    def __init__(self, path: str | os.PathLike, *, shape: Optional[Sequence[int]] = None,
-                 dtype: Optional[torch.dtype] = None, device=None, cache_ids=None, pin: bool | str = False,
-                 o_direct: bool = False, io_threads: Optional[int] = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        shape: Sequence[int] | None = None,
+        dtype: torch.dtype | None = None,
+        device=None,
+        cache_ids=None,
+        pin: bool | str = False,
+        o_direct: bool = False,
+        io_threads: int | None = None,
+    ):
         self.path = os.fspath(path)
         if self.path.endswith(".npy"):
             np_dtype, file_shape, self.offset = read_npy_header(self.path)
@@ -80,8 +90,9 @@ class FeatureStore:
             size = os.stat(self.path).st_size
             needed = self.shape[0] * self.shape[1] * dtype.itemsize
             if size < needed:
-                raise ArrayFormatError(self.path, f"shape {self.shape} of {dtype} needs {needed} bytes, the file "
-                                                  f"has {size}")
+                raise ArrayFormatError(
+                    self.path, f"shape {self.shape} of {dtype} needs {needed} bytes, the file has {size}"
+                )
         self.num_nodes, self.dim = self.shape
         self.file_size = os.stat(self.path).st_size
         self.row_bytes = self.dim * self.dtype.itemsize
@@ -93,14 +104,14 @@ class FeatureStore:
         self._stats = GatherStats()
         self._lock = threading.Lock()
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._pinned: Optional[torch.Tensor] = None
+        self._pinned: torch.Tensor | None = None
         self._cache_slot = None  # int32 (N,) host: cache row of each node, -1 if not cached
-        self._cache_slot_device: Optional[torch.Tensor] = None
-        self.cache: Optional[torch.Tensor] = None
+        self._cache_slot_device: torch.Tensor | None = None
+        self.cache: torch.Tensor | None = None
         if cache_ids is not None:
             self._build_cache(cache_ids)
         self._mapped = None
-        self._host_rows: Optional[torch.Tensor] = None
+        self._host_rows: torch.Tensor | None = None
         self.pin_reason = self._pin_choice(pin)
         if self.pin_reason.startswith("pinned"):
             self._map_for_uva()
@@ -122,8 +133,10 @@ class FeatureStore:
             low, high = int(array.min()), int(array.max())
             if low < 0 or high >= self.num_nodes:
                 bad = array[(array < 0) | (array >= self.num_nodes)]
-                raise FeatureStoreError(f"node ids {bad[:5].tolist()}{' ...' if len(bad) > 5 else ''} "
-                                        f"({len(bad)} in all) are outside [0, {self.num_nodes}) of '{self.path}'")
+                raise FeatureStoreError(
+                    f"node ids {bad[:5].tolist()}{' ...' if len(bad) > 5 else ''} "
+                    f"({len(bad)} in all) are outside [0, {self.num_nodes}) of '{self.path}'"
+                )
         return array
 
     # -- tiers ----------------------------------------------------------------------------
@@ -133,8 +146,10 @@ class FeatureStore:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             if need > free:
-                raise FeatureStoreError(f"a cache of {len(ids)} rows x {self.row_bytes} bytes = {need / 2**30:.2f} "
-                                        f"GiB does not fit in the {free / 2**30:.2f} GiB free on {self.device}")
+                raise FeatureStoreError(
+                    f"a cache of {len(ids)} rows x {self.row_bytes} bytes = {need / 2**30:.2f} "
+                    f"GiB does not fit in the {free / 2**30:.2f} GiB free on {self.device}"
+                )
         with self._lock:
             self.cache = self._rows_from_storage(ids, np.arange(len(ids)), torch.device("cpu")).to(self.device)
         self._cache_slot = np.full(self.num_nodes, -1, dtype=np.int32)
@@ -151,9 +166,13 @@ class FeatureStore:
             if self.o_direct:
                 return "not pinned: auto, and o_direct asks to leave the page cache alone"
             if self.file_size > budget:
-                return (f"not pinned: auto, and the file ({self.file_size / 2**30:.2f} GiB) exceeds map_budget "
-                        f"({budget / 2**30:.2f} GiB)")
-            return f"pinned: auto, the file ({self.file_size / 2**30:.2f} GiB) fits map_budget ({budget / 2**30:.2f} GiB)"
+                return (
+                    f"not pinned: auto, and the file ({self.file_size / 2**30:.2f} GiB) exceeds map_budget "
+                    f"({budget / 2**30:.2f} GiB)"
+                )
+            return (
+                f"pinned: auto, the file ({self.file_size / 2**30:.2f} GiB) fits map_budget ({budget / 2**30:.2f} GiB)"
+            )
         if pin not in (True, False):
             raise FeatureStoreError(f"pin must be True, False or 'auto', got {pin!r}")
         return "pinned: pin=True" if pin else "not pinned: pin=False"
@@ -192,8 +211,16 @@ class FeatureStore:
         """Pages ``pages`` of the file into ``buffer`` back to back (the last one cut at EOF)."""
         offsets = pages * PAGE
         lengths = np.minimum(PAGE, self.file_size - offsets)
-        engine.read_ranges(self.path, None, offsets, lengths, buffer, np.arange(len(pages), dtype=np.int64) * PAGE,
-                           num_threads=self.io_threads, o_direct=self.o_direct)
+        engine.read_ranges(
+            self.path,
+            None,
+            offsets,
+            lengths,
+            buffer,
+            np.arange(len(pages), dtype=np.int64) * PAGE,
+            num_threads=self.io_threads,
+            o_direct=self.o_direct,
+        )
         return int(lengths.sum())
 
     def _rows_from_storage(self, unique_ids: np.ndarray, select: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -256,11 +283,13 @@ class FeatureStore:
                     result = self._rows_from_storage(unique, inverse.reshape(-1), self.device)
                 elif len(miss):
                     at = torch.from_numpy(miss).to(self.device, non_blocking=True)
-                    out_unique.index_copy_(0, at, self._rows_from_storage(unique[miss], np.arange(len(miss)),
-                                                                          self.device))
+                    out_unique.index_copy_(
+                        0, at, self._rows_from_storage(unique[miss], np.arange(len(miss)), self.device)
+                    )
                 if out_unique is not None:
-                    result = out_unique.index_select(0, torch.from_numpy(inverse.reshape(-1)).to(
-                        self.device, non_blocking=True))
+                    result = out_unique.index_select(
+                        0, torch.from_numpy(inverse.reshape(-1)).to(self.device, non_blocking=True)
+                    )
                 if cuda:
                     done = torch.cuda.Event()
                     done.record(stream)
@@ -346,6 +375,9 @@ class FeatureStore:
         return self.num_nodes
 
     def __repr__(self) -> str:
-        tiers = [t for t, on in (("cache", self.cache is not None), ("uva", self._host_rows is not None),
-                                 ("storage", True)) if on]
+        tiers = [
+            t
+            for t, on in (("cache", self.cache is not None), ("uva", self._host_rows is not None), ("storage", True))
+            if on
+        ]
         return f"FeatureStore('{self.path}', {self.num_nodes} x {self.dim} {self.dtype}, {'+'.join(tiers)})"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Union
 
 import numpy as np
 import torch
@@ -34,9 +34,9 @@ from torch.utils.data import Dataset
 
 from ..resume import batch_key, batch_numpy_rng
 from ..staging import ALIGN, PendingRead
-from .records import largest_batch_bytes
 from ..vision.decode import STATUS_TEXT, BatchDecoder, ImageDecodeError, decode_cpu, probe
 from ..vision.transforms import EvalTransform, TrainTransform
+from .records import largest_batch_bytes
 
 __all__ = ["ImageFolder", "PackedImageFolder", "EncodedImages", "ImageDecodeError"]
 
@@ -66,7 +66,7 @@ def _resolve_transform(transform) -> Transform:
 class _EncodedImageSource(Dataset):
     """What folders and packs share: batches as read plans, decoding, transforms, errors."""
 
-    def __init__(self, transform, on_error: str, seed: Optional[int], gpu_max_pixels: int):
+    def __init__(self, transform, on_error: str, seed: int | None, gpu_max_pixels: int):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.transform = _resolve_transform(transform)
@@ -113,8 +113,11 @@ class _EncodedImageSource(Dataset):
         with open(path, "rb") as f:
             data = os.pread(f.fileno(), length, offset)
         if len(data) != length:
-            raise ImageDecodeError(self.name(int(index[0])), int(index[0]),
-                                   f"file ended at byte {offset + len(data)}, expected {length} bytes at {offset}")
+            raise ImageDecodeError(
+                self.name(int(index[0])),
+                int(index[0]),
+                f"file ended at byte {offset + len(data)}, expected {length} bytes at {offset}",
+            )
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
     def __getitem__(self, i):
@@ -162,8 +165,9 @@ class _EncodedImageSource(Dataset):
         with self._lock:
             decoder = self._decoders.get(device)
             if decoder is None:
-                decoder = self._decoders[device] = BatchDecoder(device, on_error=self.on_error,
-                                                                gpu_max_pixels=self.gpu_max_pixels)
+                decoder = self._decoders[device] = BatchDecoder(
+                    device, on_error=self.on_error, gpu_max_pixels=self.gpu_max_pixels
+                )
             return decoder
 
     def __fastload_delivered__(self, device: torch.device, waited: float) -> None:
@@ -242,14 +246,24 @@ class ImageFolder(_EncodedImageSource):
     makes runs repeat).
     """
 
-    def __init__(self, root: str | os.PathLike, transform="train", *, on_error: str = "raise",
-                 extensions: Optional[tuple] = None, seed: Optional[int] = None,
-                 gpu_max_pixels: int = 8192 * 8192, scan_threads: int = 16):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        transform="train",
+        *,
+        on_error: str = "raise",
+        extensions: tuple | None = None,
+        seed: int | None = None,
+        gpu_max_pixels: int = 8192 * 8192,
+        scan_threads: int = 16,
+    ):
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
             raise (FileNotFoundError if not os.path.exists(self.root) else NotADirectoryError)(
-                f"image folder '{self.root}' does not exist" if not os.path.exists(self.root)
-                else f"'{self.root}' is not a directory")
+                f"image folder '{self.root}' does not exist"
+                if not os.path.exists(self.root)
+                else f"'{self.root}' is not a directory"
+            )
         super().__init__(transform, on_error, seed, gpu_max_pixels)
         from ..packing import IMAGE_EXTENSIONS, find_images  # packing imports sources: import here
 
@@ -258,8 +272,9 @@ class ImageFolder(_EncodedImageSource):
         self.paths = [path for path, _ in self.samples]
         self.labels = np.array([label for _, label in self.samples], dtype=np.int64)
         with ThreadPoolExecutor(max(1, scan_threads)) as pool:  # stat() releases the GIL
-            self.sizes = np.fromiter(pool.map(lambda p: os.stat(p).st_size, self.paths, chunksize=256),
-                                     dtype=np.int64, count=len(self.paths))
+            self.sizes = np.fromiter(
+                pool.map(lambda p: os.stat(p).st_size, self.paths, chunksize=256), dtype=np.int64, count=len(self.paths)
+            )
 
     def _ranges(self, index):
         paths = [self.paths[i] for i in index.tolist()]
@@ -280,8 +295,15 @@ class PackedImageFolder(_EncodedImageSource):
     pack``): the same images in a few large shards, so a batch is a few big reads instead of
     hundreds of file opens. Arguments as for ``ImageFolder``."""
 
-    def __init__(self, root: str | os.PathLike, transform="train", *, on_error: str = "raise",
-                 seed: Optional[int] = None, gpu_max_pixels: int = 8192 * 8192):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        transform="train",
+        *,
+        on_error: str = "raise",
+        seed: int | None = None,
+        gpu_max_pixels: int = 8192 * 8192,
+    ):
         from .records import RecordDataset, RecordFormatError
 
         self.records = RecordDataset(root)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ class RecordBatch(NamedTuple):
 
     data: torch.Tensor  # uint8, every record's bytes back to back
     offsets: torch.Tensor  # int64, len(batch) + 1 offsets into ``data``
-    labels: Optional[torch.Tensor]  # int64 per record, or None for unlabelled packs
+    labels: torch.Tensor | None  # int64 per record, or None for unlabelled packs
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -65,7 +65,7 @@ def largest_batch_bytes(sizes: np.ndarray, batch_size: int) -> int:
     """The bytes of the ``batch_size`` largest items: what any batch of variable-size items
     fits in (sizes a pinned pool once)."""
     k = min(batch_size, len(sizes))
-    return int(np.partition(sizes, len(sizes) - k)[len(sizes) - k:].sum()) if k else 0
+    return int(np.partition(sizes, len(sizes) - k)[len(sizes) - k :].sum()) if k else 0
 
 
 def _load_json(path: str) -> dict:
@@ -77,7 +77,9 @@ def _load_json(path: str) -> dict:
     except (ValueError, UnicodeDecodeError) as exc:
         raise RecordFormatError(path, f"not valid JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise RecordFormatError(path, f"not a {FORMAT} pack (format={meta.get('format') if isinstance(meta, dict) else meta!r})")
+        raise RecordFormatError(
+            path, f"not a {FORMAT} pack (format={meta.get('format') if isinstance(meta, dict) else meta!r})"
+        )
     if meta.get("version") != VERSION:
         raise RecordFormatError(path, f"version {meta.get('version')!r} is not supported (this reader: {VERSION})")
     return meta
@@ -107,8 +109,10 @@ class RecordDataset(Dataset):
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
             raise (FileNotFoundError if not os.path.exists(self.root) else NotADirectoryError)(
-                f"pack directory {self.root!r} does not exist" if not os.path.exists(self.root)
-                else f"{self.root!r} is not a pack directory")
+                f"pack directory {self.root!r} does not exist"
+                if not os.path.exists(self.root)
+                else f"{self.root!r} is not a pack directory"
+            )
         meta_path = os.path.join(self.root, "meta.json")
         meta = _load_json(meta_path)
         try:
@@ -126,8 +130,11 @@ class RecordDataset(Dataset):
         if len(self.index) != count:
             raise RecordFormatError(index_path, f"holds {len(self.index)} records, meta.json says {count}")
         labels_path = os.path.join(self.root, "labels.npy")
-        self.labels = (_load_int64(labels_path, lambda s: s == (count,), f"labels ({count},)")
-                       if meta.get("labels", False) else None)
+        self.labels = (
+            _load_int64(labels_path, lambda s: s == (count,), f"labels ({count},)")
+            if meta.get("labels", False)
+            else None
+        )
         self._check_ranges(index_path, shards)
         self._names: list | None = None
 
@@ -139,8 +146,11 @@ class RecordDataset(Dataset):
             if not os.path.isfile(path):
                 raise RecordFormatError(path, "shard is not a regular file")
             if size != recorded:
-                raise RecordFormatError(path, f"shard has {size} bytes, meta.json recorded {recorded} "
-                                              "(truncated or rewritten since it was packed)")
+                raise RecordFormatError(
+                    path,
+                    f"shard has {size} bytes, meta.json recorded {recorded} "
+                    "(truncated or rewritten since it was packed)",
+                )
             sizes.append(size)
         if not len(self.index):
             return
@@ -154,10 +164,16 @@ class RecordDataset(Dataset):
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             s, o, n = (int(v) for v in self.index[i])
-            where = (f"shard {s} ('{self.shard_paths[s]}', {int(sizes[s])} bytes)" if 0 <= s < len(sizes)
-                     else f"shard {s} (the pack has {len(sizes)} shards)")
-            raise RecordFormatError(index_path, f"record {i}: offset={o}, length={n} in {where} lies outside "
-                                                f"its shard ({int(bad.sum())} bad record(s) in all)")
+            where = (
+                f"shard {s} ('{self.shard_paths[s]}', {int(sizes[s])} bytes)"
+                if 0 <= s < len(sizes)
+                else f"shard {s} (the pack has {len(sizes)} shards)"
+            )
+            raise RecordFormatError(
+                index_path,
+                f"record {i}: offset={o}, length={n} in {where} lies outside "
+                f"its shard ({int(bad.sum())} bad record(s) in all)",
+            )
 
     def __len__(self) -> int:
         return len(self.index)
@@ -167,8 +183,9 @@ class RecordDataset(Dataset):
         index = np.where(raw < 0, raw + len(self), raw)
         bad = (index < 0) | (index >= len(self))
         if bad.any():
-            raise IndexError(f"record index {int(raw[bad][0])} is out of range for the pack {self.root!r} "
-                             f"({len(self)} records)")
+            raise IndexError(
+                f"record index {int(raw[bad][0])} is out of range for the pack {self.root!r} ({len(self)} records)"
+            )
         return index
 
     def name(self, i: int) -> str:
@@ -177,7 +194,7 @@ class RecordDataset(Dataset):
             path = os.path.join(self.root, "names.txt")
             try:
                 with open(path, encoding="utf-8") as f:
-                    self._names = f.read().split("\n")[:len(self)]
+                    self._names = f.read().split("\n")[: len(self)]
             except FileNotFoundError:
                 self._names = []
         i = int(self._check([i])[0])
@@ -193,8 +210,10 @@ class RecordDataset(Dataset):
         with open(path, "rb") as f:
             data = os.pread(f.fileno(), length, offset)
         if len(data) != length:
-            raise EOFError(f"record {i}: file '{path}' ended at byte {offset + len(data)} while reading "
-                           f"offset={offset}, length={length} (truncated after the pack was opened?)")
+            raise EOFError(
+                f"record {i}: file '{path}' ended at byte {offset + len(data)} while reading "
+                f"offset={offset}, length={length} (truncated after the pack was opened?)"
+            )
         tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8) if length else torch.empty(0, dtype=torch.uint8)
         return tensor if self.labels is None else (tensor, int(self.labels[i]))
 
@@ -215,8 +234,9 @@ class RecordDataset(Dataset):
         lengths = rows[:, 2]
         offsets = np.zeros(len(index) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        data = PendingRead(self.shard_paths, rows[:, 1], lengths, (int(offsets[-1]),), torch.uint8,
-                           file_index=rows[:, 0])
+        data = PendingRead(
+            self.shard_paths, rows[:, 1], lengths, (int(offsets[-1]),), torch.uint8, file_index=rows[:, 0]
+        )
         labels = None if self.labels is None else torch.from_numpy(self.labels[index])
         return RecordBatch(data, torch.from_numpy(offsets), labels)
 

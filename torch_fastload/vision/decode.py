@@ -43,8 +43,11 @@ FORMATS = {0: "unknown", 1: "jpeg", 2: "png", 3: "gif", 4: "webp", 5: "bmp"}
 JPEG, PNG = 1, 2
 PROGRESSIVE, ARITHMETIC, LOSSLESS, HIGH_PRECISION, ADOBE = 1, 2, 4, 8, 16
 OK, EMPTY, TRUNCATED, BAD_HEADER = 0, 1, 2, 3
-STATUS_TEXT = {EMPTY: "empty file", TRUNCATED: "truncated: the file ends before its end-of-image marker",
-               BAD_HEADER: "not a readable image: bad or missing header"}
+STATUS_TEXT = {
+    EMPTY: "empty file",
+    TRUNCATED: "truncated: the file ends before its end-of-image marker",
+    BAD_HEADER: "not a readable image: bad or missing header",
+}
 PROBE_COLUMNS = 6  # format, height, width, components, flags, status
 RGB = 3  # torchvision.io.ImageReadMode.RGB
 
@@ -83,7 +86,7 @@ def probe_python(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     out = np.zeros((len(offsets) - 1, PROBE_COLUMNS), dtype=np.int64)
     buf = data.tobytes()
     for k in range(len(offsets) - 1):
-        out[k] = _probe_one(buf[int(offsets[k]):int(offsets[k + 1])])
+        out[k] = _probe_one(buf[int(offsets[k]) : int(offsets[k + 1])])
     return out
 
 
@@ -99,7 +102,7 @@ def _probe_one(p: bytes) -> tuple:
         width, height = int.from_bytes(p[16:20], "big"), int.from_bytes(p[20:24], "big")
         comps = {0: 1, 2: 3, 3: 3, 4: 2}.get(p[25], 4)
         flags = HIGH_PRECISION if p[24] != 8 else 0
-        status = TRUNCATED if n < 45 or p[n - 8:n - 4] != b"IEND" else OK
+        status = TRUNCATED if n < 45 or p[n - 8 : n - 4] != b"IEND" else OK
         return (PNG, height, width, comps, flags, status)
     if p[:6] in (b"GIF87a", b"GIF89a"):
         if n < 10:
@@ -157,12 +160,12 @@ def _probe_jpeg(p: bytes) -> tuple:
             continue
         if i + 2 > n:
             return (JPEG, height, width, comps, flags, TRUNCATED)
-        length = int.from_bytes(p[i:i + 2], "big")
+        length = int.from_bytes(p[i : i + 2], "big")
         if length < 2:
             return (JPEG, height, width, comps, flags, BAD_HEADER)
         if i + length > n:
             return (JPEG, height, width, comps, flags, TRUNCATED)
-        seg = p[i + 2:i + length]
+        seg = p[i + 2 : i + length]
         is_sof = 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC)
         if is_sof and not have_frame:
             if len(seg) < 6:
@@ -252,8 +255,15 @@ class BatchDecoder:
     sends that fixed share, the batch's last images, to the CPU. Every CPU-decoded image of a
     batch is written into one pinned buffer and reaches the GPU in one copy."""
 
-    def __init__(self, device, *, on_error: str = "raise", gpu_max_pixels: int = 8192 * 8192,
-                 cpu_threads: int | None = None, cpu_share: float | None = None):
+    def __init__(
+        self,
+        device,
+        *,
+        on_error: str = "raise",
+        gpu_max_pixels: int = 8192 * 8192,
+        cpu_threads: int | None = None,
+        cpu_share: float | None = None,
+    ):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.device = torch.device(device)
@@ -266,11 +276,17 @@ class BatchDecoder:
         self.work_stealing = share == "steal" and native
         # "auto": the run's first batches try every JPEG on the C++ decoder, then nvJPEG if the
         # training loop waited for them
-        self.trial = RouteTrial(warmup=TRIAL_WARMUP, settle=TRIAL_SETTLE, window=TRIAL_WINDOW, on_choice=_log_choice) \
-            if share == "auto" and native and cpus >= CORES_FOR_A_TRIAL else None
+        self.trial = (
+            RouteTrial(warmup=TRIAL_WARMUP, settle=TRIAL_SETTLE, window=TRIAL_WINDOW, on_choice=_log_choice)
+            if share == "auto" and native and cpus >= CORES_FOR_A_TRIAL
+            else None
+        )
         self.cpu_share = share if isinstance(share, float) else 0.0
-        self.cpu_threads = cpu_threads or config.resolve("cpu_decode_threads", None) or \
-            default_cpu_threads(1.0 if self.trial else self.cpu_share, cpus)
+        self.cpu_threads = (
+            cpu_threads
+            or config.resolve("cpu_decode_threads", None)
+            or default_cpu_threads(1.0 if self.trial else self.cpu_share, cpus)
+        )
         # the C++ decoder decodes only the rows and columns a crop reads (decode's ``crop``)
         self.decode_regions = bool(config.resolve("cpu_decode_regions", None)) and _native_regions()
         self._pool: ThreadPoolExecutor | None = None
@@ -279,8 +295,9 @@ class BatchDecoder:
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.cpu_threads, thread_name_prefix="fastload-decode",
-                                            initializer=_lower_priority)
+            self._pool = ThreadPoolExecutor(
+                self.cpu_threads, thread_name_prefix="fastload-decode", initializer=_lower_priority
+            )
         return self._pool
 
     def decode(self, data: torch.Tensor, offsets: np.ndarray, name, counts: dict, crop=None):
@@ -304,18 +321,18 @@ class BatchDecoder:
         geometry = crop(info[:, 1].copy(), info[:, 2].copy()) if crop is not None else None
         images: list = [None] * n
         failed: dict[int, str] = {}
-        slices = [data[int(offsets[i]):int(offsets[i + 1])] for i in range(n)]
+        slices = [data[int(offsets[i]) : int(offsets[i + 1])] for i in range(n)]
         for i, r in enumerate(routes):
             if r.startswith("error:"):
-                failed[i] = r[len("error:"):]
+                failed[i] = r[len("error:") :]
         gpu = [i for i, r in enumerate(routes) if r == "nvjpeg"]
         steal = gpu if self.work_stealing and len(gpu) > 1 else []  # split with the CPU as they go
         if steal:
             gpu = []
         shared = int(round(cpu_share * len(gpu))) if len(gpu) > 1 or cpu_share == 1 else 0
-        for i in gpu[len(gpu) - shared:] if shared else ():
+        for i in gpu[len(gpu) - shared :] if shared else ():
             routes[i] = "cpu:share"  # the batch's last images: the same ones every time it is decoded
-        gpu = gpu[:len(gpu) - shared]
+        gpu = gpu[: len(gpu) - shared]
         cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]
         # CPU-decoded images go straight into one pinned buffer (each thread writes its own image
         # there), then to the GPU in one copy; the probed size places every image. Work-stealing
@@ -325,17 +342,34 @@ class BatchDecoder:
         cuda = self.device.type == "cuda"
         # JPEGs nvJPEG could take go to the C++ batch decoder (one call, no GIL per image), the
         # rest (PNG, CMYK, ...) to Python threads; all beside nvJPEG
-        native = [i for i in cpu if routes[i] in _NATIVE_ROUTES and info[i, 1] and info[i, 2]] \
-            if cuda and laid_out and _native_jpeg() else []
+        native = (
+            [i for i in cpu if routes[i] in _NATIVE_ROUTES and info[i, 1] and info[i, 2]]
+            if cuda and laid_out and _native_jpeg()
+            else []
+        )
         boxes = self._boxes(info, geometry, native + steal)
         packed = self._pinned_places(boxes, laid_out) if laid_out and cuda else None
         place = {i: k for k, i in enumerate(laid_out)} if packed else {}
         native_set = set(native)
-        pending = {i: self._executor().submit(_try_decode_cpu, slices[i], packed[1][place[i]] if packed else None)
-                   for i in cpu if i not in native_set}
-        native_job = self._executor().submit(
-            self._decode_native, data, offsets, info, boxes, native, packed[0],
-            [packed[2][place[i]][0] for i in native]) if native else None
+        pending = {
+            i: self._executor().submit(_try_decode_cpu, slices[i], packed[1][place[i]] if packed else None)
+            for i in cpu
+            if i not in native_set
+        }
+        native_job = (
+            self._executor().submit(
+                self._decode_native,
+                data,
+                offsets,
+                info,
+                boxes,
+                native,
+                packed[0],
+                [packed[2][place[i]][0] for i in native],
+            )
+            if native
+            else None
+        )
         job = back = None
         if steal:
             job = self._split_job(data, offsets, info, boxes, steal, packed[0], [packed[2][place[i]][0] for i in steal])
@@ -366,15 +400,21 @@ class BatchDecoder:
                 done.append((steal[k], messages[k]))
         for i, message in done:
             results[i] = _PACKED if not message else _try_decode_cpu(slices[i], packed[1][place[i]])
-        packed_end = max((packed[2][place[i]][0] + int(np.prod(packed[2][place[i]][1]))
-                          for i, result in results.items() if result is _PACKED), default=0)
+        packed_end = max(
+            (
+                packed[2][place[i]][0] + int(np.prod(packed[2][place[i]][1]))
+                for i, result in results.items()
+                if result is _PACKED
+            ),
+            default=0,
+        )
         flat = self._upload(packed, packed_end) if packed_end else None
         for i, result in results.items():
             if isinstance(result, str):
                 failed[i] = result
             elif result is _PACKED:
                 start, shape = packed[2][place[i]]
-                images[i] = flat[start:start + int(np.prod(shape))].view(shape)
+                images[i] = flat[start : start + int(np.prod(shape))].view(shape)
             elif cuda:  # a size the probe did not foresee (rare): its own copy
                 images[i] = result.pin_memory().to(self.device, non_blocking=True)
             else:
@@ -402,20 +442,25 @@ class BatchDecoder:
         boxes[:, 2:] = info[:, 1:3]
         if geometry is not None and self.decode_regions and which:
             pick = np.asarray(which, dtype=np.int64)
-            boxes[pick] = np.stack([geometry.top[pick], geometry.left[pick], geometry.height[pick],
-                                    geometry.width[pick]], axis=1)
+            boxes[pick] = np.stack(
+                [geometry.top[pick], geometry.left[pick], geometry.height[pick], geometry.width[pick]], axis=1
+            )
         return boxes
 
     @staticmethod
-    def _fit_geometry(geometry, images: list, info: np.ndarray, boxes: np.ndarray, crop, kept: np.ndarray,
-                      counts: dict):
+    def _fit_geometry(
+        geometry, images: list, info: np.ndarray, boxes: np.ndarray, crop, kept: np.ndarray, counts: dict
+    ):
         """The kept images' geometry: a decoded region's crop rebased to the region, and any
         image whose decoded size is not the probed one (a WebP, a region refused and decoded
         whole) given geometry drawn from its real size."""
         shapes = np.array([images[i].shape[1:] for i in kept], dtype=np.int64).reshape(-1, 2)
         geometry = geometry.take(kept)
-        region = (shapes[:, 0] == boxes[kept, 2]) & (shapes[:, 1] == boxes[kept, 3]) \
+        region = (
+            (shapes[:, 0] == boxes[kept, 2])
+            & (shapes[:, 1] == boxes[kept, 3])
             & ((boxes[kept, 2] != info[kept, 1]) | (boxes[kept, 3] != info[kept, 2]))
+        )
         if region.any():
             geometry.top[region] = 0
             geometry.left[region] = 0
@@ -446,12 +491,22 @@ class BatchDecoder:
         buffer = local.buffers[turn]
         if buffer is None or buffer.numel() < total:
             buffer = local.buffers[turn] = torch.empty(max(total, 1 << 24), dtype=torch.uint8, pin_memory=True)
-        views = [buffer[start:start + int(np.prod(shape))].view(shape) if shape[1] and shape[2] else None
-                 for start, shape in places]
+        views = [
+            buffer[start : start + int(np.prod(shape))].view(shape) if shape[1] and shape[2] else None
+            for start, shape in places
+        ]
         return buffer, views, places, turn, total
 
-    def _decode_native(self, data: torch.Tensor, offsets: np.ndarray, info: np.ndarray, boxes: np.ndarray,
-                       which: list, buffer: torch.Tensor, starts: list) -> list:
+    def _decode_native(
+        self,
+        data: torch.Tensor,
+        offsets: np.ndarray,
+        info: np.ndarray,
+        boxes: np.ndarray,
+        which: list,
+        buffer: torch.Tensor,
+        starts: list,
+    ) -> list:
         """The C++ batch decoder over images ``which`` (their ``boxes``) into the pinned
         ``buffer`` at ``starts``; one message an image ('' where decoded)."""
         from .. import _C
@@ -460,8 +515,15 @@ class BatchDecoder:
         return _C.decode_jpegs_planar(*args, self.cpu_threads, regions)
 
     @staticmethod
-    def _split_job(data: torch.Tensor, offsets: np.ndarray, info: np.ndarray, boxes: np.ndarray, which: list,
-                   buffer: torch.Tensor, starts: list):
+    def _split_job(
+        data: torch.Tensor,
+        offsets: np.ndarray,
+        info: np.ndarray,
+        boxes: np.ndarray,
+        which: list,
+        buffer: torch.Tensor,
+        starts: list,
+    ):
         from .. import _C
 
         args, regions = _native_args(data, offsets, info, boxes, which, buffer, starts)
@@ -513,15 +575,33 @@ class BatchDecoder:
 _NATIVE_ROUTES = ("cpu:share", "cpu:huge")  # 8-bit 1- or 3-component JPEGs: libjpeg decodes them as torchvision does
 
 
-def _native_args(data: torch.Tensor, offsets: np.ndarray, info: np.ndarray, boxes: np.ndarray, which: list,
-                 buffer: torch.Tensor, starts: list) -> tuple:
+def _native_args(
+    data: torch.Tensor,
+    offsets: np.ndarray,
+    info: np.ndarray,
+    boxes: np.ndarray,
+    which: list,
+    buffer: torch.Tensor,
+    starts: list,
+) -> tuple:
     """The C++ decoder's arguments for images ``which`` of ``data`` (probed sizes ``info``) into
     the pinned ``buffer`` at ``starts``, and their regions (``boxes``), flattened."""
     pick = np.asarray(which, dtype=np.int64)
     begin = offsets[pick]
-    return ((data.data_ptr(), data.numel(), begin, offsets[pick + 1] - begin, buffer.data_ptr(), buffer.numel(),
-             np.asarray(starts, dtype=np.int64), info[pick, 1].astype(np.int64), info[pick, 2].astype(np.int64)),
-            np.ascontiguousarray(boxes[pick]).reshape(-1))
+    return (
+        (
+            data.data_ptr(),
+            data.numel(),
+            begin,
+            offsets[pick + 1] - begin,
+            buffer.data_ptr(),
+            buffer.numel(),
+            np.asarray(starts, dtype=np.int64),
+            info[pick, 1].astype(np.int64),
+            info[pick, 2].astype(np.int64),
+        ),
+        np.ascontiguousarray(boxes[pick]).reshape(-1),
+    )
 
 
 # cpu_decode_share="auto" (the default): after TRIAL_WARMUP batches on the CPU, each route for
@@ -541,8 +621,11 @@ def default_cpu_threads(share: float, cpus: int) -> int:
 
 
 def _log_choice(trial: RouteTrial) -> None:
-    log.info("torch_fastload: cpu_decode_share='auto' decodes %s from now on (%s)",
-             "every JPEG on the CPU" if trial.choice == 1 else "with nvJPEG", trial.describe())
+    log.info(
+        "torch_fastload: cpu_decode_share='auto' decodes %s from now on (%s)",
+        "every JPEG on the CPU" if trial.choice == 1 else "with nvJPEG",
+        trial.describe(),
+    )
 
 
 def _native_jpeg() -> bool:

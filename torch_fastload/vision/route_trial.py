@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Sequence
+from typing import Callable
 
 __all__ = ["RouteTrial"]
 
@@ -44,10 +45,17 @@ class RouteTrial:
     boundary or a slow step inside the window; a mean does not.
     """
 
-    def __init__(self, candidates: Sequence[float] = (1.0, 0.0), warmup: int = 8, settle: int = 4,
-                 window: int = 10, keep_up: float = 0.1, margin: float = 0.05,
-                 clock: Callable[[], float] = time.perf_counter,
-                 on_choice: Callable[["RouteTrial"], None] | None = None):
+    def __init__(
+        self,
+        candidates: Sequence[float] = (1.0, 0.0),
+        warmup: int = 8,
+        settle: int = 4,
+        window: int = 10,
+        keep_up: float = 0.1,
+        margin: float = 0.05,
+        clock: Callable[[], float] = time.perf_counter,
+        on_choice: Callable[[RouteTrial], None] | None = None,
+    ):
         if len(candidates) < 2 or warmup < 0 or settle < 0 or window < 3:
             raise ValueError("a route trial needs two candidates, warmup >= 0, settle >= 0 and window >= 3")
         self.candidates = [float(c) for c in candidates]
@@ -86,8 +94,9 @@ class RouteTrial:
             chosen = False
             # a window closes once the loop took `window` of its batches too (decodes may run
             # ahead to fill the queue), or after 4 windows' decodes (a loop that never reports)
-            if position >= self.settle + self.window and \
-                    (len(self._deliveries) >= self.window or position >= self.settle + 4 * self.window):
+            if position >= self.settle + self.window and (
+                len(self._deliveries) >= self.window or position >= self.settle + 4 * self.window
+            ):
                 chosen = self._close_window(share)
         if chosen and self.on_choice is not None:
             self.on_choice(self)
@@ -127,9 +136,11 @@ class RouteTrial:
         for c in self.candidates:
             if c in self.periods:
                 decodes, deliveries = self.clocks[c]
-                seen = f"; decodes {decodes * 1e3:.1f}, deliveries " + \
-                    (f"{deliveries * 1e3:.1f}" if deliveries is not None else "untimed") + \
-                    f", loop waited {100 * self.waited[c]:.0f}%"
+                seen = (
+                    f"; decodes {decodes * 1e3:.1f}, deliveries "
+                    + (f"{deliveries * 1e3:.1f}" if deliveries is not None else "untimed")
+                    + f", loop waited {100 * self.waited[c]:.0f}%"
+                )
                 parts.append(f"{self.periods[c] * 1e3:.1f} ms a batch {_NAMES.get(c, f'at share {c:g}')}{seen}")
         return ", ".join(parts)
 

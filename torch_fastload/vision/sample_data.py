@@ -49,8 +49,9 @@ def _render(photo, view, rng: np.random.Generator, size, quality: int, kind: str
     crop_w, crop_h = base * np.sqrt(aspect), base / np.sqrt(aspect)
     x = np.clip(cx * w_px + rng.normal(0, 0.04) * w_px - crop_w / 2, 0, max(0, w_px - crop_w))
     y = np.clip(cy * h_px + rng.normal(0, 0.04) * h_px - crop_h / 2, 0, max(0, h_px - crop_h))
-    image = photo.convert("RGB").resize((out_w, out_h), Image.BICUBIC,
-                                        box=(x, y, min(w_px, x + crop_w), min(h_px, y + crop_h)))
+    image = photo.convert("RGB").resize(
+        (out_w, out_h), Image.BICUBIC, box=(x, y, min(w_px, x + crop_w), min(h_px, y + crop_h))
+    )
     image = ImageEnhance.Color(image).enhance(rng.uniform(0.8, 1.2))
     image = ImageEnhance.Brightness(image).enhance(rng.uniform(0.85, 1.15))
     pixels = np.asarray(image, dtype=np.float32)
@@ -67,9 +68,18 @@ def _render(photo, view, rng: np.random.Generator, size, quality: int, kind: str
     return os.path.getsize(path)
 
 
-def make_image_folder(root: str, classes: int = 100, train_per_class: int = 40, val_per_class: int = 10, *,
-                      quality: int = 95, edge_cases=True, seed: int = 0, threads: int | None = None,
-                      progress: bool = True) -> tuple[str, str]:
+def make_image_folder(
+    root: str,
+    classes: int = 100,
+    train_per_class: int = 40,
+    val_per_class: int = 10,
+    *,
+    quality: int = 95,
+    edge_cases=True,
+    seed: int = 0,
+    threads: int | None = None,
+    progress: bool = True,
+) -> tuple[str, str]:
     """Write ``root/train/<class>/*.JPEG`` and ``root/val/<class>/*.JPEG``; returns both paths.
 
     edge_cases: True for all of ``EDGE_CASES`` (one file each, in the first classes), or a
@@ -135,8 +145,10 @@ def make_image_folder(root: str, classes: int = 100, train_per_class: int = 40, 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torch_fastload.vision.sample_data",
-                                     description="Generate an ImageNet-like folder of real-photo JPEGs.")
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_fastload.vision.sample_data",
+        description="Generate an ImageNet-like folder of real-photo JPEGs.",
+    )
     parser.add_argument("root")
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--train-per-class", type=int, default=40)

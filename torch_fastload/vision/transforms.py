@@ -51,14 +51,24 @@ class Geometry:
 
     def table(self) -> np.ndarray:
         """int64 (N, 10) rows for the kernel: top, left, h, w, resize_h, resize_w, wy, wx, flip, 0."""
-        cols = [self.top, self.left, self.height, self.width, self.resize_h, self.resize_w, self.window_y,
-                self.window_x, self.flip.astype(np.int64), np.zeros_like(self.top)]
+        cols = [
+            self.top,
+            self.left,
+            self.height,
+            self.width,
+            self.resize_h,
+            self.resize_w,
+            self.window_y,
+            self.window_x,
+            self.flip.astype(np.int64),
+            np.zeros_like(self.top),
+        ]
         return np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
 
-    def take(self, keep: np.ndarray) -> "Geometry":
+    def take(self, keep: np.ndarray) -> Geometry:
         return Geometry(*(getattr(self, f)[keep] for f in _PER_SAMPLE), self.size)
 
-    def put(self, rows: np.ndarray, other: "Geometry") -> None:
+    def put(self, rows: np.ndarray, other: Geometry) -> None:
         """Rows ``rows`` (a mask or indices) replaced by ``other``'s samples, in order."""
         for f in _PER_SAMPLE:
             getattr(self, f)[rows] = getattr(other, f)
@@ -115,8 +125,11 @@ class TrainTransform(_Normalize):
         crop_w = np.where(found, cw[np.arange(n), first], 0)
         # fallback: a central crop of the whole image with its aspect ratio clamped to ``ratio``
         in_ratio = w / np.maximum(h, 1)
-        fb_w = np.where(in_ratio < self.ratio[0], w, np.where(in_ratio > self.ratio[1],
-                        np.rint(h * self.ratio[1]).astype(np.int64), w))
+        fb_w = np.where(
+            in_ratio < self.ratio[0],
+            w,
+            np.where(in_ratio > self.ratio[1], np.rint(h * self.ratio[1]).astype(np.int64), w),
+        )
         fb_h = np.where(in_ratio < self.ratio[0], np.rint(w / self.ratio[0]).astype(np.int64), h)
         crop_h = np.where(found, crop_h, np.minimum(fb_h, h))
         crop_w = np.where(found, crop_w, np.minimum(fb_w, w))
@@ -264,8 +277,11 @@ ENTRY(resize_normalize_bf16, unsigned short, false)
 ENTRY(resize_normalize_f16, unsigned short, true)
 """
 
-_KERNELS = {torch.float32: "resize_normalize_f32", torch.bfloat16: "resize_normalize_bf16",
-            torch.float16: "resize_normalize_f16"}
+_KERNELS = {
+    torch.float32: "resize_normalize_f32",
+    torch.bfloat16: "resize_normalize_bf16",
+    torch.float16: "resize_normalize_f16",
+}
 _compiled: dict = {}
 _lock = threading.Lock()
 _THREADS = 256
@@ -292,8 +308,15 @@ def _float_bits(values) -> list:
     return [int(np.array(v, dtype=np.float32).view(np.int32)) for v in values]
 
 
-def apply(images: list[torch.Tensor], geometry: Geometry, device: torch.device, mean=IMAGENET_MEAN,
-          std=IMAGENET_STD, dtype: torch.dtype = torch.float32, channels_last: bool = False) -> torch.Tensor:
+def apply(
+    images: list[torch.Tensor],
+    geometry: Geometry,
+    device: torch.device,
+    mean=IMAGENET_MEAN,
+    std=IMAGENET_STD,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
+) -> torch.Tensor:
     """Crop/resize/flip/normalise every ``(3, H, W)`` uint8 image into one ``(N, 3, S, S)`` batch."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -302,8 +325,12 @@ def apply(images: list[torch.Tensor], geometry: Geometry, device: torch.device, 
     n = len(images)
     if device.type == "cuda" and kernel_available():
         return _apply_kernel(images, geometry, device, mean, std, dtype, channels_last)
-    out = torch.empty((n, 3, size, size), dtype=dtype, device=device,
-                      memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    out = torch.empty(
+        (n, 3, size, size),
+        dtype=dtype,
+        device=device,
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format,
+    )
     if n:
         _check_geometry(geometry.table(), np.array([(0, im.shape[-2], im.shape[-1]) for im in images]), size)
     for i, image in enumerate(images):
@@ -319,10 +346,17 @@ def _apply_kernel(images, geometry, device, mean, std, dtype, channels_last) -> 
         return out
     pointers = np.empty((n, 3), dtype=np.int64)
     for i, image in enumerate(images):
-        if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != 3 or image.device != device \
-                or not image.is_contiguous():
-            raise ValueError(f"image {i}: the kernel takes contiguous (3, H, W) uint8 tensors on {device}, got "
-                             f"{tuple(image.shape)} {image.dtype} on {image.device}")
+        if (
+            image.dtype != torch.uint8
+            or image.dim() != 3
+            or image.shape[0] != 3
+            or image.device != device
+            or not image.is_contiguous()
+        ):
+            raise ValueError(
+                f"image {i}: the kernel takes contiguous (3, H, W) uint8 tensors on {device}, got "
+                f"{tuple(image.shape)} {image.dtype} on {image.device}"
+            )
         pointers[i] = (image.data_ptr(), image.shape[1], image.shape[2])
     table = geometry.table()
     _check_geometry(table, pointers, size)
@@ -331,9 +365,12 @@ def _apply_kernel(images, geometry, device, mean, std, dtype, channels_last) -> 
     kernel = _kernel(device, dtype)
     blocks = (size * size + _THREADS - 1) // _THREADS
     bits = _float_bits(list(mean) + list(std))
-    kernel(grid=(blocks, n, 1), block=(_THREADS, 1, 1),
-           args=[tables, tables[3 * n:], out, n, size, int(channels_last), *bits],
-           stream=torch.cuda.current_stream(device))
+    kernel(
+        grid=(blocks, n, 1),
+        block=(_THREADS, 1, 1),
+        args=[tables, tables[3 * n :], out, n, size, int(channels_last), *bits],
+        stream=torch.cuda.current_stream(device),
+    )
     return out  # ``host`` may go: the caching host allocator keeps it until its copy has run
 
 
@@ -341,26 +378,39 @@ def _check_geometry(table: np.ndarray, pointers: np.ndarray, size: int) -> None:
     """Every crop inside its image and every window inside its resized crop (the kernel trusts it)."""
     top, left, h, w, rh, rw, wy, wx = (table[:, k] for k in range(8))
     height, width = pointers[:, 1], pointers[:, 2]
-    bad = ((top < 0) | (left < 0) | (h <= 0) | (w <= 0) | (top + h > height) | (left + w > width)
-           | (wy < 0) | (wx < 0) | (wy + size > rh) | (wx + size > rw))
+    bad = (
+        (top < 0)
+        | (left < 0)
+        | (h <= 0)
+        | (w <= 0)
+        | (top + h > height)
+        | (left + w > width)
+        | (wy < 0)
+        | (wx < 0)
+        | (wy + size > rh)
+        | (wx + size > rw)
+    )
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"sample {i}: crop (top, left, h, w)={table[i, :4].tolist()} of its "
-                         f"{height[i]}x{width[i]} image, resized to {rh[i]}x{rw[i]}, window at "
-                         f"({wy[i]}, {wx[i]}) of size {size}: outside the image or the resized crop")
+        raise ValueError(
+            f"sample {i}: crop (top, left, h, w)={table[i, :4].tolist()} of its "
+            f"{height[i]}x{width[i]} image, resized to {rh[i]}x{rw[i]}, window at "
+            f"({wy[i]}, {wx[i]}) of size {size}: outside the image or the resized crop"
+        )
 
 
 def reference(image: torch.Tensor, geometry: Geometry, i: int, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
     """Sample ``i`` through torchvision's functional ops in float32 (the kernel's specification)."""
     from torchvision.transforms.v2 import functional as F
 
-    top, left, h, w, rh, rw, wy, wx = (int(getattr(geometry, f)[i]) for f in
-                                       ("top", "left", "height", "width", "resize_h", "resize_w", "window_y",
-                                        "window_x"))
+    top, left, h, w, rh, rw, wy, wx = (
+        int(getattr(geometry, f)[i])
+        for f in ("top", "left", "height", "width", "resize_h", "resize_w", "window_y", "window_x")
+    )
     size = geometry.size
-    crop = image[:, top:top + h, left:left + w].float()
+    crop = image[:, top : top + h, left : left + w].float()
     resized = F.resize(crop, [rh, rw], interpolation=F.InterpolationMode.BILINEAR, antialias=True)
-    window = resized[:, wy:wy + size, wx:wx + size]
+    window = resized[:, wy : wy + size, wx : wx + size]
     if bool(geometry.flip[i]):
         window = window.flip(-1)
     m = torch.tensor(mean, dtype=torch.float32, device=window.device).view(3, 1, 1)
