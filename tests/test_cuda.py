@@ -55,7 +55,7 @@ def test_batches_arrive_on_gpu_and_equal_torch(num_workers):
 
 def test_user_stream_waits_for_delayed_copies():
     loader = DataLoader(Filled(12), batch_size=None, prefetch=3)
-    engine, _ = loader._resources()
+    engine = loader.resources.engine
     engine.debug_delay_cycles = DELAY_CYCLES
     side = torch.cuda.Stream()
     sums = []
@@ -76,7 +76,7 @@ def corrupted_batches(monkeypatch, naive: bool) -> int:
 
         monkeypatch.setattr(PinnedPool, "release", release_without_waiting)
     loader = DataLoader(Filled(16), batch_size=None, pool_slots=1, prefetch=4, stage_threads=2)
-    engine, _ = loader._resources()
+    engine = loader.resources.engine
     engine.debug_delay_cycles = DELAY_CYCLES
     # No host synchronisation inside the loop: a blocking .item() would hold the GIL until the
     # delayed copy finished and so hide the race. Batch i must hold i (sequential sampler); the
@@ -100,7 +100,7 @@ def test_negative_control_hand_off_without_wait_reads_garbage(monkeypatch):
 
     monkeypatch.setattr(CopyEngine, "hand_off", lambda self, copy: None)
     loader = DataLoader(Filled(8), batch_size=None, prefetch=4)
-    engine, _ = loader._resources()
+    engine = loader.resources.engine
     engine.debug_delay_cycles = DELAY_CYCLES
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
@@ -145,7 +145,7 @@ SHUTDOWN_SCRIPT = """
         def __getitem__(self, i): return torch.full((4 << 20,), float(i))
 
     loader = DataLoader(Filled(), batch_size=None, prefetch=4, pool_slots=2)
-    engine, _ = loader._resources()
+    engine = loader.resources.engine
     engine.debug_delay_cycles = 400_000_000   # ~0.2 s per copy
     it = iter(loader)
     first = next(it)

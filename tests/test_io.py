@@ -237,7 +237,7 @@ def test_ring_under_delayed_copies_in_the_loader(tmp_path):
             io_task_size=16 << 10,
             generator=torch.Generator().manual_seed(9),
         )
-    loader._resources()[0].debug_delay_cycles = 20_000_000  # copies queue up behind sleeps
+    loader.resources.engine.debug_delay_cycles = 20_000_000  # copies queue up behind sleeps
     ours = [torch_fastload.RecordBatch(*(t.cpu() if t is not None else None for t in b)) for b in loader]
     theirs = list(
         torch.utils.data.DataLoader(
@@ -349,11 +349,11 @@ def test_cold_files_are_not_mapped_and_truncation_after_mapping_is_an_error(tmp_
     moved = loader.stats().io_bytes
     assert moved["engine-posix"] >= 50 * 444 and moved["mapped"] >= 50 * 8  # features read, labels mapped
     open(features, "rb").read()
-    loader._file_reader().mapped.recheck_s = 0  # look again at once: now resident, so mapped
+    loader.resources.file_reader().mapped.recheck_s = 0  # look again at once: now resident, so mapped
     it = iter(loader)
     next(it)
     it.close()
-    assert loader._file_reader().mapped.pinned_bytes == os.path.getsize(features) + os.path.getsize(labels)
+    assert loader.resources.file_reader().mapped.pinned_bytes == os.path.getsize(features) + os.path.getsize(labels)
     os.truncate(features, 128 + 100 * 444)
     it = iter(loader)
     assert next(it)[0].shape == (50, 3, 37)

@@ -394,13 +394,13 @@ class ListSampler(torch.utils.data.Sampler):
 @pytest.mark.parametrize("backend", ["native", "numpy"])
 def test_tensor_dataset_rows_are_gathered_without_per_sample_python(backend, monkeypatch):
     from torch_fastload import staging
-    from torch_fastload.loader import _batch_reader
+    from torch_fastload.fetch import batch_reader
 
     if backend == "numpy":
         monkeypatch.setattr(staging, "_native_copy", None)
     data = TensorDataset(torch.randn(50, 3, 7), torch.arange(50), torch.randn(7, 50).t())  # last: strided
     loader = DataLoader(data, batch_size=8, shuffle=True, device="cpu", generator=torch.Generator().manual_seed(2))
-    assert _batch_reader(loader) is not None
+    assert batch_reader(loader) is not None
     theirs = list(
         torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2))
     )

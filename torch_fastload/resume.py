@@ -20,16 +20,24 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from .distributed import sampler_batches, shard_indices
+from .distributed import exact_sampler_batches, sampler_batches, shard_indices
 from .errors import FastloadError
 
-__all__ = ["ResumeError", "batch_key", "batch_generator", "batch_numpy_rng", "STATE_FORMAT"]
+__all__ = [
+    "ResumeError",
+    "batch_key",
+    "batch_generator",
+    "batch_numpy_rng",
+    "STATE_FORMAT",
+    "begin_epoch",
+    "index_sampler",
+]
 
 STATE_FORMAT = "torch_fastload.DataLoader/1"
 
@@ -342,3 +350,75 @@ def distributed_batches(loader, start: int):
             start=start,
         )
     return sampler_batches(sampler, size, loader.drop_last, length=len(loader.dataset), start=start)
+
+
+# -- the start of an epoch: every draw that decides it, on the thread calling iter() ---------
+def begin_epoch(loader, state: dict | None, make_source) -> tuple[Any, EpochProgress]:
+    """``(source, progress)`` of a new epoch: ``make_source()`` builds the torch-side iterator
+    (which draws the shuffle and the base seed) while ``loader._index_sampler`` answers with
+    this epoch's index batches. For a checkpointed epoch (``state``, from ``load_state_dict``)
+    the generators are first put back to the epoch's start, so the same draws are made again,
+    and the batches already yielded are left out; torch's global generator is then restored to
+    where the user had it. NOTE [determinism] above."""
+    generators = generators_of(loader)
+    user_rng = None
+    if state is not None and state["epoch_in_progress"]:
+        user_rng = torch.default_generator.get_state()  # put back once the epoch's draws are redone
+        restore(generators, state["rng"])
+        rng_at_start = dict(state["rng"])
+    else:
+        if state is not None:
+            restore(generators, state["rng"])
+        rng_at_start = capture(generators)
+    progress = EpochProgress(rng=rng_at_start, sampler=describe_sampler(loader))
+    try:
+        batches = resumed_batches(loader, state, progress)
+        if batches is None and progress.discard_prefix == 0:
+            batches = exact_sampler_batches(loader)
+        loader._epoch_index_sampler = batches
+        source = make_source()
+    finally:
+        loader._epoch_index_sampler = None
+        if user_rng is not None:
+            torch.default_generator.set_state(user_rng)
+    progress.base_seed = int(source._base_seed) & (2**63 - 1)
+    return source, progress
+
+
+def index_sampler(loader, torch_index_sampler: Callable[[], Any]):
+    """What ``loader._index_sampler`` answers: the epoch's batches drawn by ``begin_epoch``
+    while it builds the iterator (a resumed epoch, a DistributedSampler's sliced lazily), else
+    torch's own (``torch_index_sampler()``)."""
+    drawn = loader.__dict__.get("_epoch_index_sampler")
+    return drawn if drawn is not None else torch_index_sampler()
+
+
+def resumed_batches(loader, state: dict | None, progress: EpochProgress) -> NumberedBatches | None:
+    """The index batches left in a checkpointed epoch, numbered as in the epoch; None when the
+    epoch starts from its beginning (or is an iterable's, replayed and dropped instead)."""
+    if state is None or not state["epoch_in_progress"]:
+        return None
+    progress.samples = state["samples_yielded"]
+    prefix, extra = state["batches_yielded"], set(state["yielded_out_of_order"])
+    kind = state["sampler"]["kind"]
+    if kind == "iterable":  # no indices to skip: the batches are fetched again and dropped
+        progress.prefix = progress.discard_prefix = prefix
+        progress.extra, progress.discard = set(extra), set(extra)
+        return None
+    numbers: deque = deque()
+    progress.numbers = numbers
+    if kind == "distributed":
+        start, prefix, extra = distributed_plan(loader, state)
+        progress.sampler["start"] = start
+        batches = distributed_batches(loader, start)
+        total = len(batches)
+    else:
+        batches = loader._index_sampler  # torch's: begin_epoch sets the epoch's own only after this
+        try:
+            total = len(batches)
+        except TypeError:
+            total = None
+        if total is not None and prefix + len(extra) > total:
+            raise ResumeError(f"the state has {prefix + len(extra)} batches yielded, the epoch has {total}")
+    progress.prefix, progress.extra = prefix, set(extra)
+    return NumberedBatches(batches, prefix, extra, numbers, total)

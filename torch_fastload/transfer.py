@@ -1,6 +1,6 @@
 """The copy engine: slot -> device on the loader's own stream, and the hand-off to the consumer.
 
-Rules (DESIGN.md, rule 2): the H2D copy is non_blocking on a dedicated stream and an event is
+Rules (docs/architecture.md, rule 2): the H2D copy is non_blocking on a dedicated stream and an event is
 recorded after it; the consumer's current stream waits on that event (no host synchronize on
 the hot path); handed-out tensors are ``record_stream``'d for the consumer stream, so the
 caching allocator never reuses their memory while the consumer may still read it.

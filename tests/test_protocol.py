@@ -1,0 +1,66 @@
+"""The source protocol as README's "Writing your own source" shows it, run as a user would."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from torch_fastload import DataLoader
+from torch_fastload.sources import ArrayDataset, ImageFolder
+from torch_fastload.sources.protocol import BatchSource, FinishingSource, hooks_of
+from torch_fastload.staging import PendingRead
+
+
+class FixedRecords(torch.utils.data.Dataset):  # README.md: N records of 4 KiB in one file
+    def __init__(self, path):
+        self.path, self.n = path, os.path.getsize(path) // 4096
+        self.batches = 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        with open(self.path, "rb") as f:
+            f.seek(4096 * i)
+            return torch.frombuffer(bytearray(f.read(4096)), dtype=torch.uint8)
+
+    def __fastload_batch__(self, indices):
+        self.batches += 1
+        offsets = np.asarray(indices, dtype=np.int64) * 4096
+        return PendingRead(self.path, offsets, 4096, (len(offsets), 4096), torch.uint8)
+
+
+@pytest.fixture
+def records(tmp_path):
+    path = tmp_path / "records.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, 4096 * 37, dtype=np.uint8).tobytes())
+    return FixedRecords(str(path))
+
+
+def test_readme_source_reads_whole_batches_like_torch_reads_samples(records):
+    ours = DataLoader(records, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3), device="cpu")
+    theirs = torch.utils.data.DataLoader(
+        records, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3)
+    )
+    got, want = list(ours), list(theirs)
+    assert records.batches == len(want) == 5  # the batch path ran, once per batch
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_protocol_classes_name_the_hooks_each_source_implements(records, tmp_path):
+    assert isinstance(records, BatchSource) and not isinstance(records, FinishingSource)
+    np.save(tmp_path / "x.npy", np.zeros((4, 2), np.float32))
+    assert isinstance(ArrayDataset(str(tmp_path / "x.npy")), BatchSource)
+    assert issubclass(ImageFolder, FinishingSource)
+    assert not isinstance(torch.utils.data.TensorDataset(torch.zeros(3)), BatchSource)
+    hooks = hooks_of(records)
+    assert hooks.batch is not None and hooks.finish is hooks.slot_bytes is hooks.delivered is None
+
+
+def test_delivered_hook_runs_for_every_batch_source_with_the_wait(records):
+    seen = []
+    records.__fastload_delivered__ = lambda device, waited: seen.append((str(device), waited))
+    batches = list(DataLoader(records, batch_size=10, device="cpu"))
+    assert len(seen) == len(batches) == 4
+    assert all(device == "cpu" and waited >= 0 for device, waited in seen)

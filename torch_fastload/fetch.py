@@ -1,0 +1,221 @@
+"""The fetch side of a pipeline: where each batch's samples (or its read plan) come from.
+
+Three strategies, chosen per iterator, each producing ``(number, batch or the exception that
+batch raised)`` in the order ``next()`` delivers them (``number``: the batch's number in the
+epoch, which a resumed epoch skips ahead in):
+
+- **in thread**: torch's single-process iterator on the fetch thread. A batch source
+  (``__fastload_batch__``) or a ``TensorDataset`` describes the whole batch as read plans, with
+  no per-sample Python; any other dataset runs ``__getitem__`` and a collate that leaves tensor
+  fields for the stager to stack straight into the pinned slot (``deferred_collate``);
+- **parallel**: ``fetch_threads`` batches of a map-style dataset fetched at once on a thread
+  pool (per-sample Python that releases the GIL);
+- **workers**: torch's own worker processes (``num_workers > 0``), in their order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from typing import Any, Callable
+
+import torch
+import torch.utils.data as tud
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind, _SingleProcessDataLoaderIter
+
+from .resume import BatchKey, EpochProgress, _KeyScope
+from .sources.protocol import SourceHooks, hooks_of
+from .staging import deferred_collate, gather_rows
+
+__all__ = ["InThreadSource", "Fetcher", "make_source", "batch_reader", "source_hooks"]
+
+#: torch's DataLoader class, bound once: a framework that installs torch_fastload's class as
+#: ``torch.utils.data.DataLoader`` must not make the subclass find itself as its base.
+TorchDataLoader = tud.DataLoader
+
+#: Batches the parallel strategy keeps in flight per fetch thread.
+PARALLEL_DEPTH = 2
+
+
+class InThreadSource(_SingleProcessDataLoaderIter):
+    """torch's single-process iterator (same sampler and seed draws) for the fetch thread.
+
+    It differs only in the collate function (``deferred_collate`` stacks straight into the
+    pinned slot) and in allowing ``timeout`` (enforced by the consumer instead).
+    """
+
+    def __init__(self, loader, collate_fn):
+        _BaseDataLoaderIter.__init__(self, loader)
+        self._dataset_fetcher = _DatasetKind.create_fetcher(
+            self._dataset_kind, self._dataset, self._auto_collation, collate_fn, self._drop_last
+        )
+
+
+def make_source(loader) -> Any:
+    """The torch-side iterator of one epoch: torch's worker iterator, or ``InThreadSource``.
+
+    Called while the epoch's draws are made (``resume.begin_epoch``): the first batch of
+    indices is pulled here, on the calling thread (NOTE [determinism] in resume.py)."""
+    if loader.num_workers > 0:
+        in_order, loader.in_order = getattr(loader, "in_order", True), True
+        try:  # torch's workers keep their order: batch numbers follow the sampler
+            return TorchDataLoader.__iter__(loader)
+        finally:
+            loader.in_order = in_order
+    deferred = loader._user_collate is None and loader._auto_collation
+    source = InThreadSource(loader, deferred_collate if deferred else loader.collate_fn)
+    source._sampler_iter = _first_pulled(source._sampler_iter)
+    return source
+
+
+def batch_reader(loader) -> Callable[[Any], Any] | None:
+    """``indices -> batch of Pending fields`` where the dataset can describe a whole batch as
+    reads (``__fastload_batch__``) or as row gathers (a TensorDataset); None otherwise. Only
+    with the default collate or the source's own ``collate``, whose result these reproduce."""
+    dataset = loader.dataset
+    if not loader._auto_collation or loader._user_collate not in (None, getattr(dataset, "collate", None)):
+        return None
+    if (
+        isinstance(dataset, tud.TensorDataset)
+        and type(dataset).__getitem__ is tud.TensorDataset.__getitem__
+        and dataset.tensors
+        and all(t.device.type == "cpu" and t.layout == torch.strided for t in dataset.tensors)
+    ):
+        return lambda indices: gather_rows(dataset.tensors, indices)
+    return hooks_of(dataset).batch
+
+
+def source_hooks(loader, source) -> SourceHooks:
+    """The protocol hooks that apply to this iterator: the batch reader, finish and delivered
+    hooks where batches take the planned (in-thread) path; the slot-size bound wherever batches
+    are collated (worker batches of a source fill the same slots)."""
+    hooks = hooks_of(loader.dataset)
+    bound = hooks.slot_bytes if loader._auto_collation and loader.batch_size is not None else None
+    read = batch_reader(loader) if isinstance(source, InThreadSource) else None
+    if read is None:
+        return SourceHooks(slot_bytes=bound)
+    return SourceHooks(read, hooks.finish, bound, hooks.delivered)
+
+
+class Fetcher:
+    """The fetch thread's batches for one iterator, by the strategy that fits the loader."""
+
+    def __init__(self, loader, source, progress: EpochProgress, stop, poll: float, read_batch=None):
+        self.source = source
+        self.progress = progress
+        self.stop = stop
+        self.poll = poll
+        self.in_order = getattr(loader, "in_order", True)
+        self.fetch_threads = loader.fetch_threads
+        self.read_batch = read_batch  # source_hooks(...).batch: whole batches described as reads
+
+    def batches(self) -> Iterator[tuple[int, Any]]:
+        """``(number, batch or the exception it raised)``, in sampler order (or as fetched, with
+        ``in_order=False``)."""
+        if not isinstance(self.source, InThreadSource):
+            return self._from_workers()
+        if self.read_batch is not None:
+            return self._in_thread(self.read_batch)
+        if self.fetch_threads > 1 and self.source._dataset_kind == _DatasetKind.Map:
+            return self._parallel()
+        return self._in_thread(self.source._dataset_fetcher.fetch)
+
+    def _keyed(self, number: int, fetch, indices):
+        """``fetch(indices)`` with the batch's key current (``resume.batch_generator``)."""
+        with _KeyScope(BatchKey(self.progress.base_seed, number)):
+            return fetch(indices)
+
+    def _in_thread(self, fetch):
+        """Per-sample fetches, or batches described whole (row gathers, file reads) and executed
+        by the stager straight into the slot with no per-sample Python at all."""
+        while True:
+            try:
+                indices = self.source._next_index()
+            except StopIteration:
+                return
+            number = self.progress.next_number()
+            try:
+                yield number, self._keyed(number, fetch, indices)
+            except StopIteration:  # an IterableDataset ended
+                return
+            except Exception as exc:
+                yield number, exc
+
+    def _from_workers(self):
+        """torch's worker processes, in their order (batch numbers follow the sampler's pulls)."""
+        while True:
+            try:
+                batch = self.source.__next__()
+            except StopIteration:
+                return
+            except Exception as exc:
+                batch = exc
+            yield self.progress.next_number(), batch
+            if isinstance(batch, Exception) and getattr(self.source, "_shutdown", False):
+                return  # torch shut its workers down (one died): nothing more will come
+
+    def _parallel(self):
+        """``fetch_threads`` batches fetched at once (map-style datasets); in sampler order, or
+        as they complete with ``in_order=False``."""
+        fetch = self.source._dataset_fetcher.fetch
+        pending: deque = deque()  # (number, future)
+        with ThreadPoolExecutor(self.fetch_threads, thread_name_prefix="fastload-sample") as executor:
+            exhausted = False
+            while pending or not exhausted:
+                while not exhausted and len(pending) < PARALLEL_DEPTH * self.fetch_threads and not self.stop.is_set():
+                    try:
+                        indices = self.source._next_index()
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    number = self.progress.next_number()
+                    pending.append((number, executor.submit(self._keyed, number, fetch, indices)))
+                if self.stop.is_set():
+                    for _, future in pending:
+                        future.cancel()
+                    return
+                if not pending:
+                    continue
+                done = self._next_done(pending)
+                if done is None:
+                    continue
+                number, future = done
+                try:
+                    yield number, future.result()
+                except Exception as exc:
+                    yield number, exc
+
+    def _next_done(self, pending: deque):
+        """The next ``(number, future)`` to hand on: the oldest, or with ``in_order=False`` any
+        finished one (None if none finished within a poll)."""
+        if self.in_order:
+            return pending.popleft()
+        wait([future for _, future in pending], timeout=self.poll, return_when=FIRST_COMPLETED)
+        done = next((item for item in pending if item[1].done()), None)
+        if done is not None:
+            pending.remove(done)
+        return done
+
+    def shutdown_workers(self) -> None:
+        """Stop torch's worker processes (no-op on the in-thread strategies)."""
+        if hasattr(self.source, "_shutdown_workers"):
+            self.source._shutdown_workers()
+
+
+def _first_pulled(indices):
+    """``indices`` with the first item already drawn (on the calling thread: see NOTE [determinism]).
+    A sampler that raises is raised by the first ``next()``, as torch does."""
+    try:
+        first = next(indices)
+    except StopIteration:
+        return iter(())
+    except Exception as exc:
+        return _raising(exc)
+    return itertools.chain([first], indices)
+
+
+def _raising(exc: Exception):
+    raise exc
+    yield  # a generator: raises when first advanced

@@ -1,0 +1,169 @@
+"""What a DataLoader's iterators share: made on first use, reused across epochs, freed by close().
+
+Each iterator's pipeline is handed the loader's ``LoaderResources``: the copy engine (the
+loader's CUDA stream), the staging copier (memcpy threads), the pinned slot pool, the file
+readers (``io.py``) and the statistics. Building them once matters: pinning memory costs
+~1 GB/s when allocated fresh, so the pool is allocated once, sized by the first batch (or a
+source's bound), and only re-made when a batch outgrows it (``oversize='grow'``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from . import config
+from . import io as fio
+from .errors import BatchTooLargeError, PoolError
+from .pool import PinnedPool
+from .staging import ParallelCopier
+from .stats import CopyTimer, LoaderStats
+from .transfer import CopyEngine
+
+__all__ = ["ResourceSettings", "LoaderResources"]
+
+#: A pool re-made for an oversized batch gets this much headroom, so a run of slowly growing
+#: batches does not re-pin memory for each one.
+POOL_GROWTH = 1.25
+
+
+@dataclass(frozen=True)
+class ResourceSettings:
+    """The loader's resolved options that decide its resources (see ``DataLoader``)."""
+
+    device: torch.device
+    pin_cpu_output: bool  # device='cpu' with pin_memory=True: batches come out pinned, as torch's
+    stage_threads: int
+    pool_slots: int
+    slot_bytes: int  # 0: exact size of the first batch (or the source's bound)
+    oversize: str  # 'grow' or 'error'
+    io_mode: str
+    o_direct: bool
+    io_threads: int
+    io_task_size: int
+    map_budget: int
+
+
+class LoaderResources:
+    """The copy engine, copier, pinned pool, readers and stats of one loader (thread-safe)."""
+
+    def __init__(self, settings: ResourceSettings):
+        self.settings = settings
+        self.stats = LoaderStats()
+        self.copy_timer = CopyTimer(self.stats)
+        self._lock = threading.Lock()
+        self._engine: CopyEngine | None = None
+        self._copier: ParallelCopier | None = None
+        self._pool: PinnedPool | None = None
+        self._io_path: fio.IoPath | None = None
+        self._file_reader: fio.Reader | None = None
+        self._slot_reader: fio.Reader | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.settings.device
+
+    @property
+    def engine(self) -> CopyEngine:
+        """Copies slots to the device on the loader's own stream and hands batches over."""
+        with self._lock:
+            if self._engine is None:
+                self._engine = CopyEngine(self.device, pin_cpu_output=self.settings.pin_cpu_output)
+            return self._engine
+
+    @property
+    def copier(self) -> ParallelCopier:
+        """Copies pageable fields into a slot with ``stage_threads`` threads."""
+        with self._lock:
+            if self._copier is None:
+                self._copier = ParallelCopier(self.settings.stage_threads, config.get("nontemporal"))
+            return self._copier
+
+    @property
+    def io(self) -> fio.IoPath:
+        """The file-read path in effect for file-backed sources, and why."""
+        with self._lock:
+            return self._io_locked()
+
+    def _io_locked(self) -> fio.IoPath:
+        if self._io_path is None:
+            s = self.settings
+            self._io_path = fio.select(s.io_mode, s.device, s.o_direct, s.io_threads, s.io_task_size, s.map_budget)
+        return self._io_path
+
+    def file_reader(self) -> fio.Reader:
+        """The reader of ``io``: file fields into the slot, or straight into device memory."""
+        with self._lock:
+            if self._file_reader is None:
+                path = self._io_locked()
+                self._file_reader = fio.make_reader(path)
+                self.stats.set_io(str(path))
+            return self._file_reader
+
+    def slot_reader(self) -> fio.Reader:
+        """A reader into host slots, for sources that finish batches themselves (image decode
+        reads the encoded bytes on the host: nvJPEG takes host bitstreams)."""
+        with self._lock:
+            if self._slot_reader is None:
+                s = self.settings
+                mode = "pinned" if s.io_mode == "pinned" else "posix"
+                path = fio.select(mode, "cpu", s.o_direct, s.io_threads, s.io_task_size, 0)
+                why = f"{path.why}; the source decodes from host memory (nvJPEG takes host bitstreams)"
+                path = dataclasses.replace(path, why=why)
+                self._slot_reader = fio.make_reader(path)
+                self.stats.set_io(str(path))
+            return self._slot_reader
+
+    @property
+    def reads_to_device(self) -> bool:
+        """Whether file fields already go straight to device memory (then slots hold only the
+        small host fields, and a source's slot-size bound does not apply)."""
+        with self._lock:
+            return self._file_reader is not None and self._file_reader.path.to_device
+
+    @property
+    def pool(self) -> PinnedPool | None:
+        """The pinned pool, once the first batch has sized it."""
+        return self._pool
+
+    def pool_for(self, nbytes: int, number: int, hint: int = 0) -> PinnedPool:
+        """A pool whose slots hold ``nbytes`` (batch ``number``): made on first use with exact
+        slots (or ``hint``, a source's bound), re-made larger when a batch outgrows it."""
+        with self._lock:
+            pool = self._pool
+            if pool is not None and not pool.closed and nbytes <= pool.slot_bytes:
+                return pool
+            regrow = pool is not None and not pool.closed
+            if regrow and self.settings.oversize == "error":
+                raise BatchTooLargeError(number, nbytes, pool.slot_bytes)
+            if regrow:
+                pool.close(timeout=config.get("shutdown_timeout"))
+                if not pool.closed:
+                    raise PoolError("could not retire the old pool to grow it")
+                slot_bytes = max(nbytes, int(pool.slot_bytes * POOL_GROWTH))
+            else:
+                slot_bytes = max(nbytes, self.settings.slot_bytes or hint)
+            pinned = self.device.type == "cuda"
+            self._pool = PinnedPool(self.settings.pool_slots, slot_bytes, pin=pinned)
+            self.stats.set_pool(self._pool.num_slots, self._pool.slot_bytes, regrew=regrow)
+            return self._pool
+
+    def close(self) -> None:
+        """Wait for copies in flight, then free the readers, the pool and the copier."""
+        timeout = config.get("shutdown_timeout")
+        with self._lock:
+            if self._engine is not None:
+                self._engine.synchronize(timeout)
+            for reader in (self._file_reader, self._slot_reader):
+                if reader is not None:
+                    reader.close(timeout)
+            self._file_reader = self._slot_reader = None
+            if self._pool is not None:
+                self._pool.close(timeout=timeout)
+                self._pool = None
+            if self._copier is not None:
+                self._copier.close()
+                self._copier = None

@@ -1,0 +1,173 @@
+"""Staging one batch: plan -> slot -> read/copy -> host fields -> the device copy, started.
+
+``BatchStager.stage(number, batch)`` runs on a stage thread. It lays the batch out
+(``staging.plan_batch``), takes a pinned slot, reads the batch's file fields (into the slot,
+or straight into device memory when the read path goes there), copies its pageable fields into
+the slot, and enqueues the slot -> device copy on the loader's stream, returning without
+waiting for it. A source with ``__fastload_finish__`` builds its device batch from the slot
+itself instead (image decode). Either way the slot goes back to the pool with the event after
+its last copy: it is reused only once that event completed (rule of the pool).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .errors import PoolError
+from .resources import LoaderResources
+from .staging import ALIGN, PendingRead, plan_batch
+from .transfer import InFlightCopy
+
+__all__ = ["BatchStager", "StagedBatch"]
+
+
+@dataclass
+class StagedBatch:
+    """A batch whose device copy is in flight; ``next()`` hands ``copy.batch`` over."""
+
+    copy: InFlightCopy
+    samples: int
+    nbytes: int
+
+
+class BatchStager:
+    """Stages batches of one iterator into the loader's shared resources."""
+
+    def __init__(
+        self,
+        resources: LoaderResources,
+        *,
+        collated: bool,
+        stop,
+        poll: float,
+        finish: Callable[[Any, torch.device, dict], Any] | None = None,
+        slot_bytes_bound: Callable[[], int] | None = None,
+    ):
+        self.resources = resources
+        self.collated = collated
+        self.stop = stop
+        self.poll = poll
+        self.finish = finish
+        self.slot_bytes_bound = slot_bytes_bound
+        self.engine = resources.engine
+        self.copier = resources.copier
+        self.stats = resources.stats
+
+    def stage(self, number: int, batch: Any) -> StagedBatch:
+        """Stage batch ``number`` and start its copy to the device (see the module docstring)."""
+        if self.finish is not None:
+            return self._stage_and_finish(number, batch)
+        return self._stage_and_copy(number, batch)
+
+    def _slot_hint(self) -> int:
+        """A source's bound of a batch's slot bytes, where file fields land in the slot."""
+        if self.slot_bytes_bound is None or (self.finish is None and self.resources.reads_to_device):
+            return 0
+        return int(self.slot_bytes_bound())
+
+    def _acquire_slot(self, nbytes: int, number: int):
+        while True:
+            pool = self.resources.pool_for(nbytes, number, self._slot_hint())
+            try:
+                return pool, pool.acquire(self.stop, poll=self.poll)
+            except PoolError:
+                if pool.closed and not self.stop.is_set():
+                    continue  # another iterator re-sized the shared pool meanwhile
+                raise
+
+    def _read(self, reader, buffer: torch.Tensor, reads: list) -> None:
+        started = time.perf_counter()
+        by_path = reader.read(buffer, reads)
+        self.stats.add_stage("read", time.perf_counter() - started, sum(by_path.values()))
+        self.stats.add_io(by_path)
+
+    def _stage_and_finish(self, number: int, batch) -> StagedBatch:
+        """Read the batch's files into a slot, then let the source build the device batch from
+        it (``__fastload_finish__``: decode + augment) on the copy stream. The slot returns to
+        the pool once everything enqueued on the stream so far has completed."""
+        plan = plan_batch(batch, collated=True)
+        items = plan.copy_list()
+        reads = [(offset, src) for offset, src in items if isinstance(src, PendingRead)]
+        reader = self.resources.slot_reader()
+        pool, slot = self._acquire_slot(plan.total_bytes, number)
+        copy = None
+        try:
+            self._read(reader, slot.buffer, reads)
+            self.copier.copy_into(slot.buffer, [item for item in items if not isinstance(item[1], PendingRead)])
+            host = plan.unpack(slot.buffer[: plan.total_bytes], lambda tensor: tensor)
+            counts: dict = {}
+            started = time.perf_counter()
+            copy = self.engine.run(lambda: self.finish(host, self.resources.device, counts))
+            self.stats.add_stage("decode", time.perf_counter() - started)
+            self.stats.add_decoded(counts)
+        finally:
+            pool.release(slot, copy.done if copy is not None else self.engine.fence())
+        return StagedBatch(copy, _leading_dim(copy.batch), plan.payload_bytes)
+
+    def _stage_and_copy(self, number: int, batch) -> StagedBatch:
+        """File fields read and pageable fields copied into a slot, one H2D copy of the slot;
+        or, where the read path goes to the device, file fields read there directly and only
+        the other fields staged (packed into the slot)."""
+        plan = plan_batch(batch, collated=self.collated)
+        items = plan.copy_list()
+        reads = [(offset, src) for offset, src in items if isinstance(src, PendingRead)]
+        reader = self.resources.file_reader() if reads else None
+        to_device = reader is not None and reader.path.to_device
+        if to_device:  # file fields go straight to the device; the slot holds the rest, packed
+            host, copies, host_bytes = _pack_host_fields(items)
+        else:
+            host, copies, host_bytes = items, None, plan.total_bytes
+        moved: list = []
+
+        def unpack(flat: torch.Tensor):
+            return plan.unpack(flat, lambda tensor: self.engine.move_passthrough(tensor, moved))
+
+        def read_into_device(buffer: torch.Tensor) -> None:
+            self._read(reader, buffer, reads)
+
+        pool = slot = copy = None
+        if host_bytes:
+            pool, slot = self._acquire_slot(host_bytes, number)
+        try:
+            if reads and not to_device:
+                self._read(reader, slot.buffer, reads)
+            if slot is not None:
+                started = time.perf_counter()
+                staged = self.copier.copy_into(slot.buffer, host)
+                self.stats.add_stage("stage", time.perf_counter() - started, staged)
+            span = slot.buffer[:host_bytes] if slot is not None else None
+            fill = read_into_device if to_device else None
+            copy = self.engine.start(span, unpack, nbytes=plan.total_bytes, copies=copies, fill=fill)
+        finally:
+            if slot is not None:
+                pool.release(slot, copy.done if copy is not None else None)
+        copy.moved = moved
+        on_stream = plan.payload_bytes if not to_device or reader.copies_on_stream else sum(n for _, _, n in copies)
+        self.resources.copy_timer.add(copy, on_stream)
+        return StagedBatch(copy, plan.samples, plan.payload_bytes)
+
+
+def _pack_host_fields(items: list) -> tuple[list, list, int]:
+    """The non-file fields of a batch packed into a slot: ``(slot items, (slot offset, batch
+    offset, bytes) copies, slot bytes)``; file fields are read straight into the device."""
+    host, copies, cursor = [], [], 0
+    for offset, src in items:
+        if isinstance(src, PendingRead):
+            continue
+        nbytes = math.prod(src.shape) * src.dtype.itemsize
+        cursor = -(-cursor // ALIGN) * ALIGN
+        host.append((cursor, src))
+        copies.append((cursor, offset, nbytes))
+        cursor += nbytes
+    return host, copies, cursor
+
+
+def _leading_dim(batch) -> int:
+    """Samples in a finished batch: the first tensor's (or list's) length."""
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    return len(first) if isinstance(first, (torch.Tensor, list)) else 1
