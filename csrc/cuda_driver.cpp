@@ -42,6 +42,12 @@ const Api& api() {
       resolve(lib, "cuMemHostRegister_v2", table.mem_host_register);
       resolve(lib, "cuMemHostUnregister", table.mem_host_unregister);
       resolve(lib, "cuLaunchKernel", table.launch_kernel);
+      resolve(lib, "cuStreamWaitEvent", table.stream_wait_event);
+      table.event_elapsed_time =
+          reinterpret_cast<decltype(table.event_elapsed_time)>(::dlsym(lib, "cuEventElapsedTime_v2"));
+      if (table.event_elapsed_time == nullptr) resolve(lib, "cuEventElapsedTime", table.event_elapsed_time);
+      table.memcpy_batch_async =
+          reinterpret_cast<decltype(table.memcpy_batch_async)>(::dlsym(lib, "cuMemcpyBatchAsync_v2"));
     } catch (const Error& e) {
       failure = e.what();
     }

@@ -20,6 +20,15 @@ constexpr Result kNotReady = 600;  // CUDA_ERROR_NOT_READY
 constexpr unsigned kEventDisableTiming = 0x2;
 constexpr unsigned kHostRegisterReadOnly = 0x08;  // CU_MEMHOSTREGISTER_READ_ONLY
 
+// CUmemcpyAttributes of cuMemcpyBatchAsync (CUDA 12.8+): source read in stream order.
+struct MemcpyAttributes {
+  int src_access_order;  // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
+  int src_loc_type, src_loc_id;
+  int dst_loc_type, dst_loc_id;
+  unsigned flags;
+};
+constexpr int kSrcAccessOrderStream = 1;
+
 struct Api {
   Result (*ctx_get_current)(Context*);
   Result (*ctx_set_current)(Context);
@@ -33,6 +42,11 @@ struct Api {
   Result (*launch_kernel)(Function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, Stream,
                           void**, void**);
   Result (*get_error_string)(Result, const char**);
+  Result (*stream_wait_event)(Stream, Event, unsigned);
+  Result (*event_elapsed_time)(float*, Event, Event);
+  // Optional (null where the driver predates CUDA 13's cuMemcpyBatchAsync_v2): many copies,
+  // one call, executed by the copy engines.
+  Result (*memcpy_batch_async)(DevicePtr*, DevicePtr*, size_t*, size_t, MemcpyAttributes*, size_t*, size_t, Stream);
 };
 
 // The driver's entry points; throws tfl::Error (kInvalid) naming what is missing.

@@ -28,7 +28,7 @@ constexpr int kMaxThreads = 256;
 
 // Every failure the engine reports. `kind` picks the Python exception type in bindings.cpp.
 struct Error : std::runtime_error {
-  enum Kind { kOS, kRange, kShortRead, kInvalid };
+  enum Kind { kOS, kRange, kShortRead, kInvalid, kIndex };
   Kind kind;
   int err;           // errno for kOS, else 0
   std::string path;  // file involved, empty when none

@@ -106,6 +106,33 @@ int64_t copy_mapped(const std::vector<const MappedFile*>& files, const ReadReque
   return plan.total;
 }
 
+int64_t copy_mapped_batch(const std::vector<const MappedFile*>& files, const ReadRequest& req, uintptr_t stream) {
+  const Plan plan = plan_mapped(files, req, true);
+  const auto& cu = cuda::api();
+  const auto s = reinterpret_cast<cuda::Stream>(stream);
+  if (cu.memcpy_batch_async == nullptr) {  // a driver before CUDA 13: one DMA copy per range
+    for (const ReadPiece& p : plan.pieces)
+      cuda::check(cu.memcpy_htod_async(static_cast<cuda::DevicePtr>(req.dst_ptr + p.dst), files[p.file]->data() + p.off,
+                                       static_cast<size_t>(p.len), s),
+                  "cuMemcpyHtoDAsync (mapped file -> device)");
+    return plan.total;
+  }
+  std::vector<cuda::DevicePtr> dsts, srcs;
+  std::vector<size_t> sizes;
+  for (const ReadPiece& p : plan.pieces) {
+    dsts.push_back(static_cast<cuda::DevicePtr>(req.dst_ptr + p.dst));
+    srcs.push_back(reinterpret_cast<cuda::DevicePtr>(files[p.file]->data() + p.off));
+    sizes.push_back(static_cast<size_t>(p.len));
+  }
+  if (sizes.empty()) return 0;
+  cuda::MemcpyAttributes attrs{};
+  attrs.src_access_order = cuda::kSrcAccessOrderStream;
+  size_t first = 0;
+  cuda::check(cu.memcpy_batch_async(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs, &first, 1, s),
+              "cuMemcpyBatchAsync (mapped file -> device)");
+  return plan.total;
+}
+
 std::pair<int64_t, int64_t> page_cache_residency(const std::string& path) {
   int64_t size = 0;
   const int fd = open_regular(path, size, "checking its page-cache residency");

@@ -46,6 +46,10 @@ Plan plan_mapped(const std::vector<const MappedFile*>& files, const ReadRequest&
 int64_t copy_mapped(const std::vector<const MappedFile*>& files, const ReadRequest& req,
                     const std::vector<uintptr_t>& streams);
 
+// The same ranges as copy_mapped, all in one cuMemcpyBatchAsync on `stream`: the copy engines
+// move them, no SM does (one cuMemcpyHtoDAsync per range where the driver lacks the call).
+int64_t copy_mapped_batch(const std::vector<const MappedFile*>& files, const ReadRequest& req, uintptr_t stream);
+
 // (resident pages, total pages) of `path` in the page cache, through mincore on a mapping.
 std::pair<int64_t, int64_t> page_cache_residency(const std::string& path);
 

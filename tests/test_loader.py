@@ -345,7 +345,8 @@ def test_oversize_error_and_grow():
 
 def test_exact_slot_size_from_first_batch():
     loader = DataLoader(TensorDataset(torch.randn(40, 1000)), batch_size=10, device="cpu")
-    list(loader)
+    with torch_fastload.config.override(native="off"):  # the Python pipeline's pool (the C++ loop needs none on a CPU)
+        list(loader)
     assert loader.pool.slot_bytes == 40960  # 40000 bytes rounded to one 4 KiB page, no power of two
 
 
@@ -396,8 +397,9 @@ def test_tensor_dataset_rows_are_gathered_without_per_sample_python(backend, mon
     from torch_fastload import staging
     from torch_fastload.fetch import batch_reader
 
-    if backend == "numpy":
+    if backend == "numpy":  # the Python pipeline's stager without the C++ engine
         monkeypatch.setattr(staging, "_native_copy", None)
+        monkeypatch.setattr(torch_fastload.engine, "available", lambda: False)
     data = TensorDataset(torch.randn(50, 3, 7), torch.arange(50), torch.randn(7, 50).t())  # last: strided
     loader = DataLoader(data, batch_size=8, shuffle=True, device="cpu", generator=torch.Generator().manual_seed(2))
     assert batch_reader(loader) is not None

@@ -263,6 +263,20 @@ OPTIONS: dict[str, Option] = {
             "pixels; libjpeg-turbo only)",
         ),
         Option(
+            "native",
+            "auto",
+            _choice("auto", "off"),
+            "'auto': planned sources (TensorDataset, ArrayDataset, RecordDataset) run their steady state in "
+            "C++ (no pipeline thread holds the GIL); 'off': the Python pipeline threads stage every batch",
+        ),
+        Option(
+            "mapped_copy",
+            "kernel",
+            _choice("kernel", "dma"),
+            "ranges of files mapped from the page cache reach the GPU by the gather kernel ('kernel': a few "
+            "SMs read host memory) or by the copy engines ('dma': one cuMemcpyBatchAsync a batch)",
+        ),
+        Option(
             "shutdown_timeout",
             10.0,
             _positive_float,

@@ -29,7 +29,7 @@ from .resume import BatchKey, EpochProgress, _KeyScope
 from .sources.protocol import SourceHooks, hooks_of
 from .staging import deferred_collate, gather_rows
 
-__all__ = ["InThreadSource", "Fetcher", "make_source", "batch_reader", "source_hooks"]
+__all__ = ["InThreadSource", "Fetcher", "make_source", "batch_reader", "source_hooks", "uses_workers"]
 
 #: torch's DataLoader class, bound once: a framework that installs torch_fastload's class as
 #: ``torch.utils.data.DataLoader`` must not make the subclass find itself as its base.
@@ -53,12 +53,29 @@ class InThreadSource(_SingleProcessDataLoaderIter):
         )
 
 
+def uses_workers(loader) -> bool:
+    """Whether torch's worker processes fetch this loader's batches. Not for a batch source
+    (``__fastload_batch__``): it reads whole batches in C++ and decodes them in batches, where
+    worker processes would run its per-sample ``__getitem__`` instead, far slower. The user's
+    ``num_workers`` is then not used, which ``DataLoader`` says once."""
+    return loader.num_workers > 0 and not ignores_workers(loader)
+
+
+def ignores_workers(loader) -> bool:
+    """A batch source taking the batch path although ``num_workers > 0`` was asked for."""
+    return (
+        loader.num_workers > 0
+        and not isinstance(loader.dataset, tud.TensorDataset)
+        and batch_reader(loader) is not None
+    )
+
+
 def make_source(loader) -> Any:
     """The torch-side iterator of one epoch: torch's worker iterator, or ``InThreadSource``.
 
     Called while the epoch's draws are made (``resume.begin_epoch``): the first batch of
     indices is pulled here, on the calling thread (NOTE [determinism] in resume.py)."""
-    if loader.num_workers > 0:
+    if uses_workers(loader):
         in_order, loader.in_order = getattr(loader, "in_order", True), True
         try:  # torch's workers keep their order: batch numbers follow the sampler
             return TorchDataLoader.__iter__(loader)
@@ -96,7 +113,7 @@ def source_hooks(loader, source) -> SourceHooks:
     read = batch_reader(loader) if isinstance(source, InThreadSource) else None
     if read is None:
         return SourceHooks(slot_bytes=bound)
-    return SourceHooks(read, hooks.finish, bound, hooks.delivered)
+    return SourceHooks(read, hooks.finish, bound, hooks.delivered, hooks.native)
 
 
 class Fetcher:

@@ -21,7 +21,8 @@ import torch
 from . import config
 from . import io as fio
 from . import resume as _resume
-from .fetch import TorchDataLoader, make_source, source_hooks
+from .fetch import TorchDataLoader, ignores_workers, make_source, source_hooks
+from .native import run_native_or_none
 from .pipeline import LIVE_PIPELINES, Pipeline
 from .pool import PinnedPool
 from .resources import LoaderResources, ResourceSettings
@@ -171,6 +172,13 @@ class DataLoader(TorchDataLoader):
         # DistributedSampler's, sliced lazily): set only while __iter__ builds the iterator
         self._epoch_index_sampler = None
         _LIVE_LOADERS.add(self)
+        if ignores_workers(self):
+            warnings.warn(
+                f"torch_fastload: {type(dataset).__name__} reads whole batches itself (C++ reads, batched "
+                f"decode), so num_workers={num_workers} starts no worker processes: they would run its "
+                "per-sample __getitem__ instead, far slower. Pass num_workers=0 to silence this.",
+                stacklevel=2,
+            )
         if self.device.type == "cpu" and self.pin_memory_requested and not torch.cuda.is_available():
             warnings.warn("pin_memory=True but no CUDA device is available: batches will not be pinned", stacklevel=2)
 
@@ -182,7 +190,10 @@ class DataLoader(TorchDataLoader):
         state, self._pending_resume = self._pending_resume, None
         source, progress = _resume.begin_epoch(self, state, lambda: make_source(self))
         self._progress = progress
-        pipeline = Pipeline(self, source, progress, self.resources, source_hooks(self, source))
+        hooks = source_hooks(self, source)
+        pipeline = run_native_or_none(self, source, progress, self.resources, hooks)
+        if pipeline is None:
+            pipeline = Pipeline(self, source, progress, self.resources, hooks)
         self._pipelines.add(pipeline)
         return _FastloadIter(pipeline)
 
@@ -209,6 +220,9 @@ class DataLoader(TorchDataLoader):
 
     def stats(self, reset: bool = False) -> StatsSnapshot:
         """Input-wait time, per-stage times, bytes and GB/s since creation (or the last reset)."""
+        for pipeline in list(self._pipelines):
+            if hasattr(pipeline, "sync_stats") and not pipeline.finished:
+                pipeline.sync_stats()
         self.resources.copy_timer.count()
         snapshot = self.resources.stats.snapshot()
         if reset:

@@ -127,6 +127,27 @@ class PinnedPool:
             slot.free_after = None
         return slot
 
+    def lease_all(self, stop: threading.Event | None = None, poll: float = 0.05) -> list[Slot] | None:
+        """Every slot at once, each once its last copy completed, for one user that keeps them
+        (the native loop); None (nothing taken) when any slot is out with another user."""
+        with self._cond:
+            if self._closed:
+                raise PoolError("pool is closed")
+            if len(self._free) != self.num_slots:
+                return None
+            slots = list(self._free)
+            self._free.clear()
+        try:
+            for slot in slots:
+                if slot.free_after is not None:
+                    _wait_event(slot.free_after, stop, None, f"the copy out of pinned slot {slot.index}")
+                    slot.free_after = None
+        except BaseException:
+            for slot in slots:
+                self.release(slot, slot.free_after)
+            raise
+        return sorted(slots, key=lambda s: s.index)
+
     def release(self, slot: Slot, free_after=None, front: bool = False) -> None:
         """Give a slot back; it is reused only once ``free_after`` (a CUDA event) has completed."""
         slot.free_after = free_after

@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 
 from ..errors import FastloadError
 from ..staging import PendingRead
+from .protocol import FileRows, NativeLayout
 
 __all__ = ["ArrayFile", "ArrayDataset", "ArrayFormatError", "read_npy_header"]
 
@@ -194,7 +195,17 @@ class ArrayDataset(Dataset):
         reads = [f.pending_rows(index) for f in self.files]
         return reads[0] if len(reads) == 1 else reads  # default_collate turns tuples into lists
 
+    def __fastload_native__(self) -> NativeLayout:
+        """Every field is fixed-size rows of a file: the loader's C++ loop plans batches itself."""
+        fields = tuple(FileRows(f.path, f.offset, f.rows, f.torch_dtype, tuple(f.shape[1:])) for f in self.files)
+        return NativeLayout(fields, _first_or_list)
+
     def __getstate__(self):  # memmaps are reopened in each worker process
         state = dict(self.__dict__)
         state["_maps"] = None
         return state
+
+
+def _first_or_list(fields: list):
+    """The batch default_collate makes of one-file samples (a tensor) or of tuples (a list)."""
+    return fields[0] if len(fields) == 1 else fields

@@ -33,6 +33,13 @@ loader looks them up once per iterator (``hooks_of``); a dataset without
     loop waited for it (the image decoders' route trial times the loop with it). It runs on the
     training thread: keep it to a few microseconds.
 
+``__fastload_native__() -> NativeLayout | None`` (optional)
+    Where every batch is rows of fixed size (in memory or in files) or records listed in an
+    in-memory table, the source can describe that layout once instead of per batch: the loader
+    then runs the steady state in C++ (``torch_fastload/native.py``): indices in, staged device
+    batches out, no Python per batch beyond ``next()``. ``NativeLayout.build`` turns the output
+    fields (tensors on the device) into the same batch ``__fastload_batch__`` would give.
+
 ``collate(samples)`` and ``state_dict()`` / ``load_state_dict(state)`` (optional)
     torch's collate function for this source's samples (ragged records), used only for
     torch_fastload's own sources; and a state the loader's checkpoint carries.
@@ -46,7 +53,16 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["BatchSource", "FinishingSource", "SourceHooks", "hooks_of"]
+__all__ = [
+    "BatchSource",
+    "FinishingSource",
+    "SourceHooks",
+    "hooks_of",
+    "MemoryRows",
+    "FileRows",
+    "Records",
+    "NativeLayout",
+]
 
 
 @runtime_checkable
@@ -68,6 +84,43 @@ class FinishingSource(BatchSource, Protocol):
 
 
 @dataclass(frozen=True)
+class MemoryRows:
+    """Sample ``i`` is row ``i`` of a contiguous CPU tensor."""
+
+    tensor: torch.Tensor
+
+
+@dataclass(frozen=True)
+class FileRows:
+    """Sample ``i`` is ``row_shape`` of ``dtype`` at ``offset + i * row bytes`` of ``path``."""
+
+    path: str
+    offset: int
+    rows: int
+    dtype: torch.dtype
+    row_shape: tuple
+
+
+@dataclass(frozen=True)
+class Records:
+    """Sample ``i`` is the bytes ``index[i] = (shard, offset, length)`` of ``paths[shard]``; a
+    batch of them is one uint8 slab plus ``n + 1`` int64 offsets (two output fields)."""
+
+    paths: list
+    index: Any  # numpy int64 (N, 3), C-contiguous, already checked against the shards
+    name: str = "the records"  # what an out-of-range index error names
+
+
+@dataclass(frozen=True)
+class NativeLayout:
+    """What ``__fastload_native__`` returns: the fields of every sample, and how the output
+    fields (device tensors, in order; ``Records`` give two) become the batch."""
+
+    fields: tuple
+    build: Callable[[list], Any]
+
+
+@dataclass(frozen=True)
 class SourceHooks:
     """The protocol hooks a dataset implements (None where it does not)."""
 
@@ -75,6 +128,7 @@ class SourceHooks:
     finish: Callable[[Any, torch.device, dict], Any] | None = None
     slot_bytes: Callable[[int], int] | None = None
     delivered: Callable[[torch.device, float], None] | None = None
+    native: Callable[[], NativeLayout | None] | None = None
 
 
 def hooks_of(dataset: Any) -> SourceHooks:
@@ -84,4 +138,5 @@ def hooks_of(dataset: Any) -> SourceHooks:
         finish=getattr(dataset, "__fastload_finish__", None),
         slot_bytes=getattr(dataset, "__fastload_slot_bytes__", None),
         delivered=getattr(dataset, "__fastload_delivered__", None),
+        native=getattr(dataset, "__fastload_native__", None),
     )

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from ..errors import FastloadError
 from ..staging import ALIGN, PendingRead
+from .protocol import MemoryRows, NativeLayout, Records
 
 __all__ = ["RecordDataset", "RecordBatch", "RecordFormatError", "FORMAT", "VERSION", "largest_batch_bytes"]
 
@@ -240,6 +241,18 @@ class RecordDataset(Dataset):
         labels = None if self.labels is None else torch.from_numpy(self.labels[index])
         return RecordBatch(data, torch.from_numpy(offsets), labels)
 
+    def __fastload_native__(self) -> NativeLayout:
+        """Records listed in the (already checked) index, labels from memory: planned in C++."""
+        fields = (Records(self.shard_paths, self.index, f"the pack {self.root!r}"),)
+        if self.labels is not None:
+            fields += (MemoryRows(torch.from_numpy(self.labels)),)
+        return NativeLayout(fields, _record_batch)
+
     def __fastload_slot_bytes__(self, batch_size: int) -> int:
         """Bytes that any batch of ``batch_size`` records fits in (sizes the pool once)."""
         return largest_batch_bytes(self.index[:, 2], batch_size) + 2 * (batch_size + 1) * 8 + 3 * ALIGN
+
+
+def _record_batch(fields: list) -> RecordBatch:
+    """The loader's output fields (slab, offsets[, labels]) as the batch ``collate`` makes."""
+    return RecordBatch(fields[0], fields[1], fields[2] if len(fields) > 2 else None)

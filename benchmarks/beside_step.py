@@ -1,0 +1,270 @@
+"""Does the loader slow the step it hides behind? Two studies, each with its baseline in the run.
+
+    python benchmarks/beside_step.py --out benchmarks/out          # H100: ~3 min
+    python benchmarks/beside_step.py --quick                        # small, also on a CPU
+
+1. **GEMM step**: a bf16 GEMM step sized to one batch's pinned H2D time, fed device-resident
+   batches (the baseline) and then by each loader: TensorDataset (the C++ loop, and the Python
+   pipeline for comparison), ArrayDataset (page cache mapped: gather kernel or copy engines;
+   not mapped: the pinned ring) and RecordDataset. Reported: step time over the device-resident
+   step (target <= 1.05x).
+2. **Launch-bound thread**: a training thread launching tiny kernels, K per batch, with K set
+   so the launches take as long as the loader needs per batch at its full rate. Reported:
+   launches/s beside each loader over launches/s alone (target >= 0.95).
+
+Each configuration runs ``--repeats`` times; the median and the spread are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import torch_fastload
+from torch_fastload import ArrayDataset, DataLoader, RecordDataset, pack
+from torch_fastload._benchutil import (
+    gemm_seconds,
+    h2d_copy_seconds,
+    log,
+    machine_info,
+    table,
+    warm_page_cache,
+    write_json,
+)
+
+MiB = 1 << 20
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=None, help="write beside_step.json here")
+    p.add_argument("--quick", action="store_true", help="small data and few steps (a smoke test)")
+    p.add_argument("--row-kib", type=int, default=192, help="bytes of one sample (KiB)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--data-gib", type=float, default=2.0, help="size of each dataset")
+    p.add_argument("--steps", type=int, default=120, help="timed steps per run")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", default="", help="comma-separated feed names to run (default: all)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.row_kib, args.batch_size, args.data_gib, args.steps, args.repeats = 16, 32, 0.03, 20, 2
+    return args
+
+
+# -- data ------------------------------------------------------------------------------------
+def make_data(root: Path, rows: int, row_bytes: int) -> dict:
+    rng = np.random.default_rng(0)
+    data = torch.from_numpy(rng.integers(0, 256, (rows, row_bytes), dtype=np.uint8))
+    np.save(root / "rows.npy", data.numpy())
+    pack((data[i].numpy().tobytes() for i in range(rows)), root / "pack", progress=False)
+    warm_page_cache([root / "rows.npy", *sorted((root / "pack").glob("*"))])
+    return {"tensor": data, "npy": root / "rows.npy", "pack": root / "pack"}
+
+
+def feeds(data: dict, batch_size: int, device: torch.device) -> dict:
+    """name -> a function making a fresh loader (each returns batches whose first field is rows)."""
+    common = dict(batch_size=batch_size, shuffle=True, drop_last=True, device=device)
+    tensors = torch.utils.data.TensorDataset(data["tensor"])
+
+    def with_config(make, **options):
+        def build():
+            with torch_fastload.config.override(**options):
+                return make()
+
+        return build
+
+    return {
+        "TensorDataset (C++ loop)": lambda: DataLoader(tensors, **common),
+        "TensorDataset (Python pipeline)": with_config(lambda: DataLoader(tensors, **common), native="off"),
+        "ArrayDataset mapped, kernel": with_config(
+            lambda: DataLoader(ArrayDataset(data["npy"]), **common), mapped_copy="kernel"
+        ),
+        "ArrayDataset mapped, copy engines": with_config(
+            lambda: DataLoader(ArrayDataset(data["npy"]), **common), mapped_copy="dma"
+        ),
+        "ArrayDataset ring": lambda: DataLoader(ArrayDataset(data["npy"]), map_budget=0, **common),
+        "RecordDataset mapped": lambda: DataLoader(RecordDataset(data["pack"]), **common),
+    }
+
+
+def first_field(batch) -> torch.Tensor:
+    while isinstance(batch, (list, tuple)):
+        batch = batch[0]
+    return batch
+
+
+# -- study 1: a GEMM step as long as one batch's transfer ---------------------------------------
+class GemmStep:
+    def __init__(self, seconds: float, device: torch.device):
+        self.a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+        self.b = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+        one = gemm_seconds(self.a, self.b, warmup=10)
+        self.gemms = max(1, round(seconds / one))
+        self.seconds = self.gemms * one
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        acc = batch.view(-1)[:: max(1, batch.numel() // 1024)].float().sum()  # reads the batch
+        for _ in range(self.gemms):
+            self.a @ self.b
+        return acc
+
+
+def time_steps(batches, step, steps: int, warmup: int = 10) -> float:
+    """Median-free wall time per step over ``steps`` steps after ``warmup`` (host 2 steps ahead)."""
+    it = iter(batches)
+    done = []
+    for i in range(warmup + steps):
+        if i == warmup:
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+        done.append(step(first_field(next(it))))
+        if len(done) > 2:
+            done.pop(0).item()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) / steps
+
+
+def endless(make):
+    while True:
+        loader = make()
+        yield from loader
+
+
+def study_gemm(data, args, device) -> dict:
+    batch_bytes = args.batch_size * args.row_kib * 1024
+    src = torch.empty(batch_bytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(batch_bytes, dtype=torch.uint8, device=device)
+    transfer = statistics.median(h2d_copy_seconds(src, dst, reps=10))
+    step = GemmStep(transfer, device)
+    log(f"GEMM step: {step.gemms} x bf16 4096^3 = {step.seconds * 1e3:.2f} ms; batch transfer {transfer * 1e3:.2f} ms")
+    resident = [data["tensor"][i * args.batch_size : (i + 1) * args.batch_size].to(device) for i in range(8)]
+    baseline = [time_steps((resident[i % 8] for i in range(10**9)), step, args.steps) for _ in range(args.repeats)]
+    rows = {"device-resident": baseline}
+    for name, make in selected(feeds(data, args.batch_size, device), args.only).items():
+        rows[name] = [time_steps(endless(make), step, args.steps) for _ in range(args.repeats)]
+        log(f"  {name}: {statistics.median(rows[name]) * 1e3:.2f} ms/step")
+    base = statistics.median(baseline)
+    return {
+        "transfer_ms": transfer * 1e3,
+        "step_ms": step.seconds * 1e3,
+        "runs_ms": {k: [v * 1e3 for v in vals] for k, vals in rows.items()},
+        "ratio": {k: statistics.median(vals) / base for k, vals in rows.items()},
+    }
+
+
+# -- study 2: a launch-bound training thread ---------------------------------------------------
+def launches_per_second(kernels: int, steps: int, device, batches=None) -> float:
+    x = torch.zeros(1, device=device)
+    it = iter(batches) if batches is not None else None
+    for i in range(steps + 5):
+        if i == 5:
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+        if it is not None:
+            next(it)
+        for _ in range(kernels):
+            x.add_(1)
+    torch.cuda.synchronize()
+    return kernels * steps / (time.perf_counter() - started)
+
+
+def loader_rate(make, batches: int) -> float:
+    it = endless(make)
+    for _ in range(5):
+        next(it)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    torch.cuda.synchronize()
+    return batches / (time.perf_counter() - started)
+
+
+def study_launches(data, args, device) -> dict:
+    alone = statistics.median(launches_per_second(2000, 20, device) for _ in range(args.repeats))
+    log(f"launch-bound thread alone: {alone / 1e3:.0f} k launches/s")
+    out = {"alone_per_s": alone, "beside": {}, "ratio": {}, "kernels_per_batch": {}}
+    for name, make in selected(feeds(data, args.batch_size, device), args.only).items():
+        rate = loader_rate(make, max(20, args.steps // 2))
+        kernels = max(1, round(alone / rate))
+        runs = [launches_per_second(kernels, args.steps, device, endless(make)) for _ in range(args.repeats)]
+        out["beside"][name] = runs
+        out["kernels_per_batch"][name] = kernels
+        out["ratio"][name] = statistics.median(runs) / alone
+        log(
+            f"  {name}: loader {rate:.0f} batches/s alone, {kernels} launches a batch, "
+            f"{statistics.median(runs) / 1e3:.0f} k launches/s ({out['ratio'][name]:.3f}x alone)"
+        )
+    return out
+
+
+def selected(all_feeds: dict, only: str) -> dict:
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    return {k: v for k, v in all_feeds.items() if not names or any(n in k for n in names)}
+
+
+def spread(values) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        log("beside_step: needs a CUDA device (the studies time GPU steps); nothing measured")
+        return 0
+    device = torch.device("cuda", torch.cuda.current_device())
+    row_bytes = args.row_kib * 1024
+    rows = max(4 * args.batch_size, int(args.data_gib * 2**30) // row_bytes)
+    report = {"benchmark": "beside_step", "machine": machine_info(True), "args": vars(args) | {"out": str(args.out)}}
+    with tempfile.TemporaryDirectory(dir=args.out if args.out else None) as tmp:
+        log(f"data: {rows} rows x {args.row_kib} KiB ({rows * row_bytes / 2**30:.2f} GiB), batch {args.batch_size}")
+        data = make_data(Path(tmp), rows, row_bytes)
+        report["gemm"] = gemm = study_gemm(data, args, device)
+        report["launches"] = launches = study_launches(data, args, device)
+    base = gemm["runs_ms"]["device-resident"]
+    log(
+        table(
+            ["feed", "step ms (median)", "spread", "vs device-resident", "<= 1.05x"],
+            [
+                [
+                    k,
+                    f"{statistics.median(v):.2f}",
+                    spread(v),
+                    f"{gemm['ratio'][k]:.3f}x",
+                    "" if k == "device-resident" else ("PASS" if gemm["ratio"][k] <= 1.05 else "FAIL"),
+                ]
+                for k, v in gemm["runs_ms"].items()
+            ],
+            title=f"GEMM step beside each loader (device-resident {statistics.median(base):.2f} ms)",
+        )
+    )
+    log(
+        table(
+            ["feed", "launches a batch", "k launches/s", "vs alone", ">= 0.95"],
+            [
+                [
+                    k,
+                    launches["kernels_per_batch"][k],
+                    f"{statistics.median(v) / 1e3:.0f}",
+                    f"{launches['ratio'][k]:.3f}",
+                    "PASS" if launches["ratio"][k] >= 0.95 else "FAIL",
+                ]
+                for k, v in launches["beside"].items()
+            ],
+            title=f"launch-bound thread (alone {launches['alone_per_s'] / 1e3:.0f} k launches/s)",
+        )
+    )
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json(args.out / "beside_step.json", report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+// Python bindings of NativeLoop (native_loop.h): arguments converted under the GIL, every wait
+// and every batch's work run without it.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "native_loop.h"
+#include "py_arrays.h"
+
+namespace {
+
+// A field from Python: (kind, rows, row_bytes, memory, file, file_offset, records, name).
+tfl::LoopField field_of(const py::tuple& t) {
+  if (t.size() != 8) throw py::value_error("a native loop field is an 8-tuple");
+  tfl::LoopField f;
+  f.kind = t[0].cast<int>();
+  f.rows = t[1].cast<int64_t>();
+  f.row_bytes = t[2].cast<int64_t>();
+  f.memory = t[3].cast<uintptr_t>();
+  f.file = t[4].cast<int32_t>();
+  f.file_offset = t[5].cast<int64_t>();
+  f.records = t[6].cast<uintptr_t>();
+  f.name = t[7].cast<std::string>();
+  return f;
+}
+
+std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<std::string> paths, bool cuda,
+                                           uint64_t stream, uint64_t slots, int64_t slot_bytes, int num_slots,
+                                           int workers, int copy_threads, int io_threads, int64_t task_size,
+                                           bool o_direct, bool nontemporal, tfl::DeviceStager* ring,
+                                           uint64_t gather_function, int piece_bytes, int blocks,
+                                           bool unsafe_slot_reuse) {
+  tfl::LoopConfig cfg;
+  for (const py::handle item : fields) cfg.fields.push_back(field_of(py::reinterpret_borrow<py::tuple>(item)));
+  cfg.paths = std::move(paths);
+  cfg.cuda = cuda, cfg.stream = stream, cfg.slots = slots, cfg.slot_bytes = slot_bytes, cfg.num_slots = num_slots;
+  cfg.workers = workers, cfg.copy_threads = copy_threads, cfg.io_threads = io_threads, cfg.task_size = task_size;
+  cfg.o_direct = o_direct, cfg.nontemporal = nontemporal, cfg.ring = ring;
+  cfg.gather_function = gather_function, cfg.piece_bytes = piece_bytes, cfg.blocks = blocks;
+  cfg.unsafe_slot_reuse = unsafe_slot_reuse;
+  return std::make_unique<tfl::NativeLoop>(std::move(cfg));
+}
+
+py::dict stats_dict(const tfl::LoopStats& s) {
+  py::dict d;
+  d["batches"] = s.batches, d["samples"] = s.samples;
+  d["stage_s"] = s.stage_s, d["read_s"] = s.read_s, d["copy_s"] = s.copy_s;
+  d["staged_bytes"] = s.staged_bytes, d["copied_bytes"] = s.copied_bytes;
+  d["memory_bytes"] = s.memory_bytes, d["mapped_bytes"] = s.mapped_bytes;
+  d["ring_bytes"] = s.ring_bytes, d["pread_bytes"] = s.pread_bytes;
+  return d;
+}
+
+}  // namespace
+
+void bind_native_loop(py::module_& m) {
+  py::class_<tfl::NativeLoop>(m, "NativeLoop",
+                              "The loader's GIL-free steady state for planned sources: index batches in,\n"
+                              "batches staged into a device (or host) buffer out (csrc/native_loop.h).")
+      .def(py::init(&make_loop), py::arg("fields"), py::arg("paths"), py::arg("cuda"), py::arg("stream"),
+           py::arg("slots"), py::arg("slot_bytes"), py::arg("num_slots"), py::arg("workers"), py::arg("copy_threads"),
+           py::arg("io_threads"), py::arg("task_size"), py::arg("o_direct"), py::arg("nontemporal"),
+           py::arg("ring").none(true), py::arg("gather_function"), py::arg("piece_bytes"), py::arg("blocks"),
+           py::arg("unsafe_slot_reuse") = false, py::keep_alive<1, 15>())
+      .def(
+          "submit",
+          [](tfl::NativeLoop& loop, int64_t position, const I64Array& indices) {
+            std::vector<int64_t> v = to_vector(indices, "indices");
+            return loop.submit(position, std::move(v));
+          },
+          py::arg("position"), py::arg("indices"),
+          "Register a batch; returns [output bytes, field offsets...] or [-1] (take() raises why).")
+      .def("start", &tfl::NativeLoop::start, py::arg("position"), py::arg("out"), py::arg("out_bytes"),
+           "Stage the batch into `out` (device memory allocated on the copy stream, or host memory).")
+      .def("wait", &tfl::NativeLoop::wait, py::arg("position"), py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>(), "True once the batch is staged or failed.")
+      .def("take", &tfl::NativeLoop::take, py::arg("position"), py::arg("consumer"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Hand the batch over: the consumer stream waits on its copies; raises its error.")
+      .def("set_mapped", &tfl::NativeLoop::set_mapped, py::arg("file"), py::arg("mapped").none(true),
+           py::keep_alive<1, 3>(), "Copy this file's ranges out of its registered mapping from now on.")
+      .def("stop", &tfl::NativeLoop::stop, py::arg("timeout"), py::arg("wait_for_copies"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Stop and join the workers; with wait_for_copies, True once every copy enqueued so far completed.")
+      .def("stats", [](tfl::NativeLoop& loop) { return stats_dict(loop.stats()); });
+}

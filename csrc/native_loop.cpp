@@ -1,0 +1,544 @@
+#include "native_loop.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <tuple>
+#include <utility>
+
+namespace tfl {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// Polls an event until it completed or `stop` is set (a blocking synchronize may spin a core).
+bool wait_event(cuda::Event event, const std::atomic<bool>& stop, Clock::time_point deadline = Clock::time_point::max()) {
+  const auto& cu = cuda::api();
+  auto pause = std::chrono::microseconds(5);
+  for (;;) {
+    const cuda::Result r = cu.event_query(event);
+    if (r == cuda::kSuccess) return true;
+    if (r != cuda::kNotReady) cuda::check(r, "cuEventQuery (a batch's copies)");
+    if (stop.load(std::memory_order_relaxed) || Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace
+
+NativeLoop::NativeLoop(LoopConfig cfg) : cfg_(std::move(cfg)) {
+  if (cfg_.workers < 1) throw Error(Error::kInvalid, "a native loop needs at least one worker");
+  for (const LoopField& f : cfg_.fields) {
+    const bool bad = f.rows < 0 || (f.kind != LoopField::kRecords && f.row_bytes < 0) ||
+                     (f.kind == LoopField::kMemoryRows && f.memory == 0 && f.rows > 0) ||
+                     (f.kind == LoopField::kFileRows && (f.file < 0 || f.file >= int32_t(cfg_.paths.size()))) ||
+                     (f.kind == LoopField::kRecords && f.records == 0 && f.rows > 0) || f.kind < 0 || f.kind > 2;
+    if (bad) throw Error(Error::kInvalid, "malformed native loop field '" + f.name + "'");
+  }
+  mapped_.assign(cfg_.paths.size(), nullptr);
+  if (cfg_.cuda) {
+    const auto& cu = cuda::api();
+    cuda::check(cu.ctx_get_current(&ctx_), "cuCtxGetCurrent");
+    if (ctx_ == nullptr) throw Error(Error::kInvalid, "no CUDA context is current on the thread making the loop");
+    slots_.resize(static_cast<size_t>(std::max(0, cfg_.num_slots)));
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      slots_[i].host = reinterpret_cast<char*>(cfg_.slots) + static_cast<int64_t>(i) * cfg_.slot_bytes;
+      cuda::check(cu.event_create(&slots_[i].done, cuda::kEventDisableTiming), "cuEventCreate");
+      free_slots_.push_back(i);
+    }
+  }
+  for (int i = 0; i < cfg_.workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+NativeLoop::~NativeLoop() {
+  if (!stop(10.0, false)) return;  // a forked child: nothing here is ours to free
+  if (!cfg_.cuda || ctx_ == nullptr) return;
+  try {
+    const auto& cu = cuda::api();
+    cu.ctx_set_current(ctx_);
+    for (Slot& s : slots_) cu.event_destroy(s.done);
+    for (auto& [position, job] : jobs_)
+      for (cuda::Event e : {job.ready, job.timing_start, job.timing_end})
+        if (e != nullptr) cu.event_destroy(e);
+    for (auto& [a, b] : timings_) cu.event_destroy(a), cu.event_destroy(b);
+    for (cuda::Event e : spare_events_) cu.event_destroy(e);
+    for (cuda::Event e : spare_timing_events_) cu.event_destroy(e);
+  } catch (...) {  // the driver may already be shut down at interpreter exit
+  }
+}
+
+// -- layout --------------------------------------------------------------------------------
+
+std::vector<int64_t> NativeLoop::layout_of(const std::vector<int64_t>& indices) const {
+  const int64_t n = static_cast<int64_t>(indices.size());
+  std::vector<int64_t> layout{0};
+  int64_t cursor = 0;
+  auto add = [&](int64_t bytes) {
+    cursor = align_up(cursor, kAlign);
+    layout.push_back(cursor), layout.push_back(bytes);
+    cursor += bytes;
+  };
+  for (const LoopField& f : cfg_.fields) {
+    if (f.kind != LoopField::kRecords) {
+      add(n * f.row_bytes);
+      continue;
+    }
+    const auto* rec = reinterpret_cast<const int64_t*>(f.records);
+    int64_t slab = 0;
+    for (int64_t i : indices) slab += rec[3 * i + 2];
+    add(slab);
+    add((n + 1) * int64_t(sizeof(int64_t)));  // the records' offsets field
+  }
+  layout[0] = cursor;
+  return layout;
+}
+
+std::vector<int64_t> NativeLoop::submit(int64_t position, std::vector<int64_t> indices) {
+  Job job;
+  job.position = position;
+  try {
+    for (int64_t& i : indices) {
+      const int64_t raw = i;
+      for (const LoopField& f : cfg_.fields) {
+        const int64_t k = raw < 0 ? raw + f.rows : raw;
+        if (k < 0 || k >= f.rows) {
+          std::string message = f.name;  // "... {} ...": the index goes where {} is
+          const size_t at = message.find("{}");
+          if (at == std::string::npos)
+            message = "index " + std::to_string(raw) + " is out of range (" + std::to_string(f.rows) + " rows)";
+          else
+            message.replace(at, 2, std::to_string(raw));
+          throw Error(Error::kIndex, message);
+        }
+        i = k;
+      }
+    }
+    job.layout = layout_of(indices);
+    job.indices = std::move(indices);
+  } catch (...) {
+    job.error = std::current_exception();
+    job.done = true;
+  }
+  std::vector<int64_t> layout = job.error ? std::vector<int64_t>{-1} : job.layout;
+  std::lock_guard<std::mutex> lock(mu_);
+  jobs_[position] = std::move(job);
+  return layout;
+}
+
+void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(position);
+    if (it == jobs_.end() || it->second.started || it->second.done)
+      throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was not submitted or already started");
+    Job& job = it->second;
+    if (out_bytes < job.layout[0] || (out == 0 && job.layout[0] > 0))
+      throw Error(Error::kInvalid, "the output buffer of batch " + std::to_string(position) + " holds " +
+                                       std::to_string(out_bytes) + " bytes, the batch needs " +
+                                       std::to_string(job.layout[0]));
+    job.out = out, job.out_bytes = out_bytes, job.started = true;
+    queue_.push_back(position);
+  }
+  work_cv_.notify_one();
+}
+
+// -- workers -------------------------------------------------------------------------------
+
+void NativeLoop::worker_loop() {
+  if (cfg_.cuda) {
+    try {
+      cuda::check(cuda::api().ctx_set_current(ctx_), "cuCtxSetCurrent");
+    } catch (...) {
+    }
+  }
+  for (;;) {
+    Job* job = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [this] { return stopping_.load() || !queue_.empty(); });
+      if (stopping_.load()) return;
+      job = &jobs_.at(queue_.front());  // std::map: the reference stays valid while other jobs come and go
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      run(*job);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job->error = error;
+      job->done = true;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+void NativeLoop::run(Job& job) {
+  if (cfg_.cuda)
+    run_cuda(job);
+  else
+    run_host(job);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.batches += 1;
+  stats_.samples += static_cast<int64_t>(job.indices.size());
+}
+
+int64_t NativeLoop::gather_rows(const LoopField& f, const std::vector<int64_t>& indices, char* dst) const {
+  std::vector<int64_t> dsts, srcs, sizes;
+  const int64_t n = static_cast<int64_t>(indices.size());
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t src = static_cast<int64_t>(f.memory) + indices[k] * f.row_bytes;
+    const int64_t at = reinterpret_cast<int64_t>(dst) + k * f.row_bytes;
+    if (!sizes.empty() && srcs.back() + sizes.back() == src && dsts.back() + sizes.back() == at)
+      sizes.back() += f.row_bytes;  // consecutive rows (a sequential sampler): one copy
+    else
+      dsts.push_back(at), srcs.push_back(src), sizes.push_back(f.row_bytes);
+  }
+  return copy_ranges(dsts, srcs, sizes, cfg_.copy_threads, cfg_.task_size, cfg_.nontemporal && cfg_.cuda);
+}
+
+// Every file range of a batch: (file index, offset, length, destination offset in the output).
+struct NativeLoop::Ranges {
+  std::vector<int64_t> file_index, offsets, lengths, dst_offsets;
+};
+
+NativeLoop::Ranges NativeLoop::file_ranges(const Job& job) const {
+  Ranges r;
+  size_t o = 0;  // output field
+  for (const LoopField& f : cfg_.fields) {
+    const int64_t at = job.layout[1 + 2 * o++];
+    if (f.kind == LoopField::kFileRows) {
+      for (size_t k = 0; k < job.indices.size(); ++k) {
+        r.file_index.push_back(f.file);
+        r.offsets.push_back(f.file_offset + job.indices[k] * f.row_bytes);
+        r.lengths.push_back(f.row_bytes);
+        r.dst_offsets.push_back(at + static_cast<int64_t>(k) * f.row_bytes);
+      }
+    } else if (f.kind == LoopField::kRecords) {
+      const auto* rec = reinterpret_cast<const int64_t*>(f.records);
+      int64_t pos = at;
+      for (int64_t i : job.indices) {
+        r.file_index.push_back(rec[3 * i]);
+        r.offsets.push_back(rec[3 * i + 1]);
+        r.lengths.push_back(rec[3 * i + 2]);
+        r.dst_offsets.push_back(pos);
+        pos += rec[3 * i + 2];
+      }
+      ++o;  // the offsets field is not read from a file
+    }
+  }
+  return r;
+}
+
+static void record_offsets(const LoopField& f, const std::vector<int64_t>& indices, char* dst) {
+  const auto* rec = reinterpret_cast<const int64_t*>(f.records);
+  int64_t total = 0;
+  std::memcpy(dst, &total, sizeof total);
+  for (size_t k = 0; k < indices.size(); ++k) {
+    total += rec[3 * indices[k] + 2];
+    std::memcpy(dst + (k + 1) * sizeof(int64_t), &total, sizeof total);
+  }
+}
+
+void NativeLoop::run_host(Job& job) {
+  char* out = reinterpret_cast<char*>(job.out);
+  const auto t0 = Clock::now();
+  int64_t memory = 0;
+  size_t o = 0;  // output field
+  for (const LoopField& f : cfg_.fields) {
+    const int64_t at = job.layout[1 + 2 * o++];
+    if (f.kind == LoopField::kMemoryRows) memory += gather_rows(f, job.indices, out + at);
+    if (f.kind == LoopField::kRecords) record_offsets(f, job.indices, out + job.layout[1 + 2 * o++]);
+  }
+  const double staged = since(t0);
+  Ranges r = file_ranges(job);
+  int64_t read = 0;
+  const auto t1 = Clock::now();
+  if (!r.offsets.empty()) {
+    ReadRequest req;
+    req.paths = cfg_.paths;
+    req.file_index = std::move(r.file_index), req.offsets = std::move(r.offsets);
+    req.lengths = std::move(r.lengths), req.dst_offsets = std::move(r.dst_offsets);
+    req.dst_ptr = job.out, req.dst_size = job.out_bytes;
+    req.num_threads = cfg_.io_threads, req.task_size = cfg_.task_size, req.o_direct = cfg_.o_direct;
+    read = read_ranges(req);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.stage_s += staged, stats_.staged_bytes += memory, stats_.memory_bytes += memory;
+  stats_.read_s += since(t1), stats_.pread_bytes += read;
+}
+
+void NativeLoop::run_cuda(Job& job) {
+  const auto& cu = cuda::api();
+  const auto stream = reinterpret_cast<cuda::Stream>(cfg_.stream);
+  const auto out = static_cast<cuda::DevicePtr>(job.out);
+  // The in-memory parts (rows, record offsets) are packed into one pinned slot.
+  struct HostPart {
+    int64_t slot_at, out_at, bytes;
+  };
+  std::vector<HostPart> parts;
+  int64_t host_bytes = 0;
+  size_t o = 0;  // output field
+  for (const LoopField& f : cfg_.fields) {
+    const int64_t at = job.layout[1 + 2 * o], bytes = job.layout[2 + 2 * o];
+    ++o;
+    if (f.kind == LoopField::kRecords) {  // its slab comes from files, its offsets from here
+      const int64_t offsets_at = job.layout[1 + 2 * o], offsets_bytes = job.layout[2 + 2 * o];
+      ++o;
+      host_bytes = align_up(host_bytes, kAlign);
+      parts.push_back({host_bytes, offsets_at, offsets_bytes});
+      host_bytes += offsets_bytes;
+    } else if (f.kind == LoopField::kMemoryRows) {
+      host_bytes = align_up(host_bytes, kAlign);
+      parts.push_back({host_bytes, at, bytes});
+      host_bytes += bytes;
+    }
+  }
+  if (host_bytes > 0 && host_bytes > cfg_.slot_bytes)
+    throw Error(Error::kInvalid, "batch " + std::to_string(job.position) + " needs " + std::to_string(host_bytes) +
+                                     " bytes of pinned slot, slots hold " + std::to_string(cfg_.slot_bytes));
+  size_t slot = slots_.size();
+  if (host_bytes > 0) {
+    slot = acquire_slot();
+    if (slot == slots_.size()) return;  // stopping
+  }
+  const auto t0 = Clock::now();
+  int64_t memory = 0;
+  try {
+    size_t part = 0;
+    for (const LoopField& f : cfg_.fields) {
+      if (f.kind == LoopField::kMemoryRows) memory += gather_rows(f, job.indices, slots_[slot].host + parts[part++].slot_at);
+      if (f.kind == LoopField::kRecords) record_offsets(f, job.indices, slots_[slot].host + parts[part++].slot_at);
+    }
+  } catch (...) {
+    release_slot(slot, nullptr);
+    throw;
+  }
+  const double staged = since(t0);
+  job.ready = make_event(false);
+  job.timing_start = make_event(true);
+  job.timing_end = make_event(true);
+  const auto t1 = Clock::now();
+  int64_t mapped = 0, ring = 0;
+  try {
+    cuda::check(cu.event_record(job.timing_start, stream), "cuEventRecord");
+    for (const HostPart& p : parts)
+      cuda::check(cu.memcpy_htod_async(out + static_cast<cuda::DevicePtr>(p.out_at), slots_[slot].host + p.slot_at,
+                                       static_cast<size_t>(p.bytes), stream),
+                  "cuMemcpyHtoDAsync (pinned slot -> device)");
+    Ranges r = file_ranges(job);
+    if (!r.offsets.empty()) std::tie(mapped, ring) = read_to_device(job, r);
+    cuda::check(cu.event_record(job.ready, stream), "cuEventRecord");
+    cuda::check(cu.event_record(job.timing_end, stream), "cuEventRecord");
+  } catch (...) {
+    release_slot(slot, stream);  // a copy enqueued before the failure may still read the slot
+    throw;
+  }
+  release_slot(slot, stream);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.stage_s += staged, stats_.staged_bytes += memory, stats_.memory_bytes += memory;
+  stats_.read_s += since(t1), stats_.mapped_bytes += mapped, stats_.ring_bytes += ring;
+  stats_.copied_bytes += host_bytes + mapped + ring;
+}
+
+std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, Ranges& r) {
+  std::vector<const MappedFile*> mapped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    mapped = mapped_;
+  }
+  ReadRequest direct, ringed;  // ranges of mapped files / of the rest
+  for (ReadRequest* q : {&direct, &ringed}) {
+    q->paths = cfg_.paths;
+    q->dst_ptr = job.out, q->dst_size = job.out_bytes;
+    q->num_threads = cfg_.io_threads, q->task_size = cfg_.task_size, q->o_direct = cfg_.o_direct;
+  }
+  for (size_t k = 0; k < r.offsets.size(); ++k) {
+    ReadRequest& q = mapped[static_cast<size_t>(r.file_index[k])] != nullptr ? direct : ringed;
+    q.file_index.push_back(r.file_index[k]), q.offsets.push_back(r.offsets[k]);
+    q.lengths.push_back(r.lengths[k]), q.dst_offsets.push_back(r.dst_offsets[k]);
+  }
+  int64_t from_mapped = 0, from_ring = 0;
+  if (!direct.offsets.empty()) {
+    if (cfg_.gather_function != 0 && cfg_.ring != nullptr)
+      from_mapped = cfg_.ring->gather_mapped(mapped, direct, cfg_.stream, cfg_.gather_function, cfg_.piece_bytes,
+                                             cfg_.blocks);
+    else
+      from_mapped = copy_mapped_batch(mapped, direct, cfg_.stream);
+  }
+  if (!ringed.offsets.empty()) {
+    if (cfg_.ring == nullptr)
+      throw Error(Error::kInvalid, "a file of batch " + std::to_string(job.position) + " is neither mapped nor readable "
+                                                                                     "through a ring");
+    from_ring = cfg_.ring->read(ringed, cfg_.stream);
+  }
+  return {from_mapped, from_ring};
+}
+
+// -- slots and events ---------------------------------------------------------------------
+
+size_t NativeLoop::acquire_slot() {
+  size_t s;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (free_slots_.empty()) {
+      if (stopping_.load()) return slots_.size();
+      slot_cv_.wait_for(lock, std::chrono::milliseconds(5));
+    }
+    s = free_slots_.front();
+    free_slots_.pop_front();
+  }
+  if (slots_[s].pending && !cfg_.unsafe_slot_reuse) {
+    bool done = false;
+    try {
+      done = wait_event(slots_[s].done, stopping_);
+    } catch (...) {
+      release_slot(s, nullptr);
+      throw;
+    }
+    if (!done) {
+      release_slot(s, nullptr);
+      return slots_.size();
+    }
+    slots_[s].pending = false;
+  }
+  return s;
+}
+
+void NativeLoop::release_slot(size_t s, cuda::Stream after) {
+  if (s >= slots_.size()) return;
+  if (after != nullptr) {
+    slots_[s].pending = cuda::api().event_record(slots_[s].done, after) == cuda::kSuccess;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_slots_.push_back(s);
+  }
+  slot_cv_.notify_one();
+}
+
+cuda::Event NativeLoop::make_event(bool timing) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& spare = timing ? spare_timing_events_ : spare_events_;
+    if (!spare.empty()) {
+      cuda::Event e = spare.back();
+      spare.pop_back();
+      return e;
+    }
+  }
+  cuda::Event e = nullptr;
+  cuda::check(cuda::api().event_create(&e, timing ? 0u : cuda::kEventDisableTiming), "cuEventCreate");
+  return e;
+}
+
+void NativeLoop::recycle(cuda::Event e, bool timing) {  // under mu_
+  if (e != nullptr) (timing ? spare_timing_events_ : spare_events_).push_back(e);
+}
+
+void NativeLoop::harvest_timings(bool all) {  // under mu_
+  const auto& cu = cuda::api();
+  std::vector<std::pair<cuda::Event, cuda::Event>> waiting;
+  for (auto& [start, end] : timings_) {
+    const cuda::Result r = cu.event_query(end);
+    if (r == cuda::kSuccess) {
+      float ms = 0;
+      if (cu.event_elapsed_time(&ms, start, end) == cuda::kSuccess) stats_.copy_s += ms / 1e3;
+      recycle(start, true), recycle(end, true);
+    } else if (!all && r == cuda::kNotReady) {
+      waiting.emplace_back(start, end);
+    }
+  }
+  timings_.swap(waiting);
+}
+
+// -- consumer side -------------------------------------------------------------------------
+
+bool NativeLoop::wait(int64_t position, double timeout_s) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = jobs_.find(position);
+  if (it == jobs_.end()) throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was not submitted");
+  return done_cv_.wait_until(lock, deadline, [&] { return it->second.done; });
+}
+
+void NativeLoop::take(int64_t position, uintptr_t consumer) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = jobs_.find(position);
+  if (it == jobs_.end() || !it->second.done)
+    throw Error(Error::kInvalid, "batch " + std::to_string(position) + " is not staged yet");
+  Job job = std::move(it->second);
+  jobs_.erase(it);
+  if (job.error) {
+    recycle(job.ready, false);
+    if (job.timing_start != nullptr) timings_.emplace_back(job.timing_start, job.timing_end);
+    std::rethrow_exception(job.error);
+  }
+  if (cfg_.cuda) {
+    if (job.ready == nullptr) throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was stopped");
+    const auto& cu = cuda::api();
+    cuda::check(cu.ctx_set_current(ctx_), "cuCtxSetCurrent");
+    // The wait captures the event as recorded now, so the event can be recorded again later.
+    cuda::check(cu.stream_wait_event(reinterpret_cast<cuda::Stream>(consumer), job.ready, 0),
+                "cuStreamWaitEvent (the consumer's stream on the batch's copies)");
+    recycle(job.ready, false);
+    timings_.emplace_back(job.timing_start, job.timing_end);
+    harvest_timings(false);
+  }
+}
+
+void NativeLoop::set_mapped(int32_t file, const MappedFile* mapped) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file < 0 || file >= int32_t(mapped_.size())) throw Error(Error::kInvalid, "no such file in the loop");
+  mapped_[static_cast<size_t>(file)] = mapped;
+}
+
+bool NativeLoop::stop(double timeout_s, bool wait_for_copies) {
+  if (::getpid() != owner_) {
+    // A forked child (a DataLoader worker) collecting the parent's loop: its workers do not
+    // exist here, and joining or destroying their handles would crash. Leave them be.
+    new std::vector<std::thread>(std::move(workers_));
+    workers_.clear();
+    return false;
+  }
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  stopping_.store(true);
+  work_cv_.notify_all();
+  slot_cv_.notify_all();
+  for (std::thread& t : workers_) {
+    if (!t.joinable()) continue;
+    // Workers finish the job in hand (bounded by its reads) and then see the flag.
+    t.join();
+  }
+  workers_.clear();
+  if (!cfg_.cuda || !wait_for_copies) return true;
+  const auto& cu = cuda::api();
+  cu.ctx_set_current(ctx_);
+  const std::atomic<bool> never{false};
+  bool idle = true;
+  for (Slot& s : slots_)
+    if (s.pending) idle = wait_event(s.done, never, deadline) && idle, s.pending = !idle;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [position, job] : jobs_)
+    if (job.ready != nullptr && job.started) idle = wait_event(job.ready, never, deadline) && idle;
+  harvest_timings(true);
+  return idle;
+}
+
+LoopStats NativeLoop::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cfg_.cuda) harvest_timings(false);
+  return stats_;
+}
+
+}  // namespace tfl

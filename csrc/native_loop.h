@@ -1,0 +1,162 @@
+// The loader's steady state for planned sources, with no Python and no GIL per batch.
+//
+// Python hands over each batch's indices and a device buffer allocated on the loader's copy
+// stream (submit + start); worker threads here validate the indices, lay the batch out, gather
+// in-memory rows into a pinned slot, read file rows or records (through the pinned ring, or
+// straight out of registered page cache by copy engines or the gather kernel), enqueue the
+// slot's H2D copies on the copy stream and record the batch's event. next() then takes the
+// batch (wait), making the consumer's stream wait on that event. A slot is reused only once
+// the event after its last copy has completed. With no device (`device < 0`) the same loop
+// writes straight into a host output buffer, which also lets the CPU tests drive it.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_driver.h"
+#include "device_stager.h"
+#include "engine.h"
+#include "mapped_file.h"
+
+namespace tfl {
+
+// One field of a batch: fixed-size rows from memory or a file, or ragged records from files
+// (a uint8 slab, followed in the output by an int64 field of n + 1 offsets). The memory a
+// field points to (rows, record tables) is owned by the caller and must outlive the loop.
+struct LoopField {
+  enum Kind { kMemoryRows = 0, kFileRows = 1, kRecords = 2 };
+  int kind = kMemoryRows;
+  int64_t rows = 0;         // samples the field holds (indices are checked against it)
+  int64_t row_bytes = 0;    // kMemoryRows / kFileRows
+  uintptr_t memory = 0;     // kMemoryRows: address of row 0 (contiguous rows)
+  int32_t file = -1;        // kFileRows: index into LoopConfig::paths
+  int64_t file_offset = 0;  // kFileRows: byte offset of row 0
+  uintptr_t records = 0;    // kRecords: rows x (file index, offset, length) int64, C order
+  std::string name;         // an out-of-range index's message, the index where "{}" stands
+};
+
+struct LoopConfig {
+  std::vector<LoopField> fields;
+  std::vector<std::string> paths;
+  bool cuda = false;
+  uintptr_t stream = 0;  // the loader's copy stream (a CUstream)
+  // Pinned slots for the in-memory parts (rows, record offsets): num_slots x slot_bytes at slots.
+  uintptr_t slots = 0;
+  int64_t slot_bytes = 0;
+  int num_slots = 0;
+  int workers = 2;       // batches staged at once
+  int copy_threads = 8;  // threads gathering one batch's in-memory rows
+  int io_threads = 16;
+  int64_t task_size = int64_t(4) << 20;
+  bool o_direct = false;
+  bool nontemporal = true;
+  DeviceStager* ring = nullptr;  // file ranges -> device through the pinned ring (CUDA)
+  uintptr_t gather_function = 0;  // the mapped-file gather kernel (uva.py), 0: DMA copies
+  int piece_bytes = 64 << 10;
+  int blocks = 32;
+  bool unsafe_slot_reuse = false;  // tests only: skip the wait for a slot's last copy (a negative control)
+};
+
+// Per-batch and cumulative measurements (seconds, bytes).
+struct LoopStats {
+  int64_t batches = 0, samples = 0;
+  double stage_s = 0, read_s = 0, copy_s = 0;
+  int64_t staged_bytes = 0, copied_bytes = 0;
+  int64_t memory_bytes = 0, mapped_bytes = 0, ring_bytes = 0, pread_bytes = 0;
+};
+
+class NativeLoop {
+ public:
+  static constexpr int64_t kAlign = 256;  // every field starts on this boundary (as staging.ALIGN)
+
+  // The CUDA context current on the calling thread is the one every worker uses.
+  explicit NativeLoop(LoopConfig cfg);
+  ~NativeLoop();
+  NativeLoop(const NativeLoop&) = delete;
+  NativeLoop& operator=(const NativeLoop&) = delete;
+
+  // Registers batch `position` (its indices, in sampler order) and returns its layout: the
+  // output's byte size, then (byte offset, bytes) of each output field (records give two: the
+  // slab, then n + 1 int64 offsets).
+  // Bad indices are not raised here: the batch is recorded as failed and take() raises.
+  std::vector<int64_t> submit(int64_t position, std::vector<int64_t> indices);
+  // Starts batch `position` into `out` (device memory allocated on the copy stream, or host
+  // memory without CUDA) of `out_bytes` (>= its layout size).
+  void start(int64_t position, uintptr_t out, int64_t out_bytes);
+  // True once batch `position` is staged (or failed); waits up to timeout_s.
+  bool wait(int64_t position, double timeout_s);
+  // Hands batch `position` over (after wait() returned true): `consumer` (a CUstream) waits
+  // on its copies; rethrows the batch's error. The batch is forgotten either way.
+  void take(int64_t position, uintptr_t consumer);
+  // A file's registered mapping (or null): its ranges are then copied out of the page cache.
+  void set_mapped(int32_t file, const MappedFile* mapped);
+  // Stops the workers (jobs not started are dropped) and joins them (each finishes the job in
+  // hand). With wait_for_copies, also waits (up to timeout_s) for every copy enqueued so far:
+  // true when they completed. Without, the caller guards reuse of the slots by an event.
+  bool stop(double timeout_s, bool wait_for_copies);
+  LoopStats stats();
+
+ private:
+  struct Job {
+    int64_t position = 0;
+    std::vector<int64_t> indices;
+    std::vector<int64_t> layout;  // layout_of: [total, (offset, bytes) per output field]
+    uintptr_t out = 0;
+    int64_t out_bytes = 0;
+    bool started = false, done = false;
+    std::exception_ptr error;
+    cuda::Event ready = nullptr;                          // recorded after the batch's copies
+    cuda::Event timing_start = nullptr, timing_end = nullptr;  // the H2D copies, for stats
+  };
+  struct Slot {
+    char* host = nullptr;
+    cuda::Event done = nullptr;  // recorded after the last copy out of it
+    bool pending = false;
+  };
+
+  struct Ranges;  // a batch's file ranges (native_loop.cpp)
+
+  std::vector<int64_t> layout_of(const std::vector<int64_t>& indices) const;
+  void worker_loop();
+  void run(Job& job);
+  void run_host(Job& job);
+  void run_cuda(Job& job);
+  Ranges file_ranges(const Job& job) const;
+  // File ranges into the device output: out of registered page cache (copy engines or the
+  // gather kernel) or through the pinned ring; returns (bytes mapped, bytes through the ring).
+  std::pair<int64_t, int64_t> read_to_device(Job& job, Ranges& ranges);
+  int64_t gather_rows(const LoopField& f, const std::vector<int64_t>& indices, char* dst) const;
+  size_t acquire_slot();
+  void release_slot(size_t slot, cuda::Event after);
+  cuda::Event make_event(bool timing);
+  void recycle(cuda::Event e, bool timing);
+  void harvest_timings(bool all);
+
+  LoopConfig cfg_;
+  int owner_ = ::getpid();  // the process whose threads these are (see stop())
+  cuda::Context ctx_ = nullptr;
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_, slot_cv_;
+  std::map<int64_t, Job> jobs_;
+  std::deque<int64_t> queue_;  // started, not yet picked up by a worker
+  std::vector<Slot> slots_;
+  std::deque<size_t> free_slots_;
+  std::vector<cuda::Event> spare_events_, spare_timing_events_;
+  std::vector<std::pair<cuda::Event, cuda::Event>> timings_;  // handed over, not yet measured
+  std::vector<std::thread> workers_;
+  std::vector<const MappedFile*> mapped_;
+  LoopStats stats_;
+};
+
+}  // namespace tfl

@@ -1,0 +1,268 @@
+"""The C++ steady state (native.py, csrc/native_loop.cpp) on the CPU: same batches as torch and
+as the Python pipeline, errors in their batch's next(), exact resume, clean shutdown, and no
+Python running on any thread but the caller's while batches flow."""
+
+import gc
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+from resume_harness import check_resume
+from torch.utils.data import TensorDataset
+
+import torch_fastload
+from torch_fastload import ArrayDataset, DataLoader, RecordDataset, pack
+from torch_fastload.native import NativePipeline
+
+
+def batches(loader):
+    return [b if isinstance(b, (list, tuple)) else [b] for b in loader]
+
+
+def assert_batches_equal(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        a, b = list(a), list(b)
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            if x is None or y is None:
+                assert x is None and y is None
+                continue
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+
+
+@pytest.fixture
+def arrays(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((203, 3, 5)).astype(np.float32)
+    y = rng.integers(0, 10, 203).astype(np.int64)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    return ArrayDataset(tmp_path / "x.npy", tmp_path / "y.npy")
+
+
+@pytest.fixture
+def records(tmp_path):
+    rng = np.random.default_rng(1)
+    blobs = [rng.integers(0, 256, int(rng.integers(0, 300)), dtype=np.uint8).tobytes() for _ in range(97)]
+    pack(blobs, tmp_path / "pack", labels=list(range(97)), shard_size=4096, progress=False)
+    return RecordDataset(tmp_path / "pack")
+
+
+def iterator_kind(loader) -> type:
+    it = iter(loader)
+    kind = type(it._pipeline)
+    it.close()
+    return kind
+
+
+@pytest.mark.parametrize("shuffle,drop_last", [(False, False), (True, False), (True, True)])
+def test_tensor_dataset_batches_equal_torch_and_the_python_pipeline(shuffle, drop_last):
+    data = TensorDataset(torch.randn(101, 4, 6), torch.arange(101), torch.randn(101).to(torch.bfloat16))
+    kwargs = dict(batch_size=16, shuffle=shuffle, drop_last=drop_last)
+    theirs = batches(torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(5), **kwargs))
+    loader = DataLoader(data, generator=torch.Generator().manual_seed(5), device="cpu", **kwargs)
+    assert iterator_kind(loader) is NativePipeline
+    loader = DataLoader(data, generator=torch.Generator().manual_seed(5), device="cpu", **kwargs)
+    ours = batches(loader)
+    assert loader.stats().path.startswith("native loop")
+    with torch_fastload.config.override(native="off"):
+        python = batches(DataLoader(data, generator=torch.Generator().manual_seed(5), device="cpu", **kwargs))
+    assert_batches_equal(ours, theirs)
+    assert_batches_equal(python, theirs)
+
+
+def test_array_and_record_sources_equal_torch(arrays, records):
+    for dataset, collate in ((arrays, None), (records, records.collate)):
+
+        def make(dataset=dataset):
+            return DataLoader(
+                dataset, batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(2), device="cpu"
+            )
+
+        assert iterator_kind(make()) is NativePipeline
+        loader = make()
+        ours = batches(loader)
+        theirs = batches(
+            torch.utils.data.DataLoader(
+                dataset, batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(2), collate_fn=collate
+            )
+        )
+        assert_batches_equal(ours, theirs)
+        stats = loader.stats()
+        assert stats.io_bytes.get("engine-posix", 0) > 0 and stats.batches == len(theirs)
+
+
+def test_python_pipeline_where_the_loop_does_not_apply(arrays):
+    data = TensorDataset(torch.arange(20))
+    assert iterator_kind(DataLoader(data, batch_size=4, device="cpu", num_workers=1)) is not NativePipeline
+    assert iterator_kind(DataLoader(data, batch_size=4, device="cpu", collate_fn=lambda b: b)) is not NativePipeline
+    assert iterator_kind(DataLoader(TensorDataset(torch.randn(5, 20).t()), device="cpu")) is not NativePipeline
+    with torch_fastload.config.override(native="off"):
+        assert iterator_kind(DataLoader(arrays, batch_size=4, device="cpu")) is not NativePipeline
+
+
+def test_an_out_of_range_index_fails_its_own_batch_and_later_batches_arrive(arrays):
+    sampler = [[0, 1], [2, 500], [-1, 3], [4, -204]]
+    it = iter(DataLoader(arrays, batch_sampler=sampler, device="cpu"))
+    x, _ = next(it)
+    assert torch.equal(x, torch.from_numpy(np.load(arrays.files[0].path)[[0, 1]]))
+    with pytest.raises(IndexError, match=r"index 500 is out of range for .*x.npy \(203 rows\)") as info:
+        next(it)
+    assert "batch 1" in "".join(getattr(info.value, "__notes__", []))
+    x, _ = next(it)
+    assert torch.equal(x, torch.from_numpy(np.load(arrays.files[0].path)[[-1, 3]]))
+    with pytest.raises(IndexError, match="index -204"):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_a_file_truncated_after_opening_is_a_typed_error_in_its_batch(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(64 * 16, dtype=np.float32).reshape(64, 16))
+    dataset = ArrayDataset(tmp_path / "a.npy")
+    it = iter(DataLoader(dataset, batch_size=8, device="cpu", prefetch=1))
+    assert next(it).shape == (8, 16)
+    with open(tmp_path / "a.npy", "r+b") as f:
+        f.truncate(os.path.getsize(tmp_path / "a.npy") - 32 * 64)
+    errors = 0
+    for _ in range(7):
+        try:
+            next(it)
+        except (torch_fastload.engine.RangeError, EOFError):
+            errors += 1
+    assert errors >= 1  # batches read before the truncation may still arrive whole
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def tensors(seed, prefetch=2):
+    """A loader on the C++ loop for the resume harness (its child process builds it too)."""
+    torch.manual_seed(seed)
+    data = TensorDataset(torch.arange(90 * 3, dtype=torch.float32).reshape(90, 3), torch.arange(90))
+    return DataLoader(data, batch_size=8, shuffle=True, device="cpu", prefetch=prefetch)
+
+
+def test_resume_after_0_1_k_and_the_last_batch_in_a_fresh_process():
+    assert iterator_kind(tensors(0)) is NativePipeline
+    check_resume("test_native:tensors", {}, child_overrides={"prefetch": 5})
+
+
+def test_break_and_del_stop_the_loop_threads():
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    data = TensorDataset(torch.randn(400, 64))
+    gc.collect()
+    before = threads()
+    for _ in range(3):
+        loader = DataLoader(data, batch_size=8, device="cpu")
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break
+        del loader
+        gc.collect()
+    assert threads() <= before  # the engine's persistent pool may have started before `before`
+
+
+def test_no_python_runs_off_the_calling_thread_in_the_steady_state(arrays):
+    """The point of the loop: the training thread is the only one executing Python while batches
+    flow. Negative control: the Python pipeline's fetch and stage threads do run Python."""
+    data = TensorDataset(torch.randn(2000, 32), torch.arange(2000))
+
+    def python_threads(native: str) -> set:
+        seen: set = set()
+        main = threading.get_ident()
+
+        def profile(frame, event, arg):
+            if threading.get_ident() != main:
+                seen.add(threading.current_thread().name)
+
+        with torch_fastload.config.override(native=native):
+            loader = DataLoader(data, batch_size=16, shuffle=True, device="cpu")
+            threading.setprofile(profile)  # every thread started from now on (iter() starts any)
+            try:
+                for _ in loader:
+                    pass
+            finally:
+                threading.setprofile(None)
+        return seen
+
+    assert python_threads("auto") == set()
+    assert any(name.startswith(("fastload-fetch", "fastload-stage")) for name in python_threads("off"))
+
+
+def test_loop_rejects_a_buffer_too_small_and_unknown_batches():
+    from torch_fastload import _C
+
+    values = torch.arange(10, dtype=torch.int64)
+    loop = _C.NativeLoop(
+        [(0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out")],
+        [],
+        False,
+        0,
+        0,
+        0,
+        0,
+        1,
+        1,
+        1,
+        1 << 20,
+        False,
+        False,
+        None,
+        0,
+        1 << 16,
+        1,
+    )
+    layout = loop.submit(0, [1, 2, 3])
+    assert layout == [24, 0, 24]
+    with pytest.raises(ValueError, match="holds 8 bytes, the batch needs 24"):
+        loop.start(0, values.data_ptr(), 8)
+    with pytest.raises(ValueError, match="was not submitted"):
+        loop.start(7, values.data_ptr(), 64)
+    out = torch.zeros(3, dtype=torch.int64)
+    loop.start(0, out.data_ptr(), 24)
+    assert loop.wait(0, 5.0)
+    loop.take(0, 0)
+    assert out.tolist() == [1, 2, 3]
+    assert loop.submit(1, [11]) == [-1]
+    assert loop.wait(1, 0.0)
+    with pytest.raises(IndexError, match="index 11 is out"):
+        loop.take(1, 0)
+    assert loop.stop(1.0, True)
+
+
+def test_image_folder_with_workers_still_takes_the_batch_path(tmp_path):
+    """num_workers=16, as the PyTorch ImageNet example passes: the source still decodes whole
+    batches (worker processes would decode per sample); one warning says why, and the batches
+    are the same as with num_workers=0."""
+    from torch_fastload.fetch import InThreadSource
+    from torch_fastload.sources import ImageFolder
+    from torch_fastload.vision import TrainTransform
+    from torch_fastload.vision.sample_data import make_image_folder
+
+    train, _ = make_image_folder(str(tmp_path), classes=3, train_per_class=4, val_per_class=1, progress=False)
+
+    def run(workers):
+        dataset = ImageFolder(train, TrainTransform(), seed=7)
+        loader = DataLoader(
+            dataset,
+            batch_size=4,
+            shuffle=True,
+            num_workers=workers,
+            device="cpu",
+            generator=torch.Generator().manual_seed(0),
+        )
+        it = iter(loader)
+        assert isinstance(it._pipeline.source, InThreadSource)
+        out = [x for x, _ in it]
+        assert sum(loader.stats().decoded.values()) == 12  # decoded by the batch decoder, counted
+        return out
+
+    with pytest.warns(UserWarning, match="num_workers=16 starts no worker processes"):
+        with_workers = run(16)
+    without = run(0)
+    assert len(with_workers) == 3 and all(torch.equal(a, b) for a, b in zip(with_workers, without))

@@ -1,0 +1,350 @@
+"""The steady state in C++: indices in, staged batches out, no pipeline thread holding the GIL.
+
+The Python pipeline (``pipeline.py``) spends a few hundred microseconds of Python per batch on
+its fetch and stage threads. Beside a training thread that is bound by its own kernel launches,
+every one of those GIL holds delays the step. Where a loader's batches are planned (a
+``TensorDataset`` with the default collate, or a source with ``__fastload_native__``:
+``ArrayDataset``, ``RecordDataset``), an iterator runs on ``_C.NativeLoop`` instead:
+
+- ``next()`` on the training thread pulls the next batch's indices from the sampler, allocates
+  its output on the loader's copy stream and submits it (a few microseconds), then takes the
+  oldest batch: the consumer's stream waits on its copies' event, and views of the output
+  buffer become the batch;
+- the loop's C++ workers validate the indices, gather in-memory rows into a pinned slot, read
+  file rows and records through the pinned ring or straight out of registered page cache, enqueue
+  the H2D copies and record the batch's event, all without the GIL.
+
+Batches, errors (the k-th ``next()`` raises batch k's, later batches still arrive), exact resume
+and shutdown behave as on the Python pipeline; ``config.native = 'off'`` selects that instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+from . import config, engine, uva
+from .errors import LoaderShutdownError, capture, wrap
+from .fetch import InThreadSource
+from .pipeline import LIVE_PIPELINES, STAGE_THREADS
+from .resources import LoaderResources
+from .resume import EpochProgress
+from .sources.protocol import FileRows, MemoryRows, NativeLayout, Records, SourceHooks
+
+__all__ = ["native_layout", "NativePipeline"]
+
+_MEMORY_ROWS, _FILE_ROWS, _RECORDS = 0, 1, 2
+
+
+class _PoolBusy(Exception):
+    """Another iterator of the loader holds pinned slots: this one runs on the Python pipeline."""
+
+
+_LEAKED_LOOPS: list = []  # loops whose copies outlived stop(): kept so the memory they read stays valid
+#: Tests only: slots are rewritten without waiting for their last copy (proves the wait matters).
+UNSAFE_SLOT_REUSE = False
+
+
+def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources) -> NativeLayout | None:
+    """The layout the C++ loop can run this iterator on, or None (the Python pipeline runs it)."""
+    if config.get("native") == "off" or not engine.available() or not isinstance(source, InThreadSource):
+        return None
+    if hooks.batch is None or hooks.finish is not None or loader.batch_size is None:
+        return None
+    dataset = loader.dataset
+    if isinstance(dataset, tud.TensorDataset):
+        tensors = dataset.tensors
+        if not all(t.is_contiguous() and not t.is_conj() and not t.is_neg() for t in tensors):
+            return None
+        return NativeLayout(tuple(MemoryRows(t) for t in tensors), list)
+    layout = hooks.native() if hooks.native is not None else None
+    if layout is None:
+        return None
+    if any(not isinstance(f, MemoryRows) for f in layout.fields):
+        io = resources.io
+        usable = io.mode in ("engine-posix", "engine-odirect") and (resources.device.type == "cpu" or io.ring_chunks)
+        if not usable:
+            return None  # kvikio / GDS / pinned modes: the Python pipeline's readers
+    return layout
+
+
+@dataclass
+class _Batch:
+    """A submitted batch: its place, its epoch number, its output and layout."""
+
+    position: int
+    number: int
+    samples: int
+    layout: list
+    out: torch.Tensor | None
+
+
+class NativePipeline:
+    """One iterator on ``_C.NativeLoop`` (the same interface as ``pipeline.Pipeline``)."""
+
+    def __init__(
+        self,
+        loader,
+        source,
+        progress: EpochProgress,
+        resources: LoaderResources,
+        layout: NativeLayout,
+        hooks: SourceHooks,
+    ):
+        self.loader = loader  # kept alive while the loop runs: its close() frees the resources
+        self.source = source
+        self.progress = progress
+        self.resources = resources
+        self.device = resources.device
+        self.cuda = self.device.type == "cuda"
+        self.build = layout.build
+        self.on_delivered = hooks.delivered
+        self.stats = resources.stats
+        self.timeout = loader.timeout
+        self.stop = threading.Event()
+        self.poll = config.get("poll_interval")
+        self.depth = loader.prefetch + STAGE_THREADS
+        self.finished = False
+        self._lock = threading.Lock()
+        self._inflight: deque = deque()
+        self._next_position = 0
+        self._exhausted = False
+        self._fatal = None
+        self._synced: dict = {}
+        self._pin_output = self.device.type == "cpu" and resources.settings.pin_cpu_output
+        self.engine = resources.engine
+        tensor_dataset = isinstance(loader.dataset, tud.TensorDataset)
+        fields, self._paths, self._specs, self._keep, host_row_bytes, records = self._describe(layout, tensor_dataset)
+        self._slots = self._lease_slots(loader.batch_size, host_row_bytes, records)
+        io = resources.io if self._paths else None
+        ring = resources.file_reader().stager if (io is not None and self.cuda) else None
+        gather = self._gather_function() if ring is not None else 0
+        pool, slots = self._slots if self._slots else (None, [])
+        self.loop = engine._require().NativeLoop(
+            fields,
+            self._paths,
+            self.cuda,
+            self.engine.stream.cuda_stream if self.cuda else 0,
+            slots[0].buffer.data_ptr() if slots else 0,
+            pool.slot_bytes if slots else 0,
+            len(slots),
+            STAGE_THREADS,
+            resources.settings.stage_threads,
+            io.threads if io is not None else 1,
+            io.task_size if io is not None else 4 << 20,
+            io is not None and io.mode == "engine-odirect",
+            bool(config.get("nontemporal")),
+            ring._stager if ring is not None else None,
+            gather,
+            uva.PIECE,
+            uva.BLOCKS,
+            UNSAFE_SLOT_REUSE,
+        )
+        self._map_files(resources)
+        self.stats.path = f"native loop -> {self.device}"
+        if self._paths:
+            self.stats.set_io(str(io) if io is not None else "")
+        LIVE_PIPELINES.add(self)
+        self._fill()
+
+    # -- set-up ---------------------------------------------------------------------------
+    @staticmethod
+    def _describe(layout: NativeLayout, tensor_dataset: bool):
+        """``(C fields, paths, output specs, objects to keep alive, in-memory bytes per sample,
+        record fields)``; output specs are ``(dtype, row shape, rows beyond the batch's)``, None
+        for a record slab."""
+        fields, paths, specs, keep = [], [], [], []
+        host_row_bytes, records = 0, 0
+        for f in layout.fields:
+            if isinstance(f, MemoryRows):
+                t = f.tensor
+                row_bytes = t[0].numel() * t.element_size() if len(t) else 0
+                what = f"a TensorDataset of {len(t)} samples" if tensor_dataset else f"a tensor of {len(t)} rows"
+                fields.append(
+                    (_MEMORY_ROWS, len(t), row_bytes, t.data_ptr(), -1, 0, 0, f"index {{}} is out of range for {what}")
+                )
+                specs.append((t.dtype, tuple(t.shape[1:]), 0))
+                keep.append(t)
+                host_row_bytes += row_bytes
+            elif isinstance(f, FileRows):
+                row_bytes = int(np.prod(f.row_shape, dtype=np.int64)) * f.dtype.itemsize
+                paths.append(f.path)
+                what = f"index {{}} is out of range for {f.path} ({f.rows} rows)"
+                fields.append((_FILE_ROWS, f.rows, row_bytes, 0, len(paths) - 1, f.offset, 0, what))
+                specs.append((f.dtype, tuple(f.row_shape), 0))
+            elif isinstance(f, Records):
+                index = np.ascontiguousarray(f.index, dtype=np.int64)
+                base = len(paths)
+                paths.extend(f.paths)
+                if len(index) and base:  # shard numbers are relative to this field's paths
+                    index = index.copy()
+                    index[:, 0] += base
+                what = f"record index {{}} is out of range for {f.name} ({len(index)} records)"
+                fields.append((_RECORDS, len(index), 0, 0, -1, 0, index.ctypes.data, what))
+                specs.extend([None, (torch.int64, (), 1)])  # the slab; n + 1 offsets
+                keep.append(index)
+                records += 1
+            else:
+                raise TypeError(f"not a native layout field: {f!r}")
+        return fields, paths, specs, keep, host_row_bytes, records
+
+    def _lease_slots(self, batch_size: int, host_row_bytes: int, records: int):
+        """The pinned slots the loop packs in-memory fields into (CUDA only): all the pool's,
+        for this iterator's life; given back with the event after their last copy."""
+        if not self.cuda or not (host_row_bytes or records):
+            return None
+        nbytes = batch_size * host_row_bytes + records * (batch_size + 1) * 8 + 256 * (len(self._specs) + 1)
+        pool = self.resources.pool_for(nbytes, 0)
+        slots = pool.lease_all(self.stop, poll=self.poll)
+        if slots is None:
+            raise _PoolBusy
+        return pool, slots
+
+    def _gather_function(self) -> int:
+        if config.get("mapped_copy") == "kernel" and uva.available():
+            return int(uva.kernel_handle(self.device))
+        return 0  # the copy engines: one cuMemcpyBatchAsync a batch
+
+    def _map_files(self, resources: LoaderResources) -> None:
+        """Files already resident in the page cache (within map_budget) are copied from it."""
+        reader = resources.file_reader() if (self._paths and self.cuda) else None
+        mapped = getattr(reader, "mapped", None)
+        if mapped is None:
+            return
+        for i, path in enumerate(self._paths):
+            m = mapped.get(path)
+            if m is not None:
+                self.loop.set_mapped(i, m)
+
+    # -- the training thread's side -----------------------------------------------------------
+    def _fill(self) -> None:
+        """Submit batches until ``depth`` are in flight: indices from the sampler, an output
+        buffer on the copy stream, and the loop starts staging it."""
+        while not self._exhausted and self._fatal is None and len(self._inflight) < self.depth:
+            try:
+                indices = self.source._next_index()
+            except StopIteration:
+                self._exhausted = True
+                return
+            except Exception:
+                self._fatal = capture("fetch (sampler)")
+                return
+            position, self._next_position = self._next_position, self._next_position + 1
+            number = self.progress.next_number()
+            layout = self.loop.submit(position, indices)
+            out = None
+            if layout[0] >= 0:
+                out = self._allocate(layout[0])
+                self.loop.start(position, out.data_ptr() if out.numel() else 0, out.numel())
+            self._inflight.append(_Batch(position, number, len(indices), layout, out))
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
+        if not self.cuda:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin_output)
+        with torch.cuda.stream(self.engine.stream):  # the loop's copies are ordered after it
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def next(self) -> Any:
+        if self.finished:
+            raise StopIteration
+        started = self.stats.request_started()
+        if not self._inflight:
+            if self._fatal is not None:
+                self.shutdown()
+                self._fatal.reraise()
+            self.progress.finished = True
+            self.shutdown(wait_for_copies=False)
+            raise StopIteration
+        batch = self._inflight.popleft()
+        self._wait(batch.position)
+        consumer = torch.cuda.current_stream(self.device) if self.cuda else None
+        try:
+            self.loop.take(batch.position, consumer.cuda_stream if consumer is not None else 0)
+        except Exception as exc:
+            self.progress.yielded(batch.number, 0)  # a failed batch is spent too: it is raised
+            self.stats.add_error()
+            self._fill()
+            wrap(exc, "native stage/copy", batch.number).reraise()
+        if consumer is not None:
+            batch.out.record_stream(consumer)
+        result = self.build(self._views(batch))
+        self.progress.yielded(batch.number, batch.samples)
+        self.stats.delivered(started, batch.samples, self._payload(batch))
+        self._fill()
+        if self.on_delivered is not None:
+            self.on_delivered(self.device, time.perf_counter() - started)
+        return result
+
+    def _wait(self, position: int) -> None:
+        deadline = time.monotonic() + self.timeout if self.timeout and self.timeout > 0 else None
+        while not self.loop.wait(position, self.poll):
+            if self.stop.is_set():
+                raise LoaderShutdownError("this DataLoader iterator was shut down")
+            if deadline is not None and time.monotonic() > deadline:
+                raise RuntimeError(f"DataLoader timed out after {self.timeout} seconds")
+
+    def _views(self, batch: _Batch) -> list:
+        out, n, layout = batch.out, batch.samples, batch.layout
+        views = []
+        for k, spec in enumerate(self._specs):
+            at, nbytes = layout[1 + 2 * k], layout[2 + 2 * k]
+            span = out[at : at + nbytes]
+            views.append(span if spec is None else span.view(spec[0]).view((n + spec[2], *spec[1])))
+        return views
+
+    @staticmethod
+    def _payload(batch: _Batch) -> int:
+        layout = batch.layout
+        return int(sum(layout[2::2]))
+
+    # -- statistics and shutdown ----------------------------------------------------------------
+    def sync_stats(self) -> None:
+        """Move the loop's counters (stage, read, copy seconds and bytes) into the loader's stats."""
+        with self._lock:
+            now = self.loop.stats()
+            last, self._synced = self._synced, now
+        delta = {k: v - last.get(k, 0) for k, v in now.items()}
+        self.stats.add_stage("stage", delta["stage_s"], delta["staged_bytes"])
+        moved = {"mapped": delta["mapped_bytes"], "engine-posix": delta["ring_bytes"] + delta["pread_bytes"]}
+        self.stats.add_stage("read", delta["read_s"], sum(moved.values()))
+        self.stats.add_io({k: v for k, v in moved.items() if v})
+        self.stats.add_stage("copy", delta["copy_s"], delta["copied_bytes"])
+
+    def shutdown(self, wait_for_copies: bool = True) -> None:
+        """Stop the loop's workers, wait for its copies, give the slots back. Idempotent."""
+        with self._lock:
+            if self.finished:
+                return
+            self.finished = True
+        self.stop.set()
+        timeout = config.get("shutdown_timeout")
+        settled = self.loop.stop(timeout, wait_for_copies)
+        self.sync_stats()
+        self._inflight.clear()
+        if not settled:  # a copy may still read the slots: keep them (and the loop) for good
+            _LEAKED_LOOPS.append((self.loop, self._keep, self._slots))
+        elif self._slots:  # reused only once every copy enqueued so far has completed
+            pool, slots = self._slots
+            fence = self.engine.fence()
+            for slot in slots:
+                pool.release(slot, fence)
+        self._slots = None
+        LIVE_PIPELINES.discard(self)
+
+
+def run_native_or_none(loader, source, progress, resources, hooks):
+    """A ``NativePipeline`` where the loop can run this iterator, else None."""
+    layout = native_layout(loader, source, hooks, resources)
+    if layout is None:
+        return None
+    try:
+        return NativePipeline(loader, source, progress, resources, layout, hooks)
+    except _PoolBusy:
+        return None
