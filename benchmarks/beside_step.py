@@ -131,8 +131,9 @@ def time_steps(batches, step, steps: int, warmup: int = 10) -> float:
 
 
 def endless(make):
+    """Batches of one loader, epoch after epoch (as a training run reuses its loader)."""
+    loader = make()
     while True:
-        loader = make()
         yield from loader
 
 
@@ -159,19 +160,26 @@ def study_gemm(data, args, device) -> dict:
 
 
 # -- study 2: a launch-bound training thread ---------------------------------------------------
-def launches_per_second(kernels: int, steps: int, device, batches=None) -> float:
+def launches_per_second(kernels: int, steps: int, device, batches=None) -> tuple[float, float]:
+    """(launches per second of launching, seconds per batch spent in next()): the thread's own
+    launch rate, timed over its launch loops only, so a loader that falls behind (the thread
+    waits in next()) does not count as one that slows the launches."""
     x = torch.zeros(1, device=device)
     it = iter(batches) if batches is not None else None
+    launching = waiting = 0.0
     for i in range(steps + 5):
-        if i == 5:
-            torch.cuda.synchronize()
-            started = time.perf_counter()
+        t0 = time.perf_counter()
         if it is not None:
             next(it)
+        t1 = time.perf_counter()
         for _ in range(kernels):
             x.add_(1)
+        t2 = time.perf_counter()
+        if i >= 5:
+            waiting += t1 - t0
+            launching += t2 - t1
     torch.cuda.synchronize()
-    return kernels * steps / (time.perf_counter() - started)
+    return kernels * steps / launching, waiting / steps
 
 
 def loader_rate(make, batches: int) -> float:
@@ -187,19 +195,21 @@ def loader_rate(make, batches: int) -> float:
 
 
 def study_launches(data, args, device) -> dict:
-    alone = statistics.median(launches_per_second(2000, 20, device) for _ in range(args.repeats))
+    alone = statistics.median(launches_per_second(2000, 20, device)[0] for _ in range(args.repeats))
     log(f"launch-bound thread alone: {alone / 1e3:.0f} k launches/s")
-    out = {"alone_per_s": alone, "beside": {}, "ratio": {}, "kernels_per_batch": {}}
+    out = {"alone_per_s": alone, "beside": {}, "ratio": {}, "kernels_per_batch": {}, "next_ms": {}}
     for name, make in selected(feeds(data, args.batch_size, device), args.only).items():
         rate = loader_rate(make, max(20, args.steps // 2))
-        kernels = max(1, round(alone / rate))
+        kernels = max(1, round(alone / rate))  # launches take as long as the loader needs a batch
         runs = [launches_per_second(kernels, args.steps, device, endless(make)) for _ in range(args.repeats)]
-        out["beside"][name] = runs
+        out["beside"][name] = [r for r, _ in runs]
+        out["next_ms"][name] = statistics.median(w for _, w in runs) * 1e3
         out["kernels_per_batch"][name] = kernels
-        out["ratio"][name] = statistics.median(runs) / alone
+        out["ratio"][name] = statistics.median(out["beside"][name]) / alone
         log(
             f"  {name}: loader {rate:.0f} batches/s alone, {kernels} launches a batch, "
-            f"{statistics.median(runs) / 1e3:.0f} k launches/s ({out['ratio'][name]:.3f}x alone)"
+            f"{statistics.median(out['beside'][name]) / 1e3:.0f} k launches/s ({out['ratio'][name]:.3f}x alone), "
+            f"next() {out['next_ms'][name]:.3f} ms a batch"
         )
     return out
 
@@ -246,7 +256,7 @@ def main(argv=None) -> int:
     )
     log(
         table(
-            ["feed", "launches a batch", "k launches/s", "vs alone", ">= 0.95"],
+            ["feed", "launches a batch", "k launches/s", "vs alone", ">= 0.95", "next() ms"],
             [
                 [
                     k,
@@ -254,6 +264,7 @@ def main(argv=None) -> int:
                     f"{statistics.median(v) / 1e3:.0f}",
                     f"{launches['ratio'][k]:.3f}",
                     "PASS" if launches["ratio"][k] >= 0.95 else "FAIL",
+                    f"{launches['next_ms'][k]:.3f}",
                 ]
                 for k, v in launches["beside"].items()
             ],

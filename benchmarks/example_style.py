@@ -42,6 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--only", default="", help="comma-separated loader names to run")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="tiny model, data and steps (a CPU smoke test)")
+    p.add_argument(
+        "--trace", action="store_true", help="record torch_fastload's per-batch timeline (TORCH_FASTLOAD_TRACE)"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.arch, args.batch_size, args.workers, args.steps, args.warmup = "resnet18", 8, 2, 3, 1
@@ -54,9 +57,9 @@ def sample_train_dir(quick: bool) -> str:
     root = Path(os.environ.get("TORCH_FASTLOAD_BENCH_DATA", "/tmp/torch_fastload-bench")) / (
         "example-quick" if quick else "example"
     )
-    per_class = 4 if quick else 50
+    # one epoch holds every timed step (ImageNet's epochs are 5,000 steps: no restarts in view)
     train, _ = make_image_folder(
-        str(root), classes=4 if quick else 100, train_per_class=per_class, val_per_class=1, progress=False
+        str(root), classes=4 if quick else 80, train_per_class=4 if quick else 110, val_per_class=1, progress=False
     )
     return train
 
@@ -79,6 +82,9 @@ def loaders(train: str, args, device):
     return {
         "torch": lambda: torch.utils.data.DataLoader(torchvision_folder(), **common),
         "fastload, same dataset": lambda: torch_fastload.DataLoader(torchvision_folder(), **common),
+        "fastload, same dataset, 1 stage thread": lambda: torch_fastload.DataLoader(
+            torchvision_folder(), stage_threads=1, **common
+        ),
         f"fastload ImageFolder, workers={args.workers}": lambda: torch_fastload.DataLoader(
             ImageFolder(train, TrainTransform()), **common
         ),
@@ -96,24 +102,24 @@ def train_run(make, model, args, device) -> dict:
     loader = make()
     data_times, batch_times, first = [], [], None
     steps = args.warmup + args.steps
-    while len(batch_times) < steps:
+    end = time.perf_counter()
+    for images, target in loader:  # one epoch at most: restarts are not the steady state
+        data_times.append(time.perf_counter() - end)
+        if first is None:
+            first = time.perf_counter() - started
+        images = images.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
+        loss = criterion(model(images), target)
+        loss.item()  # the example's meters read the loss every step
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        batch_times.append(time.perf_counter() - end)
         end = time.perf_counter()
-        for images, target in loader:
-            data_times.append(time.perf_counter() - end)
-            if first is None:
-                first = time.perf_counter() - started
-            images = images.to(device, non_blocking=True)
-            target = target.to(device, non_blocking=True)
-            loss = criterion(model(images), target)
-            loss.item()  # the example's meters read the loss every step
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            batch_times.append(time.perf_counter() - end)
-            end = time.perf_counter()
-            if len(batch_times) >= steps:
-                break
+        if len(batch_times) >= steps:
+            break
     stats = getattr(loader, "stats", None)
+    trace = getattr(getattr(getattr(loader, "resources", None), "stats", None), "trace", None)
     data, batch = data_times[args.warmup :], batch_times[args.warmup :]
     return {
         "data_ms": statistics.median(data) * 1e3,
@@ -121,11 +127,15 @@ def train_run(make, model, args, device) -> dict:
         "images_per_s": args.batch_size * len(batch) / sum(batch),
         "first_batch_s": first,
         "stats": str(stats()) if stats is not None else None,
+        "data_ms_each": [t * 1e3 for t in data],
+        "trace": [(k, n, a - started, b - started) for k, n, a, b in trace] if trace else None,
     }
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.trace:
+        os.environ["TORCH_FASTLOAD_TRACE"] = "1"
     import torchvision
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

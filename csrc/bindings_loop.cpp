@@ -8,9 +8,9 @@
 
 namespace {
 
-// A field from Python: (kind, rows, row_bytes, memory, file, file_offset, records, name).
+// A field from Python: (kind, rows, row_bytes, memory, file, file_offset, records, name, dma).
 tfl::LoopField field_of(const py::tuple& t) {
-  if (t.size() != 8) throw py::value_error("a native loop field is an 8-tuple");
+  if (t.size() != 9) throw py::value_error("a native loop field is a 9-tuple");
   tfl::LoopField f;
   f.kind = t[0].cast<int>();
   f.rows = t[1].cast<int64_t>();
@@ -20,6 +20,7 @@ tfl::LoopField field_of(const py::tuple& t) {
   f.file_offset = t[5].cast<int64_t>();
   f.records = t[6].cast<uintptr_t>();
   f.name = t[7].cast<std::string>();
+  f.dma = t[8].cast<bool>();
   return f;
 }
 
@@ -46,7 +47,7 @@ py::dict stats_dict(const tfl::LoopStats& s) {
   d["stage_s"] = s.stage_s, d["read_s"] = s.read_s, d["copy_s"] = s.copy_s;
   d["staged_bytes"] = s.staged_bytes, d["copied_bytes"] = s.copied_bytes;
   d["memory_bytes"] = s.memory_bytes, d["mapped_bytes"] = s.mapped_bytes;
-  d["ring_bytes"] = s.ring_bytes, d["pread_bytes"] = s.pread_bytes;
+  d["ring_bytes"] = s.ring_bytes, d["pread_bytes"] = s.pread_bytes, d["dma_bytes"] = s.dma_bytes;
   return d;
 }
 

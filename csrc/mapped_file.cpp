@@ -106,17 +106,29 @@ int64_t copy_mapped(const std::vector<const MappedFile*>& files, const ReadReque
   return plan.total;
 }
 
-int64_t copy_mapped_batch(const std::vector<const MappedFile*>& files, const ReadRequest& req, uintptr_t stream) {
-  const Plan plan = plan_mapped(files, req, true);
+int64_t dma_copies(std::vector<cuda::DevicePtr>& dsts, std::vector<cuda::DevicePtr>& srcs,
+                   std::vector<size_t>& sizes, uintptr_t stream) {
   const auto& cu = cuda::api();
   const auto s = reinterpret_cast<cuda::Stream>(stream);
+  int64_t total = 0;
+  for (size_t n : sizes) total += static_cast<int64_t>(n);
+  if (sizes.empty()) return 0;
   if (cu.memcpy_batch_async == nullptr) {  // a driver before CUDA 13: one DMA copy per range
-    for (const ReadPiece& p : plan.pieces)
-      cuda::check(cu.memcpy_htod_async(static_cast<cuda::DevicePtr>(req.dst_ptr + p.dst), files[p.file]->data() + p.off,
-                                       static_cast<size_t>(p.len), s),
-                  "cuMemcpyHtoDAsync (mapped file -> device)");
-    return plan.total;
+    for (size_t i = 0; i < sizes.size(); ++i)
+      cuda::check(cu.memcpy_htod_async(dsts[i], reinterpret_cast<const void*>(srcs[i]), sizes[i], s),
+                  "cuMemcpyHtoDAsync (registered host memory -> device)");
+    return total;
   }
+  cuda::MemcpyAttributes attrs{};
+  attrs.src_access_order = cuda::kSrcAccessOrderStream;
+  size_t first = 0;
+  cuda::check(cu.memcpy_batch_async(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs, &first, 1, s),
+              "cuMemcpyBatchAsync (registered host memory -> device)");
+  return total;
+}
+
+int64_t copy_mapped_batch(const std::vector<const MappedFile*>& files, const ReadRequest& req, uintptr_t stream) {
+  const Plan plan = plan_mapped(files, req, true);
   std::vector<cuda::DevicePtr> dsts, srcs;
   std::vector<size_t> sizes;
   for (const ReadPiece& p : plan.pieces) {
@@ -124,12 +136,7 @@ int64_t copy_mapped_batch(const std::vector<const MappedFile*>& files, const Rea
     srcs.push_back(reinterpret_cast<cuda::DevicePtr>(files[p.file]->data() + p.off));
     sizes.push_back(static_cast<size_t>(p.len));
   }
-  if (sizes.empty()) return 0;
-  cuda::MemcpyAttributes attrs{};
-  attrs.src_access_order = cuda::kSrcAccessOrderStream;
-  size_t first = 0;
-  cuda::check(cu.memcpy_batch_async(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs, &first, 1, s),
-              "cuMemcpyBatchAsync (mapped file -> device)");
+  dma_copies(dsts, srcs, sizes, stream);
   return plan.total;
 }
 

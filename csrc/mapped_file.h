@@ -46,6 +46,12 @@ Plan plan_mapped(const std::vector<const MappedFile*>& files, const ReadRequest&
 int64_t copy_mapped(const std::vector<const MappedFile*>& files, const ReadRequest& req,
                     const std::vector<uintptr_t>& streams);
 
+// Host (registered or pinned) -> device copies srcs[i] -> dsts[i], all in one cuMemcpyBatchAsync
+// on `stream`: the copy engines move them (one cuMemcpyHtoDAsync each where the driver lacks
+// the call). Returns the bytes.
+int64_t dma_copies(std::vector<cuda::DevicePtr>& dsts, std::vector<cuda::DevicePtr>& srcs, std::vector<size_t>& sizes,
+                   uintptr_t stream);
+
 // The same ranges as copy_mapped, all in one cuMemcpyBatchAsync on `stream`: the copy engines
 // move them, no SM does (one cuMemcpyHtoDAsync per range where the driver lacks the call).
 int64_t copy_mapped_batch(const std::vector<const MappedFile*>& files, const ReadRequest& req, uintptr_t stream);

@@ -298,7 +298,7 @@ void NativeLoop::run_cuda(Job& job) {
       host_bytes = align_up(host_bytes, kAlign);
       parts.push_back({host_bytes, offsets_at, offsets_bytes});
       host_bytes += offsets_bytes;
-    } else if (f.kind == LoopField::kMemoryRows) {
+    } else if (f.kind == LoopField::kMemoryRows && !f.dma) {
       host_bytes = align_up(host_bytes, kAlign);
       parts.push_back({host_bytes, at, bytes});
       host_bytes += bytes;
@@ -317,7 +317,8 @@ void NativeLoop::run_cuda(Job& job) {
   try {
     size_t part = 0;
     for (const LoopField& f : cfg_.fields) {
-      if (f.kind == LoopField::kMemoryRows) memory += gather_rows(f, job.indices, slots_[slot].host + parts[part++].slot_at);
+      if (f.kind == LoopField::kMemoryRows && !f.dma)
+        memory += gather_rows(f, job.indices, slots_[slot].host + parts[part++].slot_at);
       if (f.kind == LoopField::kRecords) record_offsets(f, job.indices, slots_[slot].host + parts[part++].slot_at);
     }
   } catch (...) {
@@ -329,13 +330,14 @@ void NativeLoop::run_cuda(Job& job) {
   job.timing_start = make_event(true);
   job.timing_end = make_event(true);
   const auto t1 = Clock::now();
-  int64_t mapped = 0, ring = 0;
+  int64_t mapped = 0, ring = 0, dma = 0;
   try {
     cuda::check(cu.event_record(job.timing_start, stream), "cuEventRecord");
     for (const HostPart& p : parts)
       cuda::check(cu.memcpy_htod_async(out + static_cast<cuda::DevicePtr>(p.out_at), slots_[slot].host + p.slot_at,
                                        static_cast<size_t>(p.bytes), stream),
                   "cuMemcpyHtoDAsync (pinned slot -> device)");
+    dma = copy_registered_rows(job);
     Ranges r = file_ranges(job);
     if (!r.offsets.empty()) std::tie(mapped, ring) = read_to_device(job, r);
     cuda::check(cu.event_record(job.ready, stream), "cuEventRecord");
@@ -348,7 +350,7 @@ void NativeLoop::run_cuda(Job& job) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.stage_s += staged, stats_.staged_bytes += memory, stats_.memory_bytes += memory;
   stats_.read_s += since(t1), stats_.mapped_bytes += mapped, stats_.ring_bytes += ring;
-  stats_.copied_bytes += host_bytes + mapped + ring;
+  stats_.dma_bytes += dma, stats_.copied_bytes += host_bytes + mapped + ring + dma;
 }
 
 std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, Ranges& r) {
@@ -383,6 +385,26 @@ std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, Ranges& r) {
     from_ring = cfg_.ring->read(ringed, cfg_.stream);
   }
   return {from_mapped, from_ring};
+}
+
+int64_t NativeLoop::copy_registered_rows(const Job& job) {
+  std::vector<cuda::DevicePtr> dsts, srcs;
+  std::vector<size_t> sizes;
+  size_t o = 0;
+  for (const LoopField& f : cfg_.fields) {
+    const int64_t at = job.layout[1 + 2 * o];
+    o += f.kind == LoopField::kRecords ? 2 : 1;
+    if (f.kind != LoopField::kMemoryRows || !f.dma) continue;
+    for (size_t k = 0; k < job.indices.size(); ++k) {
+      const auto src = static_cast<cuda::DevicePtr>(f.memory + job.indices[k] * f.row_bytes);
+      const auto dst = static_cast<cuda::DevicePtr>(job.out + at + static_cast<int64_t>(k) * f.row_bytes);
+      if (!sizes.empty() && srcs.back() + sizes.back() == src && dsts.back() + sizes.back() == dst)
+        sizes.back() += static_cast<size_t>(f.row_bytes);  // consecutive rows: one copy
+      else
+        dsts.push_back(dst), srcs.push_back(src), sizes.push_back(static_cast<size_t>(f.row_bytes));
+    }
+  }
+  return dma_copies(dsts, srcs, sizes, cfg_.stream);
 }
 
 // -- slots and events ---------------------------------------------------------------------

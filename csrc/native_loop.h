@@ -39,6 +39,7 @@ struct LoopField {
   int64_t rows = 0;         // samples the field holds (indices are checked against it)
   int64_t row_bytes = 0;    // kMemoryRows / kFileRows
   uintptr_t memory = 0;     // kMemoryRows: address of row 0 (contiguous rows)
+  bool dma = false;         // kMemoryRows in pinned (registered) memory: copy engines read the rows
   int32_t file = -1;        // kFileRows: index into LoopConfig::paths
   int64_t file_offset = 0;  // kFileRows: byte offset of row 0
   uintptr_t records = 0;    // kRecords: rows x (file index, offset, length) int64, C order
@@ -72,7 +73,7 @@ struct LoopStats {
   int64_t batches = 0, samples = 0;
   double stage_s = 0, read_s = 0, copy_s = 0;
   int64_t staged_bytes = 0, copied_bytes = 0;
-  int64_t memory_bytes = 0, mapped_bytes = 0, ring_bytes = 0, pread_bytes = 0;
+  int64_t memory_bytes = 0, mapped_bytes = 0, ring_bytes = 0, pread_bytes = 0, dma_bytes = 0;
 };
 
 class NativeLoop {
@@ -135,6 +136,8 @@ class NativeLoop {
   // File ranges into the device output: out of registered page cache (copy engines or the
   // gather kernel) or through the pinned ring; returns (bytes mapped, bytes through the ring).
   std::pair<int64_t, int64_t> read_to_device(Job& job, Ranges& ranges);
+  // In-memory rows of registered (pinned) tensors straight into the output by the copy engines.
+  int64_t copy_registered_rows(const Job& job);
   int64_t gather_rows(const LoopField& f, const std::vector<int64_t>& indices, char* dst) const;
   size_t acquire_slot();
   void release_slot(size_t slot, cuda::Event after);

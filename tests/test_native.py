@@ -199,7 +199,7 @@ def test_loop_rejects_a_buffer_too_small_and_unknown_batches():
 
     values = torch.arange(10, dtype=torch.int64)
     loop = _C.NativeLoop(
-        [(0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out")],
+        [(0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False)],
         [],
         False,
         0,

@@ -19,13 +19,17 @@ def rows_dataset(n=96, width=4096):
     return TensorDataset(torch.arange(n * width, dtype=torch.int32).reshape(n, width), torch.arange(n))
 
 
-def test_tensor_dataset_on_the_loop_equals_torch_and_the_python_pipeline():
-    data = rows_dataset()
+@pytest.mark.parametrize("width", [4096, 1024])  # 16 KiB rows: DMA from the registered dataset; 4 KiB: slot
+def test_tensor_dataset_on_the_loop_equals_torch_and_the_python_pipeline(width):
+    data = rows_dataset(width=width)
     kwargs = dict(batch_size=8, shuffle=True)
     theirs = list(torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(1), **kwargs))
     loader = DataLoader(data, generator=torch.Generator().manual_seed(1), **kwargs)
     ours = list(loader)
-    assert loader.stats().path.startswith("native loop -> cuda")
+    stats = loader.stats()
+    assert stats.path.startswith("native loop -> cuda")
+    assert (stats.io_bytes.get("registered-memory", 0) > 0) == (width * 4 >= native.DMA_MIN_ROW_BYTES), stats.io_bytes
+    loader.close()  # unpins the dataset: a second loader registers it again
     with torch_fastload.config.override(native="off"):
         python = list(DataLoader(data, generator=torch.Generator().manual_seed(1), **kwargs))
     for a, b, c in zip(ours, python, theirs, strict=True):
@@ -80,7 +84,7 @@ def test_consumer_stream_waits_for_delayed_loop_copies():
 @pytest.mark.parametrize("unsafe", [False, True])
 def test_slot_is_rewritten_only_after_its_copy_ran(unsafe, monkeypatch):
     monkeypatch.setattr(native, "UNSAFE_SLOT_REUSE", unsafe)
-    data = rows_dataset(n=64, width=1 << 14)
+    data = rows_dataset(n=64, width=2048)  # 8 KiB rows: gathered into the slot (not DMA'd from the dataset)
     loader = DataLoader(data, batch_size=8, pool_slots=1, prefetch=2)
     with torch.cuda.stream(loader.resources.engine.stream):
         torch.cuda._sleep(DELAY_CYCLES)  # the slot's H2D copy waits while the loop stages the next batch

@@ -50,6 +50,10 @@ class _PoolBusy(Exception):
 _LEAKED_LOOPS: list = []  # loops whose copies outlived stop(): kept so the memory they read stays valid
 #: Tests only: slots are rewritten without waiting for their last copy (proves the wait matters).
 UNSAFE_SLOT_REUSE = False
+#: In-memory rows at least this long are copied by the copy engines out of the dataset's own
+#: (registered) pages; shorter ones are gathered by the CPU into a pinned slot, where one DMA per
+#: row would cost more than it saves.
+DMA_MIN_ROW_BYTES = 16 << 10
 
 
 def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources) -> NativeLayout | None:
@@ -155,8 +159,7 @@ class NativePipeline:
         self._fill()
 
     # -- set-up ---------------------------------------------------------------------------
-    @staticmethod
-    def _describe(layout: NativeLayout, tensor_dataset: bool):
+    def _describe(self, layout: NativeLayout, tensor_dataset: bool):
         """``(C fields, paths, output specs, objects to keep alive, in-memory bytes per sample,
         record fields)``; output specs are ``(dtype, row shape, rows beyond the batch's)``, None
         for a record slab."""
@@ -167,17 +170,17 @@ class NativePipeline:
                 t = f.tensor
                 row_bytes = t[0].numel() * t.element_size() if len(t) else 0
                 what = f"a TensorDataset of {len(t)} samples" if tensor_dataset else f"a tensor of {len(t)} rows"
-                fields.append(
-                    (_MEMORY_ROWS, len(t), row_bytes, t.data_ptr(), -1, 0, 0, f"index {{}} is out of range for {what}")
-                )
+                message = f"index {{}} is out of range for {what}"
+                dma = self.cuda and row_bytes >= DMA_MIN_ROW_BYTES and self.resources.register_host(t)
+                fields.append((_MEMORY_ROWS, len(t), row_bytes, t.data_ptr(), -1, 0, 0, message, dma))
                 specs.append((t.dtype, tuple(t.shape[1:]), 0))
                 keep.append(t)
-                host_row_bytes += row_bytes
+                host_row_bytes += 0 if dma else row_bytes
             elif isinstance(f, FileRows):
                 row_bytes = int(np.prod(f.row_shape, dtype=np.int64)) * f.dtype.itemsize
                 paths.append(f.path)
                 what = f"index {{}} is out of range for {f.path} ({f.rows} rows)"
-                fields.append((_FILE_ROWS, f.rows, row_bytes, 0, len(paths) - 1, f.offset, 0, what))
+                fields.append((_FILE_ROWS, f.rows, row_bytes, 0, len(paths) - 1, f.offset, 0, what, False))
                 specs.append((f.dtype, tuple(f.row_shape), 0))
             elif isinstance(f, Records):
                 index = np.ascontiguousarray(f.index, dtype=np.int64)
@@ -187,7 +190,7 @@ class NativePipeline:
                     index = index.copy()
                     index[:, 0] += base
                 what = f"record index {{}} is out of range for {f.name} ({len(index)} records)"
-                fields.append((_RECORDS, len(index), 0, 0, -1, 0, index.ctypes.data, what))
+                fields.append((_RECORDS, len(index), 0, 0, -1, 0, index.ctypes.data, what, False))
                 specs.extend([None, (torch.int64, (), 1)])  # the slab; n + 1 offsets
                 keep.append(index)
                 records += 1
@@ -313,6 +316,7 @@ class NativePipeline:
         delta = {k: v - last.get(k, 0) for k, v in now.items()}
         self.stats.add_stage("stage", delta["stage_s"], delta["staged_bytes"])
         moved = {"mapped": delta["mapped_bytes"], "engine-posix": delta["ring_bytes"] + delta["pread_bytes"]}
+        self.stats.add_io({"registered-memory": delta["dma_bytes"]} if delta["dma_bytes"] else {})
         self.stats.add_stage("read", delta["read_s"], sum(moved.values()))
         self.stats.add_io({k: v for k, v in moved.items() if v})
         self.stats.add_stage("copy", delta["copy_s"], delta["copied_bytes"])

@@ -157,7 +157,7 @@ class Pipeline:
                     break
                 if number < progress.discard_prefix or number in progress.discard:
                     continue  # a resumed IterableDataset epoch: yielded before the checkpoint
-                self.stats.add_stage("fetch", time.perf_counter() - started)
+                self.stats.add_stage("fetch", time.perf_counter() - started, number=number)
                 if isinstance(batch, Exception):
                     batch = Failure(number, wrap(batch, "fetch", number))
                 if not self._put(self.fetched, (position, number, batch)):
@@ -182,7 +182,9 @@ class Pipeline:
                     return
                 if not isinstance(batch, Failure):
                     try:
+                        started = time.perf_counter()
                         batch = self.stager.stage(number, batch)
+                        self.stats.mark("staged", number, started)
                     except Exception:
                         if self.stop.is_set():
                             return
@@ -213,7 +215,7 @@ class Pipeline:
             item.error.reraise()
         staged: StagedBatch = item
         self.engine.hand_off(staged.copy)
-        self.stats.delivered(started, staged.samples, staged.nbytes)
+        self.stats.delivered(started, staged.samples, staged.nbytes, number)
         if self.on_delivered is not None:
             self.on_delivered(self.device, time.perf_counter() - started)
         return staged.copy.batch

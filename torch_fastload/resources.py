@@ -28,6 +28,7 @@ __all__ = ["ResourceSettings", "LoaderResources"]
 #: A pool re-made for an oversized batch gets this much headroom, so a run of slowly growing
 #: batches does not re-pin memory for each one.
 POOL_GROWTH = 1.25
+PAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class LoaderResources:
         self._io_path: fio.IoPath | None = None
         self._file_reader: fio.Reader | None = None
         self._slot_reader: fio.Reader | None = None
+        self._registered: dict = {}  # data_ptr -> (bytes, the tensor, kept alive while registered)
 
     @property
     def device(self) -> torch.device:
@@ -151,6 +153,26 @@ class LoaderResources:
             self.stats.set_pool(self._pool.num_slots, self._pool.slot_bytes, regrew=regrow)
             return self._pool
 
+    def register_host(self, tensor: torch.Tensor) -> bool:
+        """Pin an in-memory dataset tensor where it lies (``cudaHostRegister`` of its pages), so
+        the copy engines read its rows straight into the batch with no CPU copy. Counts against
+        ``map_budget`` with the mapped files; False (rows are then gathered by the CPU) past the
+        budget or where registration fails. Loaders over the same tensor share one
+        registration, undone when the last of them closes."""
+        if self.device.type != "cuda" or tensor.device.type != "cpu":
+            return False
+        with self._lock:
+            key = tensor.data_ptr()
+            if key in self._registered:
+                return True
+            nbytes = tensor.numel() * tensor.element_size()
+            mapped = getattr(self._file_reader, "mapped", None)
+            used = sum(n for n, _ in self._registered.values()) + (mapped.pinned_bytes if mapped else 0)
+            if nbytes == 0 or used + nbytes > self.settings.map_budget or not _REGISTRATIONS.acquire(key, nbytes):
+                return False
+            self._registered[key] = (nbytes, tensor)
+            return True
+
     def close(self) -> None:
         """Wait for copies in flight, then free the readers, the pool and the copier."""
         timeout = config.get("shutdown_timeout")
@@ -167,3 +189,47 @@ class LoaderResources:
             if self._copier is not None:
                 self._copier.close()
                 self._copier = None
+            for key, (nbytes, _) in self._registered.items():
+                _REGISTRATIONS.release(key, nbytes)
+            self._registered.clear()
+
+
+class _HostRegistrations:
+    """Process-wide ``cudaHostRegister`` of in-memory tensors' pages, counted per range: CUDA
+    refuses to register a range twice, and one loader's close must not unpin memory another
+    loader still copies from."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ranges: dict = {}  # (page start, bytes) -> users
+
+    @staticmethod
+    def _pages(key: int, nbytes: int) -> tuple[int, int]:
+        start = key // PAGE * PAGE
+        return start, -(-(key + nbytes) // PAGE) * PAGE - start
+
+    def acquire(self, key: int, nbytes: int) -> bool:
+        pages = self._pages(key, nbytes)
+        with self._lock:
+            if pages not in self._ranges:
+                if int(torch.cuda.cudart().cudaHostRegister(pages[0], pages[1], 0)) != 0:
+                    return False  # e.g. pages shared with another registration
+                self._ranges[pages] = 0
+            self._ranges[pages] += 1
+            return True
+
+    def release(self, key: int, nbytes: int) -> None:
+        pages = self._pages(key, nbytes)
+        with self._lock:
+            users = self._ranges.get(pages, 0) - 1
+            if users > 0:
+                self._ranges[pages] = users
+                return
+            self._ranges.pop(pages, None)
+            try:
+                torch.cuda.cudart().cudaHostUnregister(pages[0])
+            except Exception:  # interpreter shutdown may have torn CUDA down already
+                pass
+
+
+_REGISTRATIONS = _HostRegistrations()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -96,6 +97,9 @@ class LoaderStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.path = "idle"
+        # TORCH_FASTLOAD_TRACE=1: (stage, batch number, start, end) of every fetch, stage and
+        # next(), perf_counter seconds, for a timeline of where a batch waited (trace()).
+        self.trace: list | None = [] if os.environ.get("TORCH_FASTLOAD_TRACE", "") not in ("", "0") else None
         self.pool_slots = 0
         self.pool_slot_bytes = 0
         self.pool_regrows = 0
@@ -117,10 +121,19 @@ class LoaderStats:
             self._first_request: float | None = None
             self._last_return: float | None = None
 
-    def add_stage(self, stage: str, seconds: float, nbytes: int = 0) -> None:
+    def add_stage(self, stage: str, seconds: float, nbytes: int = 0, number: int | None = None) -> None:
         with self._lock:
             self.stage_s[stage] += seconds
             self.stage_bytes[stage] += nbytes
+            if self.trace is not None and number is not None:
+                end = time.perf_counter()
+                self.trace.append((stage, number, end - seconds, end))
+
+    def mark(self, stage: str, number: int, started: float) -> None:
+        """Trace a span from ``started`` to now (only with TORCH_FASTLOAD_TRACE set)."""
+        if self.trace is not None:
+            with self._lock:
+                self.trace.append((stage, number, started, time.perf_counter()))
 
     def add_error(self) -> None:
         with self._lock:
@@ -153,10 +166,12 @@ class LoaderStats:
                 self._first_request = now
         return now
 
-    def delivered(self, started: float, samples: int, nbytes: int) -> None:
+    def delivered(self, started: float, samples: int, nbytes: int, number: int | None = None) -> None:
         """The consumer got a batch: count the time it waited for it."""
         now = time.perf_counter()
         with self._lock:
+            if self.trace is not None:
+                self.trace.append(("next", number, started, now))
             self.wait_s += now - started
             self.batches += 1
             self.samples += samples
