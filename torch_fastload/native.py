@@ -267,7 +267,9 @@ class NativePipeline:
             raise StopIteration
         batch = self._inflight.popleft()
         self._wait(batch.position)
+        self.stats.mark("next:wait", batch.number, started)
         consumer = torch.cuda.current_stream(self.device) if self.cuda else None
+        taking = time.perf_counter()
         try:
             self.loop.take(batch.position, consumer.cuda_stream if consumer is not None else 0)
         except Exception as exc:
@@ -275,12 +277,15 @@ class NativePipeline:
             self.stats.add_error()
             self._fill()
             wrap(exc, "native stage/copy", batch.number).reraise()
+        self.stats.mark("next:take", batch.number, taking)
         if consumer is not None:
             batch.out.record_stream(consumer)
         result = self.build(self._views(batch))
         self.progress.yielded(batch.number, batch.samples)
-        self.stats.delivered(started, batch.samples, self._payload(batch))
+        filling = time.perf_counter()
         self._fill()
+        self.stats.mark("next:fill", batch.number, filling)
+        self.stats.delivered(started, batch.samples, self._payload(batch), batch.number)
         if self.on_delivered is not None:
             self.on_delivered(self.device, time.perf_counter() - started)
         return result

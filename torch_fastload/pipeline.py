@@ -202,6 +202,7 @@ class Pipeline:
             raise StopIteration
         started = self.stats.request_started()
         number, item = self._next_ready()
+        self.stats.mark("next:ready", number, started)
         if item is END:
             self.progress.finished = True
             self.shutdown(wait_for_copies=False)

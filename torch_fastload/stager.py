@@ -132,7 +132,9 @@ class BatchStager:
 
         pool = slot = copy = None
         if host_bytes:
+            acquiring = time.perf_counter()
             pool, slot = self._acquire_slot(host_bytes, number)
+            self.stats.mark("stage:slot", number, acquiring)
         try:
             if reads and not to_device:
                 self._read(reader, slot.buffer, reads)
@@ -142,7 +144,9 @@ class BatchStager:
                 self.stats.add_stage("stage", time.perf_counter() - started, staged)
             span = slot.buffer[:host_bytes] if slot is not None else None
             fill = read_into_device if to_device else None
+            starting = time.perf_counter()
             copy = self.engine.start(span, unpack, nbytes=plan.total_bytes, copies=copies, fill=fill)
+            self.stats.mark("stage:start-copy", number, starting)
         finally:
             if slot is not None:
                 pool.release(slot, copy.done if copy is not None else None)
