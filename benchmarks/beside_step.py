@@ -80,7 +80,10 @@ def feeds(data: dict, batch_size: int, device: torch.device) -> dict:
         return build
 
     return {
-        "TensorDataset (C++ loop)": lambda: DataLoader(tensors, **common),
+        "TensorDataset (C++ loop, copy engines)": with_config(lambda: DataLoader(tensors, **common), memory_rows="dma"),
+        "TensorDataset (C++ loop, CPU gather)": with_config(
+            lambda: DataLoader(tensors, **common), memory_rows="gather"
+        ),
         "TensorDataset (Python pipeline)": with_config(lambda: DataLoader(tensors, **common), native="off"),
         "ArrayDataset mapped, kernel": with_config(
             lambda: DataLoader(ArrayDataset(data["npy"]), **common), mapped_copy="kernel"

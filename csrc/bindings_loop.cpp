@@ -71,7 +71,8 @@ void bind_native_loop(py::module_& m) {
           py::arg("position"), py::arg("indices"),
           "Register a batch; returns [output bytes, field offsets...] or [-1] (take() raises why).")
       .def("start", &tfl::NativeLoop::start, py::arg("position"), py::arg("out"), py::arg("out_bytes"),
-           "Stage the batch into `out` (device memory allocated on the copy stream, or host memory).")
+           py::arg("home") = 0,
+           "Stage the batch into `out`: device memory allocated on stream `home`, or host memory.")
       .def("wait", &tfl::NativeLoop::wait, py::arg("position"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>(), "True once the batch is staged or failed.")
       .def("take", &tfl::NativeLoop::take, py::arg("position"), py::arg("consumer"),

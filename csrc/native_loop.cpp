@@ -133,7 +133,7 @@ std::vector<int64_t> NativeLoop::submit(int64_t position, std::vector<int64_t> i
   return layout;
 }
 
-void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes) {
+void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes, uintptr_t home) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(position);
@@ -144,7 +144,7 @@ void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes) {
       throw Error(Error::kInvalid, "the output buffer of batch " + std::to_string(position) + " holds " +
                                        std::to_string(out_bytes) + " bytes, the batch needs " +
                                        std::to_string(job.layout[0]));
-    job.out = out, job.out_bytes = out_bytes, job.started = true;
+    job.out = out, job.out_bytes = out_bytes, job.home = home, job.started = true;
     queue_.push_back(position);
   }
   work_cv_.notify_one();
@@ -332,6 +332,16 @@ void NativeLoop::run_cuda(Job& job) {
   const auto t1 = Clock::now();
   int64_t mapped = 0, ring = 0, dma = 0;
   try {
+    if (job.home != 0 && job.home != cfg_.stream) {  // the output's stream, up to now, comes first
+      cuda::Event allocated = make_event(false);
+      const cuda::Result r = cu.event_record(allocated, reinterpret_cast<cuda::Stream>(job.home));
+      const cuda::Result w = r == cuda::kSuccess ? cu.stream_wait_event(stream, allocated, 0) : r;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        recycle(allocated, false);  // the wait captured it: it may be recorded again
+      }
+      cuda::check(w, "cuStreamWaitEvent (the copy stream on the output's stream)");
+    }
     cuda::check(cu.event_record(job.timing_start, stream), "cuEventRecord");
     for (const HostPart& p : parts)
       cuda::check(cu.memcpy_htod_async(out + static_cast<cuda::DevicePtr>(p.out_at), slots_[slot].host + p.slot_at,
@@ -510,9 +520,13 @@ void NativeLoop::take(int64_t position, uintptr_t consumer) {
     if (job.ready == nullptr) throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was stopped");
     const auto& cu = cuda::api();
     cuda::check(cu.ctx_set_current(ctx_), "cuCtxSetCurrent");
-    // The wait captures the event as recorded now, so the event can be recorded again later.
-    cuda::check(cu.stream_wait_event(reinterpret_cast<cuda::Stream>(consumer), job.ready, 0),
-                "cuStreamWaitEvent (the consumer's stream on the batch's copies)");
+    const cuda::Result done = cu.event_query(job.ready);
+    if (done != cuda::kSuccess) {
+      // The wait captures the event as recorded now, so the event can be recorded again later.
+      if (done != cuda::kNotReady) cuda::check(done, "cuEventQuery (a batch's copies)");
+      cuda::check(cu.stream_wait_event(reinterpret_cast<cuda::Stream>(consumer), job.ready, 0),
+                  "cuStreamWaitEvent (the consumer's stream on the batch's copies)");
+    }
     recycle(job.ready, false);
     timings_.emplace_back(job.timing_start, job.timing_end);
     harvest_timings(false);

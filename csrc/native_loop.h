@@ -91,13 +91,15 @@ class NativeLoop {
   // slab, then n + 1 int64 offsets).
   // Bad indices are not raised here: the batch is recorded as failed and take() raises.
   std::vector<int64_t> submit(int64_t position, std::vector<int64_t> indices);
-  // Starts batch `position` into `out` (device memory allocated on the copy stream, or host
-  // memory without CUDA) of `out_bytes` (>= its layout size).
-  void start(int64_t position, uintptr_t out, int64_t out_bytes);
+  // Starts batch `position` into `out` of `out_bytes` (>= its layout size): device memory the
+  // caller allocated on `home` (the consumer's stream, a CUstream; the copies first wait for
+  // that stream's work up to now, so a block it freed is not written early), or host memory.
+  void start(int64_t position, uintptr_t out, int64_t out_bytes, uintptr_t home);
   // True once batch `position` is staged (or failed); waits up to timeout_s.
   bool wait(int64_t position, double timeout_s);
   // Hands batch `position` over (after wait() returned true): `consumer` (a CUstream) waits
-  // on its copies; rethrows the batch's error. The batch is forgotten either way.
+  // on its copies, unless they already completed (then no stream call is made: one blocks
+  // while the stream's queue is full); rethrows the batch's error. Forgotten either way.
   void take(int64_t position, uintptr_t consumer);
   // A file's registered mapping (or null): its ranges are then copied out of the page cache.
   void set_mapped(int32_t file, const MappedFile* mapped);
@@ -114,6 +116,7 @@ class NativeLoop {
     std::vector<int64_t> layout;  // layout_of: [total, (offset, bytes) per output field]
     uintptr_t out = 0;
     int64_t out_bytes = 0;
+    uintptr_t home = 0;  // the stream `out` was allocated on
     bool started = false, done = false;
     std::exception_ptr error;
     cuda::Event ready = nullptr;                          // recorded after the batch's copies

@@ -344,9 +344,9 @@ def test_oversize_error_and_grow():
 
 
 def test_exact_slot_size_from_first_batch():
-    loader = DataLoader(TensorDataset(torch.randn(40, 1000)), batch_size=10, device="cpu")
     with torch_fastload.config.override(native="off"):  # the Python pipeline's pool (the C++ loop needs none on a CPU)
-        list(loader)
+        loader = DataLoader(TensorDataset(torch.randn(40, 1000)), batch_size=10, device="cpu")
+    list(loader)
     assert loader.pool.slot_bytes == 40960  # 40000 bytes rounded to one 4 KiB page, no power of two
 
 

@@ -277,6 +277,14 @@ OPTIONS: dict[str, Option] = {
             "SMs read host memory) or by the copy engines ('dma': one cuMemcpyBatchAsync a batch)",
         ),
         Option(
+            "memory_rows",
+            "dma",
+            _choice("dma", "gather"),
+            "rows of in-memory datasets (TensorDataset) of 16 KiB and more reach the GPU by the copy engines "
+            "out of the dataset's own pages, registered with CUDA within map_budget ('dma'), or are gathered by "
+            "CPU threads into a pinned slot first ('gather')",
+        ),
+        Option(
             "shutdown_timeout",
             10.0,
             _positive_float,

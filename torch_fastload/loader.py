@@ -163,6 +163,10 @@ class DataLoader(TorchDataLoader):
                 io_threads=self.io_threads,
                 io_task_size=self.io_task_size,
                 map_budget=self.map_budget,
+                native=config.get("native"),
+                mapped_copy=config.get("mapped_copy"),
+                memory_rows=config.get("memory_rows"),
+                nontemporal=config.get("nontemporal"),
             )
         )
         self._pipelines: weakref.WeakSet = weakref.WeakSet()

@@ -58,7 +58,7 @@ DMA_MIN_ROW_BYTES = 16 << 10
 
 def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources) -> NativeLayout | None:
     """The layout the C++ loop can run this iterator on, or None (the Python pipeline runs it)."""
-    if config.get("native") == "off" or not engine.available() or not isinstance(source, InThreadSource):
+    if resources.settings.native == "off" or not engine.available() or not isinstance(source, InThreadSource):
         return None
     if hooks.batch is None or hooks.finish is not None or loader.batch_size is None:
         return None
@@ -88,6 +88,7 @@ class _Batch:
     samples: int
     layout: list
     out: torch.Tensor | None
+    home: int | None = None  # the stream ``out`` was allocated on
 
 
 class NativePipeline:
@@ -144,7 +145,7 @@ class NativePipeline:
             io.threads if io is not None else 1,
             io.task_size if io is not None else 4 << 20,
             io is not None and io.mode == "engine-odirect",
-            bool(config.get("nontemporal")),
+            resources.settings.nontemporal,
             ring._stager if ring is not None else None,
             gather,
             uva.PIECE,
@@ -171,7 +172,12 @@ class NativePipeline:
                 row_bytes = t[0].numel() * t.element_size() if len(t) else 0
                 what = f"a TensorDataset of {len(t)} samples" if tensor_dataset else f"a tensor of {len(t)} rows"
                 message = f"index {{}} is out of range for {what}"
-                dma = self.cuda and row_bytes >= DMA_MIN_ROW_BYTES and self.resources.register_host(t)
+                dma = (
+                    self.cuda
+                    and row_bytes >= DMA_MIN_ROW_BYTES
+                    and self.resources.settings.memory_rows == "dma"
+                    and self.resources.register_host(t)
+                )
                 fields.append((_MEMORY_ROWS, len(t), row_bytes, t.data_ptr(), -1, 0, 0, message, dma))
                 specs.append((t.dtype, tuple(t.shape[1:]), 0))
                 keep.append(t)
@@ -211,7 +217,7 @@ class NativePipeline:
         return pool, slots
 
     def _gather_function(self) -> int:
-        if config.get("mapped_copy") == "kernel" and uva.available():
+        if self.resources.settings.mapped_copy == "kernel" and uva.available():
             return int(uva.kernel_handle(self.device))
         return 0  # the copy engines: one cuMemcpyBatchAsync a batch
 
@@ -242,17 +248,21 @@ class NativePipeline:
             position, self._next_position = self._next_position, self._next_position + 1
             number = self.progress.next_number()
             layout = self.loop.submit(position, indices)
-            out = None
+            out = home = None
             if layout[0] >= 0:
-                out = self._allocate(layout[0])
-                self.loop.start(position, out.data_ptr() if out.numel() else 0, out.numel())
-            self._inflight.append(_Batch(position, number, len(indices), layout, out))
+                out, home = self._allocate(layout[0])
+                self.loop.start(position, out.data_ptr() if out.numel() else 0, out.numel(), home or 0)
+            self._inflight.append(_Batch(position, number, len(indices), layout, out, home))
 
-    def _allocate(self, nbytes: int) -> torch.Tensor:
+    def _allocate(self, nbytes: int) -> tuple[torch.Tensor, int | None]:
+        """The batch's output and the stream it is allocated on: the current (the training
+        loop's) stream, as ``.to(device, non_blocking=True)`` would, so handing it over needs no
+        record_stream; the loop's copies wait for that stream's work up to now first."""
         if not self.cuda:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin_output)
-        with torch.cuda.stream(self.engine.stream):  # the loop's copies are ordered after it
-            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin_output), None
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device), torch.cuda.current_stream(
+            self.device
+        ).cuda_stream
 
     def next(self) -> Any:
         if self.finished:
@@ -278,8 +288,8 @@ class NativePipeline:
             self._fill()
             wrap(exc, "native stage/copy", batch.number).reraise()
         self.stats.mark("next:take", batch.number, taking)
-        if consumer is not None:
-            batch.out.record_stream(consumer)
+        if consumer is not None and consumer.cuda_stream != batch.home:
+            batch.out.record_stream(consumer)  # the loop switched streams since it was allocated
         result = self.build(self._views(batch))
         self.progress.yielded(batch.number, batch.samples)
         filling = time.perf_counter()

@@ -31,6 +31,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from . import config
 from .errors import CapturedError, LoaderShutdownError, capture, wrap
 from .fetch import Fetcher
@@ -98,6 +100,7 @@ class Pipeline:
             poll=self.poll,
             finish=hooks.finish,
             slot_bytes_bound=bound,
+            consumer=torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None,
         )
         self.on_delivered = hooks.delivered
         self.engine = resources.engine

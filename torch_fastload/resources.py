@@ -46,6 +46,11 @@ class ResourceSettings:
     io_threads: int
     io_task_size: int
     map_budget: int
+    # config-only options, read when the loader is made (like every option): see config.py
+    native: str = "auto"
+    mapped_copy: str = "kernel"
+    memory_rows: str = "dma"
+    nontemporal: bool = True
 
 
 class LoaderResources:
@@ -81,7 +86,7 @@ class LoaderResources:
         """Copies pageable fields into a slot with ``stage_threads`` threads."""
         with self._lock:
             if self._copier is None:
-                self._copier = ParallelCopier(self.settings.stage_threads, config.get("nontemporal"))
+                self._copier = ParallelCopier(self.settings.stage_threads, self.settings.nontemporal)
             return self._copier
 
     @property

@@ -47,6 +47,7 @@ class BatchStager:
         poll: float,
         finish: Callable[[Any, torch.device, dict], Any] | None = None,
         slot_bytes_bound: Callable[[], int] | None = None,
+        consumer=None,
     ):
         self.resources = resources
         self.collated = collated
@@ -54,6 +55,7 @@ class BatchStager:
         self.poll = poll
         self.finish = finish
         self.slot_bytes_bound = slot_bytes_bound
+        self.consumer = consumer  # the training loop's stream, where batches are allocated
         self.engine = resources.engine
         self.copier = resources.copier
         self.stats = resources.stats
@@ -145,7 +147,9 @@ class BatchStager:
             span = slot.buffer[:host_bytes] if slot is not None else None
             fill = read_into_device if to_device else None
             starting = time.perf_counter()
-            copy = self.engine.start(span, unpack, nbytes=plan.total_bytes, copies=copies, fill=fill)
+            copy = self.engine.start(
+                span, unpack, nbytes=plan.total_bytes, copies=copies, fill=fill, consumer=self.consumer
+            )
             self.stats.mark("stage:start-copy", number, starting)
         finally:
             if slot is not None:

@@ -29,6 +29,7 @@ class InFlightCopy:
     timing: tuple | None  # (start, end) CUDA events for the stats
     seconds: float = 0.0  # host-measured copy time where no events exist (CPU path)
     moved: list = field(default_factory=list)  # unstaged tensors moved on the copy stream
+    home: object | None = None  # the stream ``flat`` was allocated on (the consumer's), if not the copy stream
 
     def copy_seconds(self) -> float | None:
         """The copy's duration once it has finished; None while it is still running."""
@@ -58,6 +59,7 @@ class CopyEngine:
         nbytes: int | None = None,
         copies: Sequence[tuple[int, int, int]] | None = None,
         fill: Callable[[torch.Tensor], None] | None = None,
+        consumer=None,
     ) -> InFlightCopy:
         """Enqueue the batch's copy to the device and return without waiting.
 
@@ -67,6 +69,7 @@ class CopyEngine:
         it runs with the copy stream current, so stream-ordered writes follow the allocation.
         ``unpack(flat)`` builds the batch from the device bytes; it runs on the copy stream
         before the completion event, so tensors it moves itself are covered by that event.
+        ``consumer``: the stream the training loop runs on; the batch is allocated there.
         """
         nbytes = span.numel() if nbytes is None else nbytes
         if copies is None:
@@ -79,20 +82,33 @@ class CopyEngine:
             for src, dst, n in copies:
                 flat[dst : dst + n].copy_(span[src : src + n])
             return InFlightCopy(flat, unpack(flat), None, None, time.perf_counter() - started)
+        with torch.cuda.device(self.device):
+            home = None
+            if consumer is not None:
+                # The batch lives on the consumer's stream, as a ``.to(non_blocking=True)`` made
+                # there would: next() then needs no record_stream, and frees need no events. The
+                # copy stream first waits for the consumer's work up to the allocation (rule 2).
+                with torch.cuda.stream(consumer):
+                    flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+                allocated = torch.cuda.Event()
+                allocated.record(consumer)
+                self.stream.wait_event(allocated)
+                home = consumer
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             if self.debug_delay_cycles:
                 torch.cuda._sleep(self.debug_delay_cycles)
             start.record(self.stream)
-            flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            if home is None:
+                flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             for src, dst, n in copies:
                 flat[dst : dst + n].copy_(span[src : src + n], non_blocking=True)
             if fill is not None:
                 fill(flat)
             batch = unpack(flat)
             end.record(self.stream)
-        return InFlightCopy(flat, batch, end, (start, end))
+        return InFlightCopy(flat, batch, end, (start, end), home=home)
 
     def run(self, produce: Callable[[], Any]) -> InFlightCopy:
         """``produce()`` with the copy stream current, its batch covered by the completion event:
@@ -122,12 +138,17 @@ class CopyEngine:
         return event
 
     def hand_off(self, copy: InFlightCopy) -> None:
-        """Make the consumer's current stream wait for the copy; called on the consumer thread."""
+        """Make the consumer's current stream wait for the copy; called on the consumer thread.
+
+        A copy that already completed needs no stream wait at all. That matters beyond the
+        microseconds: a stream call blocks while the stream's command queue is full (a long
+        step just enqueued), which would show up as time in ``next()``."""
         if not self.is_cuda:
             return
         consumer = torch.cuda.current_stream(self.device)
-        consumer.wait_event(copy.done)
-        if copy.flat is not None:
+        if not copy.done.query():
+            consumer.wait_event(copy.done)
+        if copy.flat is not None and copy.home != consumer:
             copy.flat.record_stream(consumer)
         for tensor in copy.moved:
             tensor.record_stream(consumer)
