@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "cuda_driver.h"
 #include "native_loop.h"
 #include "py_arrays.h"
 
@@ -54,6 +55,9 @@ py::dict stats_dict(const tfl::LoopStats& s) {
 }  // namespace
 
 void bind_native_loop(py::module_& m) {
+  m.def("stream_wait_stream", &tfl::cuda::stream_wait_stream, py::arg("waiter"), py::arg("producer"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Stream `waiter` waits for the work enqueued on `producer` so far (raw CUstream handles), GIL released.");
   py::class_<tfl::NativeLoop>(m, "NativeLoop",
                               "The loader's GIL-free steady state for planned sources: index batches in,\n"
                               "batches staged into a device (or host) buffer out (csrc/native_loop.h).")
@@ -64,20 +68,24 @@ void bind_native_loop(py::module_& m) {
            py::arg("unsafe_slot_reuse") = false, py::keep_alive<1, 15>())
       .def(
           "submit",
-          [](tfl::NativeLoop& loop, int64_t position, const I64Array& indices) {
+          [](tfl::NativeLoop& loop, int64_t position, const I64Array& indices, uint64_t out, int64_t out_bytes,
+             uint64_t home) {
             std::vector<int64_t> v = to_vector(indices, "indices");
-            return loop.submit(position, std::move(v));
+            return loop.submit(position, std::move(v), out, out_bytes, home);
           },
-          py::arg("position"), py::arg("indices"),
-          "Register a batch; returns [output bytes, field offsets...] or [-1] (take() raises why).")
+          py::arg("position"), py::arg("indices"), py::arg("out") = 0, py::arg("out_bytes") = -1,
+          py::arg("home") = 0,
+          "Register a batch; returns [output bytes, (offset, bytes) per field...] or [-1] (take() raises\n"
+          "why). With out_bytes >= 0 it also starts into `out` (a layout known from row_layout).")
+      .def("row_layout", &tfl::NativeLoop::row_layout, py::arg("n"),
+           "The layout of any batch of n samples (fields of fixed-size rows only).")
       .def("start", &tfl::NativeLoop::start, py::arg("position"), py::arg("out"), py::arg("out_bytes"),
            py::arg("home") = 0,
            "Stage the batch into `out`: device memory allocated on stream `home`, or host memory.")
-      .def("wait", &tfl::NativeLoop::wait, py::arg("position"), py::arg("timeout"),
-           py::call_guard<py::gil_scoped_release>(), "True once the batch is staged or failed.")
-      .def("take", &tfl::NativeLoop::take, py::arg("position"), py::arg("consumer"),
+      .def("take", &tfl::NativeLoop::take, py::arg("position"), py::arg("consumer"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>(),
-           "Hand the batch over: the consumer stream waits on its copies; raises its error.")
+           "Wait up to `timeout` s for the batch; False if not staged. Else the consumer stream waits on\n"
+           "its copies (unless already done) and the batch is forgotten; raises its error.")
       .def("set_mapped", &tfl::NativeLoop::set_mapped, py::arg("file"), py::arg("mapped").none(true),
            py::keep_alive<1, 3>(), "Copy this file's ranges out of its registered mapping from now on.")
       .def("stop", &tfl::NativeLoop::stop, py::arg("timeout"), py::arg("wait_for_copies"),

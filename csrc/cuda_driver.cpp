@@ -63,4 +63,21 @@ void check(Result r, const char* what) {
   throw Error(Error::kInvalid, std::string(what) + " failed: CUDA error " + std::to_string(r) + " (" + text + ")");
 }
 
+void stream_wait_stream(uintptr_t waiter, uintptr_t producer) {
+  // One event per thread and context: once the wait is enqueued it has captured the event, so
+  // the next call may record it again.
+  thread_local Context bound = nullptr;
+  thread_local Event event = nullptr;
+  const Api& cu = api();
+  Context ctx = nullptr;
+  check(cu.ctx_get_current(&ctx), "cuCtxGetCurrent");
+  if (ctx == nullptr) throw Error(Error::kInvalid, "no CUDA context is current on this thread");
+  if (ctx != bound || event == nullptr) {
+    check(cu.event_create(&event, kEventDisableTiming), "cuEventCreate");
+    bound = ctx;
+  }
+  check(cu.event_record(event, reinterpret_cast<Stream>(producer)), "cuEventRecord");
+  check(cu.stream_wait_event(reinterpret_cast<Stream>(waiter), event, 0), "cuStreamWaitEvent");
+}
+
 }  // namespace tfl::cuda

@@ -55,4 +55,9 @@ const Api& api();
 // Throws tfl::Error with the driver's message when `r` is not kSuccess.
 void check(Result r, const char* what);
 
+// `waiter` (a CUstream) waits for the work enqueued on `producer` so far. Called without the
+// GIL: recording on a stream blocks while its command queue is full, and a thread blocked
+// there holding the GIL would stall every Python thread (the training loop's included).
+void stream_wait_stream(uintptr_t waiter, uintptr_t producer);
+
 }  // namespace tfl::cuda

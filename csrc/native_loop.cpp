@@ -101,7 +101,8 @@ std::vector<int64_t> NativeLoop::layout_of(const std::vector<int64_t>& indices) 
   return layout;
 }
 
-std::vector<int64_t> NativeLoop::submit(int64_t position, std::vector<int64_t> indices) {
+std::vector<int64_t> NativeLoop::submit(int64_t position, std::vector<int64_t> indices, uintptr_t out,
+                                        int64_t out_bytes, uintptr_t home) {
   Job job;
   job.position = position;
   try {
@@ -128,9 +129,18 @@ std::vector<int64_t> NativeLoop::submit(int64_t position, std::vector<int64_t> i
     job.done = true;
   }
   std::vector<int64_t> layout = job.error ? std::vector<int64_t>{-1} : job.layout;
-  std::lock_guard<std::mutex> lock(mu_);
-  jobs_[position] = std::move(job);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_[position] = std::move(job);
+  }
+  if (out_bytes >= 0 && layout[0] >= 0) start(position, out, out_bytes, home);
   return layout;
+}
+
+std::vector<int64_t> NativeLoop::row_layout(int64_t n) const {
+  for (const LoopField& f : cfg_.fields)
+    if (f.kind == LoopField::kRecords) throw Error(Error::kInvalid, "records have no layout before their indices");
+  return layout_of(std::vector<int64_t>(static_cast<size_t>(n), 0));
 }
 
 void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes, uintptr_t home) {
@@ -146,6 +156,7 @@ void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes, uintp
                                        std::to_string(job.layout[0]));
     job.out = out, job.out_bytes = out_bytes, job.home = home, job.started = true;
     queue_.push_back(position);
+    if (idle_workers_ == 0) return;  // a busy worker takes it from the queue next
   }
   work_cv_.notify_one();
 }
@@ -163,7 +174,9 @@ void NativeLoop::worker_loop() {
     Job* job = nullptr;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      ++idle_workers_;
       work_cv_.wait(lock, [this] { return stopping_.load() || !queue_.empty(); });
+      --idle_workers_;
       if (stopping_.load()) return;
       job = &jobs_.at(queue_.front());  // std::map: the reference stays valid while other jobs come and go
       queue_.pop_front();
@@ -496,41 +509,39 @@ void NativeLoop::harvest_timings(bool all) {  // under mu_
 
 // -- consumer side -------------------------------------------------------------------------
 
-bool NativeLoop::wait(int64_t position, double timeout_s) {
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-  std::unique_lock<std::mutex> lock(mu_);
-  auto it = jobs_.find(position);
-  if (it == jobs_.end()) throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was not submitted");
-  return done_cv_.wait_until(lock, deadline, [&] { return it->second.done; });
-}
-
-void NativeLoop::take(int64_t position, uintptr_t consumer) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto it = jobs_.find(position);
-  if (it == jobs_.end() || !it->second.done)
-    throw Error(Error::kInvalid, "batch " + std::to_string(position) + " is not staged yet");
-  Job job = std::move(it->second);
-  jobs_.erase(it);
-  if (job.error) {
-    recycle(job.ready, false);
-    if (job.timing_start != nullptr) timings_.emplace_back(job.timing_start, job.timing_end);
-    std::rethrow_exception(job.error);
-  }
-  if (cfg_.cuda) {
-    if (job.ready == nullptr) throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was stopped");
-    const auto& cu = cuda::api();
-    cuda::check(cu.ctx_set_current(ctx_), "cuCtxSetCurrent");
-    const cuda::Result done = cu.event_query(job.ready);
-    if (done != cuda::kSuccess) {
-      // The wait captures the event as recorded now, so the event can be recorded again later.
-      if (done != cuda::kNotReady) cuda::check(done, "cuEventQuery (a batch's copies)");
-      cuda::check(cu.stream_wait_event(reinterpret_cast<cuda::Stream>(consumer), job.ready, 0),
-                  "cuStreamWaitEvent (the consumer's stream on the batch's copies)");
+bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  Job job;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto it = jobs_.find(position);
+    if (it == jobs_.end()) throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was not submitted");
+    if (!done_cv_.wait_until(lock, deadline, [&] { return it->second.done; })) return false;
+    job = std::move(it->second);
+    jobs_.erase(it);
+    if (job.error) {
+      recycle(job.ready, false);
+      if (job.timing_start != nullptr) timings_.emplace_back(job.timing_start, job.timing_end);
+      std::rethrow_exception(job.error);
     }
-    recycle(job.ready, false);
-    timings_.emplace_back(job.timing_start, job.timing_end);
-    harvest_timings(false);
   }
+  if (!cfg_.cuda) return true;
+  if (job.ready == nullptr) throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was stopped");
+  const auto& cu = cuda::api();
+  cuda::check(cu.ctx_set_current(ctx_), "cuCtxSetCurrent");
+  const cuda::Result done = cu.event_query(job.ready);
+  if (done != cuda::kSuccess) {  // outside the lock: this may block while the stream's queue is full
+    if (done != cuda::kNotReady) cuda::check(done, "cuEventQuery (a batch's copies)");
+    // The wait captures the event as recorded now, so the event can be recorded again later.
+    cuda::check(cu.stream_wait_event(reinterpret_cast<cuda::Stream>(consumer), job.ready, 0),
+                "cuStreamWaitEvent (the consumer's stream on the batch's copies)");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  recycle(job.ready, false);
+  timings_.emplace_back(job.timing_start, job.timing_end);
+  harvest_timings(false);
+  return true;
 }
 
 void NativeLoop::set_mapped(int32_t file, const MappedFile* mapped) {

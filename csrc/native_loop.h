@@ -88,19 +88,22 @@ class NativeLoop {
 
   // Registers batch `position` (its indices, in sampler order) and returns its layout: the
   // output's byte size, then (byte offset, bytes) of each output field (records give two: the
-  // slab, then n + 1 int64 offsets).
-  // Bad indices are not raised here: the batch is recorded as failed and take() raises.
-  std::vector<int64_t> submit(int64_t position, std::vector<int64_t> indices);
+  // slab, then n + 1 int64 offsets). Bad indices are not raised here: the batch is recorded as
+  // failed ([-1] is returned) and take() raises. With out_bytes >= 0 the batch also starts
+  // into `out` at once (start()), for layouts the caller knew beforehand (row_layout).
+  std::vector<int64_t> submit(int64_t position, std::vector<int64_t> indices, uintptr_t out = 0,
+                              int64_t out_bytes = -1, uintptr_t home = 0);
+  // The layout of any batch of n samples, where it does not depend on the indices (no records).
+  std::vector<int64_t> row_layout(int64_t n) const;
   // Starts batch `position` into `out` of `out_bytes` (>= its layout size): device memory the
   // caller allocated on `home` (the consumer's stream, a CUstream; the copies first wait for
   // that stream's work up to now, so a block it freed is not written early), or host memory.
   void start(int64_t position, uintptr_t out, int64_t out_bytes, uintptr_t home);
-  // True once batch `position` is staged (or failed); waits up to timeout_s.
-  bool wait(int64_t position, double timeout_s);
-  // Hands batch `position` over (after wait() returned true): `consumer` (a CUstream) waits
-  // on its copies, unless they already completed (then no stream call is made: one blocks
-  // while the stream's queue is full); rethrows the batch's error. Forgotten either way.
-  void take(int64_t position, uintptr_t consumer);
+  // Waits up to timeout_s for batch `position`; false if it is not staged by then. Else hands
+  // it over: `consumer` (a CUstream) waits on its copies, unless they already completed (then
+  // no stream call is made: one blocks while the stream's queue is full), and forgets it;
+  // rethrows the batch's error.
+  bool take(int64_t position, uintptr_t consumer, double timeout_s);
   // A file's registered mapping (or null): its ranges are then copied out of the page cache.
   void set_mapped(int32_t file, const MappedFile* mapped);
   // Stops the workers (jobs not started are dropped) and joins them (each finishes the job in
@@ -156,6 +159,7 @@ class NativeLoop {
   std::condition_variable work_cv_, done_cv_, slot_cv_;
   std::map<int64_t, Job> jobs_;
   std::deque<int64_t> queue_;  // started, not yet picked up by a worker
+  int idle_workers_ = 0;       // workers waiting for a batch (only they need a notify)
   std::vector<Slot> slots_;
   std::deque<size_t> free_slots_;
   std::vector<cuda::Event> spare_events_, spare_timing_events_;

@@ -217,6 +217,7 @@ def test_loop_rejects_a_buffer_too_small_and_unknown_batches():
         1 << 16,
         1,
     )
+    assert loop.row_layout(3) == [24, 0, 24]
     layout = loop.submit(0, [1, 2, 3])
     assert layout == [24, 0, 24]
     with pytest.raises(ValueError, match="holds 8 bytes, the batch needs 24"):
@@ -225,13 +226,16 @@ def test_loop_rejects_a_buffer_too_small_and_unknown_batches():
         loop.start(7, values.data_ptr(), 64)
     out = torch.zeros(3, dtype=torch.int64)
     loop.start(0, out.data_ptr(), 24)
-    assert loop.wait(0, 5.0)
-    loop.take(0, 0)
+    assert loop.take(0, 0, 5.0)
     assert out.tolist() == [1, 2, 3]
     assert loop.submit(1, [11]) == [-1]
-    assert loop.wait(1, 0.0)
     with pytest.raises(IndexError, match="index 11 is out"):
-        loop.take(1, 0)
+        loop.take(1, 0, 0.0)
+    out = torch.zeros(2, dtype=torch.int64)
+    assert loop.submit(2, [9, -1], out.data_ptr(), 16) == [16, 0, 16]  # submitted and started at once
+    assert loop.take(2, 0, 5.0) and out.tolist() == [9, 9]
+    with pytest.raises(ValueError, match="was not submitted"):
+        loop.take(3, 0, 0.0)
     assert loop.stop(1.0, True)
 
 

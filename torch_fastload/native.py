@@ -123,6 +123,7 @@ class NativePipeline:
         self._exhausted = False
         self._fatal = None
         self._synced: dict = {}
+        self._row_layouts: dict | None = None  # batch size -> layout, where it does not depend on indices
         self._pin_output = self.device.type == "cpu" and resources.settings.pin_cpu_output
         self.engine = resources.engine
         tensor_dataset = isinstance(loader.dataset, tud.TensorDataset)
@@ -153,11 +154,13 @@ class NativePipeline:
             UNSAFE_SLOT_REUSE,
         )
         self._map_files(resources)
+        if not records:
+            self._row_layouts = {}
         self.stats.path = f"native loop -> {self.device}"
         if self._paths:
             self.stats.set_io(str(io) if io is not None else "")
         LIVE_PIPELINES.add(self)
-        self._fill()
+        self._fill(torch.cuda.current_stream(self.device).cuda_stream if self.cuda else 0)
 
     # -- set-up ---------------------------------------------------------------------------
     def _describe(self, layout: NativeLayout, tensor_dataset: bool):
@@ -233,9 +236,11 @@ class NativePipeline:
                 self.loop.set_mapped(i, m)
 
     # -- the training thread's side -----------------------------------------------------------
-    def _fill(self) -> None:
-        """Submit batches until ``depth`` are in flight: indices from the sampler, an output
-        buffer on the copy stream, and the loop starts staging it."""
+    def _fill(self, stream: int = 0) -> None:
+        """Submit batches until ``depth`` are in flight: indices from the sampler and an output
+        on ``stream`` (the training loop's, as ``.to(device, non_blocking=True)`` would allocate
+        it, so handing it over needs no record_stream; the loop's copies first wait for that
+        stream's work up to the allocation)."""
         while not self._exhausted and self._fatal is None and len(self._inflight) < self.depth:
             try:
                 indices = self.source._next_index()
@@ -247,22 +252,24 @@ class NativePipeline:
                 return
             position, self._next_position = self._next_position, self._next_position + 1
             number = self.progress.next_number()
-            layout = self.loop.submit(position, indices)
-            out = home = None
-            if layout[0] >= 0:
-                out, home = self._allocate(layout[0])
-                self.loop.start(position, out.data_ptr() if out.numel() else 0, out.numel(), home or 0)
-            self._inflight.append(_Batch(position, number, len(indices), layout, out, home))
+            known = self._row_layouts.get(len(indices)) if self._row_layouts is not None else None
+            if known is None and self._row_layouts is not None:
+                known = self._row_layouts[len(indices)] = self.loop.row_layout(len(indices))
+            out = None
+            if known is not None:  # allocate first, submit and start in one call
+                out = self._allocate(known[0])
+                layout = self.loop.submit(position, indices, out.data_ptr() if known[0] else 0, known[0], stream)
+            else:  # records: the size depends on the indices
+                layout = self.loop.submit(position, indices)
+                if layout[0] >= 0:
+                    out = self._allocate(layout[0])
+                    self.loop.start(position, out.data_ptr() if layout[0] else 0, layout[0], stream)
+            self._inflight.append(_Batch(position, number, len(indices), layout, out, stream))
 
-    def _allocate(self, nbytes: int) -> tuple[torch.Tensor, int | None]:
-        """The batch's output and the stream it is allocated on: the current (the training
-        loop's) stream, as ``.to(device, non_blocking=True)`` would, so handing it over needs no
-        record_stream; the loop's copies wait for that stream's work up to now first."""
+    def _allocate(self, nbytes: int) -> torch.Tensor:
         if not self.cuda:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin_output), None
-        return torch.empty(nbytes, dtype=torch.uint8, device=self.device), torch.cuda.current_stream(
-            self.device
-        ).cuda_stream
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin_output)
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def next(self) -> Any:
         if self.finished:
@@ -276,33 +283,31 @@ class NativePipeline:
             self.shutdown(wait_for_copies=False)
             raise StopIteration
         batch = self._inflight.popleft()
-        self._wait(batch.position)
-        self.stats.mark("next:wait", batch.number, started)
         consumer = torch.cuda.current_stream(self.device) if self.cuda else None
-        taking = time.perf_counter()
+        stream = consumer.cuda_stream if consumer is not None else 0
         try:
-            self.loop.take(batch.position, consumer.cuda_stream if consumer is not None else 0)
+            self._take(batch.position, stream)
         except Exception as exc:
             self.progress.yielded(batch.number, 0)  # a failed batch is spent too: it is raised
             self.stats.add_error()
-            self._fill()
+            self._fill(stream)
             wrap(exc, "native stage/copy", batch.number).reraise()
-        self.stats.mark("next:take", batch.number, taking)
-        if consumer is not None and consumer.cuda_stream != batch.home:
+        self.stats.mark("next:take", batch.number, started)
+        if stream != batch.home:
             batch.out.record_stream(consumer)  # the loop switched streams since it was allocated
         result = self.build(self._views(batch))
         self.progress.yielded(batch.number, batch.samples)
         filling = time.perf_counter()
-        self._fill()
+        self._fill(stream)
         self.stats.mark("next:fill", batch.number, filling)
         self.stats.delivered(started, batch.samples, self._payload(batch), batch.number)
         if self.on_delivered is not None:
             self.on_delivered(self.device, time.perf_counter() - started)
         return result
 
-    def _wait(self, position: int) -> None:
+    def _take(self, position: int, stream: int) -> None:
         deadline = time.monotonic() + self.timeout if self.timeout and self.timeout > 0 else None
-        while not self.loop.wait(position, self.poll):
+        while not self.loop.take(position, stream, self.poll):
             if self.stop.is_set():
                 raise LoaderShutdownError("this DataLoader iterator was shut down")
             if deadline is not None and time.monotonic() > deadline:

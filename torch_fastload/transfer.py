@@ -90,9 +90,7 @@ class CopyEngine:
                 # copy stream first waits for the consumer's work up to the allocation (rule 2).
                 with torch.cuda.stream(consumer):
                     flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-                allocated = torch.cuda.Event()
-                allocated.record(consumer)
-                self.stream.wait_event(allocated)
+                _order_after(self.stream, consumer)
                 home = consumer
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             start = torch.cuda.Event(enable_timing=True)
@@ -185,3 +183,19 @@ def _device_tensors(batch: Any) -> list:
     if isinstance(batch, (list, tuple)):
         return [t for item in batch for t in _device_tensors(item)]
     return []
+
+
+def _order_after(waiter: torch.cuda.Stream, producer: torch.cuda.Stream) -> None:
+    """``waiter.wait_stream(producer)``, without the GIL where the C++ engine is built: this
+    thread records on the training loop's stream, whose queue a long step may have filled, and
+    blocking there while holding the GIL would stall the training thread itself."""
+    if _stream_wait_stream is not None:
+        _stream_wait_stream(waiter.cuda_stream, producer.cuda_stream)
+    else:
+        waiter.wait_stream(producer)
+
+
+try:
+    from ._C import stream_wait_stream as _stream_wait_stream
+except ImportError:  # a source tree without the built extension
+    _stream_wait_stream = None
