@@ -43,6 +43,7 @@ const Api& api() {
       resolve(lib, "cuMemHostUnregister", table.mem_host_unregister);
       resolve(lib, "cuLaunchKernel", table.launch_kernel);
       resolve(lib, "cuStreamWaitEvent", table.stream_wait_event);
+      resolve(lib, "cuStreamGetCtx", table.stream_get_ctx);
       table.event_elapsed_time =
           reinterpret_cast<decltype(table.event_elapsed_time)>(::dlsym(lib, "cuEventElapsedTime_v2"));
       if (table.event_elapsed_time == nullptr) resolve(lib, "cuEventElapsedTime", table.event_elapsed_time);
@@ -69,9 +70,15 @@ void stream_wait_stream(uintptr_t waiter, uintptr_t producer) {
   thread_local Context bound = nullptr;
   thread_local Event event = nullptr;
   const Api& cu = api();
-  Context ctx = nullptr;
-  check(cu.ctx_get_current(&ctx), "cuCtxGetCurrent");
-  if (ctx == nullptr) throw Error(Error::kInvalid, "no CUDA context is current on this thread");
+  // The streams' context, made current here: a thread that only ran torch's allocator (no
+  // runtime call) has none yet.
+  Context ctx = nullptr, current = nullptr;
+  // (the legacy default stream, handle 0, names no context: ask the other stream)
+  const uintptr_t named = producer != 0 ? producer : waiter;
+  if (named == 0) throw Error(Error::kInvalid, "stream_wait_stream needs one stream other than the default");
+  check(cu.stream_get_ctx(reinterpret_cast<Stream>(named), &ctx), "cuStreamGetCtx");
+  check(cu.ctx_get_current(&current), "cuCtxGetCurrent");
+  if (current != ctx) check(cu.ctx_set_current(ctx), "cuCtxSetCurrent");
   if (ctx != bound || event == nullptr) {
     check(cu.event_create(&event, kEventDisableTiming), "cuEventCreate");
     bound = ctx;

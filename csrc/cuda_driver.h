@@ -43,6 +43,7 @@ struct Api {
                           void**, void**);
   Result (*get_error_string)(Result, const char**);
   Result (*stream_wait_event)(Stream, Event, unsigned);
+  Result (*stream_get_ctx)(Stream, Context*);
   Result (*event_elapsed_time)(float*, Event, Event);
   // Optional (null where the driver predates CUDA 13's cuMemcpyBatchAsync_v2): many copies,
   // one call, executed by the copy engines.
