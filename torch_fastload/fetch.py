@@ -127,6 +127,7 @@ class Fetcher:
         self.in_order = getattr(loader, "in_order", True)
         self.fetch_threads = loader.fetch_threads
         self.read_batch = read_batch  # source_hooks(...).batch: whole batches described as reads
+        self.uses_workers = not isinstance(source, InThreadSource)
 
     def batches(self) -> Iterator[tuple[int, Any]]:
         """``(number, batch or the exception it raised)``, in sampler order (or as fetched, with

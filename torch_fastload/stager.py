@@ -48,6 +48,7 @@ class BatchStager:
         finish: Callable[[Any, torch.device, dict], Any] | None = None,
         slot_bytes_bound: Callable[[], int] | None = None,
         consumer=None,
+        copy_threads: int | None = None,
     ):
         self.resources = resources
         self.collated = collated
@@ -56,6 +57,7 @@ class BatchStager:
         self.finish = finish
         self.slot_bytes_bound = slot_bytes_bound
         self.consumer = consumer  # the training loop's stream, where batches are allocated
+        self.copy_threads = copy_threads  # memcpy threads per batch (None: the copier's own)
         self.engine = resources.engine
         self.copier = resources.copier
         self.stats = resources.stats
@@ -142,7 +144,7 @@ class BatchStager:
                 self._read(reader, slot.buffer, reads)
             if slot is not None:
                 started = time.perf_counter()
-                staged = self.copier.copy_into(slot.buffer, host)
+                staged = self.copier.copy_into(slot.buffer, host, self.copy_threads)
                 self.stats.add_stage("stage", time.perf_counter() - started, staged)
             span = slot.buffer[:host_bytes] if slot is not None else None
             fill = read_into_device if to_device else None

@@ -293,7 +293,7 @@ class ParallelCopier:
         if not self.native and num_threads > 1:
             self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="fastload-copy")
 
-    def copy_into(self, dst: torch.Tensor, items: list[tuple[int, Any]]) -> int:
+    def copy_into(self, dst: torch.Tensor, items: list[tuple[int, Any]], threads: int | None = None) -> int:
         """Copy each source (tensor or PendingGather) to ``dst[offset:]``; returns the bytes copied.
 
         ``PendingRead`` fields are not copied here: an I/O backend (``io.Reader``) reads them."""
@@ -319,10 +319,11 @@ class ParallelCopier:
                 fallback.append((offset, src))
             else:
                 contiguous.append((offset, src, nbytes))
+        threads = min(threads or self.num_threads, self.num_threads)
         if self.native:
-            self._native_copy(dst.data_ptr(), contiguous, gathers)
+            self._native_copy(dst.data_ptr(), contiguous, gathers, threads)
         else:
-            self._numpy_copy(dst, contiguous, total)
+            self._numpy_copy(dst, contiguous, total, threads)
         for offset, src in fallback:
             view = dst[offset : offset + _nbytes(src.shape, src.dtype)]
             view = view.view(src.dtype).view(src.shape)
@@ -332,7 +333,7 @@ class ParallelCopier:
                 view.copy_(src)
         return total
 
-    def _native_copy(self, base: int, contiguous: list, gathers: list) -> None:
+    def _native_copy(self, base: int, contiguous: list, gathers: list, threads: int) -> None:
         """One engine call for the whole batch; gathered rows become pointer arrays, not Python."""
         dst_parts, src_parts, size_parts = [], [], []
         if contiguous:
@@ -350,15 +351,15 @@ class ParallelCopier:
                 np.concatenate(dst_parts),
                 np.concatenate(src_parts),
                 np.concatenate(size_parts),
-                self.num_threads,
+                threads,
                 _MIN_CHUNK * 2,
                 self.nontemporal,
             )
 
-    def _numpy_copy(self, dst: torch.Tensor, contiguous: list, total: int) -> None:
+    def _numpy_copy(self, dst: torch.Tensor, contiguous: list, total: int, threads: int) -> None:
         dst_np = dst.numpy()
         pieces = []
-        per_thread = max(_MIN_CHUNK, -(-total // self.num_threads))
+        per_thread = max(_MIN_CHUNK, -(-total // threads))
         for offset, src, nbytes in contiguous:
             src_np = _byte_view(src)
             for start in range(0, nbytes, per_thread):
@@ -367,8 +368,8 @@ class ParallelCopier:
         if self._executor is None or total < 2 * _MIN_CHUNK:
             _copy_list(pieces)
             return
-        work: list[list] = [[] for _ in range(self.num_threads)]
-        loads = [0] * self.num_threads
+        work: list[list] = [[] for _ in range(threads)]
+        loads = [0] * threads
         for piece in pieces:
             lightest = loads.index(min(loads))
             work[lightest].append(piece)
