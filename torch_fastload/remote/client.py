@@ -12,11 +12,13 @@ range ``RangeNotSupportedError``; nothing is retried that would read another ver
 from __future__ import annotations
 
 import http.client
+import os
 import random
 import re
 import socket
 import ssl
 import threading
+import weakref
 import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import replace
@@ -71,6 +73,22 @@ class _Retryable(Exception):
         super().__init__(text)
 
 
+_clients: weakref.WeakSet = weakref.WeakSet()
+
+
+def _forget_connections_after_fork() -> None:
+    """A forked child (a DataLoader worker) must not talk on its parent's sockets: it forgets
+    them (without shutting them down: the parent still uses them) and opens its own."""
+    for client in list(_clients):
+        client._local = threading.local()
+        client._open = set()
+        client._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_connections_after_fork)
+
+
 class Client:
     """Requests for objects with retries. One per reader (``close`` aborts its requests in
     flight); the sample path shares one without threads of its own."""
@@ -84,6 +102,7 @@ class Client:
         self._local = threading.local()
         self._open: set = set()
         self._lock = threading.Lock()
+        _clients.add(self)
 
     # -- connections ---------------------------------------------------------------------
     def _connection(self, loc: Location) -> http.client.HTTPConnection:
@@ -313,5 +332,7 @@ def _status_error(response, loc: Location):
             "AWS_PROFILE / ~/.aws), the region and the endpoint (TORCH_FASTLOAD_S3_ENDPOINT_URL / AWS_ENDPOINT_URL)",
         )
     if status in (412, 416):
-        raise ObjectChangedError(loc.display, f"{text}: the object no longer matches the version recorded at open")
+        raise ObjectChangedError(
+            loc.display, f"the object changed since it was opened ({text}); re-open the dataset to read the new one"
+        )
     raise RemoteProtocolError(loc.display, f"unexpected answer {text}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -24,12 +25,15 @@ class RequestPool:
         self._workers: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()
 
     def submit(self, priority: int, fn, *args) -> Future:
         future: Future = Future()
         with self._lock:
             if self._closed:
                 raise RuntimeError("the remote reader is closed")
+            if self._pid != os.getpid():  # a forked child: its parent's workers are not here
+                self._queue, self._workers, self._pid = queue.PriorityQueue(), [], os.getpid()
             if not self._workers:
                 for i in range(self.threads):
                     worker = threading.Thread(target=self._work, name=f"{self.name}-{i}", daemon=True)
