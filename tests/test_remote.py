@@ -281,6 +281,7 @@ def test_a_killed_fill_never_leaves_an_entry_that_reads_as_valid(data, server, t
     child.send_signal(signal.SIGKILL)
     child.wait()
     server.control(bandwidth=0)
+    assert [p.name for p in cache_dir.iterdir() if not p.name.startswith(".")] == []  # no entry
     partials = list(cache_dir.glob(".partial-*"))
     assert len(partials) == 1 and 0 < partials[0].stat().st_size  # the sparse temp file, never renamed
     obj = remote.open_object(target, str(cache_dir))
