@@ -94,6 +94,10 @@ def test_ranges_join_across_small_gaps_and_split_long_ones():
     assert requests[0] == (0, 0, 15, None, [(0, 0, 5), (10, 5, 5)])  # one request, the gap dropped
     assert [r[2] for r in requests[1:3]] == [2 << 20, 1 << 20]  # 3 MiB in 2 MiB requests
     assert requests[3] == (1, 0, 7, 99, None)
+    # 64 KiB rows 200 KiB apart: merging would read more gap than rows (+ slack): two requests
+    k = 1 << 10
+    apart = plan_requests(*(np.array(v) for v in ([0, 0], [0, 264 * k], [64 * k, 64 * k], [0, 64 * k])), 16 << 20)
+    assert [r[1:4] for r in apart] == [(0, 64 * k, 0), (264 * k, 64 * k, 64 * k)]
 
 
 def test_repeated_and_unordered_rows_in_a_batch(data, server):

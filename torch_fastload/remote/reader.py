@@ -1,7 +1,8 @@
 """The concurrent range reader: a batch's ranges of remote objects into a slot or GPU memory.
 
 A batch's ranges are coalesced (neighbours in the object and in the destination), ranges of
-an object less than ``MERGE_GAP`` apart joined into one request (the gaps read and dropped),
+an object less than ``MERGE_GAP`` apart joined into one request (the gaps read and dropped,
+never more than the bytes used + ``MERGE_SLACK``),
 long ones cut into requests of at most ``remote_request_size`` bytes, and the requests run
 ``remote_concurrency`` at a time on the reader's threads, each response read straight into
 its place in the destination (a host slot; for a GPU destination a pinned bounce buffer, then
@@ -39,8 +40,10 @@ __all__ = ["RemoteReader", "describe_settings", "backend_in_effect", "plan_reque
 
 log = logging.getLogger("torch_fastload")
 
-#: ranges of one object closer than this are read by one request (a round trip costs more)
-MERGE_GAP = 1 << 20
+#: ranges of one object closer than this may share a request (a request costs more than
+#: reading the gap), as long as the bytes dropped stay under the bytes used + MERGE_SLACK
+MERGE_GAP = 256 << 10
+MERGE_SLACK = 64 << 10
 
 
 def backend_in_effect(requested: str | None = None) -> tuple[str, str]:
@@ -264,19 +267,18 @@ def plan_requests(file_index, offsets, lengths, dst_offsets, request_size: int, 
     """The requests for coalesced ranges (sorted by file and offset):
     ``(file, offset, length, dst_offset, None)`` reads straight into place (a range longer than
     ``request_size`` is split), ``(file, offset, length, None, parts)`` spans neighbours less than
-    ``gap`` apart in one request of at most ``request_size``, ``parts`` = ``(start in the span,
-    dst_offset, length)``: a round trip costs more than reading a gap of ``gap`` bytes."""
+    ``gap`` apart in one request of at most ``request_size`` whose dropped bytes stay under its
+    used bytes + ``MERGE_SLACK``; ``parts`` = ``(start in the span, dst_offset, length)``."""
     fi, off, ln, at = (a.tolist() for a in (file_index, offsets, lengths, dst_offsets))
     requests, i = [], 0
     while i < len(off):
-        j, end = i + 1, off[i] + ln[i]
-        while (
-            j < len(off)
-            and fi[j] == fi[i]
-            and off[j] - end <= gap
-            and max(end, off[j] + ln[j]) - off[i] <= request_size
-        ):
-            end = max(end, off[j] + ln[j])
+        j, end, used = i + 1, off[i] + ln[i], ln[i]
+        while j < len(off) and fi[j] == fi[i] and off[j] - end <= gap:
+            new_end, useful = max(end, off[j] + ln[j]), used + ln[j]
+            span = new_end - off[i]
+            if span > request_size or span - useful > useful + MERGE_SLACK:  # too long, or mostly gaps
+                break
+            end, used = new_end, useful
             j += 1
         if j - i == 1:
             for start in range(0, ln[i], request_size):
