@@ -8,14 +8,16 @@ random object (--size) path-style (``/bucket/key``: boto3 talks to it as S3). Ev
 what this machine's loopback moves uncapped with the reader at 64 x 16 MiB, measured first, so
 the cap, not the CPU, is the limit).
 
-Per latency, a concurrency x request-size grid (GB/s, decimal) of:
+Per latency, a concurrency x request-size grid (GB/s, decimal; and client CPU seconds per GB) of:
   fastload   RemoteReader(concurrency, request_size).read of consecutive spans of
-             2 x concurrency x request_size bytes (capped at the object) into one buffer
+             2 x concurrency x request_size bytes (capped at the object) into one buffer, from
+             s3://bench/object.bin, SigV4-signed like boto3's (the server ignores signatures)
   boto3      get_object(Range=...) of request_size pieces on a ThreadPoolExecutor of
              `concurrency` threads (one client, max_pool_connections=concurrency), each body
              copied into the same buffer; the baseline is its best cell
   kvikio     kvikio RemoteFile.pread (num_threads x task_size) where it runs (CUDA hosts)
-Each cell reads for --min-seconds after a warm-up that opens its connections.
+Each cell reads for --min-seconds after a warm-up that opens its connections. Both libraries
+are also timed uncapped at 0 ms (64 x 16 MiB): what each moves through this CPU at most.
 Then, uncapped at the lowest latency, an epoch of an ArrayDataset (64 KiB rows, shuffled)
 through torch_fastload.DataLoader: remote, from the shard cache (cache hit), and from the local
 file (page cache hot); the cache-hit epoch vs the local one.
@@ -34,6 +36,7 @@ machine, command) and remote.png (the heatmaps) to --out (default benchmarks/out
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -48,7 +51,7 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from torch_fastload import ArrayDataset, DataLoader, remote  # noqa: E402
+from torch_fastload import ArrayDataset, DataLoader, config, remote  # noqa: E402
 from torch_fastload._benchutil import (  # noqa: E402
     Progress,
     error_text,
@@ -96,9 +99,10 @@ def make_data(root: Path, size: int) -> None:
 # --------------------------------------------------------------------------------------------
 # cells
 # --------------------------------------------------------------------------------------------
-def timed_spans(read, size: int, span: int, min_seconds: float) -> float:
-    """GB/s of ``read(offset, length)`` over consecutive spans (wrapping) for ``min_seconds``."""
-    moved, offset, started = 0, 0, time.perf_counter()
+def timed_spans(read, size: int, span: int, min_seconds: float) -> tuple[float, float]:
+    """``(GB/s, client CPU seconds per GB)`` of ``read(offset, length)`` over consecutive spans
+    (wrapping) for ``min_seconds``; the CPU is this process's (the server is another)."""
+    moved, offset, started, cpu = 0, 0, time.perf_counter(), time.process_time()
     while True:
         length = min(span, size - offset)
         read(offset, length)
@@ -106,7 +110,7 @@ def timed_spans(read, size: int, span: int, min_seconds: float) -> float:
         offset = 0 if offset + length >= size else offset + length
         elapsed = time.perf_counter() - started
         if elapsed >= min_seconds:
-            return moved / elapsed / 1e9
+            return moved / elapsed / 1e9, (time.process_time() - cpu) / (moved / 1e9)
 
 
 def fastload_cell(url: str, size: int, concurrency: int, request_size: int, min_seconds: float, backend="http"):
@@ -154,22 +158,32 @@ def boto3_cell(endpoint: str, size: int, concurrency: int, request_size: int, mi
 def grid(name: str, cell, latency: float, server, args, bar) -> dict:
     """One library's concurrency x request-size grid at ``latency`` (errors kept per cell)."""
     server.control(latency=latency)
-    rates = []
+    rates, cpu = [], []
     for c in args.concurrency:
-        row = []
+        row, cpu_row = [], []
         for s in args.sizes:
             try:
-                rate = cell(c, s)
-                log(f"  {name:<8} latency {latency * 1e3:>3.0f} ms  {c:>4} x {s / MiB:>3g} MiB  {rate:7.3f} GB/s")
+                rate, per_gb = cell(c, s)
+                log(
+                    f"  {name:<8} latency {latency * 1e3:>3.0f} ms  {c:>4} x {s / MiB:>3g} MiB  {rate:7.3f} GB/s  "
+                    f"{per_gb:6.2f} CPU s/GB"
+                )
             except Exception as exc:
-                rate = None
+                rate = per_gb = None
                 log(f"  {name:<8} latency {latency * 1e3:>3.0f} ms  {c:>4} x {s / MiB:>3g} MiB  {error_text(exc)}")
             row.append(rate)
+            cpu_row.append(per_gb)
             bar.update()
         rates.append(row)
+        cpu.append(cpu_row)
     cells = [(v, c, s) for c, row in zip(args.concurrency, rates) for s, v in zip(args.sizes, row) if v is not None]
     best = max(cells) if cells else (None, None, None)
-    return {"gbps": rates, "best": {"gbps": best[0], "concurrency": best[1], "request_size": best[2]}}
+    best_cpu = cpu[args.concurrency.index(best[1])][args.sizes.index(best[2])] if cells else None
+    return {
+        "gbps": rates,
+        "cpu_s_per_gb": cpu,
+        "best": {"gbps": best[0], "concurrency": best[1], "request_size": best[2], "cpu_s_per_gb": best_cpu},
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,7 +206,7 @@ def epoch_gbps(dataset, device, batch: int, epochs: int = 1) -> tuple[float, dic
 
 def loader_epochs(server, root: Path, args, device) -> dict:
     server.control(latency=min(args.latencies), bandwidth=0)
-    url = server.url(f"{BUCKET}/{ROWS_KEY}")
+    url = f"s3://{BUCKET}/{ROWS_KEY}"
     cache_dir = args.dir / "cache"
     shutil.rmtree(cache_dir, ignore_errors=True)
     out = {"device": str(device), "rows": ROW_FLOATS * 4, "batch": args.batch}
@@ -264,7 +278,7 @@ def measure_cap(server, url: str, size: int, args) -> float:
         except ValueError:
             return float(parse_size(args.cap))
     server.control(latency=0, bandwidth=0)
-    uncapped = fastload_cell(url, size, 64, 16 * MiB, max(0.5, args.min_seconds))
+    uncapped, _ = fastload_cell(url, size, 64, 16 * MiB, max(0.5, args.min_seconds))
     log(f"  uncapped loopback: {uncapped:.3f} GB/s (fastload 64 x 16 MiB) -> cap {0.6 * uncapped:.3f} GB/s")
     return 0.6 * uncapped * 1e9
 
@@ -325,8 +339,11 @@ def main(argv=None) -> int:
     report["kvikio_skipped"] = unavailable_reason()
     if not report["kvikio_skipped"]:
         libraries["kvikio"] = None
-    with LoopbackServer(args.dir) as server:
-        url = server.url(f"{BUCKET}/{KEY}")
+    # fastload signs its requests like boto3 does (the server accepts any signature)
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
+    with LoopbackServer(args.dir) as server, config.override(s3_endpoint_url=server.endpoint):
+        remote.reset()
+        url = f"s3://{BUCKET}/{KEY}"
         cells = {
             "fastload": lambda c, s: fastload_cell(url, size, c, s, args.min_seconds),
             "boto3": lambda c, s: boto3_cell(server.endpoint, size, c, s, args.min_seconds),
@@ -334,6 +351,10 @@ def main(argv=None) -> int:
         }
         try:
             report["cap_bps"] = measure_cap(server, url, size, args)
+            if "boto3" in libraries:  # what boto3 moves here uncapped: its ceiling on this CPU
+                rate, _ = boto3_cell(server.endpoint, size, 64, 16 * MiB, max(0.5, args.min_seconds))
+                report["boto3_uncapped_gbps"] = rate
+                log(f"  uncapped loopback: {rate:.3f} GB/s (boto3 64 x 16 MiB)")
             total = len(libraries) * len(args.latencies) * len(args.concurrency) * len(args.sizes)
             bar = Progress(total, "cells", enabled=not args.no_progress)
             server.control(bandwidth=report["cap_bps"])
@@ -359,12 +380,19 @@ def print_report(report: dict) -> None:
         for lat, result in by_latency.items():
             rows = [[c] + [fmt(v, ".3f") for v in row] for c, row in zip(report["concurrency"], result["gbps"])]
             best = result["best"]
-            where = f"{best['concurrency']} x {best['request_size'] / MiB:g} MiB" if best["gbps"] else "-"
+            where = (
+                f"{best['concurrency']} x {best['request_size'] / MiB:g} MiB ({best['cpu_s_per_gb']:.2f} CPU s/GB)"
+                if best["gbps"]
+                else "-"
+            )
             title = (
                 f"{lib}, latency {float(lat) * 1e3:.0f} ms, cap {report['cap_bps'] / 1e9:.3f} GB/s: GB/s; "
                 f"best {fmt(best['gbps'], '.3f')} at {where}"
             )
             log("\n" + table(["in flight"] + [f"{s / MiB:g} MiB" for s in report["sizes"]], rows, title=title))
+    if report.get("boto3_uncapped_gbps"):
+        rate = report["boto3_uncapped_gbps"]
+        log(f"\nuncapped at 0 ms, 64 x 16 MiB: boto3 {rate:.3f} GB/s (the cap: 60% of fastload's there)")
     if report.get("kvikio_skipped"):
         log(f"\nkvikio: skipped ({report['kvikio_skipped']})")
     log("\nverdicts:")

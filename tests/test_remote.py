@@ -54,7 +54,7 @@ def clean(server):
     """Fast retries, a fresh registry, the server well-behaved again, and no thread left after."""
     with config.override(remote_backoff=0.01, remote_timeout=5.0):
         yield
-    server.control(fail=0, stall=0, ignore_range=False, reset=0, latency=0, bandwidth=0)
+    server.control(fail=0, stall=0, ignore_range=False, reset=0, refuse_head=False, latency=0, bandwidth=0)
     remote.reset()
     assert_no_threads_left()
 
@@ -326,6 +326,20 @@ def test_doctor_url_sweep_recommends_a_cell(server, tmp_path, capsys):
 
     assert doctor.main(["--url", url(server)("nope.bin"), "--quick"]) == 1
     assert "remote sweep: failed: RemoteNotFoundError" in capsys.readouterr().out
+
+
+def test_a_url_that_refuses_head_is_sized_by_its_first_byte(data, server):
+    """A presigned GET URL cannot be HEADed: the size and version come from a 1-byte range."""
+    server.control(refuse_head=True)
+    for ignore_range in (False, True):  # the probe's answer: 206, or the whole object (200)
+        server.control(ignore_range=ignore_range)
+        obj = remote.open_object(url(server)("y.npy"))
+        assert obj.size == os.path.getsize(data / "data" / "y.npy") and obj.version
+    server.control(ignore_range=False)
+    ours, _ = batches(ArrayDataset(url(server)("y.npy")), batch_size=500)
+    assert torch.equal(torch.cat(ours), torch.from_numpy(np.load(local(data)("y.npy"))))
+    with config.override(s3_endpoint_url=server.endpoint), pytest.raises(remote.RemoteAccessError):
+        remote.open_object("s3://data/y.npy")  # s3:// signs its HEAD: a refusal stays one
 
 
 def test_query_strings_never_reach_a_message(server):

@@ -73,6 +73,20 @@ class _Retryable(Exception):
         super().__init__(text)
 
 
+class _HTTPConnection(http.client.HTTPConnection):
+    """With TCP_NODELAY (set on every reconnect): a request is one small write, never held back."""
+
+    def connect(self):
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    def connect(self):
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 _clients: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -102,6 +116,7 @@ class Client:
         self._local = threading.local()
         self._open: set = set()
         self._lock = threading.Lock()
+        self._tls: ssl.SSLContext | None = None
         _clients.add(self)
 
     # -- connections ---------------------------------------------------------------------
@@ -111,11 +126,11 @@ class Client:
         conn = conns.get(key)
         if conn is None:
             if loc.scheme == "https":
-                conn = http.client.HTTPSConnection(
-                    loc.host, loc.port, timeout=self.timeout, context=ssl.create_default_context()
-                )
+                if self._tls is None:  # loading the CA store takes milliseconds: once per client
+                    self._tls = ssl.create_default_context()
+                conn = _HTTPSConnection(loc.host, loc.port, timeout=self.timeout, context=self._tls)
             else:
-                conn = http.client.HTTPConnection(loc.host, loc.port, timeout=self.timeout)
+                conn = _HTTPConnection(loc.host, loc.port, timeout=self.timeout)
             conns[key] = conn
             with self._lock:
                 self._open.add(conn)
@@ -197,13 +212,14 @@ class Client:
         except BaseException:
             self._drop(loc)
             raise
-        if response.will_close:
+        if response.will_close or (response.length or 0) > 0:  # closed early: body bytes still on the wire
             self._drop(loc)
         return result
 
     # -- what the readers ask ------------------------------------------------------------
     def head(self, loc: Location) -> tuple[int, str | None]:
-        """``(size, version)`` of the object."""
+        """``(size, version)`` of the object. An http(s) URL whose server refuses HEAD (a
+        presigned URL is signed for GET only) is asked for its first byte instead."""
 
         def handle(response):
             if response.status != 200:
@@ -214,7 +230,12 @@ class Client:
                 raise RemoteProtocolError(loc.display, f"HEAD answered without a Content-Length ({length!r})")
             return int(length), version_of(response)
 
-        return self.request("HEAD", loc, {}, handle, "HEAD")
+        try:
+            return self.request("HEAD", loc, {}, handle, "HEAD")
+        except (RemoteAccessError, RemoteProtocolError):
+            if loc.signed:
+                raise
+            return self.request("GET", loc, {"range": "bytes=0-0"}, _first_byte_size(loc), "GET bytes 0-0")
 
     def read_range(self, loc: Location, size: int, version: str | None, offset: int, out) -> None:
         """``len(out)`` bytes at ``offset`` of the object (``size`` bytes, ``version``) into
@@ -267,6 +288,27 @@ class Client:
                 break
             token = token_el.text
         return [f"s3://{loc.bucket}/{key}" for key in keys]
+
+
+def _first_byte_size(loc: Location):
+    """The handler of a ``bytes=0-0`` probe: ``(size, version)`` from its Content-Range."""
+
+    def handle(response):
+        if response.status == 206:
+            response.read()
+            match = _CONTENT_RANGE.fullmatch((response.getheader("Content-Range") or "").strip())
+            if match is None or match.group(3) == "*":
+                raise RemoteProtocolError(loc.display, "HTTP 206 without the object's size in Content-Range")
+            return int(match.group(3)), version_of(response)
+        if response.status == 200:  # the whole object is coming: its length is the size
+            length = response.getheader("Content-Length")
+            response.close()
+            if length is None or not length.isdigit():
+                raise RemoteProtocolError(loc.display, "HTTP 200 without a Content-Length")
+            return int(length), version_of(response)
+        _status_error(response, loc)
+
+    return handle
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -41,7 +41,7 @@ class _State:
     def __init__(self, root: str, latency: float, bandwidth: float):
         self.root = os.path.realpath(root)
         self.switches = {"latency": latency, "bandwidth": bandwidth, "fail": 0, "fail_status": 503}
-        self.switches.update(stall=0, stall_seconds=0.0, ignore_range=False, reset=0)
+        self.switches.update(stall=0, stall_seconds=0.0, ignore_range=False, reset=0, refuse_head=False)
         self.stats = {"requests": 0, "failed": 0, "stalled": 0, "reset": 0, "bytes": 0}
         self.sent_until = 0.0  # the token bucket: when the bytes sent so far may have left
 
@@ -152,6 +152,8 @@ async def _handle(state: _State, reader, writer) -> None:
             if state.take("fail"):
                 status = int(state.switches["fail_status"])
                 writer.write(_error(status, "SlowDown" if status == 503 else "InternalError"))
+            elif method == "HEAD" and state.switches["refuse_head"]:  # as S3 does for a GET-presigned URL
+                writer.write(_error(403, "SignatureDoesNotMatch"))
             elif method in ("GET", "HEAD"):
                 await _serve_object(state, method, target, headers, writer)
             else:
@@ -192,7 +194,7 @@ class LoopbackServer:
 
     def control(self, **switches) -> dict:
         """Change switches (fail, fail_status, stall, stall_seconds, ignore_range, reset,
-        latency, bandwidth); returns the switches and stats now."""
+        refuse_head, latency, bandwidth); returns the switches and stats now."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
             conn.request("POST", "/__control__", body=json.dumps(switches))
