@@ -283,7 +283,7 @@ def measure_cap(server, url: str, size: int, args) -> float:
     return 0.6 * uncapped * 1e9
 
 
-def main(argv=None) -> int:
+def parse_args(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -302,21 +302,69 @@ def main(argv=None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     preset = SMOKE if args.cpu_smoke else QUICK if args.quick else FULL
-    size = parse_size(args.size) if args.size else preset["size"]
+    args.size = parse_size(args.size) if args.size else preset["size"]
     args.concurrency = args.concurrency or preset["concurrency"]
     args.sizes = args.sizes or preset["sizes"]
     args.min_seconds = args.min_seconds or preset["min_seconds"]
     if args.cpu_smoke:
         args.latencies, args.batch = args.latencies[:1], 32
+    return args
+
+
+def libraries_here(args, report: dict) -> list:
+    """fastload, and boto3 / kvikio where they run (why not recorded in the report)."""
+    libraries = ["fastload"]
+    if args.skip_boto3:
+        report["boto3_skipped"] = "--skip-boto3"
+    else:
+        try:
+            import boto3  # noqa: F401
+
+            libraries.append("boto3")
+        except ImportError:
+            report["boto3_skipped"] = "boto3 is not installed (pip install boto3)"
+    from torch_fastload.remote.kvikio_backend import unavailable_reason
+
+    report["kvikio_skipped"] = unavailable_reason()
+    if not report["kvikio_skipped"]:
+        libraries.append("kvikio")
+    return libraries
+
+
+def measure(server, args, report: dict, libraries: list, device) -> None:
+    """The cap, the grids at every latency, the loader epochs: into ``report``."""
+    size, url = args.size, f"s3://{BUCKET}/{KEY}"
+    cells = {
+        "fastload": lambda c, s: fastload_cell(url, size, c, s, args.min_seconds),
+        "boto3": lambda c, s: boto3_cell(server.endpoint, size, c, s, args.min_seconds),
+        "kvikio": lambda c, s: fastload_cell(url, size, c, s, args.min_seconds, backend="kvikio"),
+    }
+    report["cap_bps"] = measure_cap(server, url, size, args)
+    if "boto3" in libraries:  # what boto3 moves here uncapped: its ceiling on this CPU
+        rate, _ = boto3_cell(server.endpoint, size, 64, 16 * MiB, max(0.5, args.min_seconds))
+        report["boto3_uncapped_gbps"] = rate
+        log(f"  uncapped loopback: {rate:.3f} GB/s (boto3 64 x 16 MiB)")
+    total = len(libraries) * len(args.latencies) * len(args.concurrency) * len(args.sizes)
+    bar = Progress(total, "cells", enabled=not args.no_progress)
+    server.control(bandwidth=report["cap_bps"])
+    for lat in args.latencies:
+        for lib in libraries:
+            report["grids"].setdefault(lib, {})[str(lat)] = grid(lib, cells[lib], lat, server, args, bar)
+    bar.close()
+    report["epochs"] = loader_epochs(server, args.dir, args, device)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu_smoke else "cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    log(f"remote benchmark: {size / MiB:g} MiB object, latencies {args.latencies}, device {device}")
-    make_data(args.dir, size)
+    log(f"remote benchmark: {args.size / MiB:g} MiB object, latencies {args.latencies}, device {device}")
+    make_data(args.dir, args.size)
     report = {
         "command": " ".join(sys.argv),
         "machine": machine_info(device.type == "cuda"),
-        "size": size,
+        "size": args.size,
         "latencies": args.latencies,
         "concurrency": args.concurrency,
         "sizes": args.sizes,
@@ -324,45 +372,13 @@ def main(argv=None) -> int:
         "grids": {"fastload": {}},
         "failures": [],
     }
-    libraries = {"fastload": None}
-    if args.skip_boto3:
-        report["boto3_skipped"] = "--skip-boto3"
-    else:
-        try:
-            import boto3  # noqa: F401
-
-            libraries["boto3"] = None
-        except ImportError:
-            report["boto3_skipped"] = "boto3 is not installed (pip install boto3)"
-    from torch_fastload.remote.kvikio_backend import unavailable_reason
-
-    report["kvikio_skipped"] = unavailable_reason()
-    if not report["kvikio_skipped"]:
-        libraries["kvikio"] = None
+    libraries = libraries_here(args, report)
     # fastload signs its requests like boto3 does (the server accepts any signature)
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
     with LoopbackServer(args.dir) as server, config.override(s3_endpoint_url=server.endpoint):
         remote.reset()
-        url = f"s3://{BUCKET}/{KEY}"
-        cells = {
-            "fastload": lambda c, s: fastload_cell(url, size, c, s, args.min_seconds),
-            "boto3": lambda c, s: boto3_cell(server.endpoint, size, c, s, args.min_seconds),
-            "kvikio": lambda c, s: fastload_cell(url, size, c, s, args.min_seconds, backend="kvikio"),
-        }
         try:
-            report["cap_bps"] = measure_cap(server, url, size, args)
-            if "boto3" in libraries:  # what boto3 moves here uncapped: its ceiling on this CPU
-                rate, _ = boto3_cell(server.endpoint, size, 64, 16 * MiB, max(0.5, args.min_seconds))
-                report["boto3_uncapped_gbps"] = rate
-                log(f"  uncapped loopback: {rate:.3f} GB/s (boto3 64 x 16 MiB)")
-            total = len(libraries) * len(args.latencies) * len(args.concurrency) * len(args.sizes)
-            bar = Progress(total, "cells", enabled=not args.no_progress)
-            server.control(bandwidth=report["cap_bps"])
-            for lat in args.latencies:
-                for lib in libraries:
-                    report["grids"].setdefault(lib, {})[str(lat)] = grid(lib, cells[lib], lat, server, args, bar)
-            bar.close()
-            report["epochs"] = loader_epochs(server, args.dir, args, device)
+            measure(server, args, report, libraries, device)
         except Exception as exc:
             report["failures"].append(error_text(exc))
             traceback.print_exc()

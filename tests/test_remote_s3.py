@@ -116,6 +116,10 @@ def test_a_prefix_lists_its_objects(aws):
     listed = remote.expand(s3_url("pack/"))
     assert listed == sorted(s3_url(f"pack/{n}") for n in os.listdir(root / "pack"))
     assert remote.expand([s3_url("x.npy"), s3_url("y.npy")]) == [s3_url("x.npy"), s3_url("y.npy")]
+    _, _, _, client = aws
+    client.put_object(Bucket=BUCKET, Key="odd/a b+c=d%.bin", Body=b"0123456789")  # signed with the key encoded
+    assert remote.expand(f"s3://{BUCKET}/odd/") == [f"s3://{BUCKET}/odd/a b+c=d%.bin"]
+    assert remote.objects.read(f"s3://{BUCKET}/odd/a b+c=d%.bin", 3, 4) == b"3456"
 
 
 def test_wrong_credentials_are_refused_without_showing_them(aws, monkeypatch):

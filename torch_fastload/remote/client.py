@@ -367,12 +367,15 @@ def _status_error(response, loc: Location):
         raise _Retryable(text, float(after) if after and after.isdigit() else None)
     if status == 404:
         raise RemoteNotFoundError(loc.display, f"{text}: no such object (or bucket)")
-    if status in (401, 403) or (match and b"Token" in match.group(1)) or (match and b"Authorization" in match.group(1)):
+    code = match.group(1) if match else b""
+    if status in (401, 403) or b"Token" in code or b"Authorization" in code:
         raise RemoteAccessError(
             loc.display,
             f"{text}: access denied. Check the credentials the AWS chain resolves (AWS_ACCESS_KEY_ID / "
             "AWS_PROFILE / ~/.aws), the region and the endpoint (TORCH_FASTLOAD_S3_ENDPOINT_URL / AWS_ENDPOINT_URL)",
         )
+    if match and (b"Redirect" in match.group(1) or b"IllegalLocationConstraint" in match.group(1)):
+        raise RemoteAccessError(loc.display, f"{text}: the bucket is in another region; set AWS_REGION to it")
     if status in (412, 416):
         raise ObjectChangedError(
             loc.display, f"the object changed since it was opened ({text}); re-open the dataset to read the new one"
