@@ -88,8 +88,11 @@ setup(
             "torchvision",
             "pillow",
             "torch_geometric",
+            "moto[server]",  # tests/test_remote_s3.py: a loopback S3 server checking SigV4
+            "boto3",
         ],
-        "bench": ["matplotlib", "tqdm"],
+        "bench": ["matplotlib", "tqdm", "boto3"],  # boto3: benchmarks/remote.py's baseline
+        "remote": ["botocore"],  # the AWS credential chain (config files, SSO, roles) for s3:// URLs
         "vision": ["torchvision", "pillow"],
         "gnn": ["torch_geometric", "tqdm"],
     },

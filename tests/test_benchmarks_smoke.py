@@ -97,3 +97,18 @@ def test_feature_gather_cpu_smoke(tmp_path):
     cold = {r["mode"] for r in report["cold"]}
     assert {"mmap", "storage buffered", "storage O_DIRECT", "disk 4 KiB random O_DIRECT"} <= cold
     assert (out / "feature_gather.png").is_file() and "hot gathers" in res.stdout
+
+
+def test_remote_cpu_smoke(tmp_path):
+    res, out = run_smoke("remote.py", tmp_path)
+    report = json.loads((out / "remote.json").read_text())
+    assert not report["failures"], report["failures"]
+    grids = report["grids"]
+    assert {"fastload", "boto3"} <= set(grids), grids.keys()
+    for lib in ("fastload", "boto3"):
+        cells = [v for row in grids[lib]["0.01"]["gbps"] for v in row]
+        assert cells and all(v is not None and v > 0 for v in cells), (lib, cells)
+    assert report["cap_bps"] > 0 and report["epochs"]["cache_gbps"] > 0
+    assert set(report["epochs"]["cache_io"]) == {"remote-cache"}  # the second epoch never left the cache
+    assert report["verdicts"] and (out / "remote.png").is_file()
+    assert "total time" in res.stdout

@@ -133,6 +133,10 @@ def _bool(name: str, value: Any) -> bool:
     raise ValueError(f"torch_fastload option {name!r} must be a boolean (1/0, true/false), got {value!r}")
 
 
+def _text(name: str, value: Any) -> str:
+    return "" if value is None else str(value).strip()
+
+
 def _choice(*choices: str) -> Callable[[str, Any], str]:
     def parse(name: str, value: Any) -> str:
         text = str(value).lower()
@@ -283,6 +287,50 @@ OPTIONS: dict[str, Option] = {
             "rows of in-memory datasets (TensorDataset) of 16 KiB and more reach the GPU by the copy engines "
             "out of the dataset's own pages, registered with CUDA within map_budget ('dma'), or are gathered by "
             "CPU threads into a pinned slot first ('gather')",
+        ),
+        Option(
+            "remote_concurrency",
+            64,
+            _int_between(1, 1024),
+            "range requests in flight per reader for s3:// and http(s):// objects",
+            tunable=True,
+        ),
+        Option(
+            "remote_request_size",
+            16 << 20,
+            _byte_size,
+            "bytes per range request (larger reads are split into requests of this size)",
+            tunable=True,
+        ),
+        Option("remote_retries", 5, _non_negative_int, "retries of a failed request (429, 5xx, timeout, reset)"),
+        Option(
+            "remote_backoff",
+            0.2,
+            _positive_float,
+            "seconds: retry k waits a random time in [0, remote_backoff * 2**(k-1)], at most 10 s",
+        ),
+        Option("remote_timeout", 30.0, _positive_float, "seconds a request may wait to connect or for any bytes"),
+        Option(
+            "remote_backend",
+            "auto",
+            _choice("auto", "http", "kvikio"),
+            "remote reads: 'http' (torch_fastload's concurrent range reader), 'kvikio' (kvikio's "
+            "RemoteFile; needs CUDA), 'auto' (http)",
+        ),
+        Option(
+            "remote_cache_dir",
+            "",
+            _text,
+            "directory of the on-disk shard cache for remote objects (whole objects, LRU); '' = no cache",
+        ),
+        Option(
+            "remote_cache_limit", 64 << 30, _byte_size, "bytes the shard cache may hold (least recently used leave)"
+        ),
+        Option(
+            "s3_endpoint_url",
+            "",
+            _text,
+            "S3-compatible endpoint for s3:// URLs (else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)",
         ),
         Option(
             "shutdown_timeout",

@@ -757,6 +757,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help=f"write the recommended io_threads / io_task_size to the tuning file "
         f"(TORCH_FASTLOAD_TUNING_FILE, now {config.tuning_file()})",
     )
+    p.add_argument(
+        "--url",
+        default=None,
+        help="time remote reads of this s3:// or http(s):// object instead (concurrency x request size) "
+        "and recommend remote_concurrency / remote_request_size",
+    )
     p.add_argument("--json", type=Path, default=None, help="write every measurement here")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
     return p
@@ -772,6 +778,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             parser.error(f"--threads must be at most {engine.MAX_THREADS}, got {args.threads}")
     except SystemExit as exc:  # argparse: 2 for bad arguments, 0 for --help
         return int(exc.code or 0)
+    if args.url:  # the remote sweep only (torch_fastload/remote/sweep.py)
+        from torch_fastload.remote import sweep as remote_sweep
+
+        return remote_sweep.run(args.url, quick=args.quick, json_path=args.json, do_save=args.save)
     size = args.size or (256 * MiB if args.quick else GiB)
     h2d_size = args.h2d_size or (64 * MiB if args.quick else 256 * MiB)
     threads = args.threads or ([1, 4, 16] if args.quick else [1, 2, 4, 8, 16, 32])

@@ -16,6 +16,10 @@ executes them, into the pinned slot or straight into GPU memory:
     engine-odirect    the C++ engine, O_DIRECT             the ring (never mapped)
     python-posix      os.pread (engine not built)          the pinned slot
 
+Ranges of ``s3://`` and ``http(s)://`` objects go, whatever the mode, to the reader's
+``remote.RemoteReader`` (``remote-http``: concurrent range requests, or ``remote-kvikio``;
+objects in the shard cache are read by the mode above and counted as ``remote-cache``).
+
 ``select(io_mode, device, ...)`` turns the requested ``io_mode`` (auto | gds | pinned | posix)
 into an ``IoPath`` saying which mode runs and why; the loader reports it in its stats (with
 the bytes each path moved: ``mapped``, ``engine-posix``, ...) and logs it, never silently.
@@ -34,6 +38,7 @@ non-blocking copy stream (1.15x). ``benchmarks/file_loader.py`` times both.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import logging
@@ -50,6 +55,7 @@ import torch
 from . import config, engine, uva
 from .engine import RangeError, ShortReadError
 from .pool import _wait_event
+from .remote.url import is_url
 from .staging import PendingRead
 
 __all__ = [
@@ -144,6 +150,7 @@ class IoPath:
     why: str
     ring_chunks: int = 0  # engine on CUDA: pinned chunks of task_size between the file and the GPU
     map_budget: int = 0  # engine on CUDA: page cache it may pin to DMA resident files directly
+    remote: str = ""  # how s3:// and http(s):// objects are read, where the source has any
 
     def __str__(self) -> str:
         if self.ring_chunks:
@@ -154,7 +161,7 @@ class IoPath:
             where = "GPU memory" if self.to_device else "pinned slot"
         return (
             f"{self.mode} -> {where} ({self.threads} threads x {self.task_size / 2**20:g} MiB tasks; "
-            f"io_mode={self.requested}: {self.why})"
+            f"io_mode={self.requested}: {self.why})" + (f"; remote objects: {self.remote}" if self.remote else "")
         )
 
 
@@ -171,8 +178,19 @@ def select(
     threads: int | None = None,
     task_size: int | None = None,
     map_budget: int | str | None = None,
+    remote: bool = False,
 ) -> IoPath:
-    """The read path for ``io_mode`` (None: configured) on ``device``; raises where it cannot run."""
+    """The read path for ``io_mode`` (None: configured) on ``device``; raises where it cannot run.
+    ``remote``: the source reads URLs too (``IoPath.remote`` then says how)."""
+    path = _select_local(io_mode, device, o_direct, threads, task_size, map_budget)
+    if not remote:
+        return path
+    from .remote import describe_settings
+
+    return dataclasses.replace(path, remote=describe_settings())
+
+
+def _select_local(io_mode, device, o_direct, threads, task_size, map_budget) -> IoPath:
     requested = config.resolve("io_mode", io_mode)
     o_direct = config.resolve("o_direct", o_direct)
     threads = config.resolve("io_threads", threads)
@@ -353,6 +371,8 @@ class Reader:
 
     def __init__(self, path: IoPath):
         self.path = path
+        self._remote = None
+        self._remote_lock = threading.Lock()
 
     @property
     def mode(self) -> str:
@@ -366,14 +386,35 @@ class Reader:
         expected = "cuda" if self.path.to_device else "cpu"
         if dst.device.type != expected:
             raise ValueError(f"{self.mode} reads into {expected} memory, got a buffer on {dst.device}")
-        moved = self._read(dst, *batch_ranges(reads))
+        ranges = batch_ranges(reads)
+        if any(is_url(p) for p in ranges[0]):
+            return self._remote_reader().read(dst, *ranges, local=self._read_local)
+        return self._read_local(dst, *ranges)
+
+    def _read_local(self, dst, *ranges) -> dict[str, int]:
+        moved = self._read(dst, *ranges)
         return moved if isinstance(moved, dict) else {self.mode: moved}
 
     def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> int | dict[str, int]:
         raise NotImplementedError  # each backend implements it
 
+    def _remote_reader(self):
+        """The reader of URL ranges, made on the first batch that has any."""
+        with self._remote_lock:
+            if self._remote is None:
+                from .remote import RemoteReader, describe_settings
+
+                self._remote = RemoteReader()
+                self.path = dataclasses.replace(self.path, remote=describe_settings())
+                log.info("torch_fastload reads remote objects with %s", self.path.remote)
+            return self._remote
+
     def close(self, timeout: float = 10.0) -> None:
         """Free what the reader holds once no copy reads it any more."""
+        with self._remote_lock:
+            remote, self._remote = self._remote, None
+        if remote is not None:
+            remote.close(timeout)
 
 
 class EngineReader(Reader):
@@ -486,6 +527,7 @@ class EngineReader(Reader):
         self.stager = None
         if self.mapped is not None:
             self.mapped.close()
+        super().close(timeout)
 
 
 class PythonReader(Reader):

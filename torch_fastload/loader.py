@@ -25,6 +25,7 @@ from .fetch import TorchDataLoader, ignores_workers, make_source, source_hooks
 from .native import run_native_or_none
 from .pipeline import LIVE_PIPELINES, Pipeline
 from .pool import PinnedPool
+from .remote import urls_of
 from .resources import LoaderResources, ResourceSettings
 from .stats import StatsSnapshot
 
@@ -167,6 +168,7 @@ class DataLoader(TorchDataLoader):
                 mapped_copy=config.get("mapped_copy"),
                 memory_rows=config.get("memory_rows"),
                 nontemporal=config.get("nontemporal"),
+                remote=bool(urls_of(dataset)),
             )
         )
         self._pipelines: weakref.WeakSet = weakref.WeakSet()

@@ -69,8 +69,8 @@ def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources
             return None
         return NativeLayout(tuple(MemoryRows(t) for t in tensors), list)
     layout = hooks.native() if hooks.native is not None else None
-    if layout is None:
-        return None
+    if layout is None or resources.settings.remote:
+        return None  # s3:// and http(s):// objects: the Python pipeline's remote reader
     if any(not isinstance(f, MemoryRows) for f in layout.fields):
         io = resources.io
         usable = io.mode in ("engine-posix", "engine-odirect") and (resources.device.type == "cpu" or io.ring_chunks)

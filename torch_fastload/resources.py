@@ -51,6 +51,7 @@ class ResourceSettings:
     mapped_copy: str = "kernel"
     memory_rows: str = "dma"
     nontemporal: bool = True
+    remote: bool = False  # the dataset reads s3:// or http(s):// objects (loader.io says how)
 
 
 class LoaderResources:
@@ -98,7 +99,9 @@ class LoaderResources:
     def _io_locked(self) -> fio.IoPath:
         if self._io_path is None:
             s = self.settings
-            self._io_path = fio.select(s.io_mode, s.device, s.o_direct, s.io_threads, s.io_task_size, s.map_budget)
+            self._io_path = fio.select(
+                s.io_mode, s.device, s.o_direct, s.io_threads, s.io_task_size, s.map_budget, remote=s.remote
+            )
         return self._io_path
 
     def file_reader(self) -> fio.Reader:
@@ -117,7 +120,7 @@ class LoaderResources:
             if self._slot_reader is None:
                 s = self.settings
                 mode = "pinned" if s.io_mode == "pinned" else "posix"
-                path = fio.select(mode, "cpu", s.o_direct, s.io_threads, s.io_task_size, 0)
+                path = fio.select(mode, "cpu", s.o_direct, s.io_threads, s.io_task_size, 0, remote=s.remote)
                 why = f"{path.why}; the source decodes from host memory (nvJPEG takes host bitstreams)"
                 path = dataclasses.replace(path, why=why)
                 self._slot_reader = fio.make_reader(path)

@@ -86,9 +86,12 @@ class BatchStager:
 
     def _read(self, reader, buffer: torch.Tensor, reads: list) -> None:
         started = time.perf_counter()
+        path = reader.path
         by_path = reader.read(buffer, reads)
         self.stats.add_stage("read", time.perf_counter() - started, sum(by_path.values()))
         self.stats.add_io(by_path)
+        if reader.path is not path:  # the first remote object: the path now says how they are read
+            self.stats.set_io(str(reader.path))
 
     def _stage_and_finish(self, number: int, batch) -> StagedBatch:
         """Read the batch's files into a slot, then let the source build the device batch from

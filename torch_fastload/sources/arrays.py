@@ -6,19 +6,24 @@ rows coalesce into one read), with no per-sample Python. ``__getitem__`` still w
 row through a memmap, so torch's own DataLoader gives the same batches (the tests check it).
 
 Headers are input: a .npy header is validated against the file's size before any read.
+Files may be ``s3://`` / ``http(s)://`` URLs: the header is read with a range request, the
+object's size and version are pinned (``remote.open_object``) and batches are read remotely.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from ..errors import FastloadError
+from ..remote import RemoteObject, is_url, open_object
+from ..remote import objects as files
 from ..staging import PendingRead
 from .protocol import FileRows, NativeLayout
 
@@ -31,8 +36,8 @@ class ArrayFormatError(FastloadError, ValueError):
     """An array file whose header or size cannot describe the rows it claims."""
 
     def __init__(self, path: str, problem: str):
-        self.path = path
-        super().__init__(f"{path}: {problem}")
+        self.path = files.shown(path)
+        super().__init__(f"{self.path}: {problem}")
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -62,10 +67,26 @@ def _check_dtype(path: str, dtype: np.dtype) -> np.dtype:
     return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
 
 
-def read_npy_header(path: str) -> tuple[np.dtype, tuple, int]:
-    """(dtype, shape, data offset) of a .npy file, checked against the file's size."""
-    with open(path, "rb") as f:  # FileNotFoundError / IsADirectoryError name the path
-        size = os.fstat(f.fileno()).st_size
+def _open_header(path: str, obj: RemoteObject | None):
+    """``(stream, size)``: the file, or the first bytes of the object (enough for its header)."""
+    if obj is None:
+        f = open(path, "rb")  # FileNotFoundError / IsADirectoryError name the path
+        return f, os.fstat(f.fileno()).st_size
+    head = files.read(path, 0, min(obj.size, 1 << 16))
+    if len(head) >= 12 and head[6] >= 2:  # format 2.0+: a 4-byte header length
+        needed = 12 + int.from_bytes(head[8:12], "little")
+        if needed > len(head):
+            head = files.read(path, 0, min(obj.size, needed))
+    return io.BytesIO(head), obj.size
+
+
+def read_npy_header(path: str, remote: RemoteObject | None = None) -> tuple[np.dtype, tuple, int]:
+    """(dtype, shape, data offset) of a .npy file, checked against the file's size. A URL is
+    read as the object ``remote`` (opened now if not given)."""
+    if is_url(path) and remote is None:
+        remote = open_object(path)
+    f, size = _open_header(path, remote)
+    with f:
         try:
             version = np.lib.format.read_magic(f)
             readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -98,27 +119,33 @@ class ArrayFile:
     dtype: np.dtype
     shape: tuple  # (rows, *row_shape)
     offset: int  # byte offset of row 0
+    remote: RemoteObject | None = field(default=None, compare=False)  # a URL's size and version
 
     @classmethod
-    def npy(cls, path: str | os.PathLike) -> ArrayFile:
+    def npy(cls, path: str | os.PathLike, cache_dir: str | None = None) -> ArrayFile:
+        """A .npy file or URL (``cache_dir``: the shard cache for a URL; None: configured)."""
         path = os.fspath(path)
-        dtype, shape, offset = read_npy_header(path)
-        return cls(path, dtype, shape, offset)
+        remote = open_object(path, cache_dir) if is_url(path) else None
+        dtype, shape, offset = read_npy_header(path, remote)
+        return cls(path, dtype, shape, offset, remote)
 
     @classmethod
-    def raw(cls, path: str | os.PathLike, dtype, row_shape=(), offset: int = 0) -> ArrayFile:
-        """A headerless file of fixed-size records (``row_shape`` of ``dtype`` each)."""
+    def raw(
+        cls, path: str | os.PathLike, dtype, row_shape=(), offset: int = 0, cache_dir: str | None = None
+    ) -> ArrayFile:
+        """A headerless file (or URL) of fixed-size records (``row_shape`` of ``dtype`` each)."""
         path = os.fspath(path)
         dtype = _check_dtype(path, np.dtype(dtype))
         row_bytes = math.prod(row_shape) * dtype.itemsize
         if row_bytes <= 0:
             raise ArrayFormatError(path, f"records of shape {tuple(row_shape)} hold no bytes")
-        size = os.stat(path).st_size
+        remote = open_object(path, cache_dir) if is_url(path) else None
+        size = remote.size if remote is not None else os.stat(path).st_size
         if offset < 0 or offset > size or (size - offset) % row_bytes:
             raise ArrayFormatError(
                 path, f"{size} bytes from offset {offset} are not a whole number of {row_bytes}-byte records"
             )
-        return cls(path, dtype, ((size - offset) // row_bytes, *row_shape), offset)
+        return cls(path, dtype, ((size - offset) // row_bytes, *row_shape), offset, remote)
 
     @property
     def rows(self) -> int:
@@ -135,6 +162,11 @@ class ArrayFile:
     def memmap(self) -> np.memmap:
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
 
+    def read_row(self, row: int) -> np.ndarray:
+        """Row ``row`` (already range-checked) read on its own (a URL's sample path)."""
+        data = files.read(self.path, self.offset + row * self.row_bytes, self.row_bytes)
+        return np.frombuffer(data, dtype=self.dtype).reshape(self.shape[1:]).copy()
+
     def pending_rows(self, index: np.ndarray) -> PendingRead:
         """Rows ``index`` (already range-checked) as one read plan for the stager."""
         return PendingRead(
@@ -146,24 +178,26 @@ class ArrayFile:
         )
 
 
-def _as_file(item) -> ArrayFile:
+def _as_file(item, cache_dir: str | None) -> ArrayFile:
     if isinstance(item, ArrayFile):
         return item
-    return ArrayFile.npy(item)
+    return ArrayFile.npy(item, cache_dir)
 
 
 class ArrayDataset(Dataset):
     """Sample ``i`` is row ``i`` of each file: a tensor for one file, a tuple for several.
 
-    ``ArrayDataset("features.npy", "labels.npy")`` or with ``ArrayFile.raw(...)`` records.
+    ``ArrayDataset("features.npy", "labels.npy")`` or with ``ArrayFile.raw(...)`` records;
+    files may be ``s3://`` / ``http(s)://`` URLs (``cache_dir``: their shard cache).
     With torch_fastload's DataLoader (``num_workers=0``, default collate) batches are read
-    straight into the pinned slot by the C++ engine.
+    straight into the pinned slot by the C++ engine (URLs by the remote reader).
     """
 
-    def __init__(self, *files):
+    def __init__(self, *files, cache_dir: str | None = None):
         if not files:
             raise ValueError("ArrayDataset needs at least one file")
-        self.files = [_as_file(f) for f in files]
+        self.files = [_as_file(f, cache_dir) for f in files]
+        self.remote_objects = [f.remote for f in self.files if f.remote is not None]
         rows = {f.rows for f in self.files}
         if len(rows) != 1:
             raise ValueError(f"array files differ in length: {[(f.path, f.rows) for f in self.files]}")
@@ -179,14 +213,17 @@ class ArrayDataset(Dataset):
         bad = (index < 0) | (index >= self._rows)
         if bad.any():
             raw = np.asarray(indices, dtype=np.int64).reshape(-1)[bad][0]
-            raise IndexError(f"index {raw} is out of range for {self.files[0].path} ({self._rows} rows)")
+            raise IndexError(f"index {raw} is out of range for {files.shown(self.files[0].path)} ({self._rows} rows)")
         return index
 
     def __getitem__(self, i):
         row = int(self._check([i])[0])
         if self._maps is None:
-            self._maps = [f.memmap() for f in self.files]
-        rows = tuple(torch.from_numpy(np.array(m[row])) for m in self._maps)
+            self._maps = [None if f.remote is not None else f.memmap() for f in self.files]
+        rows = tuple(
+            torch.from_numpy(np.array(m[row]) if m is not None else f.read_row(row))
+            for f, m in zip(self.files, self._maps)
+        )
         return rows[0] if len(rows) == 1 else rows
 
     def __fastload_batch__(self, indices):

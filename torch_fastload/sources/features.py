@@ -15,6 +15,10 @@ the rows ``ids`` as one tensor on the store's device, in request order, from thr
   copy moves it, and one gather on the GPU cuts every row out of its page straight into
   request order (duplicates included).
 
+``path`` may be an ``s3://`` / ``http(s)://`` URL: the storage tier's pages are then range
+requests of the remote reader (``cache_dir``: the whole matrix kept on local disk once read),
+and the uva tier is off (it maps a local file). ``close()`` stops the reader's threads.
+
 Ids are validated first: out of range, negative or non-integer ids raise with the values;
 nothing is clipped. Left for the rest of issue 5: prefetching the next mini-batches' gathers,
 PyG's FeatureStore interface and a neighbour sampler, examples/gnn_sage.py, the benchmark.
@@ -26,6 +30,7 @@ import contextlib
 import math
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +39,7 @@ import torch
 
 from .. import engine
 from ..errors import FastloadError
+from ..remote import RemoteReader, is_url, open_object
 from .arrays import ArrayFormatError, _torch_dtype, read_npy_header
 
 __all__ = ["FeatureStore", "FeatureStoreError", "GatherStats"]
@@ -75,10 +81,14 @@ class FeatureStore:
         pin: bool | str = False,
         o_direct: bool = False,
         io_threads: int | None = None,
+        cache_dir: str | None = None,
     ):
         self.path = os.fspath(path)
-        if self.path.endswith(".npy"):
-            np_dtype, file_shape, self.offset = read_npy_header(self.path)
+        self.remote = open_object(self.path, cache_dir) if is_url(self.path) else None
+        self.remote_objects = [self.remote] if self.remote is not None else []
+        self._remote_reader: RemoteReader | None = None
+        if self.path.split("?", 1)[0].endswith(".npy"):
+            np_dtype, file_shape, self.offset = read_npy_header(self.path, self.remote)
             if len(file_shape) != 2:
                 raise ArrayFormatError(self.path, f"a feature matrix is 2-D (N, D), got shape {file_shape}")
             self.dtype = _torch_dtype(np_dtype)
@@ -87,14 +97,14 @@ class FeatureStore:
             if shape is None or dtype is None or len(shape) != 2:
                 raise FeatureStoreError(f"'{self.path}': a raw feature file needs shape=(N, D) and dtype")
             self.shape, self.dtype, self.offset = (int(shape[0]), int(shape[1])), dtype, 0
-            size = os.stat(self.path).st_size
+            size = self.remote.size if self.remote is not None else os.stat(self.path).st_size
             needed = self.shape[0] * self.shape[1] * dtype.itemsize
             if size < needed:
                 raise ArrayFormatError(
                     self.path, f"shape {self.shape} of {dtype} needs {needed} bytes, the file has {size}"
                 )
         self.num_nodes, self.dim = self.shape
-        self.file_size = os.stat(self.path).st_size
+        self.file_size = self.remote.size if self.remote is not None else os.stat(self.path).st_size
         self.row_bytes = self.dim * self.dtype.itemsize
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
@@ -157,6 +167,10 @@ class FeatureStore:
 
     def _pin_choice(self, pin) -> str:
         """Whether the uva tier is used, and why (``pin``: True, False or "auto")."""
+        if self.remote is not None:
+            if pin is True:
+                raise FeatureStoreError("pin=True maps a local file; the features are a remote object")
+            return "not pinned: the features are a remote object"
         if pin == "auto":
             from .. import config
 
@@ -211,17 +225,32 @@ class FeatureStore:
         """Pages ``pages`` of the file into ``buffer`` back to back (the last one cut at EOF)."""
         offsets = pages * PAGE
         lengths = np.minimum(PAGE, self.file_size - offsets)
+        at = np.arange(len(pages), dtype=np.int64) * PAGE
+        if self.remote is not None:
+            if self._remote_reader is None:  # under _lock: every storage read holds it
+                self._remote_reader = RemoteReader()
+                weakref.finalize(self, self._remote_reader.close)
+            self._remote_reader.read(
+                buffer, [self.path], np.zeros(len(pages), np.int64), offsets, lengths, at, local=self._read_local
+            )
+            return int(lengths.sum())
         engine.read_ranges(
-            self.path,
-            None,
-            offsets,
-            lengths,
-            buffer,
-            np.arange(len(pages), dtype=np.int64) * PAGE,
-            num_threads=self.io_threads,
-            o_direct=self.o_direct,
+            self.path, None, offsets, lengths, buffer, at, num_threads=self.io_threads, o_direct=self.o_direct
         )
         return int(lengths.sum())
+
+    def _read_local(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> dict:
+        """The shard cache's copy of a remote matrix, read by the engine."""
+        engine.read_ranges(
+            paths, file_index, offsets, lengths, dst, dst_offsets, num_threads=self.io_threads, o_direct=self.o_direct
+        )
+        return {"remote-cache": int(lengths.sum())}
+
+    def close(self) -> None:
+        """Stop the remote reader's threads (a local store holds none)."""
+        reader, self._remote_reader = self._remote_reader, None
+        if reader is not None:
+            reader.close()
 
     def _rows_from_storage(self, unique_ids: np.ndarray, select: np.ndarray, device: torch.device) -> torch.Tensor:
         """Rows ``unique_ids[select]`` on ``device``: the engine reads the aligned 4 KiB pages

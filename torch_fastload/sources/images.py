@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..remote import objects as files
 from ..resume import batch_key, batch_numpy_rng
 from ..staging import ALIGN, PendingRead
 from ..vision.decode import STATUS_TEXT, BatchDecoder, ImageDecodeError, decode_cpu, probe
@@ -110,8 +111,7 @@ class _EncodedImageSource(Dataset):
         index = self._check([i])
         paths, file_index, offsets, lengths = self._ranges(index)
         path, offset, length = paths[int(file_index[0])], int(offsets[0]), int(lengths[0])
-        with open(path, "rb") as f:
-            data = os.pread(f.fileno(), length, offset)
+        data = files.read(path, offset, length)  # a local file or a remote object
         if len(data) != length:
             raise ImageDecodeError(
                 self.name(int(index[0])),
@@ -293,7 +293,8 @@ class ImageFolder(_EncodedImageSource):
 class PackedImageFolder(_EncodedImageSource):
     """A pack written by ``torch_fastload.pack_image_folder`` (or ``python -m torch_fastload
     pack``): the same images in a few large shards, so a batch is a few big reads instead of
-    hundreds of file opens. Arguments as for ``ImageFolder``."""
+    hundreds of file opens. Arguments as for ``ImageFolder``; ``root`` may be an ``s3://`` /
+    ``http(s)://`` URL of the pack (``cache_dir``: the shard cache for its shards)."""
 
     def __init__(
         self,
@@ -303,11 +304,13 @@ class PackedImageFolder(_EncodedImageSource):
         on_error: str = "raise",
         seed: int | None = None,
         gpu_max_pixels: int = 8192 * 8192,
+        cache_dir: str | None = None,
     ):
         from .records import RecordDataset, RecordFormatError
 
-        self.records = RecordDataset(root)
+        self.records = RecordDataset(root, cache_dir=cache_dir)
         self.root = self.records.root
+        self.remote_objects = self.records.remote_objects
         if self.records.labels is None:
             raise RecordFormatError(self.root, "the pack has no labels: not an image-classification pack")
         super().__init__(transform, on_error, seed, gpu_max_pixels)

@@ -15,10 +15,13 @@ batch arrives as ``RecordBatch(data, offsets, labels)``: record ``i`` is
 
 The index is input: it is checked against the shard files when the pack is opened (every
 range inside its shard) and again by the engine at read time (a shard may shrink later).
+A pack may live in object storage (``RecordDataset("s3://bucket/pack")``): its metadata is
+read at open, its shards' sizes and versions pinned, and batches read by the remote reader.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from typing import NamedTuple
@@ -28,6 +31,8 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import FastloadError
+from ..remote import is_url
+from ..remote import objects as files
 from ..staging import ALIGN, PendingRead
 from .protocol import MemoryRows, NativeLayout, Records
 
@@ -41,8 +46,8 @@ class RecordFormatError(FastloadError, ValueError):
     """A pack whose metadata, index or shards do not describe readable records."""
 
     def __init__(self, path: str, problem: str):
-        self.path = path
-        super().__init__(f"{path}: {problem}")
+        self.path = files.shown(path)
+        super().__init__(f"{self.path}: {problem}")
 
 
 class RecordBatch(NamedTuple):
@@ -71,8 +76,7 @@ def largest_batch_bytes(sizes: np.ndarray, batch_size: int) -> int:
 
 def _load_json(path: str) -> dict:
     try:
-        with open(path) as f:
-            meta = json.load(f)
+        meta = json.loads(files.load(path))
     except FileNotFoundError:
         raise RecordFormatError(path, "missing: not a finished pack (the writer writes meta.json last)") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -88,7 +92,7 @@ def _load_json(path: str) -> dict:
 
 def _load_int64(path: str, shape_ok, what: str) -> np.ndarray:
     try:
-        array = np.load(path, allow_pickle=False)
+        array = np.load(io.BytesIO(files.load(path)), allow_pickle=False)
     except FileNotFoundError:
         raise
     except (ValueError, OSError, EOFError) as exc:
@@ -103,18 +107,21 @@ class RecordDataset(Dataset):
 
     With torch_fastload's DataLoader a batch is read straight into one slab and arrives as a
     ``RecordBatch``; with torch's own DataLoader pass ``collate_fn=dataset.collate`` to get
-    the same ``RecordBatch`` (the tests check they are equal).
+    the same ``RecordBatch`` (the tests check they are equal). ``root`` may be an
+    ``s3://`` / ``http(s)://`` URL of the pack's directory (``cache_dir``: the shard cache).
     """
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, cache_dir: str | None = None):
         self.root = os.fspath(root)
-        if not os.path.isdir(self.root):
+        remote = is_url(self.root)
+        self.root = self.root.rstrip("/") if remote else self.root
+        if not remote and not os.path.isdir(self.root):
             raise (FileNotFoundError if not os.path.exists(self.root) else NotADirectoryError)(
                 f"pack directory {self.root!r} does not exist"
                 if not os.path.exists(self.root)
                 else f"{self.root!r} is not a pack directory"
             )
-        meta_path = os.path.join(self.root, "meta.json")
+        meta_path = files.join(self.root, "meta.json")
         meta = _load_json(meta_path)
         try:
             count = int(meta["num_records"])
@@ -125,27 +132,31 @@ class RecordDataset(Dataset):
             raise RecordFormatError(meta_path, "negative record count or a shard name that is a path")
         self.meta = meta
         self.classes = meta.get("classes")
-        self.shard_paths = [os.path.join(self.root, name) for name, _ in shards]
-        index_path = os.path.join(self.root, "index.npy")
+        self.shard_paths = [files.join(self.root, name) for name, _ in shards]
+        index_path = files.join(self.root, "index.npy")
         self.index = _load_int64(index_path, lambda s: len(s) == 2 and s[1] == 3, "index (N, 3)")
         if len(self.index) != count:
             raise RecordFormatError(index_path, f"holds {len(self.index)} records, meta.json says {count}")
-        labels_path = os.path.join(self.root, "labels.npy")
+        labels_path = files.join(self.root, "labels.npy")
         self.labels = (
             _load_int64(labels_path, lambda s: s == (count,), f"labels ({count},)")
             if meta.get("labels", False)
             else None
         )
+        self.remote_objects = [files.open_object(p, cache_dir) for p in self.shard_paths] if remote else []
         self._check_ranges(index_path, shards)
         self._names: list | None = None
 
     def _check_ranges(self, index_path: str, shards) -> None:
         """Every record inside its shard as the shard is now (hostile or stale index => error)."""
         sizes = []
-        for path, (_, recorded) in zip(self.shard_paths, shards):
-            size = os.stat(path).st_size  # FileNotFoundError names the shard
-            if not os.path.isfile(path):
-                raise RecordFormatError(path, "shard is not a regular file")
+        for i, (path, (_, recorded)) in enumerate(zip(self.shard_paths, shards)):
+            if self.remote_objects:
+                size = self.remote_objects[i].size
+            else:
+                size = os.stat(path).st_size  # FileNotFoundError names the shard
+                if not os.path.isfile(path):
+                    raise RecordFormatError(path, "shard is not a regular file")
             if size != recorded:
                 raise RecordFormatError(
                     path,
@@ -166,7 +177,7 @@ class RecordDataset(Dataset):
             i = int(np.flatnonzero(bad)[0])
             s, o, n = (int(v) for v in self.index[i])
             where = (
-                f"shard {s} ('{self.shard_paths[s]}', {int(sizes[s])} bytes)"
+                f"shard {s} ('{files.shown(self.shard_paths[s])}', {int(sizes[s])} bytes)"
                 if 0 <= s < len(sizes)
                 else f"shard {s} (the pack has {len(sizes)} shards)"
             )
@@ -185,31 +196,30 @@ class RecordDataset(Dataset):
         bad = (index < 0) | (index >= len(self))
         if bad.any():
             raise IndexError(
-                f"record index {int(raw[bad][0])} is out of range for the pack {self.root!r} ({len(self)} records)"
+                f"record index {int(raw[bad][0])} is out of range for the pack "
+                f"'{files.shown(self.root)}' ({len(self)} records)"
             )
         return index
 
     def name(self, i: int) -> str:
         """Where record ``i`` came from (its source file name), for error messages."""
         if self._names is None:
-            path = os.path.join(self.root, "names.txt")
+            path = files.join(self.root, "names.txt")
             try:
-                with open(path, encoding="utf-8") as f:
-                    self._names = f.read().split("\n")[: len(self)]
+                self._names = files.load(path).decode("utf-8").split("\n")[: len(self)]
             except FileNotFoundError:
                 self._names = []
         i = int(self._check([i])[0])
         if i < len(self._names):
             return self._names[i]
         shard, offset, length = (int(v) for v in self.index[i])
-        return f"record {i} ('{self.shard_paths[shard]}' offset={offset} length={length})"
+        return f"record {i} ('{files.shown(self.shard_paths[shard])}' offset={offset} length={length})"
 
     def __getitem__(self, i):
         i = int(self._check([i])[0])
         shard, offset, length = (int(v) for v in self.index[i])
         path = self.shard_paths[shard]
-        with open(path, "rb") as f:
-            data = os.pread(f.fileno(), length, offset)
+        data = files.read(path, offset, length)
         if len(data) != length:
             raise EOFError(
                 f"record {i}: file '{path}' ended at byte {offset + len(data)} while reading "

@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""Remote reads: torch_fastload's concurrent range reader against boto3 in a thread pool, on a
+loopback object server with injected per-request latency and a bandwidth cap, same run.
+
+Server: ``torch_fastload.remote.loopback`` in its own process (asyncio + sendfile), serving one
+random object (--size) path-style (``/bucket/key``: boto3 talks to it as S3). Every answer waits
+--latencies seconds first; all bodies share one token bucket of --cap bytes/s ('auto': 60% of
+what this machine's loopback moves uncapped with the reader at 64 x 16 MiB, measured first, so
+the cap, not the CPU, is the limit).
+
+Per latency, a concurrency x request-size grid (GB/s, decimal; and client CPU seconds per GB) of:
+  fastload   RemoteReader(concurrency, request_size).read of consecutive spans of
+             2 x concurrency x request_size bytes (capped at the object) into one buffer, from
+             s3://bench/object.bin, SigV4-signed like boto3's (the server ignores signatures)
+  boto3      get_object(Range=...) of request_size pieces on a ThreadPoolExecutor of
+             `concurrency` threads (one client, max_pool_connections=concurrency), each body
+             copied into the same buffer; the baseline is its best cell
+  kvikio     kvikio RemoteFile.pread (num_threads x task_size) where it runs (CUDA hosts)
+Each cell reads for --min-seconds after a warm-up that opens its connections. Both libraries
+are also timed uncapped at 0 ms (64 x 16 MiB): what each moves through this CPU at most.
+Then, uncapped at the lowest latency, an epoch of an ArrayDataset (64 KiB rows, shuffled)
+through torch_fastload.DataLoader: remote, from the shard cache (cache hit), and from the local
+file (page cache hot), --epochs of each taken in turns: the cache-hit rate vs the local one.
+
+Targets (issue 22): fastload's best >= 1.5x boto3's best at each latency; >= 80% of the cap;
+the cache-hit epoch at the local file path's rate (>= 0.9x).
+
+    python benchmarks/remote.py               # ~2-3 min (1 GiB object)
+    python benchmarks/remote.py --quick       # 256 MiB, smaller grid
+    python benchmarks/remote.py --cpu-smoke   # tiny: code paths only (tests)
+
+Prints a line per cell, the grids and PASS/FAIL verdicts; writes remote.json (every number,
+machine, command) and remote.png (the heatmaps) to --out (default benchmarks/out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # benchmark the checkout, not some installed copy
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from torch_fastload import ArrayDataset, DataLoader, config, remote  # noqa: E402
+from torch_fastload._benchutil import (  # noqa: E402
+    Progress,
+    error_text,
+    float_list,
+    fmt,
+    log,
+    machine_info,
+    positive_int_list,
+    pyplot,
+    size_list,
+    table,
+    write_json,
+)
+from torch_fastload.config import parse_size  # noqa: E402
+from torch_fastload.remote.loopback import LoopbackServer  # noqa: E402
+
+MiB, GiB = 1 << 20, 1 << 30
+BUCKET, KEY, ROWS_KEY = "bench", "object.bin", "rows.npy"
+ROW_FLOATS = 16384  # 64 KiB rows for the loader epochs
+FULL = dict(size=GiB, concurrency=[1, 4, 16, 64, 128], sizes=[MiB, 4 * MiB, 16 * MiB, 64 * MiB], min_seconds=0.5)
+QUICK = dict(size=256 * MiB, concurrency=[4, 16, 64], sizes=[MiB, 4 * MiB, 16 * MiB], min_seconds=0.3)
+SMOKE = dict(size=8 * MiB, concurrency=[1, 4], sizes=[MiB, 4 * MiB], min_seconds=0.05)
+
+
+# --------------------------------------------------------------------------------------------
+# data
+# --------------------------------------------------------------------------------------------
+def make_data(root: Path, size: int) -> None:
+    """``bench/object.bin`` (random bytes) and ``bench/rows.npy`` (float32 64 KiB rows), reused."""
+    (root / BUCKET).mkdir(parents=True, exist_ok=True)
+    target = root / BUCKET / KEY
+    if not target.exists() or target.stat().st_size != size:
+        with open(target, "wb") as f:
+            for k, start in enumerate(range(0, size, 64 * MiB)):
+                f.write(np.random.default_rng(k).bytes(min(64 * MiB, size - start)))
+    rows = max(64, size // (4 * ROW_FLOATS) // 2)
+    target = root / BUCKET / ROWS_KEY
+    if not target.exists() or target.stat().st_size != 128 + rows * 4 * ROW_FLOATS:
+        out = np.lib.format.open_memmap(target, mode="w+", dtype=np.float32, shape=(rows, ROW_FLOATS))
+        out[:] = np.random.default_rng(7).standard_normal((rows, ROW_FLOATS), dtype=np.float32)
+        out.flush()
+        del out
+
+
+# --------------------------------------------------------------------------------------------
+# cells
+# --------------------------------------------------------------------------------------------
+def timed_spans(read, size: int, span: int, min_seconds: float) -> tuple[float, float]:
+    """``(GB/s, client CPU seconds per GB)`` of ``read(offset, length)`` over consecutive spans
+    (wrapping) for ``min_seconds``; the CPU is this process's (the server is another)."""
+    moved, offset, started, cpu = 0, 0, time.perf_counter(), time.process_time()
+    while True:
+        length = min(span, size - offset)
+        read(offset, length)
+        moved += length
+        offset = 0 if offset + length >= size else offset + length
+        elapsed = time.perf_counter() - started
+        if elapsed >= min_seconds:
+            return moved / elapsed / 1e9, (time.process_time() - cpu) / (moved / 1e9)
+
+
+def fastload_cell(url: str, size: int, concurrency: int, request_size: int, min_seconds: float, backend="http"):
+    buffer = torch.empty(size, dtype=torch.uint8)
+    zero = np.zeros(1, dtype=np.int64)
+    span = min(size, 2 * concurrency * request_size)
+    with remote.RemoteReader(concurrency=concurrency, request_size=request_size, backend=backend) as reader:
+
+        def read(offset: int, length: int) -> None:
+            reader.read(buffer, [url], zero, np.array([offset]), np.array([length]), np.array([offset]))
+
+        read(0, min(size, concurrency * request_size))  # warm-up: connections opened
+        return timed_spans(read, size, span, min_seconds)
+
+
+def boto3_cell(endpoint: str, size: int, concurrency: int, request_size: int, min_seconds: float):
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+        config=Config(max_pool_connections=concurrency, retries={"max_attempts": 3}),
+    )
+    buffer = np.empty(size, dtype=np.uint8)
+    span = min(size, 2 * concurrency * request_size)
+
+    def piece(offset: int, length: int) -> None:
+        body = client.get_object(Bucket=BUCKET, Key=KEY, Range=f"bytes={offset}-{offset + length - 1}")["Body"].read()
+        buffer[offset : offset + length] = np.frombuffer(body, dtype=np.uint8)
+
+    with ThreadPoolExecutor(concurrency) as pool:
+
+        def read(offset: int, length: int) -> None:
+            starts = range(offset, offset + length, request_size)
+            list(pool.map(lambda a: piece(a, min(request_size, offset + length - a)), starts))
+
+        read(0, min(size, concurrency * request_size))
+        return timed_spans(read, size, span, min_seconds)
+
+
+def grid(name: str, cell, latency: float, server, args, bar) -> dict:
+    """One library's concurrency x request-size grid at ``latency`` (errors kept per cell)."""
+    server.control(latency=latency)
+    rates, cpu = [], []
+    for c in args.concurrency:
+        row, cpu_row = [], []
+        for s in args.sizes:
+            try:
+                rate, per_gb = cell(c, s)
+                log(
+                    f"  {name:<8} latency {latency * 1e3:>3.0f} ms  {c:>4} x {s / MiB:>3g} MiB  {rate:7.3f} GB/s  "
+                    f"{per_gb:6.2f} CPU s/GB"
+                )
+            except Exception as exc:
+                rate = per_gb = None
+                log(f"  {name:<8} latency {latency * 1e3:>3.0f} ms  {c:>4} x {s / MiB:>3g} MiB  {error_text(exc)}")
+            row.append(rate)
+            cpu_row.append(per_gb)
+            bar.update()
+        rates.append(row)
+        cpu.append(cpu_row)
+    cells = [(v, c, s) for c, row in zip(args.concurrency, rates) for s, v in zip(args.sizes, row) if v is not None]
+    best = max(cells) if cells else (None, None, None)
+    best_cpu = cpu[args.concurrency.index(best[1])][args.sizes.index(best[2])] if cells else None
+    return {
+        "gbps": rates,
+        "cpu_s_per_gb": cpu,
+        "best": {"gbps": best[0], "concurrency": best[1], "request_size": best[2], "cpu_s_per_gb": best_cpu},
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# loader epochs: remote, cache hit, local
+# --------------------------------------------------------------------------------------------
+def interleaved_epochs(datasets: dict, device, batch: int, epochs: int) -> dict:
+    """``name -> (GB/s, bytes per path)`` over ``epochs`` epochs of each dataset, taken in turns
+    after a warm-up epoch each (short epochs on a shared machine: turns and sums, not one epoch)."""
+    loaders = {name: DataLoader(ds, batch_size=batch, shuffle=True, device=device) for name, ds in datasets.items()}
+    totals = {name: [0, 0.0, {}] for name in loaders}
+    try:
+        for epoch in range(epochs + 1):
+            for name, loader in loaders.items():
+                for _ in loader:
+                    pass
+                stats = loader.stats(reset=True)
+                if epoch:
+                    totals[name][0] += stats.bytes
+                    totals[name][1] += stats.wall_s
+                    for path, n in stats.io_bytes.items():
+                        totals[name][2][path] = totals[name][2].get(path, 0) + n
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    return {name: (b / w / 1e9 if w else 0.0, io) for name, (b, w, io) in totals.items()}
+
+
+def loader_epochs(server, root: Path, args, device) -> dict:
+    server.control(latency=min(args.latencies), bandwidth=0)
+    url = f"s3://{BUCKET}/{ROWS_KEY}"
+    cache_dir = args.dir / "cache"
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    out = {"device": str(device), "rows": ROW_FLOATS * 4, "batch": args.batch, "epochs": args.epochs}
+    out["remote_gbps"], out["remote_io"] = interleaved_epochs({"remote": ArrayDataset(url)}, device, args.batch, 1)[
+        "remote"
+    ]
+    remote.cache_objects([url], str(cache_dir))
+    datasets = {
+        "cache": ArrayDataset(url, cache_dir=str(cache_dir)),
+        "local": ArrayDataset(str(root / BUCKET / ROWS_KEY)),
+    }
+    for name, (gbps, io) in interleaved_epochs(datasets, device, args.batch, args.epochs).items():
+        out[f"{name}_gbps"], out[f"{name}_io"] = gbps, io
+    out["cache_over_local"] = out["cache_gbps"] / out["local_gbps"]
+    log(
+        f"  loader epochs on {device}: remote {out['remote_gbps']:.3f} GB/s (latency "
+        f"{min(args.latencies) * 1e3:.0f} ms, uncapped), cache hit {out['cache_gbps']:.3f} GB/s, local file "
+        f"{out['local_gbps']:.3f} GB/s ({args.epochs} epochs each, in turns) -> cache/local "
+        f"{out['cache_over_local']:.2f}x"
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# report
+# --------------------------------------------------------------------------------------------
+def plot(report: dict, path: Path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    panels = [
+        (lib, lat) for lat in report["latencies"] for lib in report["grids"] if report["grids"][lib].get(str(lat))
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    top = max((v or 0) for lib, lat in panels for row in report["grids"][lib][str(lat)]["gbps"] for v in row) or 1
+    for ax, (lib, lat) in zip(axes[0], panels):
+        values = np.array([[np.nan if v is None else v for v in row] for row in report["grids"][lib][str(lat)]["gbps"]])
+        ax.imshow(values, cmap="viridis", vmin=0, vmax=top, aspect="auto")
+        for (i, j), v in np.ndenumerate(values):
+            ax.text(j, i, "-" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)
+        ax.set_xticks(range(len(report["sizes"])), [f"{s / MiB:g}M" for s in report["sizes"]])
+        ax.set_yticks(range(len(report["concurrency"])), report["concurrency"])
+        ax.set_xlabel("request size")
+        ax.set_ylabel("requests in flight")
+        ax.set_title(f"{lib}, {lat * 1e3:.0f} ms latency\ncap {report['cap_bps'] / 1e9:.2f} GB/s (GB/s)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def verdicts(report: dict) -> list:
+    out = []
+    grids, cap = report["grids"], report["cap_bps"] / 1e9
+    for lat in report["latencies"]:
+        ours = grids["fastload"][str(lat)]["best"]["gbps"]
+        base = grids.get("boto3", {}).get(str(lat), {}).get("best", {}).get("gbps")
+        ms = f"{lat * 1e3:.0f} ms"
+        if base:
+            out.append((f"fastload >= 1.5x boto3's best ({ms})", ours >= 1.5 * base, f"{ours / base:.2f}x"))
+        else:
+            out.append((f"fastload >= 1.5x boto3's best ({ms})", None, report.get("boto3_skipped", "no boto3 cell")))
+        out.append((f"fastload >= 80% of the cap ({ms})", ours >= 0.8 * cap, f"{100 * ours / cap:.0f}% of {cap:.2f}"))
+    epochs = report.get("epochs") or {}
+    if "cache_over_local" in epochs:
+        ratio = epochs["cache_over_local"]
+        out.append(("cache-hit epoch >= 0.9x the local file's", ratio >= 0.9, f"{ratio:.2f}x"))
+    return out
+
+
+def measure_cap(server, url: str, size: int, args) -> float:
+    """The cap in bytes/s: --cap, or 60% of the uncapped loopback rate at 64 x 16 MiB."""
+    if args.cap != "auto":
+        try:
+            return float(args.cap)
+        except ValueError:
+            return float(parse_size(args.cap))
+    server.control(latency=0, bandwidth=0)
+    uncapped, _ = fastload_cell(url, size, 64, 16 * MiB, max(0.5, args.min_seconds))
+    log(f"  uncapped loopback: {uncapped:.3f} GB/s (fastload 64 x 16 MiB) -> cap {0.6 * uncapped:.3f} GB/s")
+    return 0.6 * uncapped * 1e9
+
+
+def parse_args(argv) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dir", type=Path, default=REPO / "benchmarks" / "out" / "remote-data")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out")
+    parser.add_argument("--size", default=None, help="object bytes, e.g. 1GiB [1GiB / 256MiB quick]")
+    parser.add_argument("--latencies", type=float_list, default=[0.01, 0.05], help="seconds per request [0.01,0.05]")
+    parser.add_argument("--cap", default="auto", help="bandwidth cap in bytes/s (1e9, 500M) or 'auto'")
+    parser.add_argument("--concurrency", type=positive_int_list, default=None)
+    parser.add_argument("--sizes", type=size_list, default=None, help="request sizes, e.g. 1M,4M,16M")
+    parser.add_argument("--min-seconds", type=float, default=None)
+    parser.add_argument("--batch", type=int, default=256, help="rows per batch in the loader epochs")
+    parser.add_argument("--epochs", type=int, default=8, help="cache-hit and local epochs, taken in turns [8]")
+    parser.add_argument("--skip-boto3", action="store_true")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU, code paths only")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    preset = SMOKE if args.cpu_smoke else QUICK if args.quick else FULL
+    args.size = parse_size(args.size) if args.size else preset["size"]
+    args.concurrency = args.concurrency or preset["concurrency"]
+    args.sizes = args.sizes or preset["sizes"]
+    args.min_seconds = args.min_seconds or preset["min_seconds"]
+    if args.cpu_smoke:
+        args.latencies, args.batch, args.epochs = args.latencies[:1], 32, 1
+    return args
+
+
+def libraries_here(args, report: dict) -> list:
+    """fastload, and boto3 / kvikio where they run (why not recorded in the report)."""
+    libraries = ["fastload"]
+    if args.skip_boto3:
+        report["boto3_skipped"] = "--skip-boto3"
+    else:
+        try:
+            import boto3  # noqa: F401
+
+            libraries.append("boto3")
+        except ImportError:
+            report["boto3_skipped"] = "boto3 is not installed (pip install boto3)"
+    from torch_fastload.remote.kvikio_backend import unavailable_reason
+
+    report["kvikio_skipped"] = unavailable_reason()
+    if not report["kvikio_skipped"]:
+        libraries.append("kvikio")
+    return libraries
+
+
+def measure(server, args, report: dict, libraries: list, device) -> None:
+    """The cap, the grids at every latency, the loader epochs: into ``report``."""
+    size, url = args.size, f"s3://{BUCKET}/{KEY}"
+    cells = {
+        "fastload": lambda c, s: fastload_cell(url, size, c, s, args.min_seconds),
+        "boto3": lambda c, s: boto3_cell(server.endpoint, size, c, s, args.min_seconds),
+        "kvikio": lambda c, s: fastload_cell(url, size, c, s, args.min_seconds, backend="kvikio"),
+    }
+    report["cap_bps"] = measure_cap(server, url, size, args)
+    if "boto3" in libraries:  # what boto3 moves here uncapped: its ceiling on this CPU
+        rate, _ = boto3_cell(server.endpoint, size, 64, 16 * MiB, max(0.5, args.min_seconds))
+        report["boto3_uncapped_gbps"] = rate
+        log(f"  uncapped loopback: {rate:.3f} GB/s (boto3 64 x 16 MiB)")
+    total = len(libraries) * len(args.latencies) * len(args.concurrency) * len(args.sizes)
+    bar = Progress(total, "cells", enabled=not args.no_progress)
+    server.control(bandwidth=report["cap_bps"])
+    for lat in args.latencies:
+        for lib in libraries:
+            report["grids"].setdefault(lib, {})[str(lat)] = grid(lib, cells[lib], lat, server, args, bar)
+    bar.close()
+    report["epochs"] = loader_epochs(server, args.dir, args, device)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu_smoke else "cpu")
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    log(f"remote benchmark: {args.size / MiB:g} MiB object, latencies {args.latencies}, device {device}")
+    make_data(args.dir, args.size)
+    report = {
+        "command": " ".join(sys.argv),
+        "machine": machine_info(device.type == "cuda"),
+        "size": args.size,
+        "latencies": args.latencies,
+        "concurrency": args.concurrency,
+        "sizes": args.sizes,
+        "min_seconds": args.min_seconds,
+        "grids": {"fastload": {}},
+        "failures": [],
+    }
+    libraries = libraries_here(args, report)
+    # fastload signs its requests like boto3 does (the server accepts any signature)
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
+    with LoopbackServer(args.dir) as server, config.override(s3_endpoint_url=server.endpoint):
+        remote.reset()
+        try:
+            measure(server, args, report, libraries, device)
+        except Exception as exc:
+            report["failures"].append(error_text(exc))
+            traceback.print_exc()
+    report["verdicts"] = [{"check": c, "pass": p, "value": v} for c, p, v in verdicts(report)]
+    report["seconds"] = time.perf_counter() - started
+    print_report(report)
+    write_json(args.out / "remote.json", report)
+    plot(report, args.out / "remote.png")
+    log(f"\nwrote {args.out / 'remote.json'} and remote.png; total time {report['seconds']:.0f} s")
+    return 0
+
+
+def print_report(report: dict) -> None:
+    for lib, by_latency in report["grids"].items():
+        for lat, result in by_latency.items():
+            rows = [[c] + [fmt(v, ".3f") for v in row] for c, row in zip(report["concurrency"], result["gbps"])]
+            best = result["best"]
+            where = (
+                f"{best['concurrency']} x {best['request_size'] / MiB:g} MiB ({best['cpu_s_per_gb']:.2f} CPU s/GB)"
+                if best["gbps"]
+                else "-"
+            )
+            title = (
+                f"{lib}, latency {float(lat) * 1e3:.0f} ms, cap {report['cap_bps'] / 1e9:.3f} GB/s: GB/s; "
+                f"best {fmt(best['gbps'], '.3f')} at {where}"
+            )
+            log("\n" + table(["in flight"] + [f"{s / MiB:g} MiB" for s in report["sizes"]], rows, title=title))
+    if report.get("boto3_uncapped_gbps"):
+        rate = report["boto3_uncapped_gbps"]
+        log(f"\nuncapped at 0 ms, 64 x 16 MiB: boto3 {rate:.3f} GB/s (the cap: 60% of fastload's there)")
+    if report.get("kvikio_skipped"):
+        log(f"\nkvikio: skipped ({report['kvikio_skipped']})")
+    log("\nverdicts:")
+    for v in report["verdicts"]:
+        state = {True: "PASS", False: "FAIL", None: "n/a "}[v["pass"]]
+        log(f"  {state}  {v['check']}: {v['value']}")
+    for failure in report["failures"]:
+        log(f"  failure: {failure}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
