@@ -36,6 +36,7 @@ from ..remote import objects as files
 from ..resume import batch_key, batch_numpy_rng
 from ..staging import ALIGN, PendingRead
 from ..vision.decode import STATUS_TEXT, BatchDecoder, ImageDecodeError, decode_cpu, probe
+from ..vision.settings import GPU_MAX_PIXELS
 from ..vision.transforms import EvalTransform, TrainTransform
 from .records import largest_batch_bytes
 
@@ -174,8 +175,8 @@ class _EncodedImageSource(Dataset):
         """The loader handed a batch to the training loop, which waited ``waited`` s for it: a
         route trial times it."""
         decoder = self._decoders.get(torch.device(device))
-        if decoder is not None and decoder.trial is not None:
-            decoder.trial.consumed(waited)
+        if decoder is not None:
+            decoder.delivered(waited)
 
     def __fastload_finish__(self, batch: EncodedImages, device: torch.device, counts: dict):
         """Decode and transform a batch whose bytes are in ``batch.data`` (a host slot view).
@@ -197,8 +198,9 @@ class _EncodedImageSource(Dataset):
                 return self.transform.geometry(heights, widths, rng)
 
             crop = draw
-        images, kept, _, geometry = self.decoder(device).decode(batch.data, batch.offsets, describe, counts, crop)
-        labels = torch.from_numpy(np.ascontiguousarray(batch.labels[kept]))
+        decoded = self.decoder(device).decode(batch.data, batch.offsets, describe, counts, crop)
+        images, geometry = decoded.images, decoded.geometry
+        labels = torch.from_numpy(np.ascontiguousarray(batch.labels[decoded.kept]))
         if device.type == "cuda":  # no host wait on the copy stream (a pageable copy would sync it)
             labels = labels.pin_memory().to(device, non_blocking=True)
         if self.transform is None:
@@ -254,7 +256,7 @@ class ImageFolder(_EncodedImageSource):
         on_error: str = "raise",
         extensions: tuple | None = None,
         seed: int | None = None,
-        gpu_max_pixels: int = 8192 * 8192,
+        gpu_max_pixels: int = GPU_MAX_PIXELS,
         scan_threads: int = 16,
     ):
         self.root = os.fspath(root)
@@ -303,7 +305,7 @@ class PackedImageFolder(_EncodedImageSource):
         *,
         on_error: str = "raise",
         seed: int | None = None,
-        gpu_max_pixels: int = 8192 * 8192,
+        gpu_max_pixels: int = GPU_MAX_PIXELS,
         cache_dir: str | None = None,
     ):
         from .records import RecordDataset, RecordFormatError

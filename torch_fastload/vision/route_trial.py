@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from typing import Callable
 
+from .settings import TRIAL_KEEP_UP, TRIAL_MARGIN, TRIAL_SETTLE, TRIAL_WARMUP, TRIAL_WINDOW
+
 __all__ = ["RouteTrial"]
 
 
@@ -48,11 +50,11 @@ class RouteTrial:
     def __init__(
         self,
         candidates: Sequence[float] = (1.0, 0.0),
-        warmup: int = 8,
-        settle: int = 4,
-        window: int = 10,
-        keep_up: float = 0.1,
-        margin: float = 0.05,
+        warmup: int = TRIAL_WARMUP,
+        settle: int = TRIAL_SETTLE,
+        window: int = TRIAL_WINDOW,
+        keep_up: float = TRIAL_KEEP_UP,
+        margin: float = TRIAL_MARGIN,
         clock: Callable[[], float] = time.perf_counter,
         on_choice: Callable[[RouteTrial], None] | None = None,
     ):

@@ -12,7 +12,7 @@ A transform here is split in two:
   functional ops in float, which is also the reference the kernel is tested against.
 
 A per-sample Python loop of ``resized_crop`` on the GPU tops out near 5,700 images/s on the
-H100 machine (DESIGN.md), below nvJPEG's decode rate: hence one launch per batch.
+H100 machine, below nvJPEG's decode rate: hence one launch per batch.
 """
 
 from __future__ import annotations

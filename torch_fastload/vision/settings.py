@@ -1,0 +1,54 @@
+"""The image path's tunable numbers, each written once, with the reason for its value.
+
+The options a user sets (``cpu_decode_share``, ``cpu_decode_threads``, ``cpu_decode_regions``,
+``max_pixels``) live in ``torch_fastload.config``; these are the constants behind them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GPU_MAX_PIXELS",
+    "TRIAL_WARMUP",
+    "TRIAL_SETTLE",
+    "TRIAL_WINDOW",
+    "TRIAL_KEEP_UP",
+    "TRIAL_MARGIN",
+    "CORES_FOR_A_TRIAL",
+    "CORES_LEFT_TO_THE_STEP",
+    "CPU_THREADS_BESIDE_NVJPEG",
+    "DECODE_NICE",
+    "PINNED_BUFFER_BYTES",
+    "STEAL_CHUNK_MIN",
+    "STEAL_CHUNKS_PER_BATCH",
+]
+
+# ImageFolder's gpu_max_pixels: larger JPEGs go to the CPU ('cpu:huge'), not to nvJPEG.
+GPU_MAX_PIXELS = 8192 * 8192
+
+# cpu_decode_share="auto" (the default, route_trial.py): the first TRIAL_WARMUP batches go to
+# the CPU untimed (a model's first steps are slow: cuDNN autotuning, compilation); then each
+# route decodes TRIAL_SETTLE batches untimed and at least TRIAL_WINDOW + 1 timed ones. The CPU
+# route is kept at once if the loop waited less than TRIAL_KEEP_UP of its step for it, else it
+# must be TRIAL_MARGIN faster than nvJPEG to stay (H100: ResNet-18's CPU route timed 2% faster,
+# then ran 34% slower a step).
+TRIAL_WARMUP, TRIAL_SETTLE, TRIAL_WINDOW = 8, 4, 10
+TRIAL_KEEP_UP = 0.1
+TRIAL_MARGIN = 0.05
+# A process with fewer CPUs than this keeps nvJPEG without a trial: its CPU route cannot feed a GPU.
+CORES_FOR_A_TRIAL = 8
+# Cores the CPU decode threads leave when every JPEG may go to the CPU: the training thread and
+# the loader's read and stage threads.
+CORES_LEFT_TO_THE_STEP = 4
+# Decode threads beside nvJPEG (the images it cannot take, a fixed share): min(this, CPUs).
+CPU_THREADS_BESIDE_NVJPEG = 8
+# Python decode threads run at nice +10 (the C++ decoder's pool too, csrc/engine.cpp): decoding
+# yields its core to the training thread, whose kernel launches slowed ~2x without (H100).
+DECODE_NICE = 10
+
+# A stage thread's two pinned buffers for CPU-decoded images start at this size and grow to the
+# largest batch's CPU-decoded bytes.
+PINNED_BUFFER_BYTES = 1 << 24
+# Work stealing: nvJPEG claims chunks of max(STEAL_CHUNK_MIN, batch / STEAL_CHUNKS_PER_BATCH)
+# images (each call waits on the GPU twice, so not one image at a time).
+STEAL_CHUNK_MIN = 16
+STEAL_CHUNKS_PER_BATCH = 8
