@@ -7,8 +7,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -126,6 +128,46 @@ def test_storage_failure_skips_the_sweep_and_the_save(tmp_path, tuning, monkeypa
     assert "storage: failed: PermissionError" in out and "sweep: failed: PermissionError" in out
     assert "nothing to record" in out and not tuning.exists()
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_doctor_killed_mid_run_leaves_no_test_file(tmp_path, tuning, sig):
+    """Ctrl-C, SIGTERM or SIGKILL while the sweep reads the test file: the file is gone."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch_fastload", "doctor", "--dir", str(tmp_path), "--size", "32M"]
+        + ["--threads", "1,2,4,8", "--tasks", "1M,4M", "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    watchdog = threading.Timer(120, proc.kill)  # a doctor that never gets there fails, not hangs
+    watchdog.start()
+    try:
+        seen = ""
+        for line in proc.stdout:
+            seen += line
+            if "== Storage ==" in line:  # the storage section is done; the sweep reads the file now
+                proc.send_signal(sig)
+                break
+        proc.wait(timeout=60)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "== Storage ==" in seen, seen
+    assert proc.returncode == -sig, (proc.returncode, seen)  # killed mid-run, not finished
+    assert leftovers(tmp_path) == []
+
+
+def test_the_test_file_goes_to_the_temporary_directory_by_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(doctor.cli.tempfile, "tempdir", None)  # tempfile caches the directory
+    assert doctor.build_parser().parse_args([]).dir == str(tmp_path)
+    with doctor.scratch_file(str(tmp_path)) as path:
+        doctor.write_test_file(path, MiB)
+        assert os.path.getsize(path) == MiB
+    assert os.listdir(tmp_path) == []
 
 
 def test_o_direct_refused_is_reported_and_skipped(tmp_path, monkeypatch, capsys):
