@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,38 @@ def pack(
     out_dir = os.fspath(out_dir)
     if shard_size < 1 or align < 1:
         raise ValueError(f"shard_size and align must be >= 1, got {shard_size} and {align}")
+    _clear_out_dir(out_dir, overwrite)
+    started = time.perf_counter()
+    total = len(items) if hasattr(items, "__len__") else None
+    if hasattr(items, "__getitem__") and hasattr(items, "__len__") and not isinstance(items, (list, tuple)):
+        items = (items[i] for i in range(len(items)))  # a map-style dataset
+    bar = _progress(total, f"packing {os.path.basename(out_dir) or out_dir}", progress)
+    try:
+        written = _write_shards(items, out_dir, shard_size, align, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    found_labels = _check_labels(written.labels, labels, names, len(written.index))
+    _write_tables(out_dir, written.index, found_labels, names)
+    _write_meta(
+        out_dir,
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "num_records": len(written.index),
+            "shards": written.shards,
+            "labels": bool(found_labels),
+            "classes": list(classes) if classes is not None else None,
+            "align": align,
+            "bytes": int(sum(s["bytes"] for s in written.shards)),
+            "seconds": round(time.perf_counter() - started, 3),
+        },
+    )
+    return RecordDataset(out_dir)
+
+
+def _clear_out_dir(out_dir: str, overwrite: bool) -> None:
+    """Create ``out_dir``; refuse one with entries unless ``overwrite``, then remove a pack's files."""
     os.makedirs(out_dir, exist_ok=True)
     existing = [name for name in os.listdir(out_dir) if not name.startswith(".")]
     if existing and not overwrite:
@@ -81,36 +114,43 @@ def pack(
     for name in existing:
         if name == "meta.json" or name.startswith("shard-") or name in ("index.npy", "labels.npy", "names.txt"):
             os.remove(os.path.join(out_dir, name))
-    total = len(items) if hasattr(items, "__len__") else None
-    if hasattr(items, "__getitem__") and hasattr(items, "__len__") and not isinstance(items, (list, tuple)):
-        items = (items[i] for i in range(len(items)))  # a map-style dataset
-    index: list = []
-    found_labels: list = []
-    shards: list = []
-    bar = _progress(total, f"packing {os.path.basename(out_dir) or out_dir}", progress)
+
+
+@dataclass
+class _Written:
+    """What ``_write_shards`` wrote."""
+
+    index: list = field(default_factory=list)  # per record: (shard, offset, length)
+    labels: list = field(default_factory=list)  # per record, where items were (bytes, label) pairs
+    shards: list = field(default_factory=list)  # per shard: {"file": name, "bytes": size}
+
+
+def _write_shards(items: Iterable, out_dir: str, shard_size: int, align: int, bar) -> _Written:
+    """Every record into ``shard-NNNNN.bin`` files, a new shard once the next record would pass
+    ``shard_size``; the last shard is fsynced."""
+    written = _Written()
     shard_file = None
     shard_name = ""
     shard_bytes = 0
-    started = time.perf_counter()
     try:
         for i, item in enumerate(items):
             if isinstance(item, tuple) and len(item) == 2:
                 item, label = item
-                found_labels.append(int(label))
+                written.labels.append(int(label))
             data = _as_bytes(item, i)
             pad = (-shard_bytes) % align
             if shard_file is None or (shard_bytes and shard_bytes + pad + len(data) > shard_size):
                 if shard_file is not None:
                     shard_file.close()
-                    shards.append({"file": shard_name, "bytes": shard_bytes})
-                shard_name = f"shard-{len(shards):05d}.bin"
+                    written.shards.append({"file": shard_name, "bytes": shard_bytes})
+                shard_name = f"shard-{len(written.shards):05d}.bin"
                 shard_file = open(os.path.join(out_dir, shard_name), "wb")
                 shard_bytes, pad = 0, 0
             if pad:
                 shard_file.write(b"\0" * pad)
                 shard_bytes += pad
             shard_file.write(data)
-            index.append((len(shards), shard_bytes, len(data)))
+            written.index.append((len(written.shards), shard_bytes, len(data)))
             shard_bytes += len(data)
             if bar is not None:
                 bar.update(1)
@@ -118,48 +158,47 @@ def pack(
             shard_file.flush()
             os.fsync(shard_file.fileno())
             shard_file.close()
-            shards.append({"file": shard_name, "bytes": shard_bytes})
+            written.shards.append({"file": shard_name, "bytes": shard_bytes})
             shard_file = None
     finally:
         if shard_file is not None:
             shard_file.close()
-        if bar is not None:
-            bar.close()
-    count = len(index)
-    if found_labels and len(found_labels) != count:
-        raise ValueError(f"{len(found_labels)} of {count} items were (bytes, label) pairs: all or none must be")
+    return written
+
+
+def _check_labels(found: list, labels: Sequence[int] | None, names: Sequence[str] | None, count: int) -> list:
+    """The records' labels (from pairs or ``labels=``; [] for none), every count checked."""
+    if found and len(found) != count:
+        raise ValueError(f"{len(found)} of {count} items were (bytes, label) pairs: all or none must be")
     if labels is not None:
-        if found_labels:
+        if found:
             raise ValueError("labels given both as (bytes, label) items and as labels=")
-        found_labels = [int(v) for v in labels]
-        if len(found_labels) != count:
-            raise ValueError(f"labels has {len(found_labels)} entries for {count} records")
+        found = [int(v) for v in labels]
+        if len(found) != count:
+            raise ValueError(f"labels has {len(found)} entries for {count} records")
     if names is not None and len(names) != count:
         raise ValueError(f"names has {len(names)} entries for {count} records")
-    np.save(os.path.join(out_dir, "index.npy"), np.asarray(index, dtype=np.int64).reshape(count, 3))
-    if found_labels:
-        np.save(os.path.join(out_dir, "labels.npy"), np.asarray(found_labels, dtype=np.int64))
+    return found
+
+
+def _write_tables(out_dir: str, index: list, labels: list, names: Sequence[str] | None) -> None:
+    """index.npy, labels.npy (where labelled) and names.txt (where named)."""
+    np.save(os.path.join(out_dir, "index.npy"), np.asarray(index, dtype=np.int64).reshape(len(index), 3))
+    if labels:
+        np.save(os.path.join(out_dir, "labels.npy"), np.asarray(labels, dtype=np.int64))
     if names is not None:
         with open(os.path.join(out_dir, "names.txt"), "w", encoding="utf-8") as f:
             f.write("\n".join(str(n).replace("\n", " ") for n in names))
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "num_records": count,
-        "shards": shards,
-        "labels": bool(found_labels),
-        "classes": list(classes) if classes is not None else None,
-        "align": align,
-        "bytes": int(sum(s["bytes"] for s in shards)),
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+
+
+def _write_meta(out_dir: str, meta: dict) -> None:
+    """meta.json, last and atomically: the pack is finished only once it exists."""
     tmp = os.path.join(out_dir, ".meta.json.tmp")
     with open(tmp, "w") as f:
         json.dump(meta, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(out_dir, "meta.json"))
-    return RecordDataset(out_dir)
 
 
 def find_images(root: str | os.PathLike, extensions: Sequence[str] = IMAGE_EXTENSIONS):
