@@ -267,6 +267,14 @@ OPTIONS: dict[str, Option] = {
             "pixels; libjpeg-turbo only)",
         ),
         Option(
+            "max_pixels",
+            178_956_970,
+            _positive_int,
+            "images whose header declares more pixels (height x width) are refused before anything is "
+            "allocated (ImageDecodeError, or skipped with on_error='skip'): decompression bombs. The default "
+            "is PIL's own refusal threshold (2 x PIL.Image.MAX_IMAGE_PIXELS), a 512 MiB RGB image",
+        ),
+        Option(
             "native",
             "auto",
             _choice("auto", "off"),

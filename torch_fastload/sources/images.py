@@ -18,7 +18,9 @@ images come as a list of decoded ``(3, H, W)`` uint8 tensors. Decode and augment
 loader's stage threads and copy stream, so they overlap the training step like any copy.
 
 ``ds[i]`` (torch's DataLoader, or a custom ``collate_fn``) decodes and transforms one image
-on the CPU with the same arithmetic.
+on the CPU with the same arithmetic. CPU decodes go through decoders that refuse damaged files
+with an error (the C++ libjpeg-turbo decoder for JPEGs, PIL for the rest), and no image whose
+header declares more than ``max_pixels`` pixels is decoded.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .. import config
 from ..remote import objects as files
 from ..resume import batch_key, batch_numpy_rng
 from ..staging import ALIGN, PendingRead
-from ..vision.decode import STATUS_TEXT, BatchDecoder, ImageDecodeError, decode_cpu, probe
+from ..vision.decode import BatchDecoder, ImageDecodeError, decode_cpu
 from ..vision.settings import GPU_MAX_PIXELS
 from ..vision.transforms import EvalTransform, TrainTransform
 from .records import largest_batch_bytes
@@ -68,12 +71,14 @@ def _resolve_transform(transform) -> Transform:
 class _EncodedImageSource(Dataset):
     """What folders and packs share: batches as read plans, decoding, transforms, errors."""
 
-    def __init__(self, transform, on_error: str, seed: int | None, gpu_max_pixels: int):
+    def __init__(self, transform, on_error: str, seed: int | None, gpu_max_pixels: int, max_pixels: int | None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.transform = _resolve_transform(transform)
         self.on_error = on_error
         self.gpu_max_pixels = int(gpu_max_pixels)
+        # None: the max_pixels option, read when a decoder is made and at each ds[i]
+        self.max_pixels = None if max_pixels is None else config.resolve("max_pixels", max_pixels)
         self.seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else int(seed)
         self._batches = 0  # outside a loader's fetch (no batch key): calls are numbered
         self._decoders: dict = {}
@@ -119,19 +124,29 @@ class _EncodedImageSource(Dataset):
                 int(index[0]),
                 f"file ended at byte {offset + len(data)}, expected {length} bytes at {offset}",
             )
+        if not data:  # torch.frombuffer refuses an empty buffer
+            return torch.empty(0, dtype=torch.uint8)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
     def __getitem__(self, i):
-        """``(image, label)``: decoded and transformed on the CPU (per sample, like torchvision)."""
+        """``(image, label)``: decoded and transformed on the CPU (per sample, like torchvision).
+
+        A file that cannot be decoded (empty, truncated, damaged, or declaring more than
+        ``max_pixels`` pixels) raises ``ImageDecodeError`` naming it, whatever ``on_error``
+        says: ``on_error="skip"`` drops images from torch_fastload's batches, but a sample
+        cannot be dropped here (torch's DataLoader would collate whatever this returns), so the
+        error says so rather than handing back a placeholder."""
         index = int(self._check([i])[0])
         encoded = self.read_bytes(index)
-        info = probe(encoded.numpy(), np.array([0, encoded.numel()]))[0]
-        if info[5] != 0:
-            raise ImageDecodeError(self.name(index), index, STATUS_TEXT[int(info[5])])
         try:
-            image = decode_cpu(encoded)
+            image = decode_cpu(encoded, max_pixels=self.max_pixels)
         except ValueError as exc:
-            raise ImageDecodeError(self.name(index), index, str(exc)) from None
+            reason = str(exc)
+            if self.on_error == "skip":
+                reason += (
+                    " (on_error='skip' drops images from torch_fastload's batches only: ds[i] cannot drop its sample)"
+                )
+            raise ImageDecodeError(self.name(index), index, reason) from None
         label = int(self.labels[index])
         if self.transform is None:
             return image, label
@@ -167,7 +182,7 @@ class _EncodedImageSource(Dataset):
             decoder = self._decoders.get(device)
             if decoder is None:
                 decoder = self._decoders[device] = BatchDecoder(
-                    device, on_error=self.on_error, gpu_max_pixels=self.gpu_max_pixels
+                    device, on_error=self.on_error, gpu_max_pixels=self.gpu_max_pixels, max_pixels=self.max_pixels
                 )
             return decoder
 
@@ -243,7 +258,11 @@ class ImageFolder(_EncodedImageSource):
     channels_last, mean/std, ...), or None (decoded uint8 images, ragged).
     extensions: file name endings that count as images (default torchvision's).
     on_error: ``"raise"`` (default) an undecodable image fails its batch with
-    ``ImageDecodeError`` naming the file; ``"skip"`` drops it, logging and counting each skip.
+    ``ImageDecodeError`` naming the file; ``"skip"`` drops it from its batch, logging and
+    counting each skip (``loader.stats().decoded``: ``skipped`` and ``skipped:<kind>``).
+    ``ds[i]`` raises either way: a per-sample path cannot drop its sample.
+    max_pixels: images whose header declares more pixels are refused before anything is
+    allocated (default: the ``max_pixels`` option, ``TORCH_FASTLOAD_MAX_PIXELS``).
     seed: augmentation seed (default: drawn from torch's generator, so ``torch.manual_seed``
     makes runs repeat).
     """
@@ -257,6 +276,7 @@ class ImageFolder(_EncodedImageSource):
         extensions: tuple | None = None,
         seed: int | None = None,
         gpu_max_pixels: int = GPU_MAX_PIXELS,
+        max_pixels: int | None = None,
         scan_threads: int = 16,
     ):
         self.root = os.fspath(root)
@@ -266,7 +286,7 @@ class ImageFolder(_EncodedImageSource):
                 if not os.path.exists(self.root)
                 else f"'{self.root}' is not a directory"
             )
-        super().__init__(transform, on_error, seed, gpu_max_pixels)
+        super().__init__(transform, on_error, seed, gpu_max_pixels, max_pixels)
         from ..packing import IMAGE_EXTENSIONS, find_images  # packing imports sources: import here
 
         self.classes, self.samples = find_images(self.root, extensions or IMAGE_EXTENSIONS)
@@ -306,6 +326,7 @@ class PackedImageFolder(_EncodedImageSource):
         on_error: str = "raise",
         seed: int | None = None,
         gpu_max_pixels: int = GPU_MAX_PIXELS,
+        max_pixels: int | None = None,
         cache_dir: str | None = None,
     ):
         from .records import RecordDataset, RecordFormatError
@@ -315,7 +336,7 @@ class PackedImageFolder(_EncodedImageSource):
         self.remote_objects = self.records.remote_objects
         if self.records.labels is None:
             raise RecordFormatError(self.root, "the pack has no labels: not an image-classification pack")
-        super().__init__(transform, on_error, seed, gpu_max_pixels)
+        super().__init__(transform, on_error, seed, gpu_max_pixels, max_pixels)
         self.labels = self.records.labels
         self.classes = list(self.records.classes or [str(i) for i in range(int(self.labels.max()) + 1)])
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}

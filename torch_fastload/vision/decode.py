@@ -6,14 +6,16 @@ twin where the engine is not built). The probe routes each image:
 - ``nvjpeg``: 8-bit Huffman JPEGs with 1 or 3 components up to ``gpu_max_pixels``, decoded
   as one batch by ``torchvision.io.decode_jpeg(device='cuda')`` (nvJPEG; baseline JPEGs on the
   hardware decoder of A100/H100-class GPUs);
-- the CPU (torchvision's libjpeg-turbo / libpng, then PIL), counted by reason: ``cmyk``
+- the CPU (the C++ decoder for JPEGs, PIL for the rest: ``cpu.decode_cpu``), counted by reason: ``cmyk``
   (4-component JPEGs: ImageNet's train set has 22), ``png``/``gif``/``webp``/``bmp`` (a PNG
   named .JPEG: ImageNet has one), ``jpeg-unsupported`` (arithmetic, lossless, 12-bit),
   ``huge`` (above ``gpu_max_pixels``), ``nvjpeg-error`` (nvJPEG refused a file the probe
   passed), ``device-cpu`` (the loader's device is the CPU);
-- an error: empty, truncated (no end-of-image marker: a cut download) or unreadable files raise
-  ``ImageDecodeError`` naming the file, or with ``on_error="skip"`` are dropped from the batch,
-  each skip counted and logged.
+- an error: empty, truncated (no end-of-image marker: a cut download) or unreadable files, and
+  files whose header declares more than ``max_pixels`` (decompression bombs: refused before
+  anything is allocated) raise ``ImageDecodeError`` naming the file, or with
+  ``on_error="skip"`` are dropped from the batch, each skip logged and counted (``skipped`` and
+  ``skipped:<kind>``).
 
 A batch is decoded in four steps (``BatchDecoder.decode``): route (probe, routes, the CPU's
 share), the CPU side (started on decode threads), the GPU side (nvJPEG on the calling stage
@@ -35,7 +37,16 @@ import numpy as np
 import torch
 
 from .. import config
-from .cpu import PACKED, ImageDecodeError, NativeJpegs, decode_cpu, lower_priority, try_decode_cpu
+from .cpu import (
+    PACKED,
+    ImageDecodeError,
+    NativeJpegs,
+    Refusal,
+    decode_cpu,
+    lower_priority,
+    refusal_of,
+    try_decode_cpu,
+)
 from .cpu import native_jpeg as _native_jpeg
 from .cpu import native_regions as _native_regions
 from .nvjpeg import decode_gpu, front_chunks
@@ -77,13 +88,17 @@ log = logging.getLogger("torch_fastload")
 _NATIVE_ROUTES = ("cpu:share", "cpu:huge")
 
 
-def route(info: np.ndarray, device: torch.device, gpu_max_pixels: int) -> list[str]:
-    """Where each probed image is decoded: 'nvjpeg', 'cpu:<reason>' or 'error:<reason>'."""
+def route(info: np.ndarray, device: torch.device, gpu_max_pixels: int, max_pixels: int | None = None) -> list[str]:
+    """Where each probed image is decoded: 'nvjpeg', 'cpu:<reason>' or 'error:<reason>'
+    (``max_pixels``: default the option's)."""
+    limit = config.resolve("max_pixels", max_pixels)
     routes = []
     cuda = device.type == "cuda"
-    for fmt, height, width, comps, flags, status in info.tolist():
-        if status != OK:
-            routes.append("error:" + STATUS_TEXT[status])
+    for row in info.tolist():
+        fmt, height, width, comps, flags, _ = row
+        refusal = refusal_of(row, limit)
+        if refusal is not None:
+            routes.append("error:" + refusal.reason)
         elif fmt != JPEG:
             routes.append("cpu:" + FORMATS[fmt])
         elif not cuda:
@@ -117,7 +132,7 @@ class BatchRoute:
     routes: list  # per image: 'nvjpeg', 'cpu:<reason>', 'error:<reason>'
     slices: list  # per image: its encoded bytes (a view of the batch's data)
     geometry: object  # the transform's geometry drawn from the probed sizes, or None
-    failed: dict  # position -> reason: what the probe already refused
+    failed: dict  # position -> Refusal: what the probe already refused
     gpu: list  # positions nvJPEG decodes alone
     steal: list  # positions split between nvJPEG and the C++ decoder by work stealing
     cpu: list  # positions routed to the CPU
@@ -169,6 +184,7 @@ class BatchDecoder:
         *,
         on_error: str = "raise",
         gpu_max_pixels: int = GPU_MAX_PIXELS,
+        max_pixels: int | None = None,
         cpu_threads: int | None = None,
         cpu_share: float | None = None,
     ):
@@ -177,6 +193,7 @@ class BatchDecoder:
         self.device = torch.device(device)
         self.on_error = on_error
         self.gpu_max_pixels = int(gpu_max_pixels)
+        self.max_pixels = config.resolve("max_pixels", max_pixels)  # larger images are refused
         share = config.resolve("cpu_decode_share", cpu_share)
         cpus = config.cpus_per_process()
         native = self.device.type == "cuda" and _native_jpeg()
@@ -247,10 +264,10 @@ class BatchDecoder:
         cpu_share = self.trial.next_share() if self.trial is not None else self.cpu_share
         view = data.numpy() if data.device.type == "cpu" else data.cpu().numpy()
         info = probe(view, offsets)
-        routes = route(info, self.device, self.gpu_max_pixels)
+        routes = route(info, self.device, self.gpu_max_pixels, self.max_pixels)
         geometry = crop(info[:, 1].copy(), info[:, 2].copy()) if crop is not None else None
         slices = [data[int(offsets[i]) : int(offsets[i + 1])] for i in range(len(routes))]
-        failed = {i: r[len("error:") :] for i, r in enumerate(routes) if r.startswith("error:")}
+        failed = {i: refusal_of(info[i], self.max_pixels) for i, r in enumerate(routes) if r.startswith("error:")}
         gpu, steal = self._share_out(routes, cpu_share)
         cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]
         # JPEGs nvJPEG could take go to the C++ batch decoder (one call, no GIL per image), the
@@ -296,7 +313,9 @@ class BatchDecoder:
         packed = self._pinned.places(plan.boxes, laid_out) if laid_out and self.device.type == "cuda" else None
         native = set(plan.native)
         pending = {
-            i: self._executor().submit(try_decode_cpu, plan.slices[i], packed.places[i].view if packed else None)
+            i: self._executor().submit(
+                try_decode_cpu, plan.slices[i], packed.places[i].view if packed else None, max_pixels=self.max_pixels
+            )
             for i in plan.cpu
             if i not in native
         }
@@ -356,8 +375,8 @@ class BatchDecoder:
         return _C.JpegSplitJob(**NativeJpegs.of(data, offsets, info, boxes, which, buffer, starts).kwargs())
 
     def _cpu_results(self, plan: BatchRoute, cpu: CpuSide) -> dict:
-        """Position -> ``PACKED`` (in its place), a decoded image, or the reason it failed. What
-        the C++ decoder refused, Python decodes whole (or names the reason it fails)."""
+        """Position -> ``PACKED`` (in its place), a decoded image, or a ``Refusal``. What the C++
+        batch decoder refused, ``decode_cpu`` decodes whole (or names the reason it fails)."""
         results = {i: future.result() for i, future in cpu.pending.items()}
         done = list(zip(plan.native, cpu.native.result())) if cpu.native is not None else []
         if cpu.job is not None:
@@ -367,7 +386,10 @@ class BatchDecoder:
                 plan.routes[plan.steal[k]] = "cpu:share"
                 done.append((plan.steal[k], messages[k]))
         for i, message in done:
-            results[i] = PACKED if not message else try_decode_cpu(plan.slices[i], cpu.packed.places[i].view)
+            if message:
+                results[i] = try_decode_cpu(plan.slices[i], cpu.packed.places[i].view, max_pixels=self.max_pixels)
+            else:
+                results[i] = PACKED
         return results
 
     # -- GPU side ------------------------------------------------------------------------------
@@ -377,20 +399,20 @@ class BatchDecoder:
         chunks = front_chunks(job, plan.steal) if job is not None else ([plan.gpu] if plan.gpu else [])
         for chunk in chunks:
             encoded = [plan.slices[i] for i in chunk]
-            for i, image in zip(chunk, decode_gpu(encoded, chunk, plan.routes, self.device)):
-                if isinstance(image, str):  # refused by nvJPEG and the CPU: the reason
+            for i, image in zip(chunk, decode_gpu(encoded, chunk, plan.routes, self.device, self.max_pixels)):
+                if isinstance(image, Refusal):  # refused by nvJPEG and the CPU
                     failed[i] = image
                 else:
                     images[i] = image
 
     # -- assemble ------------------------------------------------------------------------------
     def _place(self, packed: PinnedPlaces | None, results: dict, images: list, failed: dict) -> None:
-        """The CPU's images into ``images`` (or their reasons into ``failed``): what went into the
+        """The CPU's images into ``images`` (or their refusals into ``failed``): what went into the
         pinned buffer reaches the device in one copy, each image a view of it."""
         packed_end = max((packed.places[i].end for i, r in results.items() if r is PACKED), default=0)
         flat = packed.upload(packed_end, self.device) if packed_end else None
         for i, result in results.items():
-            if isinstance(result, str):
+            if isinstance(result, Refusal):
                 failed[i] = result
             elif result is PACKED:
                 place = packed.places[i]
@@ -408,9 +430,11 @@ class BatchDecoder:
         if failed:
             if self.on_error == "raise":
                 i = min(failed)
-                raise ImageDecodeError(*name(i), failed[i])
+                raise ImageDecodeError(*name(i), failed[i].reason)
             for i in sorted(failed):
-                log.warning("torch_fastload: skipped image %d '%s': %s", name(i)[1], name(i)[0], failed[i])
+                log.warning("torch_fastload: skipped image %d '%s': %s", name(i)[1], name(i)[0], failed[i].reason)
+                kind = "skipped:" + failed[i].kind
+                counts[kind] = counts.get(kind, 0) + 1
             counts["skipped"] = counts.get("skipped", 0) + len(failed)
         kept = np.array([i for i in range(len(images)) if i not in failed], dtype=np.int64)
         geometry = plan.geometry

@@ -15,9 +15,9 @@ from .settings import STEAL_CHUNK_MIN, STEAL_CHUNKS_PER_BATCH
 __all__ = ["decode_gpu", "front_chunks"]
 
 
-def decode_gpu(encoded: list, positions: list, routes: list, device: torch.device) -> list:
+def decode_gpu(encoded: list, positions: list, routes: list, device: torch.device, max_pixels: int) -> list:
     """nvJPEG for the whole list; where it refuses the batch, one by one, the refused on the
-    CPU (``routes[positions[k]]`` becomes 'cpu:nvjpeg-error'; a string where that fails too)."""
+    CPU (``routes[positions[k]]`` becomes 'cpu:nvjpeg-error'; a ``Refusal`` where that fails too)."""
     ops = torchvision_ops()
     try:
         return ops.decode_jpegs_cuda(encoded, RGB, device)
@@ -29,7 +29,7 @@ def decode_gpu(encoded: list, positions: list, routes: list, device: torch.devic
             out.append(ops.decode_jpegs_cuda([tensor], RGB, device)[0])
         except RuntimeError:
             routes[positions[k]] = "cpu:nvjpeg-error"
-            result = try_decode_cpu(tensor)
+            result = try_decode_cpu(tensor, max_pixels=max_pixels)
             out.append(result.to(device) if isinstance(result, torch.Tensor) else result)
     return out
 
