@@ -243,6 +243,8 @@ def test_image_folder_with_workers_still_takes_the_batch_path(tmp_path):
     """num_workers=16, as the PyTorch ImageNet example passes: the source still decodes whole
     batches (worker processes would decode per sample); one warning says why, and the batches
     are the same as with num_workers=0."""
+    pytest.importorskip("torchvision")  # ImageFolder's CPU decode
+    pytest.importorskip("PIL")  # the sample photographs
     from torch_fastload.fetch import InThreadSource
     from torch_fastload.sources import ImageFolder
     from torch_fastload.vision import TrainTransform
