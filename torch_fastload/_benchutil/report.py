@@ -88,6 +88,8 @@ class Study:
                 log(f"  (no plot: {error_text(exc)})")
         self.save()
         log("")
+        if self.args.device.type == "cpu" and self.data["verdicts"]:
+            log("(a CPU run: the verdicts below exercise the code, they judge nothing)")
         for v in self.data["verdicts"]:
             log(f"{v['verdict']:<4}  {v['target']}: {v['value']}")
         for f in self.data["failures"]:
