@@ -43,6 +43,9 @@ class Study:
     def __setitem__(self, key, value) -> None:
         self.data[key] = value
 
+    def get(self, key, default=None):
+        return self.data.get(key, default)
+
     def figure(self, key: str, value) -> None:
         """A headline figure, compared with the record by ``benchmarks/compare.py``."""
         self.data["figures"][key] = value
