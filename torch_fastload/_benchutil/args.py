@@ -4,6 +4,7 @@ size (a bare number is bytes), one parent parser, one device rule, one way to pi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -73,15 +74,17 @@ def study_parser(doc: str, out: Path) -> argparse.ArgumentParser:
 
 
 def resolve_device(text: str) -> torch.device:
-    """``auto`` (the current CUDA device, else the CPU), ``cuda[:N]`` or ``cpu``; made current."""
+    """``auto`` (a GPU if there is one, else the CPU), ``cuda[:N]`` or ``cpu``; made current. A
+    GPU without an index is the process's own: LOCAL_RANK under torchrun, else the current one."""
     if text == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        text = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(text)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit(f"--device {text}: CUDA is not available here (use --device cpu)")
         if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+            local = os.environ.get("LOCAL_RANK")
+            device = torch.device("cuda", int(local) if local is not None else torch.cuda.current_device())
         torch.cuda.set_device(device)
     elif device.type != "cpu":
         raise SystemExit(f"--device must be cuda[:N] or cpu, got {text!r}")
