@@ -409,6 +409,8 @@ def main(argv=None) -> int:
         grid = ([16], [4 * MiB]) if args.quick else ([8, 16, 32], [MiB, 4 * MiB, 16 * MiB])
         kv = study.attempt("kvikio", kvikio_best, features, args.device, *grid)
         base.update(kvikio=kv, kvikio_best_gbps=kv and kv["best"]["gbps"])
+    for key in ("link_gbps", "kvikio_best_gbps", "disk_gbps"):
+        study.figure(key, base.get(key))
     log("baselines: " + ", ".join(f"{k} {fmt(v)}" for k, v in base.items() if k.endswith("gbps")))
     study["runs"] = run_all(study, args, arrays, records, files)
     if cuda:

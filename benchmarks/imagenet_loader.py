@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     if not train_dir:
         edge = True if cuda else ("gray", "cmyk", "png", "progressive")
         train_dir, _ = make_image_folder(
-            str(args.dir), args.classes, args.per_class, 1, edge_cases=edge, progress=args.progress
+            str(args.dir), args.classes, args.per_class, 10 if cuda else 1, edge_cases=edge, progress=args.progress
         )
     pack_dir = Path(str(args.dir) + "-pack") if not args.data else args.out / "imagenet-pack"
     if not (pack_dir / "meta.json").exists():

@@ -477,6 +477,7 @@ def tables(study: Study) -> list[str]:
     out, summary = [], []
     for entry in study["row_sizes"]:
         label = f"{fmt_size(entry['row_bytes'])} x{entry['batch']}"
+        study.figure(f"link_gbps_{fmt_size(entry['row_bytes']).replace(' ', '')}", entry["link"]["gbps"])
         detail = []
         for case in entry["cases"]:
             b = case["best"]

@@ -282,6 +282,7 @@ def main(argv=None) -> int:
             key = name.split(" ")[0].strip("()")
             study.figure(f"step_ms_{key}_{s['compute_ms']:g}ms", res.get("step_ms"))
             study.figure(f"gbps_{key}_{s['compute_ms']:g}ms", res.get("gbps"))
+            study.figure(f"overlap_{key}_{s['compute_ms']:g}ms", res.get("overlap"))
             notes = res.get("error") or (res.get("data_check") or "") + (
                 f"; staged {res['stage_gbps']:.1f} GB/s" if res.get("stage_gbps") else ""
             )

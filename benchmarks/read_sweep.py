@@ -334,6 +334,8 @@ def summarize(study: Study) -> list[str]:
     }
     for key, value in study["ratios"].items():
         study.figure(key, value)
+    for key in ("link", "disk", "hot_1_thread"):
+        study.figure(f"{key}_gbps", (base.get(key) or {}).get("gbps"))
     lines = [
         f"  {k:<14} {fmt((base.get(k) or {}).get('gbps'))} GB/s  {(base.get(k) or {}).get('what', '')}"
         for k in ("link", "disk", "hot_1_thread", "warm")
