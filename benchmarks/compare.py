@@ -5,7 +5,7 @@ RESULTS.md's tables name each figure with a key in their first column, `study:ke
 of the study's JSON "figures", or a dotted path into its JSON (list items by index), e.g.
 `h2d_copy:pool_over_pinned_1MiB`, `bench:speedup`, `doctor:h2d.pinned.gbps`. This reads every
 <study>.json under the given directories and prints, for each key found, the new value, the
-record's value and their ratio. Keys with no JSON here are listed once at the end.
+record's value and their ratio; keys a run did not measure are listed at the end.
 
     python benchmarks/compare.py OUT_DIR [OUT_DIR ...]
 """
@@ -60,23 +60,26 @@ def main(argv=None) -> int:
     p.add_argument("dirs", nargs="+", type=Path, help="where the studies wrote their JSON")
     args = p.parse_args(argv)
     found = {f.stem: f for d in args.dirs for f in sorted(d.rglob("*.json"))}
-    rows, missing = [], set()
+    rows, absent, unmeasured = [], set(), []
     for row in record_rows(RECORD.read_text()):
         path = found.get(row["study"])
+        now = lookup(json.loads(path.read_text()), row["key"]) if path else None
         if path is None:
-            missing.add(row["study"])
-            continue
-        now = lookup(json.loads(path.read_text()), row["key"])
-        then = first_number(row["value"])
-        ratio = f"{now / then:.2f}" if isinstance(now, (int, float)) and then else "-"
-        shown = f"{now:,.4g}" if isinstance(now, (int, float)) else "missing"
-        rows.append((f"{row['study']}:{row['key']}", shown, row["value"], ratio, row["figure"]))
-    widths = [max(len(r[i]) for r in rows + [("key", "now", "record", "now/record", "")]) for i in range(4)]
-    print("  ".join(h.ljust(w) for h, w in zip(("key", "now", "record", "now/record"), widths)) + "  figure")
-    for r in rows:
+            absent.add(row["study"])
+        elif not isinstance(now, (int, float)):
+            unmeasured.append(f"{row['study']}:{row['key']}")
+        else:
+            then = first_number(row["value"])
+            ratio = f"{now / then:.2f}" if then else "-"
+            rows.append((f"{row['study']}:{row['key']}", f"{now:,.4g}", row["value"][:24], ratio, row["figure"][:44]))
+    heads = ("key", "now", "record", "now/record", "figure")
+    widths = [max(len(r[i]) for r in rows + [heads]) for i in range(4)]
+    for r in [heads, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])
-    if missing:
-        print(f"\nnot run here: {', '.join(sorted(missing))}")
+    if unmeasured:
+        print(f"\nnot in this run's JSON ({len(unmeasured)}): {', '.join(unmeasured)}")
+    if absent:
+        print(f"\nno JSON here: {', '.join(sorted(absent))}")
     return 0
 
 

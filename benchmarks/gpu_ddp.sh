@@ -26,7 +26,7 @@ log() { echo "=== $* [$(date +%T)]"; }
   timeout 60 torchrun --standalone --nproc-per-node 2 examples/gnn_sage.py $G --checkpoint "$DATA/gnn-ck.pt" \
     --resume "$DATA/gnn-ck.pt" --json "$RES/gnn-resumed.json" 2>&1 | tail -3
   log "multi-GPU tests"; timeout 100 python3 -m pytest tests -m "multigpu or cuda" -q -rs -k "ddp or distributed or resume or gnn" 2>&1 | tail -8
-  log compare; python3 benchmarks/compare.py "$RES" | cut -c1-150
+  log compare; python3 benchmarks/compare.py "$RES"
   log done
 } 2>&1 | tee "$RES/gpu_ddp.log"
 tar -C "$(dirname "$RES")" -czf "$OUT/ddp.tgz" "$(basename "$RES")"

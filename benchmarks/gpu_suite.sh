@@ -100,6 +100,6 @@ if want ddp; then
   gpus=(--gpus 1,2); [[ $mode == verify ]] && gpus=(--gpus 1)
   run ddp_scaling 30 300 python3 benchmarks/ddp_scaling.py --driver "${gpus[@]}" "${q[@]}" --dir "$DATA/ddp" "${B[@]}"
 fi
-python3 benchmarks/compare.py "$RES" | cut -c1-150 | tee "$OUT/compare.txt"
+python3 benchmarks/compare.py "$RES" | tee "$OUT/compare.txt"
 pack
 echo "=== done in $SECONDS s [$(date +%T)]"
