@@ -132,6 +132,22 @@ def plot(data: dict, plt):
     return fig
 
 
+def prepare(args) -> tuple[str, Path]:
+    """The train folder (generated unless --data) and its pack, each made once."""
+    cuda = args.device.type == "cuda"
+    args.dir = args.dir or args.out / "imagenet-sample"
+    train_dir = args.data
+    if not train_dir:
+        edge = True if cuda else ("gray", "cmyk", "png", "progressive")
+        train_dir, _ = make_image_folder(
+            str(args.dir), args.classes, args.per_class, 10 if cuda else 1, edge_cases=edge, progress=args.progress
+        )
+    pack_dir = Path(str(args.dir) + "-pack") if not args.data else args.out / "imagenet-pack"
+    if not (pack_dir / "meta.json").exists():
+        torch_fastload.pack_image_folder(train_dir, pack_dir, progress=args.progress, overwrite=True)
+    return train_dir, pack_dir
+
+
 def main(argv=None) -> int:
     p = study_parser(__doc__, Path(__file__).resolve().parent / "out")
     p.add_argument("--data", help="an ImageFolder train directory instead of the generated one")
@@ -152,16 +168,7 @@ def main(argv=None) -> int:
         workers=(16, 16, 2),
     )
     cuda = args.device.type == "cuda"
-    args.dir = args.dir or args.out / "imagenet-sample"
-    train_dir = args.data
-    if not train_dir:
-        edge = True if cuda else ("gray", "cmyk", "png", "progressive")
-        train_dir, _ = make_image_folder(
-            str(args.dir), args.classes, args.per_class, 10 if cuda else 1, edge_cases=edge, progress=args.progress
-        )
-    pack_dir = Path(str(args.dir) + "-pack") if not args.data else args.out / "imagenet-pack"
-    if not (pack_dir / "meta.json").exists():
-        torch_fastload.pack_image_folder(train_dir, pack_dir, progress=args.progress, overwrite=True)
+    train_dir, pack_dir = prepare(args)
     study = Study("imagenet_loader", args, "ImageNet-style input pipeline: torch vs torch_fastload")
     folder = ImageFolder(train_dir, transform=None)
     study["dataset"] = {

@@ -473,45 +473,33 @@ def verdicts(study: Study) -> None:
             study.verdict(target, all(ok for ok, _ in items), "; ".join(text for _, text in items))
 
 
+def summary_row(study: Study, entry: dict, case: dict) -> list:
+    """The case's best of each feed as one SUMMARY row, its figures recorded."""
+    b, rs = case["best"], fmt_size(entry["row_bytes"])
+    for name in ("resident_ms", "resident_h2d_ms", "torch_ms", "fastload_ms", "fastload_gbps"):
+        study.figure(f"{name}_{rs.replace(' ', '')}_{case['ratio']:g}x", b[name])
+    for name in ("fastload_over_resident", "fastload_vs_torch", "fastload_cores_per_gbps"):
+        study.figure(f"{name}_{rs.replace(' ', '')}_{case['ratio']:g}x", b[name])
+    tp, fp = b["torch_params"] or {}, b["fastload_params"] or {}
+    row = [f"{rs} x{entry['batch']}", f"{case['ratio']:g}x ({case['achieved_ratio']:.2f})"]
+    row += [fmt(b["resident_ms"], ".3f"), fmt(b["resident_h2d_ms"], ".3f")]
+    row += [fmt(b["torch_ms"], ".3f") + (f" w{tp['num_workers']}" if tp else "")]
+    row += [fmt(b["fastload_ms"], ".3f") + (f" T{fp['stage_threads']}" if fp else "")]
+    row += [fmt(b["fastload_over_resident"], ".3f"), fmt(b["fastload_vs_torch"], ".2f") + "x"]
+    return row + [
+        fmt(b["fastload_gbps"], ".1f"),
+        fmt(100 * (b["fastload_of_link"] or 0), ".0f"),
+        fmt(b["fastload_cores_per_gbps"], ".3f"),
+    ]
+
+
 def tables(study: Study) -> list[str]:
     out, summary = [], []
     for entry in study["row_sizes"]:
-        label = f"{fmt_size(entry['row_bytes'])} x{entry['batch']}"
         study.figure(f"link_gbps_{fmt_size(entry['row_bytes']).replace(' ', '')}", entry["link"]["gbps"])
         detail = []
         for case in entry["cases"]:
-            b = case["best"]
-            key = f"{fmt_size(entry['row_bytes']).replace(' ', '')}_{case['ratio']:g}x"
-            for name in (
-                "resident_ms",
-                "resident_h2d_ms",
-                "torch_ms",
-                "fastload_ms",
-                "fastload_over_resident",
-                "fastload_vs_torch",
-                "fastload_gbps",
-                "fastload_cores_per_gbps",
-            ):
-                study.figure(f"{name}_{key}", b[name])
-            tp, fp = b["torch_params"] or {}, b["fastload_params"] or {}
-            summary.append(
-                [
-                    label,
-                    f"{case['ratio']:g}x ({case['achieved_ratio']:.2f})",
-                    fmt(b["resident_ms"], ".3f"),
-                    fmt(b["resident_h2d_ms"], ".3f"),
-                ]
-                + [
-                    fmt(b["torch_ms"], ".3f") + (f" w{tp['num_workers']}" if tp else ""),
-                    fmt(b["fastload_ms"], ".3f") + (f" T{fp['stage_threads']}" if fp else ""),
-                ]
-                + [
-                    fmt(b["fastload_over_resident"], ".3f"),
-                    fmt(b["fastload_vs_torch"], ".2f") + "x",
-                    fmt(b["fastload_gbps"], ".1f"),
-                ]
-                + [fmt(100 * (b["fastload_of_link"] or 0), ".0f"), fmt(b["fastload_cores_per_gbps"], ".3f")]
-            )
+            summary.append(summary_row(study, entry, case))
             for r in case["runs"]:
                 config = " ".join(f"{k}={v}" for k, v in r["params"].items())
                 detail.append(
@@ -530,37 +518,20 @@ def tables(study: Study) -> list[str]:
                     fmt(r["cores_per_gbps"], ".3f"),
                 ]
         link = f"link {entry['link']['gbps']:.1f} GB/s, transfer {entry['transfer_ms']:.3f} ms"
-        title = f"{label} ({entry['batch_bytes'] / MiB:.1f} MiB batches; {link})"
-        out.append(
-            table(
-                ["compute", "feed", "config", "step ms", "samples/s", "GB/s", "wait %", "cores", "cores/GB/s"],
-                detail,
-                title,
-            )
+        title = (
+            f"{fmt_size(entry['row_bytes'])} x{entry['batch']} ({entry['batch_bytes'] / MiB:.1f} MiB batches; {link})"
         )
+        heads = ["compute", "feed", "config", "step ms", "samples/s", "GB/s", "wait %", "cores", "cores/GB/s"]
+        out.append(table(heads, detail, title))
         best = next((best_of(c, "fastload") for c in entry["cases"] if c["ratio"] == 0), None)
         if best and best.get("fastload_stats"):
             out.append(
                 f"loader.stats() of the best pure-input fastload run ({best['params']}):\n{best['fastload_stats']}"
             )
-    heads = [
-        "batches",
-        "compute (actual)",
-        "resident ms",
-        "+h2d ms",
-        "torch best ms",
-        "fastload best ms",
-        "fl/resident",
-    ]
-    heads += ["fl/torch samples/s", "fl GB/s", "% link", "fl cores/GB/s"]
-    out.append(
-        table(
-            heads,
-            summary,
-            f"SUMMARY: best config of each feed (T1 fl/resident <= {T1} at >= 1x compute; T2 fl/torch >= {T2:g})",
-        )
-    )
-    return out
+    heads = ["batches", "compute (actual)", "resident ms", "+h2d ms", "torch best ms", "fastload best ms"]
+    heads += ["fl/resident", "fl/torch samples/s", "fl GB/s", "% link", "fl cores/GB/s"]
+    title = f"SUMMARY: best config of each feed (T1 fl/resident <= {T1} at >= 1x compute; T2 fl/torch >= {T2:g})"
+    return out + [table(heads, summary, title)]
 
 
 def plot(data: dict, plt):
