@@ -114,7 +114,7 @@ def test_overlap(tmp_path):
     assert data["figures"]["fastload_vs_torch_64KiB_0x"] > 0
 
 
-@pytest.mark.parametrize("script", ["h2d_copy.py", "pinned_loop.py"])
+@pytest.mark.parametrize("script", ["h2d_copy.py", "pinned_loop.py", "beside_step.py"])
 def test_gpu_only_studies_say_so(tmp_path, script):
     res, out = run_study(script, tmp_path, rc=2)
     assert "needs CUDA" in res.stderr and not out.exists()
@@ -161,3 +161,10 @@ def test_remote_cpu_smoke(tmp_path):
     assert set(report["epochs"]["cache_io"]) == {"remote-cache"}  # the second epoch never left the cache
     assert report["verdicts"] and (out / "remote.png").is_file()
     assert "total time" in res.stdout
+
+
+def test_example_style(tmp_path):
+    _, out = run_study("example_style.py", tmp_path, "--only", "workers=0")
+    data = report(out, "example_style-resnet18")
+    (run,) = data["runs"].values()
+    assert run["images_per_s"] > 0 and run["data_ms"] >= 0 and run["data_ms_each"]  # the tiny set: 2 batches an epoch
