@@ -1,7 +1,7 @@
 """Does the loader slow the step it hides behind? Two studies, each with its baseline in the run.
 
-    python benchmarks/beside_step.py --out benchmarks/out          # H100: ~3 min
-    python benchmarks/beside_step.py --quick                        # small, also on a CPU
+    python benchmarks/beside_step.py                 # H100: ~3 min
+    python benchmarks/beside_step.py --quick         # ~1 min
 
 1. **GEMM step**: a bf16 GEMM step sized to one batch's pinned H2D time, fed device-resident
    batches (the baseline) and then by each loader: TensorDataset (the C++ loop, and the Python
@@ -17,7 +17,6 @@ Each configuration runs ``--repeats`` times; the median and the spread are print
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -29,32 +28,29 @@ import torch
 import torch_fastload
 from torch_fastload import ArrayDataset, DataLoader, RecordDataset, pack
 from torch_fastload._benchutil import (
+    Study,
     gemm_seconds,
     h2d_copy_seconds,
     log,
-    machine_info,
+    needs_cuda,
+    parse_study,
+    study_parser,
     table,
     warm_page_cache,
-    write_json,
 )
 
-MiB = 1 << 20
+OUT = Path(__file__).resolve().parent / "out"
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=None, help="write beside_step.json here")
-    p.add_argument("--quick", action="store_true", help="small data and few steps (a smoke test)")
-    p.add_argument("--row-kib", type=int, default=192, help="bytes of one sample (KiB)")
+    p = study_parser(__doc__, OUT)
+    p.add_argument("--row-kib", type=int, default=192, help="bytes of one sample (KiB) [192]")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--data-gib", type=float, default=2.0, help="size of each dataset")
-    p.add_argument("--steps", type=int, default=120, help="timed steps per run")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--data-gib", type=float, default=None, help="size of each dataset [2 | 0.5 quick]")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per run [120 | 60 quick]")
+    p.add_argument("--repeats", type=int, default=None, help="runs of each configuration [3 | 2 quick]")
     p.add_argument("--only", default="", help="comma-separated feed names to run (default: all)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.row_kib, args.batch_size, args.data_gib, args.steps, args.repeats = 16, 32, 0.03, 20, 2
-    return args
+    return parse_study(p, argv, data_gib=(2.0, 0.5, 0.01), steps=(120, 60, 10), repeats=(3, 2, 1))
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -248,56 +244,72 @@ def spread(values) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        log("beside_step: needs a CUDA device (the studies time GPU steps); nothing measured")
-        return 0
-    device = torch.device("cuda", torch.cuda.current_device())
+    if not needs_cuda(args, "beside_step.py (GPU steps beside each loader)"):
+        return 2
+    device = args.device
     row_bytes = args.row_kib * 1024
     rows = max(4 * args.batch_size, int(args.data_gib * 2**30) // row_bytes)
-    report = {"benchmark": "beside_step", "machine": machine_info(True), "args": vars(args) | {"out": str(args.out)}}
-    with tempfile.TemporaryDirectory(dir=args.out if args.out else None) as tmp:
+    study = Study("beside_step", args, "loaders beside a step")
+    with tempfile.TemporaryDirectory(dir=args.out) as tmp:
         log(f"data: {rows} rows x {args.row_kib} KiB ({rows * row_bytes / 2**30:.2f} GiB), batch {args.batch_size}")
         data = make_data(Path(tmp), rows, row_bytes)
-        report["gemm"] = gemm = study_gemm(data, args, device)
-        report["launches"] = launches = study_launches(data, args, device)
-    base = gemm["runs_ms"]["device-resident"]
-    log(
-        table(
-            ["feed", "step ms (median)", "spread", "vs device-resident", "<= 1.05x"],
-            [
-                [
-                    k,
-                    f"{statistics.median(v):.2f}",
-                    spread(v),
-                    f"{gemm['ratio'][k]:.3f}x",
-                    "" if k == "device-resident" else ("PASS" if gemm["ratio"][k] <= 1.05 else "FAIL"),
-                ]
-                for k, v in gemm["runs_ms"].items()
-            ],
-            title=f"GEMM step beside each loader (device-resident {statistics.median(base):.2f} ms)",
-        )
+        gemm = study["gemm"] = study_gemm(data, args, device)
+        launches = study["launches"] = study_launches(data, args, device)
+    for name, ratio in gemm["ratio"].items():
+        if name != "device-resident":
+            study.figure(f"gemm_step_vs_resident:{name}", ratio)
+            study.verdict(f"GEMM step fed by {name} <= 1.05x device-resident", ratio <= 1.05, f"{ratio:.3f}x")
+    for name, ratio in launches["ratio"].items():
+        study.figure(f"launch_rate_vs_alone:{name}", ratio)
+        study.verdict(f"launch-bound thread beside {name} >= 0.95x alone", ratio >= 0.95, f"{ratio:.3f}x")
+    return study.finish(gemm_table(gemm), launch_table(launches), plot=plot)
+
+
+def plot(data: dict, plt):
+    """The GEMM step over device-resident, and the launch rate over alone, per loader."""
+    gemm, launches = data["gemm"]["ratio"], data["launches"]["ratio"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.45 * len(gemm) + 2))
+    left.barh(list(gemm), list(gemm.values()), color="tab:blue")
+    left.axvline(1.05, color="tab:red", linestyle="--", label="target 1.05x")
+    left.set_xlabel("GEMM step time / device-resident")
+    left.legend()
+    right.barh(list(launches), list(launches.values()), color="tab:green")
+    right.axvline(0.95, color="tab:red", linestyle="--", label="target 0.95x")
+    right.set_xlabel("launch rate beside the loader / alone")
+    right.legend()
+    fig.tight_layout()
+    return fig
+
+
+def gemm_table(gemm: dict) -> str:
+    rows = [
+        [k, f"{statistics.median(v):.2f}", spread(v), f"{gemm['ratio'][k]:.3f}x"] for k, v in gemm["runs_ms"].items()
+    ]
+    base = statistics.median(gemm["runs_ms"]["device-resident"])
+    return table(
+        ["feed", "step ms (median)", "spread", "vs device-resident"],
+        rows,
+        title=f"GEMM step ({gemm['step_ms']:.2f} ms of GEMMs, batch transfer {gemm['transfer_ms']:.2f} ms) beside "
+        f"each loader (device-resident {base:.2f} ms)",
     )
-    log(
-        table(
-            ["feed", "launches a batch", "k launches/s", "vs alone", ">= 0.95", "next() ms"],
-            [
-                [
-                    k,
-                    launches["kernels_per_batch"][k],
-                    f"{statistics.median(v) / 1e3:.0f}",
-                    f"{launches['ratio'][k]:.3f}",
-                    "PASS" if launches["ratio"][k] >= 0.95 else "FAIL",
-                    f"{launches['next_ms'][k]:.3f}",
-                ]
-                for k, v in launches["beside"].items()
-            ],
-            title="launch-bound thread beside each loader at its full rate (vs the same launches alone)",
-        )
+
+
+def launch_table(launches: dict) -> str:
+    rows = [
+        [
+            k,
+            launches["kernels_per_batch"][k],
+            f"{statistics.median(v) / 1e3:.0f}",
+            f"{launches['ratio'][k]:.3f}",
+            f"{launches['next_ms'][k]:.3f}",
+        ]
+        for k, v in launches["beside"].items()
+    ]
+    return table(
+        ["feed", "launches a batch", "k launches/s", "vs alone", "next() ms"],
+        rows,
+        title="launch-bound thread beside each loader at its full rate (vs the same launches alone)",
     )
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        write_json(args.out / "beside_step.json", report)
-    return 0
 
 
 if __name__ == "__main__":

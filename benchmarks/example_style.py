@@ -1,7 +1,7 @@
 """A training script in the style of the PyTorch ImageNet example, with only the loader swapped.
 
-    python benchmarks/example_style.py --arch resnet50 --out benchmarks/out    # H100: ~2 min a model
-    python benchmarks/example_style.py --quick                                   # CPU smoke test
+    python benchmarks/example_style.py --arch resnet50       # H100: ~2 min a model
+    python benchmarks/example_style.py --device cpu --quick  # a CPU smoke test (tiny)
 
 The loop is the example's: ``data_time`` is the time spent in ``next()``, then
 ``images.cuda(non_blocking=True)``, forward, loss, ``loss.item()`` (the example's meters read it
@@ -20,7 +20,6 @@ folder with 16 workers as fast as with 0).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -28,38 +27,45 @@ from pathlib import Path
 
 import torch
 
-from torch_fastload._benchutil import log, machine_info, table, write_json
+from torch_fastload._benchutil import Study, log, parse_study, study_parser, table
+
+OUT = Path(__file__).resolve().parent / "out"
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arch", default="resnet50")
+    p = study_parser(__doc__, OUT)
+    p.add_argument("--arch", default=None, help="torchvision model [resnet50 | resnet18 on a CPU]")
     p.add_argument("--data", default=None, help="an ImageFolder train/ directory (default: generated sample set)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--workers", type=int, default=16)
-    p.add_argument("--steps", type=int, default=40, help="timed steps per loader (after --warmup)")
-    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=None, help="[256 | 8 on a CPU]")
+    p.add_argument("--workers", type=int, default=None, help="torch's num_workers [16 | 2 on a CPU]")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per loader, after --warmup [40 | 20 | 3]")
+    p.add_argument("--warmup", type=int, default=None, help="[8 | 6 | 1]")
     p.add_argument("--only", default="", help="comma-separated loader names to run")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--quick", action="store_true", help="tiny model, data and steps (a CPU smoke test)")
     p.add_argument(
         "--trace", action="store_true", help="record torch_fastload's per-batch timeline (TORCH_FASTLOAD_TRACE)"
     )
-    args = p.parse_args(argv)
-    if args.quick:
-        args.arch, args.batch_size, args.workers, args.steps, args.warmup = "resnet18", 8, 2, 3, 1
+    args = parse_study(
+        p,
+        argv,
+        arch=("resnet50", "resnet50", "resnet18"),
+        batch_size=(256, 256, 8),
+        workers=(16, 16, 2),
+        steps=(40, 20, 3),
+        warmup=(8, 6, 1),
+    )
+    args.tiny = args.scale == "cpu"
     return args
 
 
-def sample_train_dir(quick: bool) -> str:
+def sample_train_dir(tiny: bool) -> str:
     from torch_fastload.vision.sample_data import make_image_folder
 
     root = Path(os.environ.get("TORCH_FASTLOAD_BENCH_DATA", "/tmp/torch_fastload-bench")) / (
-        "example-quick" if quick else "example"
+        "example-quick" if tiny else "example"
     )
     # one epoch holds every timed step (ImageNet's epochs are 5,000 steps: no restarts in view)
     train, _ = make_image_folder(
-        str(root), classes=4 if quick else 80, train_per_class=4 if quick else 110, val_per_class=1, progress=False
+        str(root), classes=4 if tiny else 80, train_per_class=4 if tiny else 110, val_per_class=1, progress=False
     )
     return train
 
@@ -138,31 +144,30 @@ def main(argv=None) -> int:
         os.environ["TORCH_FASTLOAD_TRACE"] = "1"
     import torchvision
 
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    train = args.data or sample_train_dir(args.quick)
-    report = {
-        "benchmark": "example_style",
-        "machine": machine_info(device.type == "cuda"),
-        "args": vars(args) | {"out": str(args.out)},
-        "runs": {},
-    }
+    device = args.device
+    train = args.data or sample_train_dir(args.tiny)
+    study = Study(f"example_style-{args.arch}", args, f"PyTorch-example loop, {args.arch}")
+    study["runs"] = runs = {}
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     for name, make in loaders(train, args, device).items():
         if names and not any(n in name for n in names):
             continue
         torch.manual_seed(0)
         model = torchvision.models.__dict__[args.arch]().to(device)
-        report["runs"][name] = run = train_run(make, model, args, device)
+        run = study.attempt(name, train_run, make, model, args, device)
+        if run is None:
+            continue
+        runs[name] = run
         log(
             f"{name}: data {run['data_ms']:.1f} ms, batch {run['batch_ms']:.1f} ms, "
             f"{run['images_per_s']:.0f} img/s, first batch after {run['first_batch_s']:.1f} s"
         )
-        if run["stats"]:
-            log("  " + run["stats"].replace("\n", "\n  "))
-    base = report["runs"].get("torch")
+    base = runs.get("torch")
     rows = []
-    for name, run in report["runs"].items():
-        data_vs, batch_vs = (f"{run[k] / base[k]:.2f}x" if base else "-" for k in ("data_ms", "batch_ms"))
+    for name, run in runs.items():
+        data_vs, batch_vs, rate_vs = (
+            f"{run[k] / base[k]:.2f}x" if base else "-" for k in ("data_ms", "batch_ms", "images_per_s")
+        )
         rows.append(
             [
                 name,
@@ -171,20 +176,42 @@ def main(argv=None) -> int:
                 f"{run['batch_ms']:.1f}",
                 batch_vs,
                 f"{run['images_per_s']:.0f}",
+                rate_vs,
                 f"{run['first_batch_s']:.1f}",
             ]
         )
-    log(
-        table(
-            ["loader", "data ms", "vs torch", "batch ms", "vs torch", "img/s", "first batch s"],
-            rows,
-            title=f"{args.arch}, batch {args.batch_size}, {args.workers} workers, PyTorch-example loop",
-        )
-    )
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        write_json(args.out / f"example_style-{args.arch}.json", report)
-    return 0
+        if base and name != "torch":
+            study.figure(f"images_per_s_vs_torch:{name}", run["images_per_s"] / base["images_per_s"])
+            study.verdict(f"{name}: batch time <= torch's", run["batch_ms"] <= base["batch_ms"], batch_vs)
+            study.verdict(
+                f"{name}: time in next() <= torch's",
+                run["data_ms"] <= max(base["data_ms"], 1.0),
+                f"{run['data_ms']:.1f} vs {base['data_ms']:.1f} ms",
+            )
+    headers = ["loader", "data ms", "vs torch", "batch ms", "vs torch", "img/s", "vs torch", "first batch s"]
+    title = f"{args.arch}, batch {args.batch_size}, {args.workers} workers, PyTorch-example loop (medians)"
+    return study.finish(table(headers, rows, title=title), plot=plot)
+
+
+def plot(data: dict, plt):
+    """Per loader: images/s, and where each step's time went (in next() vs the rest)."""
+    runs = data["runs"]
+    if not runs:
+        return None
+    names = list(runs)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.6 * len(names) + 2))
+    left.barh(names, [runs[n]["images_per_s"] for n in names], color="tab:blue")
+    left.set_xlabel("images/s")
+    data_ms = [runs[n]["data_ms"] for n in names]
+    rest_ms = [max(0.0, runs[n]["batch_ms"] - runs[n]["data_ms"]) for n in names]
+    right.barh(names, data_ms, color="tab:red", label="in next()")
+    right.barh(names, rest_ms, left=data_ms, color="tab:gray", label="the rest of the step")
+    right.set_xlabel("ms per step (medians)")
+    right.set_yticklabels([])
+    right.legend()
+    fig.suptitle(f"{data['args']['arch']}: the PyTorch ImageNet example's loop, loaders swapped")
+    fig.tight_layout()
+    return fig
 
 
 if __name__ == "__main__":

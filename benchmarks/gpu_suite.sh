@@ -1,61 +1,105 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build the extension, run the cuda-marked tests and the whole
-# suite, then the benchmarks. Logs and JSON/PNG land in $OUT (tarred: the tool returns <= 8 files).
-# Usage: bash benchmarks/gpu_suite.sh [quick|full] [tests|bench|files|images|all]
-#   files: the file-backed read benchmarks only (doctor, file_loader, read_sweep)
-#   images: image tests and imagenet_loader; train: imagenet_train (ResNet-50/18 end to end)
+# One call on the GPU machine: build the extension, then tests and/or benchmarks. Logs, JSON and
+# PNGs go to $RES (default /tmp/fastload-suite/res), tarred into $OUT/results.tgz after every
+# part, so $OUT holds three files whenever the call ends: results.tgz, times.txt, compare.txt.
+#
+#   bash benchmarks/gpu_suite.sh MODE [PARTS]
+#   MODE   full    every study at its full size (as the record was taken)
+#          quick   the studies' --quick sizes
+#          verify  every benchmark once, short enough that all fit in ~9 min on one H100, then
+#                  benchmarks/compare.py prints each figure RESULTS.md cites beside the record's
+#   PARTS  comma-separated: tests, pinned (h2d_copy, staging, pinned_loop), overlap, bench (the
+#          main job), files (file_loader, read_sweep; doctor in full), features, images (image
+#          tests in full, imagenet_loader), train (imagenet_train), ddp (ddp_scaling, 1 GPU in
+#          verify); all = every part (tests only in full and quick)
+#
+# verify on one H100, expected seconds a part (a part whose estimate would pass VERIFY_BUDGET,
+# default 540 s, is skipped and says so): build 0 (built) to 60; pinned 40; overlap 60; bench 45;
+# files 150 (writes 7 GiB once); features 40; images 90 (writes 11k JPEGs once); train 120 (four
+# fresh example processes); ddp 30 (writes 4 GiB once). About 9 min in all.
 # kvikio is not on the GPU machine: carry its wheels (../shared/scripts/gpu-wheels.sh) in .whl/.
 set -uo pipefail
-mode=${1:-full}; what=${2:-all}
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/out}; mkdir -p "$OUT/res"
-log() { echo "=== $* [$(date +%T)]"; }
-if ls .whl/*.whl >/dev/null 2>&1; then  # outside the { } | tee below: that runs in a subshell
+mode=${1:-full}
+parts=${2:-all}
+[[ $parts == all && $mode == verify ]] && parts=pinned,overlap,bench,files,features,images,train,ddp
+OUT=${OUT:-$PWD/out}
+RES=${RES:-/tmp/fastload-suite/res}
+DATA=${DATA:-/tmp/fastload-suite/data}  # generated data: never under $OUT
+BUDGET=${VERIFY_BUDGET:-540}
+mkdir -p "$OUT" "$RES" "$DATA"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/fastload-site .whl/*.whl \
-    && export PYTHONPATH=/tmp/fastload-site${PYTHONPATH:+:$PYTHONPATH} || echo "kvikio wheels did not install"
+    && export PYTHONPATH=$PYTHONPATH:/tmp/fastload-site || echo "kvikio wheels did not install"
 fi
-{
-log "machine"; nvidia-smi --query-gpu=name,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv
-python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], 'gpus', torch.cuda.device_count())"
-nproc; free -g | head -2
-log "build"; python3 setup.py -q build_ext --inplace 2>&1 | tail -3
-python3 -c "import torch_fastload._C as c; print('_C ok', [n for n in dir(c) if not n.startswith('__')])"
-} 2>&1 | tee "$OUT/res/suite.log"
-if [[ $what == tests || $what == all ]]; then
-  log "cuda tests" | tee -a "$OUT/res/suite.log"
-  timeout 900 python3 -m pytest tests -m "cuda or multigpu" -v -rs 2>&1 | tee "$OUT/res/cuda_tests.log" | tail -40
-  if [[ $mode == full ]]; then
-    log "all tests" | tee -a "$OUT/res/suite.log"
-    timeout 900 python3 -m pytest tests -q -x -rs 2>&1 | tee "$OUT/res/all_tests.log" | tail -15
+q=()
+[[ $mode != full ]] && q=(--quick)
+want() { [[ $parts == all || ,$parts, == *,$1,* ]]; }
+pack() { tar -C "$(dirname "$RES")" -czf "$OUT/results.tgz" "$(basename "$RES")"; }
+
+# run NAME ESTIMATE_S TIMEOUT_S CMD...: the command's output in $RES/NAME.log; on the terminal its
+# verdict lines (all of its tail with TAIL=N) and its time
+run() {
+  local name=$1 estimate=$2 limit=$3 t0=$SECONDS rc
+  shift 3
+  if [[ $mode == verify ]] && ((SECONDS + estimate > BUDGET)); then
+    echo "--- $name skipped: ${SECONDS} s gone, ~${estimate} s more would pass the ${BUDGET} s budget" | tee -a "$OUT/times.txt"
+    return
   fi
+  echo "=== $name [$(date +%T)]"
+  timeout "$limit" "$@" >"$RES/$name.log" 2>&1
+  rc=$?
+  if [[ -n ${TAIL:-} ]]; then tail -n "$TAIL" "$RES/$name.log"; else grep -E '^(PASS|FAIL|INFO|FAILED)' "$RES/$name.log" | cut -c1-160; fi
+  echo "--- $name: rc $rc, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
+  pack
+}
+
+: >"$OUT/times.txt"
+{
+  nvidia-smi --query-gpu=name,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv,noheader
+  python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], 'gpus', torch.cuda.device_count())"
+  echo "cpus $(nproc), $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-80)"
+} | tee "$RES/machine.txt"
+run build 60 600 python3 setup.py -q build_ext --inplace
+if want tests && [[ $mode != verify ]]; then
+  run cuda_tests 300 900 python3 -m pytest tests -m "cuda or multigpu" -v -rs
+  [[ $mode == full ]] && run all_tests 420 900 python3 -m pytest tests -q -x -rs
 fi
-if [[ $what == files || $what == all ]]; then
-  q=""; [[ $mode == quick ]] && q="--quick"
-  log "doctor" | tee -a "$OUT/res/suite.log"
-  timeout 240 python3 -m torch_fastload doctor --size 2G --no-progress --json "$OUT/res/doctor.json" 2>&1 | tee "$OUT/res/doctor.log" | tail -30
-  log "file_loader" | tee -a "$OUT/res/suite.log"
-  timeout 400 python3 benchmarks/file_loader.py $q --no-progress --out "$OUT/res" 2>&1 | tee "$OUT/res/file_loader.log" | tail -45
-  log "read_sweep" | tee -a "$OUT/res/suite.log"
-  timeout 500 python3 benchmarks/read_sweep.py $q --no-progress --out "$OUT/res" 2>&1 | tee "$OUT/res/read_sweep.log" | tail -30
+B=(--no-progress --out "$RES")
+if want pinned; then
+  sizes=(); [[ $mode == verify ]] && sizes=(--sizes 1MiB,16MiB,256MiB,1GiB)
+  run h2d_copy 15 120 python3 benchmarks/h2d_copy.py "${q[@]}" "${sizes[@]}" "${B[@]}"
+  [[ $mode == verify ]] && sizes=(--sizes 64MiB,256MiB)
+  run staging 10 120 python3 benchmarks/staging.py "${q[@]}" "${sizes[@]}" "${B[@]}"
+  run pinned_loop 15 180 python3 benchmarks/pinned_loop.py "${q[@]}" "${B[@]}"
 fi
-if [[ $what == images || $what == all ]]; then
-  log "image tests" | tee -a "$OUT/res/suite.log"
-  timeout 300 python3 -m pytest tests/test_images.py -v -rs -s 2>&1 | tee "$OUT/res/image_tests.log" | tail -40
-  log "imagenet_loader" | tee -a "$OUT/res/suite.log"
-  timeout 400 python3 benchmarks/imagenet_loader.py --no-progress --out "$OUT/res" 2>&1 | tee "$OUT/res/imagenet_loader.log" | tail -25
+if want overlap; then
+  best=(); [[ $mode == verify ]] && best=(--torch-workers 0 --stage-threads 8)  # the record's best of each
+  run overlap 60 600 python3 benchmarks/overlap.py "${q[@]}" "${best[@]}" "${B[@]}"
 fi
-if [[ $what == train || $what == all ]]; then
-  log "imagenet_train" | tee -a "$OUT/res/suite.log"
-  timeout 600 python3 benchmarks/imagenet_train.py --no-progress --out "$OUT/res" 2>&1 | tee "$OUT/res/imagenet_train.log" | tail -25
+want bench && run bench 45 300 python3 -m torch_fastload.bench --no-progress --json "$RES/bench.json"
+if want files; then
+  [[ $mode == full ]] && run doctor 60 240 python3 -m torch_fastload doctor --size 2G --no-progress --json "$RES/doctor.json"
+  run file_loader 90 420 python3 benchmarks/file_loader.py "${q[@]}" --dir "$DATA/files" "${B[@]}"
+  run read_sweep 60 500 python3 benchmarks/read_sweep.py "${q[@]}" --dir "$DATA/files" "${B[@]}"
 fi
-if [[ $what == bench || $what == all ]]; then
-  q=""; [[ $mode == quick ]] && q="--quick"
-  log "pin_memory" | tee -a "$OUT/res/suite.log"
-  timeout 600 python3 benchmarks/pin_memory.py $q --out "$OUT/res" 2>&1 | tee "$OUT/res/pin_memory.log" | tail -40
-  log "overlap" | tee -a "$OUT/res/suite.log"
-  timeout 600 python3 benchmarks/overlap.py $q --out "$OUT/res" 2>&1 | tee "$OUT/res/overlap.log" | tail -40
-  log "main job" | tee -a "$OUT/res/suite.log"
-  timeout 300 python3 -m torch_fastload.bench --json "$OUT/res/bench.json" 2>&1 | tee "$OUT/res/bench.log" | tail -25
+if want features; then
+  rows=(); [[ $mode == verify ]] && rows=(--row-bytes 256,4096)
+  run feature_gather 40 400 python3 benchmarks/feature_gather.py "${q[@]}" "${rows[@]}" --dir "$DATA/features" "${B[@]}"
 fi
-tar -C "$OUT" -czf "$OUT/results.tgz" res && rm -rf "$OUT/res"
-log "done"
+if want images; then
+  [[ $mode != verify ]] && run image_tests 120 300 python3 -m pytest tests/test_images.py -v -rs
+  epochs=(); [[ $mode == verify ]] && epochs=(--epochs 1)
+  run imagenet_loader 90 400 python3 benchmarks/imagenet_loader.py "${epochs[@]}" --dir "$DATA/imagenet-sample" "${B[@]}"
+fi
+if want train; then
+  only=(); [[ $mode == verify ]] && only=(--only resnet50:synthetic,resnet50:fastload,resnet18:fastload,resnet18:torch)
+  run imagenet_train 120 900 python3 benchmarks/imagenet_train.py "${only[@]}" --dir "$DATA/imagenet-sample" "${B[@]}"
+fi
+if want ddp; then
+  gpus=(--gpus 1,2); [[ $mode == verify ]] && gpus=(--gpus 1)
+  run ddp_scaling 30 300 python3 benchmarks/ddp_scaling.py --driver "${gpus[@]}" "${q[@]}" --dir "$DATA/ddp" "${B[@]}"
+fi
+python3 benchmarks/compare.py "$RES" | tee "$OUT/compare.txt"
+pack
+echo "=== done in $SECONDS s [$(date +%T)]"

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <random>
 #include <tuple>
 #include <utility>
 
@@ -197,6 +199,10 @@ void NativeLoop::worker_loop() {
 }
 
 void NativeLoop::run(Job& job) {
+  if (cfg_.debug_jitter_us > 0) {  // batches finish out of order: take() must still keep theirs
+    thread_local std::minstd_rand rng(static_cast<unsigned>(std::hash<std::thread::id>()(std::this_thread::get_id())));
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % static_cast<unsigned>(cfg_.debug_jitter_us)));
+  }
   if (cfg_.cuda)
     run_cuda(job);
   else

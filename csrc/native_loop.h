@@ -66,6 +66,7 @@ struct LoopConfig {
   int piece_bytes = 64 << 10;
   int blocks = 32;
   bool unsafe_slot_reuse = false;  // tests only: skip the wait for a slot's last copy (a negative control)
+  int debug_jitter_us = 0;         // tests only: each batch first sleeps a random 0..jitter us
 };
 
 // Per-batch and cumulative measurements (seconds, bytes).

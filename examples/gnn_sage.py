@@ -47,6 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
+import torch_fastload  # noqa: E402
 from torch_fastload.gnn import CSRGraph, NeighborBatches, make_graph  # noqa: E402
 from torch_fastload.gnn.synthetic import PRESETS  # noqa: E402
 from torch_fastload.sources import FeatureStore  # noqa: E402
@@ -244,7 +245,7 @@ def main(argv=None) -> dict:
     log = print if lead else (lambda *a, **k: None)
     size = dict(PRESETS[args.preset])
     size.update({k: v for k, v in (("nodes", args.nodes), ("dim", args.dim)) if v})
-    root = args.root or os.path.join(os.path.expanduser("~"), ".cache", "torch_fastload", f"gnn-{args.preset}")
+    root = args.root or os.path.join(torch_fastload.config.cache_dir(), f"gnn-{args.preset}")
     show = lead and not args.no_progress
     t0 = time.perf_counter()
     # one writer a node (LOCAL_RANK 0; on one node: rank 0), the other ranks read what it wrote.

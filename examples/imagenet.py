@@ -63,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--data", help="ImageNet folder (train/, val/) or a folder of train/val packs")
     p.add_argument(
         "--sample-dir",
-        default=os.path.join(os.path.expanduser("~"), ".cache", "torch_fastload", "imagenet-sample"),
+        default=os.path.join(torch_fastload.config.cache_dir(), "imagenet-sample"),
         help="where the embedded default dataset is generated (once)",
     )
     p.add_argument("--sample-classes", type=int, default=100)

@@ -137,7 +137,9 @@ def test_ddp_scaling_cpu_smoke_covers_every_sample_once(tmp_path):
         sys.executable,
         str(REPO / "benchmarks" / "ddp_scaling.py"),
         "--driver",
-        "--cpu-smoke",
+        "--device",
+        "cpu",
+        "--quick",
         "--gpus",
         "1,2",
         "--out",
@@ -151,7 +153,7 @@ def test_ddp_scaling_cpu_smoke_covers_every_sample_once(tmp_path):
     check_scaling_report(report, [1, 2])
     assert report["runs"]["2"]["backend"] == "gloo"
     rows = report["data"]["rows"]
-    # from the ids each rank actually received (recorded in --cpu-smoke): disjoint, together all
+    # from the ids each rank actually received (recorded on the CPU): disjoint, together all
     for name in ("fastload", "torch"):
         ranks = [r["runs"][name]["id_stats"] for r in report["runs"]["2"]["ranks"]]
         epochs = [e["epoch"] for e in ranks[0]]

@@ -717,3 +717,20 @@ def test_fuzz_under_address_sanitizer(tmp_path):
     assert fuzz.returncode == 0, fuzz.stdout + fuzz.stderr[-5000:]
     assert "AddressSanitizer" not in fuzz.stderr
     assert "failures=0" in fuzz.stdout
+
+
+def test_io_options_are_named_after_themselves_and_old_names_still_work(monkeypatch):
+    from torch_fastload import config
+
+    for name in ("TORCH_FASTLOAD_NUM_THREADS", "TORCH_FASTLOAD_TASK_SIZE", "TORCH_FASTLOAD_IO_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCH_FASTLOAD_IO_THREADS", "5")
+    monkeypatch.setenv("TORCH_FASTLOAD_IO_TASK_SIZE", "2MiB")
+    assert config._lookup("io_threads") == (5, "TORCH_FASTLOAD_IO_THREADS")
+    assert engine.default_task_size() == 2 << 20
+    monkeypatch.delenv("TORCH_FASTLOAD_IO_THREADS")
+    monkeypatch.setenv("TORCH_FASTLOAD_NUM_THREADS", "7")
+    with pytest.warns(
+        DeprecationWarning, match="TORCH_FASTLOAD_NUM_THREADS is deprecated: set TORCH_FASTLOAD_IO_THREADS"
+    ):
+        assert config.get("io_threads") == 7

@@ -243,6 +243,8 @@ def test_image_folder_with_workers_still_takes_the_batch_path(tmp_path):
     """num_workers=16, as the PyTorch ImageNet example passes: the source still decodes whole
     batches (worker processes would decode per sample); one warning says why, and the batches
     are the same as with num_workers=0."""
+    pytest.importorskip("torchvision")  # ImageFolder's CPU decode
+    pytest.importorskip("PIL")  # the sample photographs
     from torch_fastload.fetch import InThreadSource
     from torch_fastload.sources import ImageFolder
     from torch_fastload.vision import TrainTransform
@@ -270,3 +272,26 @@ def test_image_folder_with_workers_still_takes_the_batch_path(tmp_path):
         with_workers = run(16)
     without = run(0)
     assert len(with_workers) == 3 and all(torch.equal(a, b) for a, b in zip(with_workers, without))
+
+
+@pytest.mark.parametrize("prefetch", [1, 4])
+def test_every_sample_exactly_once_in_order_when_batches_finish_out_of_order(prefetch, monkeypatch):
+    """Workers finish batches in random order (jitter); next() still hands them out in the
+    sampler's order, each sample once per epoch, over epochs and an early break."""
+    from torch_fastload import native as native_module
+
+    monkeypatch.setattr(native_module, "DEBUG_JITTER_US", 3000)
+    data = TensorDataset(torch.arange(600))
+    loader = DataLoader(
+        data, batch_size=7, shuffle=True, device="cpu", prefetch=prefetch, generator=torch.Generator().manual_seed(1)
+    )
+    theirs = torch.utils.data.DataLoader(data, batch_size=7, shuffle=True, generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        ours = [b[0] for b in loader]
+        want = [b[0] for b in theirs]
+        assert len(ours) == len(want) and all(torch.equal(a, b) for a, b in zip(ours, want))
+        assert sorted(torch.cat(ours).tolist()) == list(range(600))
+    for i, _ in enumerate(loader):  # an early break, then a whole epoch again
+        if i == 5:
+            break
+    assert sorted(torch.cat([b[0] for b in loader]).tolist()) == list(range(600))

@@ -1,4 +1,7 @@
-"""``python -m torch_fastload <command> [args]``: the package's command-line entry point.
+"""``torch-fastload <command> [args]`` (or ``python -m torch_fastload``): the command line.
+
+Importing this module does not import torch (the package's names load lazily), so ``--help``
+answers at once; a command's module is imported only when it runs.
 
 Commands are looked up in ``COMMANDS`` (name -> (module, one-line help)); each module has a
 ``main(argv, prog)`` returning an exit code, so new ones (``doctor``, ...) are one line here.
@@ -22,8 +25,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _prog() -> str:
+    name = sys.argv[0].rsplit("/", 1)[-1] if sys.argv and sys.argv[0] else ""
+    return "torch-fastload" if name == "torch-fastload" else "python -m torch_fastload"
+
+
 def usage() -> str:
-    lines = ["usage: python -m torch_fastload <command> [args]   (<command> --help for its options)", "", "commands:"]
+    lines = [f"usage: {_prog()} <command> [args]   (<command> --help for its options)", "", "commands:"]
     width = max(len(name) for name in COMMANDS)
     lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
     return "\n".join(lines)
@@ -36,10 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"python -m torch_fastload: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        print(f"{_prog()}: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest, prog=f"python -m torch_fastload {name}") or 0)
+    return int(module.main(rest, prog=f"{_prog()} {name}") or 0)
 
 
 if __name__ == "__main__":

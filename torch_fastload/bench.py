@@ -26,25 +26,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn as nn
 
 from torch_fastload._benchutil import (
-    InflightWindow,
+    CudaSleeper,
     Progress,
-    cpu_seconds,
     fmt,
-    h2d_copy_seconds,
     int_list,
+    link_baseline,
     log,
     machine_info,
-    sync,
+    resolve_device,
     table,
+)
+from torch_fastload._benchutil.workload import (
+    ResidentLoader,
+    SmallConvNet,
+    StepClock,
+    Trainer,
+    make_dataset,
+    time_compute_ms,
 )
 
 __all__ = ["main", "build_parser", "make_dataset", "SmallConvNet", "CudaSleeper"]
@@ -52,168 +57,9 @@ __all__ = ["main", "build_parser", "make_dataset", "SmallConvNet", "CudaSleeper"
 MiB = 1 << 20
 
 
-# --------------------------------------------------------------------------------------------
-# a calibrated GPU busy kernel
-# --------------------------------------------------------------------------------------------
-class CudaSleeper:
-    """A GPU busy kernel of a chosen length: ``torch.cuda._sleep(cycles)``, calibrated by timing
-    with CUDA events (the SM clock moves, so cycles per ms is measured, not looked up)."""
-
-    def __init__(self):
-        self.available = hasattr(torch.cuda, "_sleep")
-        self.cycles_per_ms: float | None = None
-        self.offset_ms = 0.0
-        self.error = None if self.available else "torch.cuda._sleep is missing in this torch"
-
-    def _time(self, cycles: int, reps: int = 5) -> float:
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.cuda._sleep(int(cycles))
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))  # ms
-        return statistics.median(times)
-
-    def calibrate(self) -> dict:
-        if not self.available:
-            return {"available": False, "error": self.error}
-        deadline = time.perf_counter() + 0.2  # let the SM clock leave its idle state
-        while time.perf_counter() < deadline:
-            torch.cuda._sleep(1_000_000)
-            torch.cuda.synchronize()
-        c1, c2 = 1_000_000, 5_000_000
-        t1, t2 = self._time(c1), self._time(c2)
-        if t2 <= t1:
-            self.available = False
-            self.error = f"torch.cuda._sleep did not scale ({c1}: {t1:.3f} ms, {c2}: {t2:.3f} ms)"
-            return {"available": False, "error": self.error}
-        self.cycles_per_ms = (c2 - c1) / (t2 - t1)
-        self.offset_ms = max(0.0, t1 - c1 / self.cycles_per_ms)
-        return {"available": True, "cycles_per_ms": self.cycles_per_ms, "offset_ms": self.offset_ms}
-
-    def sleep_ms(self, ms: float) -> None:
-        if self.cycles_per_ms and ms > 0:
-            cycles = int((ms - self.offset_ms) * self.cycles_per_ms)
-            if cycles > 0:
-                torch.cuda._sleep(cycles)
-
-
-# --------------------------------------------------------------------------------------------
-# dataset and model
-# --------------------------------------------------------------------------------------------
-def make_dataset(
-    samples: int, channels: int, size: int, classes: int, seed: int, progress: bool = True
-) -> torch.utils.data.TensorDataset:
-    """Image-like float32 samples (smooth class patterns + low-frequency noise + pixel noise,
-    roughly zero mean, unit variance) and int64 labels; seeded, so every run sees the same data."""
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, classes, (samples,), generator=g, dtype=torch.int64)
-    templates = torch.nn.functional.interpolate(
-        torch.randn(classes, channels, 4, 4, generator=g), size=(size, size), mode="bilinear", align_corners=False
-    )
-    images = torch.empty(samples, channels, size, size, dtype=torch.float32)
-    chunk = 256
-    bar = Progress(samples, "generating dataset", progress)
-    for start in range(0, samples, chunk):
-        end = min(samples, start + chunk)
-        n = end - start
-        low = max(2, size // 8)
-        blobs = torch.nn.functional.interpolate(
-            torch.randn(n, channels, low, low, generator=g), size=(size, size), mode="bilinear", align_corners=False
-        )
-        block = images[start:end]
-        torch.mul(templates[labels[start:end]], 0.8, out=block)
-        block.add_(blobs, alpha=0.6)
-        block.add_(torch.randn(n, channels, size, size, generator=g), alpha=0.3)
-        bar.update(n)
-    bar.close()
-    return torch.utils.data.TensorDataset(images, labels)
-
-
-class SmallConvNet(nn.Module):
-    """A lean conv net (few kernels, so a step is not all Python launch overhead): a 4x4 stride-4
-    patchify stem, two 3x3 stride-2 convs, ReLUs, global average pooling and a linear head."""
-
-    def __init__(self, in_channels: int, width: int, classes: int):
-        super().__init__()
-        c = width
-        self.net = nn.Sequential(
-            nn.Conv2d(in_channels, c, 4, stride=4),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(c, 2 * c, 3, stride=2, padding=1),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(2 * c, 4 * c, 3, stride=2, padding=1),
-            nn.ReLU(inplace=True),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(4 * c, classes),
-        )
-
-    def forward(self, x):
-        return self.net(x)
-
-
-class Trainer:
-    """One training step on a batch: forward, cross-entropy, backward, SGD (bf16 autocast on
-    CUDA), or with ``compute_ms`` a calibrated busy kernel that also reads the batch."""
-
-    def __init__(self, args, device: torch.device, width: int, sleeper: CudaSleeper | None):
-        self.device = device
-        self.compute_ms = args.compute_ms
-        self.sleeper = sleeper
-        self.amp = device.type == "cuda" and args.amp == "bf16"
-        self.channels_last = device.type == "cuda"
-        torch.manual_seed(args.seed)  # identical initial weights for every run
-        self.model = SmallConvNet(args.channels, width, args.classes).to(device)
-        if self.channels_last:
-            self.model = self.model.to(memory_format=torch.channels_last)
-        try:
-            self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9, fused=device.type == "cuda")
-        except (RuntimeError, TypeError, ValueError):  # torch without fused SGD
-            self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
-        self.loss_fn = nn.CrossEntropyLoss()
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.compute_ms is not None:
-            touched = x.view(-1)[:: max(1, x.numel() // 4096)].float().mean()
-            if self.device.type == "cuda":
-                self.sleeper.sleep_ms(self.compute_ms)
-            else:
-                time.sleep(self.compute_ms / 1e3)  # the host is free while a device computes
-            return touched
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            loss = self.loss_fn(self.model(x), y)
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.detach()
-
-
 def time_transfer_ms(nbytes: int, device: torch.device, reps: int = 10) -> float | None:
     """Median time of one pinned -> device copy of ``nbytes`` (the link at its best)."""
-    if device.type != "cuda":
-        return None
-    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).fill_(1)
-    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    times = h2d_copy_seconds(src, dst, reps)
-    del src, dst
-    return statistics.median(times) * 1e3
-
-
-def time_compute_ms(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, steps: int = 20) -> float:
-    """Mean time of one training step on a batch already on the device."""
-    for _ in range(5):
-        trainer.step(x, y)
-    sync(trainer.device)
-    started = time.perf_counter()
-    for _ in range(steps):
-        trainer.step(x, y)
-    sync(trainer.device)
-    return (time.perf_counter() - started) / steps * 1e3
+    return link_baseline(device, nbytes, reps)["copy_ms"] if device.type == "cuda" else None
 
 
 def pick_width(args, device, dataset, sleeper) -> tuple[int, dict]:
@@ -254,114 +100,51 @@ def pick_width(args, device, dataset, sleeper) -> tuple[int, dict]:
 # the measured loop
 # --------------------------------------------------------------------------------------------
 def train_run(name: str, loader, trainer: Trainer, args, device: torch.device, fastload=None) -> dict:
-    """``args.epochs`` epochs of the training loop over ``loader``.
-
-    The first ``args.warmup_steps`` steps are not timed (worker start-up, pool allocation, cuDNN
-    autotuning); the clock starts after a device synchronize and stops after another. Input
-    wait = time in ``iter()``/``next()`` plus the ``.to(device, non_blocking=True)`` calls.
-    """
-    steps_per_epoch = len(loader)
-    total = steps_per_epoch * args.epochs
+    """``args.epochs`` epochs of the training loop over ``loader``; the first
+    ``args.warmup_steps`` are not timed (see ``StepClock``). Input wait = time in
+    ``iter()``/``next()`` plus the ``.to(device, non_blocking=True)`` calls."""
+    total = len(loader) * args.epochs
     if total <= args.warmup_steps:
         raise SystemExit(
             f"{name}: {total} steps in {args.epochs} epoch(s) is not more than "
             f"--warmup-steps {args.warmup_steps}; use more --samples or --epochs"
         )
-    window = InflightWindow(device, args.max_inflight)
+    clock = StepClock(args, device, fastload)
     bar = Progress(total, name, args.progress)
-    timed = False
-    started = cpu0 = 0.0
-    wait = 0.0
-    steps = samples = nbytes = 0
-    step_index = 0
     first_loss = last_loss = None
     try:
         for _epoch in range(args.epochs):
             t0 = time.perf_counter()
             iterator = iter(loader)
-            if timed:
-                wait += time.perf_counter() - t0
+            clock.waited(time.perf_counter() - t0)
             while True:
                 t0 = time.perf_counter()
                 try:
                     x, y = next(iterator)
                 except StopIteration:
-                    if timed:
-                        wait += time.perf_counter() - t0
+                    clock.waited(time.perf_counter() - t0)
                     break
                 x = x.to(device, non_blocking=True)
                 y = y.to(device, non_blocking=True)
-                if timed:
-                    wait += time.perf_counter() - t0
-                    steps += 1
-                    samples += x.shape[0]
-                    nbytes += x.nbytes + y.nbytes
+                clock.waited(time.perf_counter() - t0)
+                clock.count(x, y)
                 loss = trainer.step(x, y)
                 if trainer.compute_ms is None:  # a busy kernel has no loss
-                    if first_loss is None:
-                        first_loss = loss
+                    first_loss = loss if first_loss is None else first_loss
                     last_loss = loss
-                window.step_done()
-                step_index += 1
+                clock.step_done()
                 bar.update()
-                if step_index == args.warmup_steps:
-                    window.drain()
-                    if fastload is not None:
-                        fastload.stats(reset=True)
-                    timed = True
-                    cpu0 = cpu_seconds()
-                    started = time.perf_counter()
             del iterator
-        window.drain()
-        wall = time.perf_counter() - started
-        cpu = cpu_seconds() - cpu0
+        result = clock.stop(name)
     finally:
         bar.close()
-    result = {
-        "name": name,
-        "steps": steps,
-        "samples": samples,
-        "bytes": nbytes,
-        "wall_s": wall,
-        "wait_s": wait,
-        "wait_fraction": wait / wall if wall > 0 else None,
-        "samples_per_s": samples / wall if wall > 0 else None,
-        "gbps": nbytes / wall / 1e9 if wall > 0 else None,
-        "step_ms": 1e3 * wall / steps if steps else None,
-        "cpu_s": cpu,
-        "cpu_cores": cpu / wall if wall > 0 else None,
-        "first_loss": float(first_loss) if first_loss is not None else None,
-        "last_loss": float(last_loss) if last_loss is not None else None,
-    }
+    result["first_loss"] = float(first_loss) if first_loss is not None else None
+    result["last_loss"] = float(last_loss) if last_loss is not None else None
     if fastload is not None:
         snapshot = fastload.stats()
         result["fastload_stats"] = snapshot.as_dict()
         result["_snapshot"] = snapshot
     return result
-
-
-class _ResidentLoader:
-    """The dataset already on the device, shuffled batches gathered there: the ceiling."""
-
-    def __init__(self, dataset, batch_size: int, device: torch.device, seed: int):
-        self.x = dataset.tensors[0].to(device)
-        self.y = dataset.tensors[1].to(device)
-        self.batch_size = batch_size
-        self.device = device
-        self.g = (
-            torch.Generator(device=device).manual_seed(seed)
-            if device.type == "cuda"
-            else torch.Generator().manual_seed(seed)
-        )
-
-    def __len__(self):
-        return self.x.shape[0] // self.batch_size
-
-    def __iter__(self):
-        order = torch.randperm(self.x.shape[0], device=self.device, generator=self.g)
-        for i in range(len(self)):
-            idx = order[i * self.batch_size : (i + 1) * self.batch_size]
-            yield self.x[idx], self.y[idx]
 
 
 # --------------------------------------------------------------------------------------------
@@ -454,21 +237,6 @@ def _finish_args(args, device: torch.device) -> None:
         raise SystemExit(f"--compute-ms must be >= 0, got {args.compute_ms}")
 
 
-def _resolve_device(text: str) -> torch.device:
-    if text == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(text)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit(f"--device {text}: CUDA is not available here (use --device cpu)")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_device(device)
-    elif device.type != "cpu":
-        raise SystemExit(f"--device must be cuda[:N] or cpu, got {text!r}")
-    return device
-
-
 def _print_table(runs: list[dict], baseline: dict | None) -> None:
     rows = []
     for r in runs:
@@ -494,32 +262,9 @@ def _print_table(runs: list[dict], baseline: dict | None) -> None:
     log(table(["loader", "samples/s", "step ms", "input wait %", "GB/s", "speedup", "final loss"], rows))
 
 
-def main(argv=None, prog: str | None = None) -> int:
-    args = build_parser(prog).parse_args(argv)
-    device = _resolve_device(args.device)
-    _finish_args(args, device)
-    import torch_fastload
-
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
-    began = time.perf_counter()
-    machine = machine_info(device.type == "cuda")
-    where = (machine.get("gpu") or {}).get(
-        "name"
-    ) or f"CPU only ({machine['cpu_affinity'] or machine['cpu_count']} cores)"
-    log(f"torch_fastload.bench on {where}: torch {torch.__version__}, python {machine['python']}, device {device}")
-
-    dataset = make_dataset(args.samples, args.channels, args.image_size, args.classes, args.seed, args.progress)
-    sample_bytes = dataset[0][0].nbytes + dataset[0][1].nbytes
-    log(
-        f"dataset: {args.samples} samples of float32 {args.channels}x{args.image_size}x{args.image_size} "
-        f"+ int64 label = {sample_bytes / 1e3:.1f} KB/sample, {args.samples * sample_bytes / 1e9:.2f} GB; "
-        f"batch {args.batch_size} = {args.batch_size * sample_bytes / MiB:.1f} MiB; {args.epochs} epochs, "
-        f"{args.warmup_steps} warm-up steps untimed"
-    )
-
-    sleeper = None
-    sleep_cal = None
+def _calibrate(args, device: torch.device, dataset) -> tuple[int, dict, CudaSleeper | None, dict | None]:
+    """The conv net's width (or the busy kernel), logged with the pinned copy of a batch."""
+    sleeper = sleep_cal = None
     if device.type == "cuda" and args.compute_ms is not None:
         sleeper = CudaSleeper()
         sleep_cal = sleeper.calibrate()
@@ -532,25 +277,68 @@ def main(argv=None, prog: str | None = None) -> int:
             f"compute: busy kernel, {calibration['compute_ms']:.2f} ms per step measured"
             + (f"; pinned copy of a batch {transfer:.2f} ms" if transfer else "")
         )
-    else:
-        params = sum(p.numel() for p in SmallConvNet(args.channels, width, args.classes).parameters())
-        log(
-            f"model: conv net width {width} ({params / 1e6:.2f} M params"
-            + (", bf16 autocast, channels_last" if device.type == "cuda" and args.amp == "bf16" else "")
-            + f"), step on a resident batch {calibration['compute_ms']:.2f} ms"
-            + (
-                f"; pinned copy of a batch {transfer:.2f} ms (ratio {calibration['compute_ms'] / transfer:.2f})"
-                if transfer
-                else ""
-            )
+        return width, calibration, sleeper, sleep_cal
+    params = sum(p.numel() for p in SmallConvNet(args.channels, width, args.classes).parameters())
+    log(
+        f"model: conv net width {width} ({params / 1e6:.2f} M params"
+        + (", bf16 autocast, channels_last" if device.type == "cuda" and args.amp == "bf16" else "")
+        + f"), step on a resident batch {calibration['compute_ms']:.2f} ms"
+        + (
+            f"; pinned copy of a batch {transfer:.2f} ms (ratio {calibration['compute_ms'] / transfer:.2f})"
+            if transfer
+            else ""
         )
+    )
+    return width, calibration, sleeper, sleep_cal
+
+
+def _loaders(args, device: torch.device, dataset) -> list[tuple]:
+    """``(name, make_loader, is_fastload)`` for every run: each torch worker count, fastload, and
+    the device-resident reference."""
+    import torch_fastload
 
     pin = device.type == "cuda"
-    runs: list[dict] = []
-    snapshot = None
+    runs = [
+        (
+            f"torch DataLoader (workers={workers}{', pinned' if pin else ''})",
+            lambda w=workers: torch.utils.data.DataLoader(
+                dataset,
+                batch_size=args.batch_size,
+                shuffle=True,
+                num_workers=w,
+                pin_memory=pin,
+                drop_last=True,
+                generator=torch.Generator().manual_seed(args.seed),
+            ),
+            False,
+        )
+        for workers in args.torch_workers
+    ]
+    threads = args.stage_threads if args.stage_threads is not None else torch_fastload.config.get("stage_threads")
+    fastload = lambda: torch_fastload.DataLoader(  # noqa: E731
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.fastload_workers,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(args.seed),
+        device=device,
+        stage_threads=args.stage_threads,
+        fetch_threads=args.fetch_threads,
+        prefetch=args.prefetch,
+        pool_slots=args.pool_slots,
+    )
+    runs.append((f"torch_fastload (workers={args.fastload_workers}, stage_threads={threads})", fastload, True))
+    if args.resident:
+        resident = lambda: ResidentLoader(dataset, args.batch_size, device, args.seed)  # noqa: E731
+        runs.append(("device-resident (model alone)", resident, False))
+    return runs
 
-    def attempt(name, make_loader, fastload=False):
-        nonlocal snapshot
+
+def _run_all(args, device: torch.device, dataset, width: int, sleeper) -> tuple[list[dict], object]:
+    """Every loader's run (a failed one is reported as such) and fastload's stats snapshot."""
+    runs, snapshot = [], None
+    for name, make_loader, fastload in _loaders(args, device, dataset):
         loader = None
         try:
             loader = make_loader()
@@ -570,49 +358,17 @@ def main(argv=None, prog: str | None = None) -> int:
                 loader.close()
             del loader
         runs.append(result)
-        return result
+    return runs, snapshot
 
-    for workers in args.torch_workers:
-        attempt(
-            f"torch DataLoader (workers={workers}{', pinned' if pin else ''})",
-            lambda w=workers: torch.utils.data.DataLoader(
-                dataset,
-                batch_size=args.batch_size,
-                shuffle=True,
-                num_workers=w,
-                pin_memory=pin,
-                drop_last=True,
-                generator=torch.Generator().manual_seed(args.seed),
-            ),
-        )
-    fl_threads = args.stage_threads if args.stage_threads is not None else torch_fastload.config.get("stage_threads")
-    attempt(
-        f"torch_fastload (workers={args.fastload_workers}, stage_threads={fl_threads})",
-        lambda: torch_fastload.DataLoader(
-            dataset,
-            batch_size=args.batch_size,
-            shuffle=True,
-            num_workers=args.fastload_workers,
-            drop_last=True,
-            generator=torch.Generator().manual_seed(args.seed),
-            device=device,
-            stage_threads=args.stage_threads,
-            fetch_threads=args.fetch_threads,
-            prefetch=args.prefetch,
-            pool_slots=args.pool_slots,
-        ),
-        fastload=True,
-    )
-    if args.resident:
-        attempt("device-resident (model alone)", lambda: _ResidentLoader(dataset, args.batch_size, device, args.seed))
 
+def _summary(args, device: torch.device, machine: dict, runs: list[dict], snapshot) -> tuple[dict | None, float]:
+    """The results table and the lines after it; the baseline run and fastload's speedup."""
     torch_runs = [r for r in runs if r["name"].startswith("torch DataLoader") and not r.get("error")]
     baseline = max(torch_runs, key=lambda r: r["samples_per_s"] or 0) if torch_runs else None
     fast = next((r for r in runs if r["name"].startswith("torch_fastload") and not r.get("error")), None)
     speedup = (
         fast["samples_per_s"] / baseline["samples_per_s"] if fast and baseline and baseline["samples_per_s"] else None
     )
-
     log()
     log(
         f"results ({device}; timed: {runs[0].get('steps', '?')} steps per loader after warm-up; "
@@ -640,6 +396,33 @@ def main(argv=None, prog: str | None = None) -> int:
     if snapshot is not None:
         log()
         log(str(snapshot))
+    return baseline, speedup
+
+
+def main(argv=None, prog: str | None = None) -> int:
+    args = build_parser(prog).parse_args(argv)
+    device = resolve_device(args.device)
+    _finish_args(args, device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    began = time.perf_counter()
+    machine = machine_info(device.type == "cuda")
+    where = (machine.get("gpu") or {}).get(
+        "name"
+    ) or f"CPU only ({machine['cpu_affinity'] or machine['cpu_count']} cores)"
+    log(f"torch_fastload.bench on {where}: torch {torch.__version__}, python {machine['python']}, device {device}")
+
+    dataset = make_dataset(args.samples, args.channels, args.image_size, args.classes, args.seed, args.progress)
+    sample_bytes = dataset[0][0].nbytes + dataset[0][1].nbytes
+    log(
+        f"dataset: {args.samples} samples of float32 {args.channels}x{args.image_size}x{args.image_size} "
+        f"+ int64 label = {sample_bytes / 1e3:.1f} KB/sample, {args.samples * sample_bytes / 1e9:.2f} GB; "
+        f"batch {args.batch_size} = {args.batch_size * sample_bytes / MiB:.1f} MiB; {args.epochs} epochs, "
+        f"{args.warmup_steps} warm-up steps untimed"
+    )
+    width, calibration, sleeper, sleep_cal = _calibrate(args, device, dataset)
+    runs, snapshot = _run_all(args, device, dataset, width, sleeper)
+    baseline, speedup = _summary(args, device, machine, runs, snapshot)
 
     elapsed = time.perf_counter() - began
     log(f"\ntotal time {elapsed:.1f} s")

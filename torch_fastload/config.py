@@ -6,7 +6,7 @@ validated when they are read so a bad setting fails loudly with the value in the
 Where a value comes from, first match wins: ``override()`` / ``set()``, the environment, the
 tuning file that ``python -m torch_fastload doctor --save`` writes (I/O threads and task size
 measured on this machine; ``TORCH_FASTLOAD_TUNING_FILE``, default
-``~/.cache/torch_fastload/tuning.json``), the built-in default.
+``$XDG_CACHE_HOME/torch_fastload/tuning.json``, ``~/.cache/...`` by default), the built-in default.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import os
 import re
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -154,6 +155,7 @@ class Option:
     parse: Callable[[str, Any], Any]
     help: str
     env_name: str | None = None  # where the variable is not TORCH_FASTLOAD_<NAME>
+    env_aliases: tuple = ()  # older variable names still read (with a DeprecationWarning)
     tunable: bool = False  # ``doctor --save`` may record a measured value
 
     @property
@@ -224,7 +226,7 @@ OPTIONS: dict[str, Option] = {
             16,
             _int_between(1, 256),
             "threads per batched file read (C++ engine, kvikio)",
-            env_name="TORCH_FASTLOAD_NUM_THREADS",
+            env_aliases=("TORCH_FASTLOAD_NUM_THREADS",),
             tunable=True,
         ),
         Option(
@@ -232,7 +234,7 @@ OPTIONS: dict[str, Option] = {
             4 << 20,
             _byte_size,
             "bytes per read task (reads are sliced and coalesced to it)",
-            env_name="TORCH_FASTLOAD_TASK_SIZE",
+            env_aliases=("TORCH_FASTLOAD_TASK_SIZE",),
             tunable=True,
         ),
         Option(
@@ -361,11 +363,16 @@ _overrides: list[dict[str, Any]] = []
 _tuning_cache: dict[str, Any] = {}
 
 
+def cache_dir() -> str:
+    """The package's cache directory: ``$XDG_CACHE_HOME/torch_fastload``, else
+    ``~/.cache/torch_fastload`` (generated sample data, the tuning file)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "torch_fastload")
+
+
 def tuning_file() -> str:
     """Where ``doctor --save`` writes measured settings (``TORCH_FASTLOAD_TUNING_FILE``)."""
-    return os.environ.get("TORCH_FASTLOAD_TUNING_FILE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "torch_fastload", "tuning.json"
-    )
+    return os.environ.get("TORCH_FASTLOAD_TUNING_FILE") or os.path.join(cache_dir(), "tuning.json")
 
 
 def _tuned() -> dict[str, Any]:
@@ -398,12 +405,18 @@ def _lookup(name: str) -> tuple[Any, str]:
         for layer in reversed(_overrides):
             if name in layer:
                 return layer[name], "override"
-    raw = os.environ.get(option.env)
+    variable = option.env
+    raw = os.environ.get(variable)
+    for alias in option.env_aliases if not raw else ():
+        if os.environ.get(alias):
+            variable, raw = alias, os.environ[alias]
+            warnings.warn(f"{alias} is deprecated: set {option.env} instead", DeprecationWarning, stacklevel=3)
+            break
     if raw is not None and raw != "":
         try:
-            return option.parse(name, raw), option.env
+            return option.parse(name, raw), variable
         except ValueError as exc:
-            raise ValueError(f"{exc} (from environment variable {option.env}={raw!r})") from None
+            raise ValueError(f"{exc} (from environment variable {variable}={raw!r})") from None
     if option.tunable:
         tuned = _tuned()
         if name in tuned:

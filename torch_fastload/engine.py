@@ -85,13 +85,13 @@ def _require() -> Any:
 
 
 def default_num_threads() -> int:
-    """Threads per call: ``config.get('io_threads')`` (``TORCH_FASTLOAD_NUM_THREADS``, the doctor's
+    """Threads per call: ``config.get("io_threads")`` (``TORCH_FASTLOAD_IO_THREADS``, the doctor's
     tuning file, or 16: reads are I/O bound, not core bound)."""
     return config.get("io_threads")
 
 
 def default_task_size() -> int:
-    """Bytes per task: ``config.get('io_task_size')`` (``TORCH_FASTLOAD_TASK_SIZE``, accepts 4M /
+    """Bytes per task: ``config.get("io_task_size")`` (``TORCH_FASTLOAD_IO_TASK_SIZE``, accepts 4M /
     4MiB; the doctor's tuning file; or 4 MiB)."""
     return config.get("io_task_size")
 

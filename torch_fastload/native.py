@@ -50,6 +50,8 @@ class _PoolBusy(Exception):
 _LEAKED_LOOPS: list = []  # loops whose copies outlived stop(): kept so the memory they read stays valid
 #: Tests only: slots are rewritten without waiting for their last copy (proves the wait matters).
 UNSAFE_SLOT_REUSE = False
+#: Tests only: each batch first sleeps a random 0..N microseconds (batches finish out of order).
+DEBUG_JITTER_US = 0
 #: In-memory rows at least this long are copied by the copy engines out of the dataset's own
 #: (registered) pages; shorter ones are gathered by the CPU into a pinned slot, where one DMA per
 #: row would cost more than it saves.
@@ -152,6 +154,7 @@ class NativePipeline:
             uva.PIECE,
             uva.BLOCKS,
             UNSAFE_SLOT_REUSE,
+            DEBUG_JITTER_US,
         )
         self._map_files(resources)
         if not records:
