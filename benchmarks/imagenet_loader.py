@@ -104,7 +104,7 @@ def nvjpeg_ceiling(train_dir, args) -> dict:
     bounds = np.cumsum([0] + [len(b) for b in blobs])
     images = [slab[bounds[i] : bounds[i + 1]] for i in range(len(blobs))]
     batches = [images[k : k + args.batch] for k in range(0, len(images), args.batch)]
-    ops = decode._ops()
+    ops = torchvision_ops()
     for batch in batches[:2]:
         ops.decode_jpegs_cuda(batch, decode.RGB, args.device)
     sync(args.device)

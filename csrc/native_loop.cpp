@@ -301,6 +301,20 @@ void NativeLoop::run_cuda(Job& job) {
   const auto& cu = cuda::api();
   const auto stream = reinterpret_cast<cuda::Stream>(cfg_.stream);
   const auto out = static_cast<cuda::DevicePtr>(job.out);
+  // The output was allocated on its own stream (the consumer's) at submit; the copy stream waits
+  // for that stream up to now, before this batch waits for a slot. Recorded later, the event
+  // would also cover steps enqueued meanwhile, and the copy would queue behind the very step it
+  // should overlap (a host running ahead of the GPU made every copy wait for the latest step).
+  if (job.home != 0 && job.home != cfg_.stream) {
+    cuda::Event allocated = make_event(false);
+    const cuda::Result r = cu.event_record(allocated, reinterpret_cast<cuda::Stream>(job.home));
+    const cuda::Result w = r == cuda::kSuccess ? cu.stream_wait_event(stream, allocated, 0) : r;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      recycle(allocated, false);  // the wait captured it: it may be recorded again
+    }
+    cuda::check(w, "cuStreamWaitEvent (the copy stream on the output's stream)");
+  }
   // The in-memory parts (rows, record offsets) are packed into one pinned slot.
   struct HostPart {
     int64_t slot_at, out_at, bytes;
@@ -351,16 +365,6 @@ void NativeLoop::run_cuda(Job& job) {
   const auto t1 = Clock::now();
   int64_t mapped = 0, ring = 0, dma = 0;
   try {
-    if (job.home != 0 && job.home != cfg_.stream) {  // the output's stream, up to now, comes first
-      cuda::Event allocated = make_event(false);
-      const cuda::Result r = cu.event_record(allocated, reinterpret_cast<cuda::Stream>(job.home));
-      const cuda::Result w = r == cuda::kSuccess ? cu.stream_wait_event(stream, allocated, 0) : r;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        recycle(allocated, false);  // the wait captured it: it may be recorded again
-      }
-      cuda::check(w, "cuStreamWaitEvent (the copy stream on the output's stream)");
-    }
     cuda::check(cu.event_record(job.timing_start, stream), "cuEventRecord");
     for (const HostPart& p : parts)
       cuda::check(cu.memcpy_htod_async(out + static_cast<cuda::DevicePtr>(p.out_at), slots_[slot].host + p.slot_at,

@@ -137,6 +137,7 @@ class BatchStager:
         def read_into_device(buffer: torch.Tensor) -> None:
             self._read(reader, buffer, reads)
 
+        reserved = self.engine.reserve(plan.total_bytes, self.consumer)
         pool = slot = copy = None
         if host_bytes:
             acquiring = time.perf_counter()
@@ -153,7 +154,13 @@ class BatchStager:
             fill = read_into_device if to_device else None
             starting = time.perf_counter()
             copy = self.engine.start(
-                span, unpack, nbytes=plan.total_bytes, copies=copies, fill=fill, consumer=self.consumer
+                span,
+                unpack,
+                nbytes=plan.total_bytes,
+                copies=copies,
+                fill=fill,
+                consumer=self.consumer,
+                reserved=reserved,
             )
             self.stats.mark("stage:start-copy", number, starting)
         finally:

@@ -60,6 +60,7 @@ class CopyEngine:
         copies: Sequence[tuple[int, int, int]] | None = None,
         fill: Callable[[torch.Tensor], None] | None = None,
         consumer=None,
+        reserved: torch.Tensor | None = None,
     ) -> InFlightCopy:
         """Enqueue the batch's copy to the device and return without waiting.
 
@@ -69,7 +70,8 @@ class CopyEngine:
         it runs with the copy stream current, so stream-ordered writes follow the allocation.
         ``unpack(flat)`` builds the batch from the device bytes; it runs on the copy stream
         before the completion event, so tensors it moves itself are covered by that event.
-        ``consumer``: the stream the training loop runs on; the batch is allocated there.
+        ``consumer``: the stream the training loop runs on; the batch is allocated there
+        (``reserved``: already allocated there by ``reserve``).
         """
         nbytes = span.numel() if nbytes is None else nbytes
         if copies is None:
@@ -84,7 +86,9 @@ class CopyEngine:
             return InFlightCopy(flat, unpack(flat), None, None, time.perf_counter() - started)
         with torch.cuda.device(self.device):
             home = None
-            if consumer is not None:
+            if reserved is not None:
+                flat, home = reserved, consumer
+            elif consumer is not None:
                 # The batch lives on the consumer's stream, as a ``.to(non_blocking=True)`` made
                 # there would: next() then needs no record_stream, and frees need no events. The
                 # copy stream first waits for the consumer's work up to the allocation (rule 2).
@@ -107,6 +111,19 @@ class CopyEngine:
             batch = unpack(flat)
             end.record(self.stream)
         return InFlightCopy(flat, batch, end, (start, end), home=home)
+
+    def reserve(self, nbytes: int, consumer) -> torch.Tensor | None:
+        """The batch's device bytes, allocated on the consumer's stream, with the copy stream
+        ordered after that stream up to now; for ``start(reserved=...)``. Call it before the
+        batch waits for a slot: ordered later, the copy would also wait for the steps enqueued
+        meanwhile and queue behind the very step it should overlap (a host running ahead of the
+        GPU then serialises every copy with the latest step)."""
+        if not self.is_cuda or consumer is None:
+            return None
+        with torch.cuda.device(self.device), torch.cuda.stream(consumer):
+            flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        _order_after(self.stream, consumer)
+        return flat
 
     def run(self, produce: Callable[[], Any]) -> InFlightCopy:
         """``produce()`` with the copy stream current, its batch covered by the completion event:
