@@ -58,6 +58,17 @@ DEBUG_JITTER_US = 0
 DMA_MIN_ROW_BYTES = 16 << 10
 
 
+def _raw_current_stream(device_index: int) -> int:
+    """The current CUDA stream's handle without building a ``torch.cuda.Stream``."""
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+if not hasattr(torch._C, "_cuda_getCurrentRawStream"):  # a torch without the raw getter
+
+    def _raw_current_stream(device_index: int) -> int:  # noqa: F811
+        return torch.cuda.current_stream(device_index).cuda_stream
+
+
 def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources) -> NativeLayout | None:
     """The layout the C++ loop can run this iterator on, or None (the Python pipeline runs it)."""
     if resources.settings.native == "off" or not engine.available() or not isinstance(source, InThreadSource):
@@ -126,6 +137,10 @@ class NativePipeline:
         self._fatal = None
         self._synced: dict = {}
         self._row_layouts: dict | None = None  # batch size -> layout, where it does not depend on indices
+        self._view_plans: dict = {}  # batch size -> _view_plan, for the same fixed-size rows
+        self._device_index = (
+            (self.device.index if self.device.index is not None else torch.cuda.current_device()) if self.cuda else 0
+        )
         self._pin_output = self.device.type == "cpu" and resources.settings.pin_cpu_output
         self.engine = resources.engine
         tensor_dataset = isinstance(loader.dataset, tud.TensorDataset)
@@ -163,7 +178,7 @@ class NativePipeline:
         if self._paths:
             self.stats.set_io(str(io) if io is not None else "")
         LIVE_PIPELINES.add(self)
-        self._fill(torch.cuda.current_stream(self.device).cuda_stream if self.cuda else 0)
+        self._fill(self._consumer_stream())
 
     # -- set-up ---------------------------------------------------------------------------
     def _describe(self, layout: NativeLayout, tensor_dataset: bool):
@@ -286,8 +301,7 @@ class NativePipeline:
             self.shutdown(wait_for_copies=False)
             raise StopIteration
         batch = self._inflight.popleft()
-        consumer = torch.cuda.current_stream(self.device) if self.cuda else None
-        stream = consumer.cuda_stream if consumer is not None else 0
+        stream = self._consumer_stream()
         try:
             self._take(batch.position, stream)
         except Exception as exc:
@@ -296,8 +310,8 @@ class NativePipeline:
             self._fill(stream)
             wrap(exc, "native stage/copy", batch.number).reraise()
         self.stats.mark("next:take", batch.number, started)
-        if stream != batch.home:
-            batch.out.record_stream(consumer)  # the loop switched streams since it was allocated
+        if stream != batch.home:  # the loop switched streams since it was allocated
+            batch.out.record_stream(torch.cuda.current_stream(self.device))
         result = self.build(self._views(batch))
         self.progress.yielded(batch.number, batch.samples)
         filling = time.perf_counter()
@@ -316,14 +330,33 @@ class NativePipeline:
             if deadline is not None and time.monotonic() > deadline:
                 raise RuntimeError(f"DataLoader timed out after {self.timeout} seconds")
 
+    def _consumer_stream(self) -> int:
+        """The training thread's current stream as a raw handle (0 off CUDA). torch's raw getter
+        costs a fraction of building a ``torch.cuda.Stream`` each batch (next() runs on the
+        training thread, so every microsecond here delays a launch-bound step)."""
+        if not self.cuda:
+            return 0
+        return _raw_current_stream(self._device_index)
+
     def _views(self, batch: _Batch) -> list:
-        out, n, layout = batch.out, batch.samples, batch.layout
-        views = []
+        """The batch's fields as views of its one output buffer."""
+        plan = self._view_plans.get(batch.samples) if self._row_layouts is not None else None
+        if plan is None:
+            plan = self._view_plan(batch.samples, batch.layout)
+            if self._row_layouts is not None:  # fixed-size rows: the same plan every batch of n
+                self._view_plans[batch.samples] = plan
+        out = batch.out
+        return [out[at:end] if dtype is None else out[at:end].view(dtype).view(shape) for at, end, dtype, shape in plan]
+
+    def _view_plan(self, n: int, layout) -> list:
+        """``[(start, end, dtype or None, shape)]`` of every field of an n-sample batch."""
+        plan = []
         for k, spec in enumerate(self._specs):
             at, nbytes = layout[1 + 2 * k], layout[2 + 2 * k]
-            span = out[at : at + nbytes]
-            views.append(span if spec is None else span.view(spec[0]).view((n + spec[2], *spec[1])))
-        return views
+            plan.append(
+                (at, at + nbytes, None, None) if spec is None else (at, at + nbytes, spec[0], (n + spec[2], *spec[1]))
+            )
+        return plan
 
     @staticmethod
     def _payload(batch: _Batch) -> int:
