@@ -89,6 +89,7 @@ def nvjpeg_ceiling(train_dir, args) -> dict:
     """decode_jpegs_cuda alone on batches of the folder's JPEGs that nvJPEG takes (a CMYK file in a
     batch would fail the whole batch), from pinned memory."""
     from torch_fastload.vision import decode
+    from torch_fastload.vision.cpu import RGB, torchvision_ops
 
     blobs = []
     for path in ImageFolder(train_dir, transform=None).paths:
@@ -106,12 +107,12 @@ def nvjpeg_ceiling(train_dir, args) -> dict:
     batches = [images[k : k + args.batch] for k in range(0, len(images), args.batch)]
     ops = torchvision_ops()
     for batch in batches[:2]:
-        ops.decode_jpegs_cuda(batch, decode.RGB, args.device)
+        ops.decode_jpegs_cuda(batch, RGB, args.device)
     sync(args.device)
     t0 = time.perf_counter()
     for _ in range(3):
         for batch in batches:
-            ops.decode_jpegs_cuda(batch, decode.RGB, args.device)
+            ops.decode_jpegs_cuda(batch, RGB, args.device)
     sync(args.device)
     return {"images_per_s": 3 * len(images) / (time.perf_counter() - t0), "images": 3 * len(images)}
 
