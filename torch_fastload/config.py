@@ -255,6 +255,15 @@ OPTIONS: dict[str, Option] = {
             "'steal': both split each batch by work stealing. RESULTS.md",
         ),
         Option(
+            "decode_backend",
+            "auto",
+            _choice("auto", "nvimgcodec", "torchvision"),
+            "the library that decodes JPEGs on the GPU: 'nvimgcodec' (NVIDIA nvImageCodec: batched, the GPU's "
+            "hardware JPEG engines; pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg), 'torchvision' (its "
+            "nvJPEG decode_jpeg, deprecated from 0.29), 'auto' (nvImageCodec where it imports and decodes, "
+            "else torchvision)",
+        ),
+        Option(
             "cpu_decode_threads",
             0,
             _non_negative_int,
