@@ -57,10 +57,12 @@ def test_file_loader(tmp_path):
 
 
 def test_imagenet_loader(tmp_path):
-    res, out = run_study("imagenet_loader.py", tmp_path, "--dir", str(tmp_path / "images"))
+    res, out = run_study("imagenet_loader.py", tmp_path, "--dir", str(tmp_path / "images"), "--decode-backends", "cpu")
     data = report(out, "imagenet_loader")
     names = {r["name"] for r in data["runs"]}
-    assert {"torch", "fastload-folder", "fastload-packed", "fastload-folder-bf16-cl"} <= names
+    assert {"torch", "fastload-folder", "fastload-packed", "fastload-folder-bf16-cl", "fastload-folder-cpu"} <= names
+    cpu_route = next(r for r in data["runs"] if r["name"] == "fastload-folder-cpu")
+    assert cpu_route["settings"] == {"cpu_decode_share": 1.0}
     assert all(r["images_per_s"] > 0 and r["cores"] >= 0 for r in data["runs"])
     fastload = next(r for r in data["runs"] if r["name"] == "fastload-folder")
     assert fastload["decoded"].get("cpu:png", 0) >= 1  # the PNG named .JPEG was routed and counted
@@ -68,17 +70,29 @@ def test_imagenet_loader(tmp_path):
 
 
 def test_imagenet_train(tmp_path):
-    """examples/imagenet.py fed four ways (synthetic, fastload, fastload with other decode
-    settings, torch) on tiny data."""
-    res, out = run_study("imagenet_train.py", tmp_path, "--dir", str(tmp_path / "images"), "--share-too", "1:2:3")
+    """examples/imagenet.py fed five ways (synthetic, fastload, fastload with other decode
+    settings, fastload on one decode route, torch) on tiny data."""
+    res, out = run_study(
+        "imagenet_train.py",
+        tmp_path,
+        "--dir",
+        str(tmp_path / "images"),
+        "--share-too",
+        "1:2:3",
+        "--decode-routes",
+        "cpu",
+    )
     data = report(out, "imagenet_train")
     loaders = {(r["arch"], r["loader"]) for r in data["runs"]}
     assert loaders == {
         ("resnet18", "synthetic"),
         ("resnet18", "fastload"),
         ("resnet18", "fastload-share-1-2-3"),
+        ("resnet18", "fastload-cpu"),
         ("resnet18", "torch"),
     }
+    cpu_route = next(r for r in data["runs"] if r["loader"] == "fastload-cpu")
+    assert cpu_route["settings"] == {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "1"}
     assert (
         "TORCH_FASTLOAD_CPU_DECODE_SHARE=1 TORCH_FASTLOAD_CPU_DECODE_THREADS=2 TORCH_FASTLOAD_PREFETCH=3" in res.stdout
     )
