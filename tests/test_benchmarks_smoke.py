@@ -135,7 +135,9 @@ def test_gpu_only_studies_say_so(tmp_path, script):
 
 
 def test_main_job(tmp_path):
-    """python -m torch_fastload.bench: its three loaders train identically on the same batches."""
+    """python -m torch_fastload.bench: each loader repeated, medians and min-max printed, every
+    repeat in the JSON; the three loaders train identically on the same batches; on the CPU the
+    output says what its figures do not measure."""
     cmd = [sys.executable, "-m", "torch_fastload.bench", "--samples", "128", "--image-size", "32", "--batch-size", "16"]
     cmd += [
         "--epochs",
@@ -144,6 +146,8 @@ def test_main_job(tmp_path):
         "2",
         "--torch-workers",
         "0",
+        "--repeats",
+        "2",
         "--no-progress",
         "--json",
         str(tmp_path / "b.json"),
@@ -152,10 +156,17 @@ def test_main_job(tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     data = json.loads((tmp_path / "b.json").read_text())
     assert [r["name"].split(" (")[0] for r in data["runs"]] == ["torch DataLoader", "torch_fastload", "device-resident"]
-    assert all(r["steps"] == 14 and r["samples_per_s"] > 0 for r in data["runs"])
-    torch_loss, fastload_loss = (r["last_loss"] for r in data["runs"][:2])
-    assert torch_loss == pytest.approx(fastload_loss, rel=1e-5)  # same batches, same initial weights
+    for r in data["runs"]:
+        assert len(r["repeats"]) == 2 and all(rep["steps"] == 14 and rep["samples_per_s"] > 0 for rep in r["repeats"])
+        speeds = sorted(rep["samples_per_s"] for rep in r["repeats"])
+        assert r["samples_per_s"] == pytest.approx(sum(speeds) / 2) and r["samples_per_s_range"] == speeds
+        assert r["repeats"][0]["last_loss"] == r["repeats"][1]["last_loss"]  # a repeat is the same run
+    torch_run, fastload_run = data["runs"][:2]
+    assert torch_run["last_loss"] == pytest.approx(fastload_run["last_loss"], rel=1e-5)  # same batches and weights
+    assert data["speedup"] == pytest.approx(fastload_run["samples_per_s"] / torch_run["samples_per_s"])
     assert "torch_fastload stats" in res.stdout and "speedup" in res.stdout
+    assert "samples/s (median)" in res.stdout and "min-max" in res.stdout and "ratio of medians" in res.stdout
+    assert "no GPU, so none of what torch_fastload is built for is measured" in res.stdout
 
 
 def test_remote_cpu_smoke(tmp_path):
