@@ -14,6 +14,7 @@ import torch
 
 from torch_fastload import config, engine
 from torch_fastload._benchutil import log, machine_basics, size_arg, write_json
+from torch_fastload.extension import status as extension_status
 
 from . import remote
 from .common import GiB, KiB, MiB, error_text
@@ -175,11 +176,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return int(exc.code or 0)
     if args.url:
         return remote.run(args)
-    log(
-        f"torch_fastload doctor: torch {torch.__version__}, engine "
-        f"{'built' if engine.available() else 'NOT built'}, {os.cpu_count()} CPUs"
-    )
-    results = _measure(Plan.of(args))
+    extension = extension_status()
+    log(f"torch_fastload doctor: torch {torch.__version__}, C++ extension {extension.short()}, {os.cpu_count()} CPUs")
+    for line in extension.missing():
+        log(f"  missing: {line}")
+    results = {"extension": extension.as_dict(), **_measure(Plan.of(args))}
     if args.json:
         _write_report(args.json, results, args)
     return 0
