@@ -56,7 +56,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="directory whose filesystem to test, e.g. the data disk; the test file written there is "
         "unlinked as soon as it is created, so no exit leaves it [the temporary directory: $TMPDIR or /tmp]",
     )
-    p.add_argument("--size", type=size_arg, default=None, help="test file size, e.g. 512M, 1GiB [1GiB / 256MiB]")
+    p.add_argument(
+        "--size",
+        type=size_arg,
+        default=None,
+        help="test file size (binary: 512M = 512MiB), e.g. 512MiB, 1GiB [1GiB / 256MiB]",
+    )
     p.add_argument("--h2d-size", type=size_arg, default=None, help="bytes per H2D copy [256MiB / 64MiB]")
     p.add_argument(
         "--threads",
@@ -65,7 +70,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="sweep thread counts, comma-separated [1,2,4,8,16,32 / 1,4,16]",
     )
     p.add_argument(
-        "--tasks", type=_sizes, default=None, help="sweep task sizes, comma-separated [256K,1M,4M,16M / 1M,4M]"
+        "--tasks",
+        type=_sizes,
+        default=None,
+        help="sweep task sizes, comma-separated [256KiB,1MiB,4MiB,16MiB / 1MiB,4MiB]",
     )
     p.add_argument("--quick", action="store_true", help="smaller file, copies and sweep")
     p.add_argument(
