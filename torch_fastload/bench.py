@@ -171,7 +171,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("training loop")
     g.add_argument("--batch-size", type=int, default=None, help="[128 / 32]")
-    g.add_argument("--epochs", type=int, default=None, help="[6 / 3]")
+    g.add_argument("--epochs", type=int, default=None, help="[6 / 2]")
     g.add_argument("--warmup-steps", type=int, default=5, help="untimed steps at the start of each run")
     g.add_argument(
         "--repeats", type=int, default=3, help="runs of each loader (taking turns); median and min-max reported [3]"
@@ -225,7 +225,7 @@ def _finish_args(args, device: torch.device) -> None:
         "samples": 8192 if gpu else 1024,
         "image_size": 128 if gpu else 64,
         "batch_size": 128 if gpu else 32,
-        "epochs": 6 if gpu else 3,
+        "epochs": 6 if gpu else 2,
         "torch_workers": [0, 4] if gpu else [0, 2],
     }
     for key, value in defaults.items():
