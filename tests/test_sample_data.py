@@ -101,3 +101,20 @@ def test_staging_folder_of_a_live_process_is_left_alone(tmp_path):
     live.mkdir()
     sample_data._remove_abandoned(str(tmp_path), "sample")
     assert live.exists()
+
+
+def test_a_set_renamed_into_place_by_another_process_first_is_taken(tmp_path, monkeypatch):
+    """Two generators of the same set (nodes of one job on a shared disk): the one whose rename
+    loses finds the other's complete set at the target and returns it."""
+    root = tmp_path / "sample"
+    real_swap = sample_data._swap_into_place
+
+    def lose_the_race(staging, target):
+        monkeypatch.setattr(sample_data, "_swap_into_place", real_swap)
+        small(target, 2, 2)  # the other process finishes first
+        raise OSError(39, "Directory not empty")
+
+    monkeypatch.setattr(sample_data, "_swap_into_place", lose_the_race)
+    train, _ = small(root, 2, 2)
+    assert listing(train) == {"n00000000": 2, "n00000001": 2}
+    assert os.listdir(tmp_path) == ["sample"]  # the loser's staging folder removed

@@ -115,7 +115,13 @@ def make_image_folder(
         _generate(staging, classes, train_per_class, val_per_class, quality, edge, seed, threads, progress, root)
         with open(os.path.join(staging, STAMP), "w") as f:
             f.write(stamp)
-        _swap_into_place(staging, root)
+        try:
+            _swap_into_place(staging, root)
+        except OSError:
+            # another process (a node of the same job) renamed its identical set into place first
+            if not _is_complete(root, stamp, classes, train_per_class, val_per_class):
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
