@@ -77,7 +77,13 @@ if want overlap; then
   best=(); [[ $mode == verify ]] && best=(--torch-workers 0 --stage-threads 8)  # the record's best of each
   run overlap 60 600 python3 benchmarks/overlap.py "${q[@]}" "${best[@]}" "${B[@]}"
 fi
-want bench && run bench 45 300 python3 -m torch_fastload.bench --no-progress --json "$RES/bench.json"
+if want bench; then  # verify: one run a loader, as the record was taken; full/quick: the default 3 repeats
+  if [[ $mode == verify ]]; then
+    run bench 45 300 python3 -m torch_fastload.bench --repeats 1 --no-progress --json "$RES/bench.json"
+  else
+    run bench 135 600 python3 -m torch_fastload.bench --no-progress --json "$RES/bench.json"
+  fi
+fi
 if want files; then
   [[ $mode == full ]] && run doctor 60 240 python3 -m torch_fastload doctor --size 2G --no-progress --json "$RES/doctor.json"
   run file_loader 90 420 python3 benchmarks/file_loader.py "${q[@]}" --dir "$DATA/files" "${B[@]}"

@@ -10,7 +10,10 @@ Runs (batch --batch, shuffled, RandomResizedCrop 224 + flip + normalize, batches
   fastload-folder          torch_fastload ImageFolder (engine reads, decode, one transform kernel)
   fastload-packed          the same from a pack of the folder
   fastload-folder-bf16-cl  bf16 channels_last output (what the training example feeds)
-  nvjpeg-decode            the ceiling: decode_jpeg(device='cuda') of batches from pinned memory
+  fastload-folder-BACKEND  (--decode-backends) fastload-folder with every JPEG the GPU takes on
+                           that GPU decode backend (cpu_decode_share=0): torchvision, nvimgcodec;
+                           'cpu' for every JPEG on the C++ decoder (cpu_decode_share=1)
+  gpu-decode-BACKEND       the ceiling: that backend alone on batches from pinned memory
 CPU cores = (process + worker) CPU seconds / wall seconds. Target: fastload >= 3x torch.
 
     python benchmarks/imagenet_loader.py            # ~2 min on the H100 machine
@@ -86,10 +89,12 @@ def torch_loader(train_dir, args):
     )
 
 
-def nvjpeg_ceiling(train_dir, args) -> dict:
-    """decode_jpegs_cuda alone on batches of the folder's JPEGs that nvJPEG takes (a CMYK file in a
-    batch would fail the whole batch), from pinned memory."""
+def gpu_decode_ceiling(train_dir, args, backend_name: str) -> dict:
+    """One GPU decode backend (vision/gpu_backend.py: torchvision's nvJPEG or nvImageCodec) alone
+    on batches of the folder's JPEGs that nvJPEG takes (a CMYK file in a batch would fail the whole
+    batch), from pinned memory."""
     from torch_fastload.vision import decode
+    from torch_fastload.vision.gpu_backend import gpu_backend
 
     blobs = []
     for path in ImageFolder(train_dir, transform=None).paths:
@@ -105,16 +110,22 @@ def nvjpeg_ceiling(train_dir, args) -> dict:
     bounds = np.cumsum([0] + [len(b) for b in blobs])
     images = [slab[bounds[i] : bounds[i + 1]] for i in range(len(blobs))]
     batches = [images[k : k + args.batch] for k in range(0, len(images), args.batch)]
-    ops = torchvision_ops()
+    backend = gpu_backend(args.device, backend_name)
     for batch in batches[:2]:
-        ops.decode_jpegs_cuda(batch, decode.RGB, args.device)
+        backend.decode(batch)
     sync(args.device)
     t0 = time.perf_counter()
+    refused = 0
     for _ in range(3):
         for batch in batches:
-            ops.decode_jpegs_cuda(batch, decode.RGB, args.device)
+            refused += sum(image is None for image in backend.decode(batch))
     sync(args.device)
-    return {"images_per_s": 3 * len(images) / (time.perf_counter() - t0), "images": 3 * len(images)}
+    return {
+        "images_per_s": 3 * len(images) / (time.perf_counter() - t0),
+        "images": 3 * len(images),
+        "refused": refused,
+        "backend": backend.name,
+    }
 
 
 def plot(data: dict, plt):
@@ -131,6 +142,17 @@ def plot(data: dict, plt):
     ax2.set(xlabel="CPU cores per 1000 images/s (lower is better)")
     fig.tight_layout()
     return fig
+
+
+def route_settings(name: str) -> dict:
+    """The options of a fastload-folder-BACKEND run: every JPEG the GPU takes on that backend, or
+    ('cpu') every JPEG on the C++ decoder; {} for the other runs."""
+    backend = name.rsplit("-", 1)[-1] if name.startswith("fastload-folder-") else None
+    if backend == "cpu":
+        return {"cpu_decode_share": 1.0}
+    if backend in ("torchvision", "nvimgcodec"):
+        return {"cpu_decode_share": 0.0, "decode_backend": backend}
+    return {}
 
 
 def prepare(args) -> tuple[str, Path]:
@@ -159,6 +181,13 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, help="timed epochs a run, after one untimed [2; cpu 1]")
     p.add_argument("--workers", type=int, help="torch DataLoader worker processes [16; cpu 2]")
     p.add_argument("--torch-batches", type=int, default=0, help="stop torch's epochs after N batches (0: all)")
+    p.add_argument(
+        "--decode-backends",
+        default="",
+        help="also compare these decode routes, comma-separated: torchvision, nvimgcodec (GPU decode backends), "
+        "cpu (every JPEG on the C++ decoder)",
+    )
+    p.add_argument("--runs", default="", help="only these runs, comma-separated names (default: all)")
     args = parse_study(
         p,
         argv,
@@ -187,17 +216,24 @@ def main(argv=None) -> int:
         "fastload-packed": lambda: fastload(PackedImageFolder(pack_dir, TrainTransform(), seed=0)),
         "fastload-folder-bf16-cl": lambda: fastload(ImageFolder(train_dir, bf16, seed=0)),
     }
+    backends = [b for b in args.decode_backends.split(",") if b]
+    for backend in backends:
+        runs[f"fastload-folder-{backend}"] = lambda: fastload(ImageFolder(train_dir, TrainTransform(), seed=0))
+    wanted = set(args.runs.split(",")) if args.runs else None
     study["runs"] = []
     for name, make in runs.items():
+        if wanted is not None and name not in wanted:
+            continue
         log(f"-- {name}")
-        loader = study.attempt(name, make)
-        result = (
-            None
-            if loader is None
-            else study.attempt(
-                name, timed_epochs, loader, args.epochs, args.device, args.torch_batches if name == "torch" else 0
+        settings = route_settings(name)
+        with torch_fastload.config.override(**settings):
+            loader = study.attempt(name, make)
+            limit = args.torch_batches if name == "torch" else 0
+            result = (
+                None if loader is None else study.attempt(name, timed_epochs, loader, args.epochs, args.device, limit)
             )
-        )
+        if result and settings:
+            result["settings"] = settings
         if result:
             if hasattr(loader, "stats"):
                 result.update(decoded=loader.stats().decoded, io=loader.stats().io)
@@ -207,8 +243,11 @@ def main(argv=None) -> int:
                 f"   {result['images_per_s']:,.0f} images/s, {result['cores']:.1f} CPU cores, "
                 f"decoded {result.get('decoded', '-')}"
             )
-    if cuda and (ceiling := study.attempt("nvjpeg-decode", nvjpeg_ceiling, train_dir, args)):
-        study["runs"].append({"name": "nvjpeg-decode", **ceiling})
+    for backend in [b for b in backends if b != "cpu"] or ["torchvision"]:
+        name = f"gpu-decode-{backend}"
+        if cuda and (wanted is None or name in wanted):
+            if ceiling := study.attempt(name, gpu_decode_ceiling, train_dir, args, backend):
+                study["runs"].append({"name": name, **ceiling})
     base = next((r["images_per_s"] for r in study["runs"] if r["name"] == "torch"), None)
     rows = []
     for r in study["runs"]:

@@ -13,12 +13,16 @@ trial (cpu_decode_share="auto" times the C++ CPU decoder, then nvJPEG if the loo
   fastload-share-S   (--share-too S[:THREADS[:PREFETCH]]) the same with cpu_decode_share=S (0:
                      nvJPEG; 1: every JPEG on the C++ decoder; steal), and cpu_decode_threads /
                      prefetch for that run only
+  fastload-ROUTE     (--decode-routes) fastload with every JPEG on one decode route: torchvision
+                     or nvimgcodec (the GPU decode backend, cpu_decode_share=0), cpu (the C++
+                     decoder, cpu_decode_share=1)
   torch              torchvision ImageFolder + PIL + DataLoader(num_workers=--workers, pin_memory)
 Targets: ResNet-50 fastload step <= 1.05x synthetic; ResNet-18 fastload >= 2.5x torch's images/s.
 
     python benchmarks/imagenet_train.py                 # ~5 min on the H100 machine
     python benchmarks/imagenet_train.py --share-too 0   # + nvJPEG alone, beside the default
     python benchmarks/imagenet_train.py --only resnet50:synthetic,resnet50:fastload
+    python benchmarks/imagenet_train.py --decode-routes torchvision,nvimgcodec,cpu --only ...
 """
 
 from __future__ import annotations
@@ -44,8 +48,28 @@ def variant_settings(spec: str) -> dict:
     return dict(zip(names, parts))
 
 
+DECODE_ROUTES = {
+    "torchvision": {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "0", "TORCH_FASTLOAD_DECODE_BACKEND": "torchvision"},
+    "nvimgcodec": {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "0", "TORCH_FASTLOAD_DECODE_BACKEND": "nvimgcodec"},
+    "cpu": {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "1"},
+}
+
+
+def run_settings(args, name: str) -> dict:
+    """The environment a fastload variant runs with ({} for the others)."""
+    if name.startswith("fastload-share-"):
+        return variant_settings(args.share_too)
+    route = name.removeprefix("fastload-")
+    return DECODE_ROUTES.get(route, {}) if name.startswith("fastload-") else {}
+
+
 def plan(args) -> list[tuple[str, str]]:
     variant = ["fastload-share-" + args.share_too.replace(":", "-")] if args.share_too else []
+    routes = [r for r in args.decode_routes.split(",") if r] if args.decode_routes else []
+    unknown = set(routes) - set(DECODE_ROUTES)
+    if unknown:
+        raise SystemExit(f"--decode-routes: unknown {sorted(unknown)}; known: {', '.join(DECODE_ROUTES)}")
+    variant += [f"fastload-{r}" for r in routes]
     runs = [(a, n) for a in args.archs.split(",") for n in ["synthetic", "fastload", *variant, "torch"]]
     only = {tuple(x.split(":")) for x in args.only.split(",")} if args.only else None
     return [
@@ -57,7 +81,8 @@ def run_one(args, arch: str, name: str) -> dict:
     cpu = args.device.type == "cpu"
     out = args.out / f"train-{arch}-{name}.json"
     out.unlink(missing_ok=True)
-    env = dict(os.environ, **variant_settings(args.share_too)) if name.startswith("fastload-") else None
+    settings = run_settings(args, name)
+    env = dict(os.environ, **settings) if name.startswith("fastload-") else None
     cmd = [sys.executable, str(EXAMPLE), "--arch", arch, "--loader", "fastload" if env else name, "--json", str(out)]
     cmd += ["--sample-dir", str(args.dir), "--sample-classes", str(args.classes)]
     cmd += ["--sample-train-per-class", str(args.per_class), "--sample-val-per-class", "2" if cpu else "10"]
@@ -65,13 +90,14 @@ def run_one(args, arch: str, name: str) -> dict:
     cmd += ["--workers", str(args.workers), "--checkpoint-dir", f"{args.dir}-checkpoints", "--no-progress"]
     cmd += ["--steps-per-epoch", "3", "--no-amp"] if cpu else []
     cmd += [] if (arch, name) == ("resnet18", "fastload") else ["--no-val"]
-    settings = " ".join(f"{k}={v}" for k, v in (variant_settings(args.share_too) if env else {}).items())
-    log(f"-- {arch} {name}: {settings} {' '.join(cmd[1:])}")
+    log(f"-- {arch} {name}: {' '.join(f'{k}={v}' for k, v in settings.items())} {' '.join(cmd[1:])}")
     t0 = time.perf_counter()
     res = subprocess.run(cmd, cwd=str(EXAMPLE.parents[1]), capture_output=True, text=True, timeout=1200, env=env)
     if res.returncode != 0 or not out.exists():
         raise RuntimeError(f"{arch} {name}: exit {res.returncode}\n{res.stderr[-3000:]}")
     result = {**json.loads(out.read_text()), "loader": name, "process_seconds": time.perf_counter() - t0}
+    if settings:
+        result["settings"] = settings
     log(
         f"   {result['train_images_per_s']:,.0f} images/s, step {result['step_ms']:.1f} ms, input wait "
         f"{100 * result['input_wait_fraction']:.1f}%"
@@ -112,6 +138,12 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="ARCH:LOADER,... of the runs to make (a fastload-share run goes with ARCH:fastload)")
     p.add_argument(
         "--share-too", metavar="SHARE[:THREADS[:PREFETCH]]", help="also run fastload with these decode settings"
+    )
+    p.add_argument(
+        "--decode-routes",
+        default="",
+        help="also run fastload with every JPEG on each of these routes, comma-separated: torchvision, "
+        "nvimgcodec (GPU decode backends), cpu (the C++ decoder)",
     )
     args = parse_study(
         p,

@@ -306,7 +306,7 @@ def parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--latencies", type=float_list, default=[0.01, 0.05], help="seconds per request [0.01,0.05]")
     parser.add_argument("--cap", default="auto", help="bandwidth cap in bytes/s (1e9, 500M) or 'auto'")
     parser.add_argument("--concurrency", type=positive_int_list, default=None)
-    parser.add_argument("--sizes", type=size_list, default=None, help="request sizes, e.g. 1M,4M,16M")
+    parser.add_argument("--sizes", type=size_list, default=None, help="request sizes, e.g. 1MiB,4MiB,16MiB")
     parser.add_argument("--min-seconds", type=float, default=None)
     parser.add_argument("--batch", type=int, default=256, help="rows per batch in the loader epochs")
     parser.add_argument("--epochs", type=int, default=8, help="cache-hit and local epochs, taken in turns [8]")

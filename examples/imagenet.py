@@ -17,9 +17,12 @@ ImageFolder + PIL transforms + torch DataLoader(num_workers, pin_memory). --load
 one batch kept on the GPU (the step time with no input pipeline at all, for comparison).
 
 Training: SGD (momentum 0.9, nesterov off, weight decay 1e-4, no decay on norms and biases),
-learning rate 0.1 x batch/256 with linear warmup and cosine decay, bf16 autocast,
+learning rate 0.1 x batch/256 with linear warmup and cosine decay, bf16 autocast on a GPU,
 channels_last, top-1/top-5 validation each epoch, a checkpoint each epoch (--resume continues
 from it). --json writes the figures (train images/s, input-wait fraction, step time).
+
+Without a GPU the defaults are CPU-sized (ResNet-18, batch 16, float32, 12 steps, a 10-class
+sample set) and one printed line says so; any option given explicitly wins.
 
 Distributed (torchrun): one process a GPU (cuda:LOCAL_RANK, backend nccl; on a machine without
 CUDA the processes train on the CPU over gloo, for smoke tests). The training set is sharded by
@@ -63,24 +66,26 @@ def parse_args(argv=None):
     p.add_argument("--data", help="ImageNet folder (train/, val/) or a folder of train/val packs")
     p.add_argument(
         "--sample-dir",
-        default=os.path.join(torch_fastload.config.cache_dir(), "imagenet-sample"),
-        help="where the embedded default dataset is generated (once)",
+        default=None,
+        help="where the embedded default dataset is generated (once) [cache/imagenet-sample, on the CPU "
+        "cache/imagenet-sample-cpu]",
     )
-    p.add_argument("--sample-classes", type=int, default=100)
-    p.add_argument("--sample-train-per-class", type=int, default=40)
-    p.add_argument("--sample-val-per-class", type=int, default=10)
-    p.add_argument("--arch", default="resnet50", help="a torchvision.models constructor name")
+    p.add_argument("--sample-classes", type=int, default=None, help="[100 / CPU 10]")
+    p.add_argument("--sample-train-per-class", type=int, default=None, help="[40 / CPU 16]")
+    p.add_argument("--sample-val-per-class", type=int, default=None, help="[10 / CPU 4]")
+    p.add_argument("--arch", default=None, help="a torchvision.models constructor name [resnet50 / CPU resnet18]")
     p.add_argument("--loader", choices=("fastload", "torch", "synthetic"), default="fastload")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--steps-per-epoch", type=int, default=0, help="stop each epoch after N steps (0: all)")
-    p.add_argument("--batch-size", type=int, default=256, help="per GPU")
+    p.add_argument("--batch-size", type=int, default=None, help="per GPU [256 / CPU 16]")
     p.add_argument("--lr", type=float, default=None, help="default 0.1 x global batch / 256")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--warmup-epochs", type=float, default=0.5)
     p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--workers", type=int, default=16, help="worker processes of --loader torch")
-    p.add_argument("--no-amp", action="store_true", help="train in float32 (default: bf16 autocast)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes of --loader torch [16 / CPU 2]")
+    p.add_argument("--amp", dest="amp", action="store_true", default=None, help="bf16 autocast [GPU: on]")
+    p.add_argument("--no-amp", dest="amp", action="store_false", help="train in float32 [CPU: float32]")
     p.add_argument("--no-channels-last", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--evaluate", action="store_true", help="only validate (with --resume)")
@@ -93,13 +98,69 @@ def parse_args(argv=None):
         metavar="STEPS",
         help="also checkpoint every STEPS training steps, mid-epoch (0: at epoch ends only)",
     )
-    p.add_argument("--max-steps", type=int, default=0, help="stop after N training steps in all (0: no limit)")
+    p.add_argument(
+        "--max-steps", type=int, default=None, help="stop after N training steps in all (0: no limit) [0 / CPU 12]"
+    )
     p.add_argument("--resume", help="checkpoint to continue from (an epoch end or mid-epoch)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup-steps", type=int, default=10, help="steps left out of the throughput figures")
+    p.add_argument(
+        "--warmup-steps", type=int, default=None, help="steps left out of the throughput figures [10 / CPU 2]"
+    )
     p.add_argument("--json", help="write the run's figures here")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
+
+
+# GPU-sized defaults, and what a CPU can train in about a minute: ResNet-50 at batch 256 under bf16
+# autocast ran no step in 8 minutes on a CPU machine (13 GB resident)
+GPU_DEFAULTS = dict(
+    arch="resnet50",
+    batch_size=256,
+    amp=True,
+    workers=16,
+    max_steps=0,
+    warmup_steps=10,
+    sample_classes=100,
+    sample_train_per_class=40,
+    sample_val_per_class=10,
+    sample_dir="imagenet-sample",
+)
+CPU_DEFAULTS = dict(
+    arch="resnet18",
+    batch_size=16,
+    amp=False,
+    workers=2,
+    max_steps=12,
+    warmup_steps=2,
+    sample_classes=10,
+    sample_train_per_class=16,
+    sample_val_per_class=4,
+    sample_dir="imagenet-sample-cpu",
+)
+
+
+def apply_defaults(args, device: torch.device) -> str | None:
+    """Fill the options left unset with the GPU's or, without a GPU, the CPU's defaults (an
+    explicit argument always wins); on the CPU, the line that says so (None on a GPU)."""
+    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    picked = []
+    for key, value in defaults.items():
+        if getattr(args, key) is not None:
+            continue
+        if key == "sample_dir":
+            value = os.path.join(torch_fastload.config.cache_dir(), value)
+        elif not (key.startswith("sample_") and args.data):
+            picked.append(
+                f"--{key.replace('_', '-')} {value}" if key != "amp" else "--no-amp" if not value else "--amp"
+            )
+        setattr(args, key, value)
+    args.no_amp = not args.amp
+    if device.type == "cuda":
+        return None
+    return (
+        f"no GPU: CPU-sized defaults ({' '.join(picked) or 'none: all set by you'}); the figures show the CPU's "
+        "speed, not the loader's (nvJPEG, pinned copies and their overlap need a GPU); pass any option to override"
+    )
 
 
 # -- distributed -----------------------------------------------------------------------------
@@ -401,6 +462,9 @@ def validate(model, loader, device, args, show):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     rank, world_size, device = setup_distributed()
+    note = apply_defaults(args, device)
+    if note and rank == 0:
+        print(note, flush=True)
     torch.manual_seed(args.seed + rank)
     show = rank == 0 and not args.no_progress
     train_dir, val_dir = find_data(args, rank)
@@ -541,6 +605,7 @@ def main(argv=None) -> dict:
         "loader": args.loader,
         "world_size": world_size,
         "batch_size": args.batch_size,
+        "amp": not args.no_amp,
         "backend": dist.get_backend() if distributed() else None,
         "timed_steps": int(images // (args.batch_size * world_size)) if images else 0,
         "train_images_per_s": images / elapsed if elapsed else 0.0,

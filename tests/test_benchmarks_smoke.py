@@ -57,10 +57,12 @@ def test_file_loader(tmp_path):
 
 
 def test_imagenet_loader(tmp_path):
-    res, out = run_study("imagenet_loader.py", tmp_path, "--dir", str(tmp_path / "images"))
+    res, out = run_study("imagenet_loader.py", tmp_path, "--dir", str(tmp_path / "images"), "--decode-backends", "cpu")
     data = report(out, "imagenet_loader")
     names = {r["name"] for r in data["runs"]}
-    assert {"torch", "fastload-folder", "fastload-packed", "fastload-folder-bf16-cl"} <= names
+    assert {"torch", "fastload-folder", "fastload-packed", "fastload-folder-bf16-cl", "fastload-folder-cpu"} <= names
+    cpu_route = next(r for r in data["runs"] if r["name"] == "fastload-folder-cpu")
+    assert cpu_route["settings"] == {"cpu_decode_share": 1.0}
     assert all(r["images_per_s"] > 0 and r["cores"] >= 0 for r in data["runs"])
     fastload = next(r for r in data["runs"] if r["name"] == "fastload-folder")
     assert fastload["decoded"].get("cpu:png", 0) >= 1  # the PNG named .JPEG was routed and counted
@@ -68,17 +70,29 @@ def test_imagenet_loader(tmp_path):
 
 
 def test_imagenet_train(tmp_path):
-    """examples/imagenet.py fed four ways (synthetic, fastload, fastload with other decode
-    settings, torch) on tiny data."""
-    res, out = run_study("imagenet_train.py", tmp_path, "--dir", str(tmp_path / "images"), "--share-too", "1:2:3")
+    """examples/imagenet.py fed five ways (synthetic, fastload, fastload with other decode
+    settings, fastload on one decode route, torch) on tiny data."""
+    res, out = run_study(
+        "imagenet_train.py",
+        tmp_path,
+        "--dir",
+        str(tmp_path / "images"),
+        "--share-too",
+        "1:2:3",
+        "--decode-routes",
+        "cpu",
+    )
     data = report(out, "imagenet_train")
     loaders = {(r["arch"], r["loader"]) for r in data["runs"]}
     assert loaders == {
         ("resnet18", "synthetic"),
         ("resnet18", "fastload"),
         ("resnet18", "fastload-share-1-2-3"),
+        ("resnet18", "fastload-cpu"),
         ("resnet18", "torch"),
     }
+    cpu_route = next(r for r in data["runs"] if r["loader"] == "fastload-cpu")
+    assert cpu_route["settings"] == {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "1"}
     assert (
         "TORCH_FASTLOAD_CPU_DECODE_SHARE=1 TORCH_FASTLOAD_CPU_DECODE_THREADS=2 TORCH_FASTLOAD_PREFETCH=3" in res.stdout
     )
@@ -121,7 +135,9 @@ def test_gpu_only_studies_say_so(tmp_path, script):
 
 
 def test_main_job(tmp_path):
-    """python -m torch_fastload.bench: its three loaders train identically on the same batches."""
+    """python -m torch_fastload.bench: each loader repeated, medians and min-max printed, every
+    repeat in the JSON; the three loaders train identically on the same batches; on the CPU the
+    output says what its figures do not measure."""
     cmd = [sys.executable, "-m", "torch_fastload.bench", "--samples", "128", "--image-size", "32", "--batch-size", "16"]
     cmd += [
         "--epochs",
@@ -130,6 +146,8 @@ def test_main_job(tmp_path):
         "2",
         "--torch-workers",
         "0",
+        "--repeats",
+        "2",
         "--no-progress",
         "--json",
         str(tmp_path / "b.json"),
@@ -138,10 +156,17 @@ def test_main_job(tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     data = json.loads((tmp_path / "b.json").read_text())
     assert [r["name"].split(" (")[0] for r in data["runs"]] == ["torch DataLoader", "torch_fastload", "device-resident"]
-    assert all(r["steps"] == 14 and r["samples_per_s"] > 0 for r in data["runs"])
-    torch_loss, fastload_loss = (r["last_loss"] for r in data["runs"][:2])
-    assert torch_loss == pytest.approx(fastload_loss, rel=1e-5)  # same batches, same initial weights
+    for r in data["runs"]:
+        assert len(r["repeats"]) == 2 and all(rep["steps"] == 14 and rep["samples_per_s"] > 0 for rep in r["repeats"])
+        speeds = sorted(rep["samples_per_s"] for rep in r["repeats"])
+        assert r["samples_per_s"] == pytest.approx(sum(speeds) / 2) and r["samples_per_s_range"] == speeds
+        assert r["repeats"][0]["last_loss"] == r["repeats"][1]["last_loss"]  # a repeat is the same run
+    torch_run, fastload_run = data["runs"][:2]
+    assert torch_run["last_loss"] == pytest.approx(fastload_run["last_loss"], rel=1e-5)  # same batches and weights
+    assert data["speedup"] == pytest.approx(fastload_run["samples_per_s"] / torch_run["samples_per_s"])
     assert "torch_fastload stats" in res.stdout and "speedup" in res.stdout
+    assert "samples/s (median)" in res.stdout and "min-max" in res.stdout and "ratio of medians" in res.stdout
+    assert "no GPU, so none of what torch_fastload is built for is measured" in res.stdout
 
 
 def test_remote_cpu_smoke(tmp_path):

@@ -658,27 +658,92 @@ def gpu_folder(tmp_path_factory):
 
 @pytest.mark.cuda
 def test_nvjpeg_decode_matches_cpu_decode(gpu_folder):
-    """GPU-decoded pixels vs libjpeg-turbo on the CPU, same files: nvJPEG's IDCT and chroma
-    upsampling differ slightly, so the tolerance is on the mean and the 99.9th percentile."""
+    """torchvision's nvJPEG (decode_backend='torchvision', the fallback) vs libjpeg-turbo on the
+    CPU, same files: nvJPEG's IDCT and chroma upsampling differ slightly, so the tolerance is on
+    the mean and the 99.9th percentile."""
+    means, tails = gpu_decode_errors(gpu_folder, "torchvision")
+    print(f"nvJPEG (torchvision) vs CPU: mean |diff| max {means.max():.3f}, 99.9th percentile max {tails.max():.1f}")
+    assert means.max() <= 1.5 and tails.max() <= 16
+
+
+def gpu_decode_errors(gpu_folder, backend: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per image of the folder decoded on the GPU by ``backend`` (every JPEG it can take): the
+    mean and the 99.9th percentile of |GPU - CPU| (libjpeg-turbo, torchvision's CPU decode)."""
     train, _ = gpu_folder
     ds = ImageFolder(train, transform=None)
-    with torch_fastload.config.override(cpu_decode_share=0):  # every JPEG it can take on nvJPEG
+    with torch_fastload.config.override(cpu_decode_share=0, decode_backend=backend):
         loader = DataLoader(ds, batch_size=64, device="cuda")
-        diffs = []
+        decoded = []
         for images, _ in loader:
             assert all(im.is_cuda for im in images)
-            diffs.extend(images)
+            decoded.extend(images)
+    assert ds.decoder(loader.device).gpu_backend().name == backend
     assert loader.stats().decoded.get("nvjpeg", 0) >= len(ds) - 5
     assert {"cpu:cmyk", "cpu:png"} <= set(loader.stats().decoded)
     errors = []
-    for path, image in zip(ds.paths, diffs):
+    for path, image in zip(ds.paths, decoded):
         cpu = tv.io.decode_image(tv.io.read_file(path), mode=tv.io.ImageReadMode.RGB)
-        assert image.shape == cpu.shape, path
+        assert image.shape == cpu.shape and image.dtype == torch.uint8, path
         d = (image.cpu().int() - cpu.int()).abs().float()
         errors.append((d.mean().item(), d.flatten().quantile(0.999).item() if d.numel() < 16e6 else 0.0))
-    means, tails = np.array(errors).T
-    print(f"nvJPEG vs CPU: mean |diff| max {means.max():.3f}, 99.9th percentile max {tails.max():.1f}")
+    return tuple(np.array(errors).T)
+
+
+@pytest.mark.cuda
+def test_nvimgcodec_decode_matches_cpu_decode(gpu_folder):
+    """nvImageCodec (hardware engines, then its CUDA decoder) vs libjpeg-turbo: its IDCT and chroma
+    upsampling round differently, so the same tolerance as nvJPEG's: mean |diff| <= 1.5 a pixel,
+    99.9th percentile <= 16 (of 255), per image."""
+    from torch_fastload.vision.gpu_backend import nvimgcodec_missing
+
+    if (reason := nvimgcodec_missing()) is not None:
+        pytest.skip(reason)
+    means, tails = gpu_decode_errors(gpu_folder, "nvimgcodec")
+    print(f"nvImageCodec vs CPU: mean |diff| max {means.max():.3f}, 99.9th percentile max {tails.max():.1f}")
     assert means.max() <= 1.5 and tails.max() <= 16
+
+
+@pytest.mark.cuda
+def test_nvimgcodec_output_is_a_device_tensor_without_a_host_copy(gpu_folder):
+    """Planar (3, H, W) uint8 on the device, contiguous, decoded on the calling thread's stream."""
+    from torch_fastload.vision.gpu_backend import NvImageCodec, nvimgcodec_missing
+
+    if (reason := nvimgcodec_missing()) is not None:
+        pytest.skip(reason)
+    train, _ = gpu_folder
+    paths = [p for p in ImageFolder(train, transform=None).paths if "_0." not in p][:8]  # no edge cases
+    encoded = [torch.frombuffer(bytearray(open(p, "rb").read()), dtype=torch.uint8).pin_memory() for p in paths]
+    backend = NvImageCodec(torch.device("cuda", torch.cuda.current_device()))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        images = backend.decode(encoded)
+    stream.synchronize()
+    for path, image in zip(paths, images):
+        reference = tv.io.decode_image(tv.io.read_file(path), mode=tv.io.ImageReadMode.RGB)
+        assert image.is_cuda and image.is_contiguous() and image.shape == reference.shape, path
+        assert (image.cpu().int() - reference.int()).abs().float().mean() <= 1.5, path
+
+
+@pytest.mark.cuda
+def test_decode_backend_nvimgcodec_without_the_package_says_what_to_install(gpu_folder, monkeypatch):
+    from torch_fastload.vision import gpu_backend
+
+    def fail():
+        raise ImportError("nvidia.nvimgcodec is not installed (pip install nvidia-nvimgcodec-cu13)")
+
+    gpu_backend._reset_for_tests()
+    monkeypatch.setattr(gpu_backend, "_import_nvimgcodec", fail)
+    try:
+        train, _ = gpu_folder
+        with torch_fastload.config.override(decode_backend="nvimgcodec", cpu_decode_share=0):
+            with pytest.raises(gpu_backend.DecodeBackendError, match="pip install nvidia-nvimgcodec-cu13"):
+                next(iter(DataLoader(ImageFolder(train, transform=None), batch_size=8, device="cuda")))
+        with torch_fastload.config.override(decode_backend="auto", cpu_decode_share=0):
+            loader = DataLoader(ImageFolder(train, transform=None), batch_size=8, device="cuda")
+            assert len(next(iter(loader))[0]) == 8  # torchvision's nvJPEG instead
+            assert loader.dataset.decoder(loader.device).gpu_backend().name == "torchvision"
+    finally:
+        gpu_backend._reset_for_tests()
 
 
 @pytest.mark.cuda

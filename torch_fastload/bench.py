@@ -1,6 +1,6 @@
 """torch DataLoader vs torch_fastload.DataLoader on a generated image dataset, side by side.
 
-    python -m torch_fastload.bench                  # GPU: 8192 images 3x128x128 (1.6 GB), ~30-60 s
+    python -m torch_fastload.bench                  # GPU: 8192 images 3x128x128 (1.6 GB), 3 repeats, ~2-3 min
     python -m torch_fastload bench --epochs 8       # the same, through the package entry point
     python -m torch_fastload.bench --compute-ms 2   # a calibrated busy kernel instead of the model
     python -m torch_fastload.bench --json out.json  # also write every number as JSON
@@ -13,13 +13,17 @@ non_blocking=True)`` in the loop (for each W asked for), and once by
 stacks them straight into the pinned pool). Both see the same batches in the same order and
 train an identically initialised model, so their final losses should agree.
 
-Reported per loader: samples/s, the input-wait fraction (time the loop spent blocked in
-``next()`` plus the ``.to()`` call, over wall time), GB/s of input delivered and the speedup
-over the best torch configuration; then ``loader.stats()`` of torch_fastload. A
+Each configuration runs ``--repeats`` times, the loaders taking turns (so drift in the
+machine's speed is shared out). Reported per loader: the median samples/s and its spread
+(min-max over the repeats), the input-wait fraction (time the loop spent blocked in ``next()``
+plus the ``.to()`` call, over wall time), GB/s of input delivered and the speedup: the ratio of
+medians over the best torch configuration; then ``loader.stats()`` of torch_fastload. A
 "device-resident" row (the dataset already on the device) shows what the model alone can do.
+The JSON keeps every repeat.
 
 Without CUDA everything runs on the CPU with smaller defaults (torch gets pin_memory=False),
-which exercises the code paths; the numbers only mean something on a GPU.
+which exercises the code paths; what the loader is built for (pinned memory, the host-to-device
+copy and its overlap with the step) is absent there, and the output says so.
 """
 
 from __future__ import annotations
@@ -167,8 +171,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("training loop")
     g.add_argument("--batch-size", type=int, default=None, help="[128 / 32]")
-    g.add_argument("--epochs", type=int, default=None, help="[6 / 3]")
+    g.add_argument("--epochs", type=int, default=None, help="[6 / 2]")
     g.add_argument("--warmup-steps", type=int, default=5, help="untimed steps at the start of each run")
+    g.add_argument(
+        "--repeats", type=int, default=3, help="runs of each loader (taking turns); median and min-max reported [3]"
+    )
     g.add_argument(
         "--width",
         default="auto",
@@ -218,13 +225,13 @@ def _finish_args(args, device: torch.device) -> None:
         "samples": 8192 if gpu else 1024,
         "image_size": 128 if gpu else 64,
         "batch_size": 128 if gpu else 32,
-        "epochs": 6 if gpu else 3,
+        "epochs": 6 if gpu else 2,
         "torch_workers": [0, 4] if gpu else [0, 2],
     }
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for key in ("samples", "image_size", "channels", "classes", "batch_size", "epochs", "max_inflight"):
+    for key in ("samples", "image_size", "channels", "classes", "batch_size", "epochs", "max_inflight", "repeats"):
         if getattr(args, key) < 1:
             raise SystemExit(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
     if args.warmup_steps < 1:
@@ -241,17 +248,19 @@ def _print_table(runs: list[dict], baseline: dict | None) -> None:
     rows = []
     for r in runs:
         if r.get("error"):
-            rows.append([r["name"], "error", "", "", "", "", ""])
+            rows.append([r["name"], "error", "", "", "", "", "", ""])
             continue
         speedup = (
             r["samples_per_s"] / baseline["samples_per_s"]
             if baseline and baseline.get("samples_per_s") and r.get("samples_per_s")
             else None
         )
+        low, high = r["samples_per_s_range"]
         rows.append(
             [
                 r["name"],
                 fmt(r["samples_per_s"], ",.0f"),
+                f"{low:,.0f}-{high:,.0f}" if low is not None else "-",
                 fmt(r["step_ms"], ".2f"),
                 fmt(100 * r["wait_fraction"] if r["wait_fraction"] is not None else None, ".1f"),
                 fmt(r["gbps"], ".2f"),
@@ -259,7 +268,39 @@ def _print_table(runs: list[dict], baseline: dict | None) -> None:
                 fmt(r["last_loss"], ".4f"),
             ]
         )
-    log(table(["loader", "samples/s", "step ms", "input wait %", "GB/s", "speedup", "final loss"], rows))
+    heads = ["loader", "samples/s (median)", "min-max", "step ms", "input wait %", "GB/s", "speedup", "final loss"]
+    log(table(heads, rows))
+
+
+MEDIAN_KEYS = ("samples_per_s", "step_ms", "wait_fraction", "gbps", "cpu_cores")
+
+
+def _median(values: list) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def _aggregate(name: str, repeats: list[dict]) -> dict:
+    """One loader's figures over its repeats: the median of each, samples/s's min-max, and every
+    repeat kept (``repeats``); an error if any repeat failed."""
+    failed = [r for r in repeats if r.get("error")]
+    if failed:
+        return {**failed[0], "name": name, "repeats": repeats}
+    speeds = [r["samples_per_s"] for r in repeats if r["samples_per_s"] is not None]
+    out = {"name": name, "steps": repeats[0]["steps"], "samples": repeats[0]["samples"]}
+    out.update({key: _median([r.get(key) for r in repeats]) for key in MEDIAN_KEYS})
+    out["samples_per_s_range"] = (min(speeds), max(speeds)) if speeds else (None, None)
+    out["spread"] = (
+        (max(speeds) - min(speeds)) / out["samples_per_s"] if len(speeds) > 1 and out["samples_per_s"] else 0.0
+    )
+    out["first_loss"], out["last_loss"] = repeats[-1]["first_loss"], repeats[-1]["last_loss"]
+    if "fastload_stats" in repeats[-1]:
+        out["fastload_stats"] = repeats[-1]["fastload_stats"]
+    out["repeats"] = repeats
+    return out
 
 
 def _calibrate(args, device: torch.device, dataset) -> tuple[int, dict, CudaSleeper | None, dict | None]:
@@ -336,29 +377,36 @@ def _loaders(args, device: torch.device, dataset) -> list[tuple]:
 
 
 def _run_all(args, device: torch.device, dataset, width: int, sleeper) -> tuple[list[dict], object]:
-    """Every loader's run (a failed one is reported as such) and fastload's stats snapshot."""
-    runs, snapshot = [], None
-    for name, make_loader, fastload in _loaders(args, device, dataset):
-        loader = None
-        try:
-            loader = make_loader()
-            trainer = Trainer(args, device, width, sleeper)
-            result = train_run(name, loader, trainer, args, device, fastload=loader if fastload else None)
-            if fastload:
-                snapshot = result.pop("_snapshot")
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:
-            import traceback
+    """Every loader's runs, ``args.repeats`` rounds with the loaders taking turns (a failed run
+    is reported as such), aggregated per loader; fastload's last stats snapshot."""
+    loaders = _loaders(args, device, dataset)
+    repeats: dict[str, list] = {name: [] for name, _, _ in loaders}
+    snapshot = None
+    for round_ in range(args.repeats):
+        if args.repeats > 1:
+            log(f"round {round_ + 1} of {args.repeats}")
+        for name, make_loader, fastload in loaders:
+            loader = None
+            try:
+                loader = make_loader()
+                trainer = Trainer(args, device, width, sleeper)
+                result = train_run(name, loader, trainer, args, device, fastload=loader if fastload else None)
+                if fastload:
+                    snapshot = result.pop("_snapshot")
+                log(f"  {name}: {result['samples_per_s']:,.0f} samples/s")
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                import traceback
 
-            log(f"{name}: FAILED: {type(exc).__name__}: {exc}")
-            result = {"name": name, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        finally:
-            if loader is not None and hasattr(loader, "close"):
-                loader.close()
-            del loader
-        runs.append(result)
-    return runs, snapshot
+                log(f"{name}: FAILED: {type(exc).__name__}: {exc}")
+                result = {"name": name, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            finally:
+                if loader is not None and hasattr(loader, "close"):
+                    loader.close()
+                del loader
+            repeats[name].append(result)
+    return [_aggregate(name, runs) for name, runs in repeats.items()], snapshot
 
 
 def _summary(args, device: torch.device, machine: dict, runs: list[dict], snapshot) -> tuple[dict | None, float]:
@@ -371,14 +419,23 @@ def _summary(args, device: torch.device, machine: dict, runs: list[dict], snapsh
     )
     log()
     log(
-        f"results ({device}; timed: {runs[0].get('steps', '?')} steps per loader after warm-up; "
-        f"speedup vs {baseline['name'] if baseline else 'n/a'})"
+        f"results ({device}; {args.repeats} run(s) per loader, {runs[0].get('steps', '?')} timed steps each after "
+        f"warm-up; medians, speedup = ratio of medians vs {baseline['name'] if baseline else 'n/a'})"
     )
     _print_table(runs, baseline)
     if fast and baseline:
+        low = fast["samples_per_s_range"][0] / baseline["samples_per_s_range"][1]
+        high = fast["samples_per_s_range"][1] / baseline["samples_per_s_range"][0]
         log(
-            f"torch_fastload: {speedup:.2f}x the samples/s of the best torch DataLoader; input wait "
+            f"torch_fastload: {speedup:.2f}x the median samples/s of the best torch DataLoader "
+            f"(slowest vs fastest repeat {low:.2f}x, fastest vs slowest {high:.2f}x); input wait "
             f"{100 * fast['wait_fraction']:.1f}% vs {100 * baseline['wait_fraction']:.1f}% of wall time"
+        )
+    noisy = [r["name"] for r in runs if not r.get("error") and r.get("spread", 0) > 0.2]
+    if noisy:
+        log(
+            f"spread: {', '.join(noisy)} varied by more than 20% of the median between repeats; the ratio is "
+            "not a stable figure here (an idle machine or more --repeats narrow it)"
         )
     losses = [r["last_loss"] for r in runs if r.get("last_loss") is not None and not r["name"].startswith("device")]
     if args.compute_ms is None and len(losses) > 1:
@@ -387,11 +444,13 @@ def _summary(args, device: torch.device, machine: dict, runs: list[dict], snapsh
             f"{', '.join(f'{v:.4f}' for v in losses)}"
         )
     if device.type == "cpu":
+        cores = machine["cpu_affinity"] or machine["cpu_count"]
         log(
-            f"note: CPU run: no pinning and no host-to-device copy, and the loaders' threads and worker "
-            f"processes compete with the model's {torch.get_num_threads()} intra-op threads for "
-            f"{machine['cpu_affinity'] or machine['cpu_count']} cores; the numbers exercise the code, "
-            f"they are not the GPU result"
+            "what these CPU figures mean: no GPU, so none of what torch_fastload is built for is measured: "
+            "no pinned memory, no host-to-device copy and no overlap of that copy with the step. They time "
+            f"each loader's batching and threads competing with the model's {torch.get_num_threads()} intra-op "
+            f"threads for {cores} cores: a check that every loader runs and trains identically, not a speedup "
+            "you will see on a GPU (python -m torch_fastload.bench on a CUDA machine measures that)."
         )
     if snapshot is not None:
         log()

@@ -59,7 +59,8 @@ def _int_between(minimum: int, maximum: int) -> Callable[[str, Any], int]:
 
 
 def parse_size(text: str) -> int:
-    """``'4194304'``, ``'4M'``, ``'4MiB'`` or ``'4 mb'`` -> bytes (binary multiples)."""
+    """``'4194304'``, ``'4MiB'``, ``'4M'`` or ``'4 mb'`` -> bytes. Always binary: K, M, G, T (with or
+    without B or iB) are 2**10, 2**20, 2**30, 2**40, so '4MB' is 4 MiB (4,194,304 bytes), never 4,000,000."""
     match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", str(text), re.IGNORECASE)
     if not match:
         raise ValueError(f"not a byte count: {text!r}")
@@ -253,6 +254,15 @@ OPTIONS: dict[str, Option] = {
             "on the C++ decoder, which keeps them if the training loop waited < 10% of its step; else ~15 "
             "more time nvJPEG and the CPU must be 5% faster to stay (nvJPEG alone below 8 CPUs per process); "
             "'steal': both split each batch by work stealing. RESULTS.md",
+        ),
+        Option(
+            "decode_backend",
+            "auto",
+            _choice("auto", "nvimgcodec", "torchvision"),
+            "the library that decodes JPEGs on the GPU: 'nvimgcodec' (NVIDIA nvImageCodec: batched, the GPU's "
+            "hardware JPEG engines; pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg), 'torchvision' (its "
+            "nvJPEG decode_jpeg, deprecated from 0.29), 'auto' (nvImageCodec where it imports and decodes, "
+            "else torchvision)",
         ),
         Option(
             "cpu_decode_threads",

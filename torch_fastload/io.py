@@ -151,6 +151,7 @@ class IoPath:
     ring_chunks: int = 0  # engine on CUDA: pinned chunks of task_size between the file and the GPU
     map_budget: int = 0  # engine on CUDA: page cache it may pin to DMA resident files directly
     remote: str = ""  # how s3:// and http(s):// objects are read, where the source has any
+    extension: str = ""  # what of the C++ extension is missing and what that costs ('' where complete)
 
     def __str__(self) -> str:
         if self.ring_chunks:
@@ -161,7 +162,9 @@ class IoPath:
             where = "GPU memory" if self.to_device else "pinned slot"
         return (
             f"{self.mode} -> {where} ({self.threads} threads x {self.task_size / 2**20:g} MiB tasks; "
-            f"io_mode={self.requested}: {self.why})" + (f"; remote objects: {self.remote}" if self.remote else "")
+            f"io_mode={self.requested}: {self.why})"
+            + (f"; remote objects: {self.remote}" if self.remote else "")
+            + (f"; {self.extension}" if self.extension else "")
         )
 
 
@@ -182,7 +185,12 @@ def select(
 ) -> IoPath:
     """The read path for ``io_mode`` (None: configured) on ``device``; raises where it cannot run.
     ``remote``: the source reads URLs too (``IoPath.remote`` then says how)."""
+    from .extension import status
+
     path = _select_local(io_mode, device, o_direct, threads, task_size, map_budget)
+    missing = status().missing()
+    if missing:
+        path = dataclasses.replace(path, extension=" ".join(missing))
     if not remote:
         return path
     from .remote import describe_settings

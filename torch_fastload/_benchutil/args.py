@@ -43,7 +43,9 @@ def size_arg(text: str) -> int:
     try:
         value = parse_size(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a byte count such as 512M, 4MiB or 1GiB, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a byte count such as 512MiB, 4MiB or 1GiB (K, M, G: binary), got {text!r}"
+        ) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive byte count, got {text!r}")
     return value

@@ -14,6 +14,7 @@ import torch
 
 from torch_fastload import config, engine
 from torch_fastload._benchutil import log, machine_basics, size_arg, write_json
+from torch_fastload.extension import status as extension_status
 
 from . import remote
 from .common import GiB, KiB, MiB, error_text
@@ -55,7 +56,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="directory whose filesystem to test, e.g. the data disk; the test file written there is "
         "unlinked as soon as it is created, so no exit leaves it [the temporary directory: $TMPDIR or /tmp]",
     )
-    p.add_argument("--size", type=size_arg, default=None, help="test file size, e.g. 512M, 1GiB [1GiB / 256MiB]")
+    p.add_argument(
+        "--size",
+        type=size_arg,
+        default=None,
+        help="test file size (binary: 512M = 512MiB), e.g. 512MiB, 1GiB [1GiB / 256MiB]",
+    )
     p.add_argument("--h2d-size", type=size_arg, default=None, help="bytes per H2D copy [256MiB / 64MiB]")
     p.add_argument(
         "--threads",
@@ -64,7 +70,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="sweep thread counts, comma-separated [1,2,4,8,16,32 / 1,4,16]",
     )
     p.add_argument(
-        "--tasks", type=_sizes, default=None, help="sweep task sizes, comma-separated [256K,1M,4M,16M / 1M,4M]"
+        "--tasks",
+        type=_sizes,
+        default=None,
+        help="sweep task sizes, comma-separated [256KiB,1MiB,4MiB,16MiB / 1MiB,4MiB]",
     )
     p.add_argument("--quick", action="store_true", help="smaller file, copies and sweep")
     p.add_argument(
@@ -175,11 +184,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return int(exc.code or 0)
     if args.url:
         return remote.run(args)
-    log(
-        f"torch_fastload doctor: torch {torch.__version__}, engine "
-        f"{'built' if engine.available() else 'NOT built'}, {os.cpu_count()} CPUs"
-    )
-    results = _measure(Plan.of(args))
+    extension = extension_status()
+    log(f"torch_fastload doctor: torch {torch.__version__}, C++ extension {extension.short()}, {os.cpu_count()} CPUs")
+    for line in extension.missing():
+        log(f"  missing: {line}")
+    results = {"extension": extension.as_dict(), **_measure(Plan.of(args))}
     if args.json:
         _write_report(args.json, results, args)
     return 0

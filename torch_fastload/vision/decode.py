@@ -4,7 +4,8 @@ Every image's header is probed first (``probe.py``: the C++ engine, GIL released
 twin where the engine is not built). The probe routes each image:
 
 - ``nvjpeg``: 8-bit Huffman JPEGs with 1 or 3 components up to ``gpu_max_pixels``, decoded
-  as one batch by ``torchvision.io.decode_jpeg(device='cuda')`` (nvJPEG; baseline JPEGs on the
+  as one batch on the GPU by nvJPEG, through nvImageCodec or torchvision's
+  ``decode_jpeg(device='cuda')`` (``decode_backend``, gpu_backend.py; baseline JPEGs on the
   hardware decoder of A100/H100-class GPUs);
 - the CPU (the C++ decoder for JPEGs, PIL for the rest: ``cpu.decode_cpu``), counted by reason: ``cmyk``
   (4-component JPEGs: ImageNet's train set has 22), ``png``/``gif``/``webp``/``bmp`` (a PNG
@@ -49,6 +50,7 @@ from .cpu import (
 )
 from .cpu import native_jpeg as _native_jpeg
 from .cpu import native_regions as _native_regions
+from .gpu_backend import gpu_backend
 from .nvjpeg import decode_gpu, front_chunks
 from .pinned import PinnedBuffers, PinnedPlaces
 from .probe import (  # noqa: F401  (re-exported: the probe's names were decode's)
@@ -187,6 +189,7 @@ class BatchDecoder:
         max_pixels: int | None = None,
         cpu_threads: int | None = None,
         cpu_share: float | None = None,
+        decode_backend: str | None = None,
     ):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -214,9 +217,15 @@ class BatchDecoder:
         )
         # the C++ decoder decodes only the rows and columns a crop reads (decode's ``crop``)
         self.decode_regions = bool(config.resolve("cpu_decode_regions", None)) and _native_regions()
+        # nvImageCodec or torchvision's nvJPEG (gpu_backend.py); chosen at the first GPU decode
+        self.decode_backend = config.resolve("decode_backend", decode_backend)
         self._pool: ThreadPoolExecutor | None = None
         self._pinned = PinnedBuffers()  # per stage thread: pinned buffers and their copies' events
         self.seconds = {"probe": 0.0, "nvjpeg": 0.0, "cpu": 0.0}  # host wall time per step (diagnostics)
+
+    def gpu_backend(self):
+        """The library decoding this decoder's GPU JPEGs (``gpu_backend.py``; ``.name`` says which)."""
+        return gpu_backend(self.device, self.decode_backend)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -399,7 +408,8 @@ class BatchDecoder:
         chunks = front_chunks(job, plan.steal) if job is not None else ([plan.gpu] if plan.gpu else [])
         for chunk in chunks:
             encoded = [plan.slices[i] for i in chunk]
-            for i, image in zip(chunk, decode_gpu(encoded, chunk, plan.routes, self.device, self.max_pixels)):
+            backend = self.gpu_backend()
+            for i, image in zip(chunk, decode_gpu(encoded, chunk, plan.routes, self.device, self.max_pixels, backend)):
                 if isinstance(image, Refusal):  # refused by nvJPEG and the CPU
                     failed[i] = image
                 else:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -26,6 +28,9 @@ PHOTOS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "photos")
 PHOTOS = sorted(f for f in os.listdir(PHOTOS_DIR) if f.endswith(".jpg")) if os.path.isdir(PHOTOS_DIR) else []
 SIZES = [(500, 375), (375, 500), (500, 333), (333, 500), (500, 400), (400, 500)]
 EDGE_CASES = ("gray", "cmyk", "png", "progressive", "large")
+STAMP = ".done"
+_FORMAT = 2  # bump when the rendering changes, so folders written by older code are regenerated
+_OURS = {"train", "val", STAMP}  # all a folder of ours holds: anything else is not ours to replace
 
 
 def _class_views(classes: int, seed: int):
@@ -84,30 +89,130 @@ def make_image_folder(
 
     edge_cases: True for all of ``EDGE_CASES`` (one file each, in the first classes), or a
     subset of their names, or False.
-    Existing complete folders (same arguments, recorded in ``root/.done``) are reused."""
-    from PIL import Image
-
+    The images are written into a staging folder beside ``root`` and renamed into place when
+    complete, so ``root/.done`` (the arguments) always describes what the folder holds. A complete
+    folder with the same arguments is reused; any other earlier sample folder is replaced whole.
+    A folder holding anything else raises FileExistsError rather than being deleted."""
     if not PHOTOS:
         raise FileNotFoundError(f"the sample photographs are missing from {PHOTOS_DIR}")
     if classes < 1 or train_per_class < 1 or val_per_class < 0:
         raise ValueError(f"need classes >= 1 and train_per_class >= 1, got {classes}, {train_per_class}")
-    stamp = f"{classes} {train_per_class} {val_per_class} {quality} {edge_cases} {seed}\n"
-    done = os.path.join(root, ".done")
-    train, val = os.path.join(root, "train"), os.path.join(root, "val")
-    if os.path.exists(done) and open(done).read() == stamp:
-        return train, val
-    photos = {name: Image.open(os.path.join(PHOTOS_DIR, name)) for name in PHOTOS}
-    for image in photos.values():
-        image.load()
-    views = _class_views(classes, seed)
     edge = EDGE_CASES if edge_cases is True else tuple(edge_cases or ())
     unknown = set(edge) - set(EDGE_CASES)
     if unknown:
         raise ValueError(f"unknown edge cases {sorted(unknown)}; known: {EDGE_CASES}")
+    root = os.path.abspath(root)
+    stamp = f"v{_FORMAT} {classes} {train_per_class} {val_per_class} {quality} {list(edge)} {seed}\n"
+    train, val = os.path.join(root, "train"), os.path.join(root, "val")
+    if _is_complete(root, stamp, classes, train_per_class, val_per_class):
+        return train, val
+    _check_replaceable(root)
+    parent = os.path.dirname(root)
+    os.makedirs(parent, exist_ok=True)
+    _remove_abandoned(parent, os.path.basename(root))
+    staging = tempfile.mkdtemp(prefix=_staging_prefix(root) + f"{os.getpid()}-", dir=parent)
+    try:
+        _generate(staging, classes, train_per_class, val_per_class, quality, edge, seed, threads, progress, root)
+        with open(os.path.join(staging, STAMP), "w") as f:
+            f.write(stamp)
+        try:
+            _swap_into_place(staging, root)
+        except OSError:
+            # another process (a node of the same job) renamed its identical set into place first
+            if not _is_complete(root, stamp, classes, train_per_class, val_per_class):
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return train, val
+
+
+def _staging_prefix(root: str) -> str:
+    return f".{os.path.basename(root)}.partial-"
+
+
+def _is_complete(root: str, stamp: str, classes: int, train_per_class: int, val_per_class: int) -> bool:
+    """The stamp matches and the folder holds exactly the classes and files it describes."""
+    try:
+        with open(os.path.join(root, STAMP)) as f:
+            if f.read() != stamp:
+                return False
+    except OSError:
+        return False
+    for split, per_class in (("train", train_per_class), ("val", val_per_class)):
+        folder = os.path.join(root, split)
+        try:
+            names = sorted(os.listdir(folder))
+            if names != [f"n{c:08d}" for c in range(classes)]:
+                return False
+            if any(len(os.listdir(os.path.join(folder, name))) != per_class for name in names):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _check_replaceable(root: str) -> None:
+    """Refuse to replace a folder that holds anything but an earlier sample set."""
+    if not os.path.exists(root):
+        return
+    if not os.path.isdir(root):
+        raise FileExistsError(f"{root} exists and is not a folder; pass another sample folder")
+    foreign = set(os.listdir(root)) - _OURS
+    if foreign:
+        raise FileExistsError(
+            f"{root} holds {sorted(foreign)[:5]}, which a sample folder never does: refusing to replace it "
+            "with the generated images; pass an empty or new folder"
+        )
+
+
+def _remove_abandoned(parent: str, name: str) -> None:
+    """Staging folders of generators that died (killed mid-run) are deleted."""
+    prefix = f".{name}.partial-"
+    for entry in os.listdir(parent):
+        if not entry.startswith(prefix):
+            continue
+        pid = entry[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _swap_into_place(staging: str, root: str) -> None:
+    """Rename the finished folder to ``root``; an earlier folder there is moved aside, then removed."""
+    old = None
+    if os.path.exists(root):
+        old = tempfile.mkdtemp(prefix=_staging_prefix(root) + f"{os.getpid()}-old-", dir=os.path.dirname(root))
+        os.rename(root, os.path.join(old, "previous"))
+    os.rename(staging, root)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _generate(
+    out: str, classes, train_per_class, val_per_class, quality, edge, seed, threads, progress, shown_as: str
+) -> None:
+    """Render every image under ``out`` (a staging folder)."""
+    from PIL import Image
+
+    photos = {name: Image.open(os.path.join(PHOTOS_DIR, name)) for name in PHOTOS}
+    for image in photos.values():
+        image.load()
+    views = _class_views(classes, seed)
     jobs = []
     for split, per_class in (("train", train_per_class), ("val", val_per_class)):
         for c in range(classes):
-            folder = os.path.join(root, split, f"n{c:08d}")
+            folder = os.path.join(out, split, f"n{c:08d}")
             os.makedirs(folder, exist_ok=True)
             for k in range(per_class):
                 kind = None
@@ -128,7 +233,7 @@ def make_image_folder(
         try:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(jobs), desc=f"generating {root}", unit="img", file=sys.stderr, mininterval=0.5)
+            bar = tqdm(total=len(jobs), desc=f"generating {shown_as}", unit="img", file=sys.stderr, mininterval=0.5)
         except ImportError:
             pass
     total = 0
@@ -139,9 +244,6 @@ def make_image_folder(
                 bar.update()
     if bar is not None:
         bar.close()
-    with open(done, "w") as f:
-        f.write(stamp)
-    return train, val
 
 
 def main(argv=None) -> int:

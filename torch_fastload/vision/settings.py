@@ -20,6 +20,7 @@ __all__ = [
     "PINNED_BUFFER_BYTES",
     "STEAL_CHUNK_MIN",
     "STEAL_CHUNKS_PER_BATCH",
+    "NVIMGCODEC_CPU_THREADS",
 ]
 
 # ImageFolder's gpu_max_pixels: larger JPEGs go to the CPU ('cpu:huge'), not to nvJPEG.
@@ -52,3 +53,6 @@ PINNED_BUFFER_BYTES = 1 << 24
 # images (each call waits on the GPU twice, so not one image at a time).
 STEAL_CHUNK_MIN = 16
 STEAL_CHUNKS_PER_BATCH = 8
+# nvImageCodec's decoder: its own CPU threads (bitstream parsing, the hybrid decoder's Huffman
+# stage) beside the loader's decode threads and the training thread.
+NVIMGCODEC_CPU_THREADS = 4

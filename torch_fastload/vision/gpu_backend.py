@@ -1,0 +1,270 @@
+"""The library behind the GPU's JPEG decode: NVIDIA nvImageCodec, or torchvision's nvJPEG.
+
+torchvision 0.29 deprecates its image decoding, so the GPU route does not depend on it alone.
+nvImageCodec (``pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg``) decodes a batch with the
+GPU's hardware JPEG engines (A100/H100-class: baseline JPEGs) and its CUDA decoder for the rest
+(progressive), writes planar RGB in device memory and hands it to torch through DLPack: no host
+copy, no layout change. Its IDCT and chroma upsampling may round differently from nvJPEG's in
+torchvision and from libjpeg-turbo's; tests compare it with the CPU decode within a tolerance.
+
+``decode_backend`` (option, ``TORCH_FASTLOAD_DECODE_BACKEND``): 'auto' takes nvImageCodec where
+it imports, finds libnvjpeg and decodes a test image on the device, else torchvision;
+'nvimgcodec' raises ``DecodeBackendError`` saying what is missing; 'torchvision' never tries it.
+Both backends return, per image, a ``(3, H, W)`` uint8 CUDA tensor or None where refused (the
+caller decodes those on the CPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import io
+import logging
+import os
+import sys
+import tempfile
+import threading
+from contextlib import contextmanager
+
+import torch
+
+from .. import config
+from ..errors import FastloadError
+from .cpu import RGB, torchvision_ops
+from .settings import NVIMGCODEC_CPU_THREADS
+
+__all__ = ["DecodeBackendError", "TorchvisionNvjpeg", "NvImageCodec", "gpu_backend", "nvimgcodec_missing"]
+
+log = logging.getLogger("torch_fastload")
+
+NVJPEG_SONAME = "libnvjpeg.so.13"  # the CUDA 13 nvJPEG nvImageCodec's cu13 build loads
+
+
+class DecodeBackendError(FastloadError, ImportError):
+    """decode_backend names a GPU decode library that cannot be used here, and why."""
+
+
+class TorchvisionNvjpeg:
+    """``torch.ops.image.decode_jpegs_cuda``: one call a batch; a batch it refuses is retried one
+    image at a time, so one bad file costs only itself."""
+
+    name = "torchvision"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def decode(self, encoded: list) -> list:
+        ops = torchvision_ops()
+        try:
+            return list(ops.decode_jpegs_cuda(encoded, RGB, self.device))
+        except RuntimeError:
+            pass
+        out = []
+        for tensor in encoded:
+            try:
+                out.append(ops.decode_jpegs_cuda([tensor], RGB, self.device)[0])
+            except RuntimeError:
+                out.append(None)
+        return out
+
+
+class NvImageCodec:
+    """nvImageCodec's batched decode on ``device``: hardware engines first, then its CUDA decoder;
+    one decoder per calling thread (the loader's stage threads decode side by side), on the
+    thread's current stream (the loader's copy stream), EXIF orientation not applied (as the
+    other routes)."""
+
+    name = "nvimgcodec"
+
+    def __init__(self, device: torch.device, module=None):
+        self.nv = module if module is not None else _import_nvimgcodec()
+        self.device = device
+        nv = self.nv
+        self.params = nv.DecodeParams(
+            apply_exif_orientation=False,
+            color_spec=nv.ColorSpec.SRGB,
+            allow_any_depth=False,
+            sample_format=nv.SampleFormat.P_RGB,
+        )
+        self._local = threading.local()
+
+    def _decoder(self):
+        decoder = getattr(self._local, "decoder", None)
+        if decoder is None:
+            nv = self.nv
+            decoder = self._local.decoder = nv.Decoder(
+                device_id=self.device.index,
+                max_num_cpu_threads=NVIMGCODEC_CPU_THREADS,
+                backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY), nv.Backend(nv.BackendKind.GPU_ONLY)],
+            )
+        return decoder
+
+    def decode(self, encoded: list) -> list:
+        streams = [self.nv.CodeStream(tensor.numpy()) for tensor in encoded]  # host bytes, read in place
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        try:
+            images = self._decoder().decode(streams, params=self.params, cuda_stream=stream)
+        except RuntimeError:  # the batch as a whole: each image alone
+            images = [self._decode_one(code) for code in streams]
+        return [None if image is None else self._tensor(image) for image in images]
+
+    def _decode_one(self, code):
+        try:
+            return self._decoder().decode(
+                code, params=self.params, cuda_stream=torch.cuda.current_stream(self.device).cuda_stream
+            )
+        except RuntimeError:
+            return None
+
+    def _tensor(self, image) -> torch.Tensor:
+        """The decoded planar image as a torch tensor over the same device memory (DLPack,
+        synchronised with the current stream); copied only where rows are padded."""
+        try:
+            tensor = torch.from_dlpack(image)
+        except (TypeError, RuntimeError, BufferError):
+            tensor = torch.as_tensor(image, device=self.device)  # __cuda_array_interface__
+        if tensor.dim() == 3 and tensor.shape[0] == 1:  # a gray plane, should the codec keep one
+            tensor = tensor.expand(3, -1, -1)
+        return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+_lock = threading.Lock()
+_chosen: dict = {}  # (choice, device) -> backend
+_import_error: list = []  # why nvImageCodec is unusable, once found
+
+
+def gpu_backend(device: torch.device, choice: str | None = None):
+    """The GPU decode backend for ``device`` by ``choice`` (default: the ``decode_backend``
+    option), made once a process."""
+    choice = config.resolve("decode_backend", choice)
+    device = torch.device(device)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    with _lock:
+        backend = _chosen.get((choice, device))
+        if backend is None:
+            backend = _chosen[(choice, device)] = _make(choice, device)
+        return backend
+
+
+def _make(choice: str, device: torch.device):
+    if choice == "torchvision":
+        return TorchvisionNvjpeg(device)
+    reason = nvimgcodec_missing()
+    backend = None
+    if reason is None:
+        try:
+            backend = NvImageCodec(device)
+            reason = _self_test(backend)
+        except Exception as exc:  # noqa: BLE001 - any failure to set it up means: not here
+            reason = f"nvImageCodec could not decode on {device}: {type(exc).__name__}: {exc}"
+    if reason is None:
+        log.info("torch_fastload: GPU JPEG decode by nvImageCodec %s on %s", backend.nv.__version__, device)
+        return backend
+    if choice == "nvimgcodec":
+        raise DecodeBackendError(
+            f"decode_backend='nvimgcodec': {reason}. Install it with `pip install nvidia-nvimgcodec-cu13 "
+            "nvidia-nvjpeg` (CUDA 13), or set decode_backend='auto' to fall back to torchvision's nvJPEG"
+        )
+    log.info("torch_fastload: GPU JPEG decode by torchvision's nvJPEG (nvImageCodec not used: %s)", reason)
+    return TorchvisionNvjpeg(device)
+
+
+def nvimgcodec_missing() -> str | None:
+    """Why nvImageCodec cannot decode JPEGs in this process, or None where it can be imported with
+    its nvJPEG found (it loads nvJPEG itself and, without it, registers no JPEG decoder)."""
+    try:
+        _import_nvimgcodec()
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
+def _import_nvimgcodec():
+    """``nvidia.nvimgcodec``, with libnvjpeg loaded first (from the ``nvidia-nvjpeg`` wheel or
+    the system) and the messages its import prints about optional codecs (JPEG 2000, TIFF) kept
+    out of the user's terminal (logged at debug level)."""
+    if "nvidia.nvimgcodec" in sys.modules:
+        return sys.modules["nvidia.nvimgcodec"]
+    if _import_error:
+        raise ImportError(_import_error[0])
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("nvidia.nvimgcodec") is None:
+            raise ModuleNotFoundError
+    except (ModuleNotFoundError, ValueError):
+        _import_error.append("nvidia.nvimgcodec is not installed (pip install nvidia-nvimgcodec-cu13)")
+        raise ImportError(_import_error[0]) from None
+    if not _load_nvjpeg():
+        _import_error.append(f"{NVJPEG_SONAME} was not found (pip install nvidia-nvjpeg)")
+        raise ImportError(_import_error[0])
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "1")  # errors only
+    try:
+        with _stderr_to_log():
+            from nvidia import nvimgcodec
+    except (ImportError, OSError) as exc:
+        _import_error.append(f"nvidia.nvimgcodec failed to import: {exc}")
+        raise ImportError(_import_error[0]) from exc
+    return nvimgcodec
+
+
+def _load_nvjpeg() -> bool:
+    """Load libnvjpeg (global symbols) so nvImageCodec's nvJPEG extension finds it by name."""
+    candidates = [
+        path
+        for entry in sys.path
+        for path in glob.glob(os.path.join(entry or ".", "nvidia", "cu13", "lib", NVJPEG_SONAME))
+    ]
+    for name in (*candidates, NVJPEG_SONAME):
+        try:
+            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+@contextmanager
+def _stderr_to_log():
+    """File descriptor 2 into a temporary file for the block (C libraries print there), then its
+    text logged at debug level."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode(errors="replace").strip()
+            if text:
+                log.debug("torch_fastload: nvImageCodec's import said: %s", text)
+
+
+def _self_test(backend: NvImageCodec) -> str | None:
+    """Decode a small JPEG on the device: None where it decodes, else why not (no JPEG decoder
+    registered, no hardware engine and no CUDA decoder, a driver problem)."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (32, 16), (200, 40, 90)).save(out, format="JPEG", quality=95)
+    encoded = torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8)
+    image = backend.decode([encoded])[0]
+    torch.cuda.current_stream(backend.device).synchronize()
+    if image is None:
+        return "nvImageCodec decoded no JPEG (no nvJPEG decoder registered)"
+    if tuple(image.shape) != (3, 16, 32) or not image.is_cuda:
+        return f"nvImageCodec decoded a 32x16 JPEG to {tuple(image.shape)} on {image.device}"
+    if (image[:, 8, 16].cpu().int() - torch.tensor([200, 40, 90])).abs().max() > 8:
+        return f"nvImageCodec decoded (200, 40, 90) as {image[:, 8, 16].tolist()}"
+    return None
+
+
+def _reset_for_tests() -> None:
+    """Forget the backends chosen and the import's outcome (tests monkeypatch the import)."""
+    with _lock:
+        _chosen.clear()
+        _import_error.clear()
