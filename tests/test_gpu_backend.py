@@ -50,7 +50,17 @@ def test_auto_falls_back_to_torchvision_when_nvimgcodec_is_missing(monkeypatch):
         gpu_backend.gpu_backend(GPU, "nvimgcodec")
 
 
-def test_auto_takes_nvimgcodec_when_it_imports_and_decodes(monkeypatch):
+def test_auto_prefers_torchvision_nvjpeg_while_it_exists(monkeypatch):
+    """Measured faster on the GPU (RESULTS.md): auto takes it even where nvImageCodec works."""
+    monkeypatch.setattr(gpu_backend, "_import_nvimgcodec", fake_nvimgcodec)
+    monkeypatch.setattr(gpu_backend, "_self_test", lambda backend: None)
+    monkeypatch.setattr(gpu_backend, "torchvision_nvjpeg_available", lambda: True)
+    assert isinstance(gpu_backend.gpu_backend(GPU, "auto"), TorchvisionNvjpeg)
+    assert isinstance(gpu_backend.gpu_backend(GPU, "nvimgcodec"), NvImageCodec)
+
+
+def test_auto_takes_nvimgcodec_when_torchvision_lacks_nvjpeg(monkeypatch):
+    monkeypatch.setattr(gpu_backend, "torchvision_nvjpeg_available", lambda: False)
     monkeypatch.setattr(gpu_backend, "_import_nvimgcodec", fake_nvimgcodec)
     monkeypatch.setattr(gpu_backend, "_self_test", lambda backend: None)
     chosen = gpu_backend.gpu_backend(GPU, "auto")
@@ -63,6 +73,7 @@ def test_auto_takes_nvimgcodec_when_it_imports_and_decodes(monkeypatch):
 
 
 def test_nvimgcodec_that_cannot_decode_is_not_used(monkeypatch):
+    monkeypatch.setattr(gpu_backend, "torchvision_nvjpeg_available", lambda: False)
     monkeypatch.setattr(gpu_backend, "_import_nvimgcodec", fake_nvimgcodec)
     monkeypatch.setattr(gpu_backend, "_self_test", lambda backend: "nvImageCodec decoded no JPEG")
     assert isinstance(gpu_backend.gpu_backend(GPU, "auto"), TorchvisionNvjpeg)

@@ -261,8 +261,8 @@ OPTIONS: dict[str, Option] = {
             _choice("auto", "nvimgcodec", "torchvision"),
             "the library that decodes JPEGs on the GPU: 'nvimgcodec' (NVIDIA nvImageCodec: batched, the GPU's "
             "hardware JPEG engines; pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg), 'torchvision' (its "
-            "nvJPEG decode_jpeg, deprecated from 0.29), 'auto' (nvImageCodec where it imports and decodes, "
-            "else torchvision)",
+            "nvJPEG decode_jpeg, deprecated from 0.29), 'auto' (torchvision while it offers nvJPEG, measured faster; "
+            "else nvImageCodec where it imports and decodes)",
         ),
         Option(
             "cpu_decode_threads",
