@@ -14,7 +14,10 @@ trial (cpu_decode_share="auto" times the C++ CPU decoder, then nvJPEG if the loo
                      nvJPEG; 1: every JPEG on the C++ decoder; steal), and cpu_decode_threads /
                      prefetch for that run only
   torch              torchvision ImageFolder + PIL + DataLoader(num_workers=--workers, pin_memory)
-Targets: ResNet-50 fastload step <= 1.05x synthetic; ResNet-18 fastload >= 2.5x torch's images/s.
+  dali               (when nvidia-dali imports; "not installed" otherwise) DALI's ResNet-50 example
+                     pipeline, num_threads=--workers, fp16 NHWC (examples/imagenet.py --loader dali)
+Targets: ResNet-50 fastload step <= 1.05x synthetic; ResNet-18 fastload >= 2.5x torch's images/s;
+fastload step <= DALI-fed step (both models).
 
     python benchmarks/imagenet_train.py                 # ~5 min on the H100 machine
     python benchmarks/imagenet_train.py --share-too 0   # + nvJPEG alone, beside the default
@@ -30,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from torch_fastload._benchutil import Study, fmt, log, parse_study, study_parser, table
+from torch_fastload._benchutil import Study, fmt, log, parse_study, peers, study_parser, table
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "imagenet.py"
 
@@ -44,9 +47,21 @@ def variant_settings(spec: str) -> dict:
     return dict(zip(names, parts))
 
 
+def dali_runs(args) -> list[str]:
+    """["dali"] where DALI can run here; otherwise why not, logged (never a silent skip)."""
+    try:
+        peers.require("dali", args.device)
+        return ["dali"]
+    except peers.PeerUnavailable as why:
+        log(f"-- dali: {why}")
+        args.dali_not_run = str(why)
+        return []
+
+
 def plan(args) -> list[tuple[str, str]]:
     variant = ["fastload-share-" + args.share_too.replace(":", "-")] if args.share_too else []
-    runs = [(a, n) for a in args.archs.split(",") for n in ["synthetic", "fastload", *variant, "torch"]]
+    names = ["synthetic", "fastload", *variant, "torch", *dali_runs(args)]
+    runs = [(a, n) for a in args.archs.split(",") for n in names]
     only = {tuple(x.split(":")) for x in args.only.split(",")} if args.only else None
     return [
         r for r in runs if only is None or r in only or (r[1].startswith("fastload-") and (r[0], "fastload") in only)
@@ -127,6 +142,7 @@ def main(argv=None) -> int:
     args.dir = args.dir or args.out / "imagenet-sample"
     study = Study("imagenet_train", args, "examples/imagenet.py end to end: synthetic vs fastload vs torch")
     study["page_cache"] = "hot: the folder is generated (or read by an earlier run) first"
+    study["peers"] = {"dali": peers.status("dali").as_dict()}
     study["runs"] = [
         r for arch, name in plan(args) if (r := study.attempt(f"{arch} {name}", run_one, args, arch, name))
     ]
@@ -152,6 +168,14 @@ def main(argv=None) -> int:
             )
         if loader.startswith("fastload") and arch == "resnet18" and r["vs_torch"]:
             study.verdict(f"ResNet-18 {loader} >= 2.5x torch DataLoader", r["vs_torch"] >= 2.5, f"{r['vs_torch']:.2f}x")
+        if loader == "fastload" and (dali := by.get((arch, "dali"))):
+            over = r["step_ms"] / dali["step_ms"]
+            study.figure(f"step_over_dali_{arch}", over)
+            value = f"{over:.3f}x of {dali['step_ms']:.1f} ms"
+            study.verdict(f"{arch} fastload step <= DALI-fed step", over <= 1.0, value)
+    if getattr(args, "dali_not_run", None):
+        study["dali_not_run"] = args.dali_not_run
+        rows.append(["*", "dali", "-", "-", "-", "-", args.dali_not_run])
     heads = ["model", "loader", "train img/s", "step ms", "input wait", "step vs synthetic", "vs torch"]
     title = f"examples/imagenet.py, batch {args.batch}, bf16 autocast, channels_last"
     return study.finish(table(heads, rows, title), plot=plot if study["runs"] else None)
