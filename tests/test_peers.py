@@ -107,3 +107,52 @@ def test_resume_peers_fastload_exact_wherever_torchdata_is(tmp_path):
     for name in ("other world 2->1", "other world 2->3", "other workers 2->0"):
         assert cases[name]["fastload"]["outcome"] == "exact", cases[name]
     assert data["verdicts"][0]["pass"] is True and "torch_fastload" in stdout
+
+
+def test_dali_pipelines_on_the_cpu(tmp_path):
+    """Where DALI is installed: its image pipeline (the example's CPU branch) and numpy reader
+    yield every batch, every epoch, in our output layouts."""
+    pytest.importorskip("nvidia.dali")
+    import numpy as np
+
+    from torch_fastload.vision.sample_data import make_image_folder
+
+    cpu = torch.device("cpu")
+    train, _ = make_image_folder(str(tmp_path / "images"), 3, 6, 1, edge_cases=True, progress=False)
+    for half in (False, True):
+        loader = peers.dali_image_loader(train, 4, 2, cpu, half_nhwc=half)
+        for _ in range(2):
+            batches = [(x, y) for x, y in loader]
+            assert len(batches) == len(loader) == 18 // 4
+            for x, y in batches:
+                assert x.shape == (4, 3, 224, 224) and y.dtype == torch.int64 and set(y.tolist()) <= {0, 1, 2}
+                assert x.dtype == (torch.float16 if half else torch.float32)
+                assert x.is_contiguous(memory_format=torch.channels_last if half else torch.contiguous_format)
+    features = tmp_path / "features.npy"
+    np.save(features, np.arange(40 * 48, dtype=np.float32).reshape(40, 3, 4, 4))
+    files = peers.write_rows_as_files(features, tmp_path / "rows")
+    rows = [
+        int(r[0, 0, 0]) // 48
+        for (batch,) in peers.dali_numpy_loader(tmp_path / "rows", files, 8, 2, cpu, gpu_reader=False)
+        for r in batch
+    ]
+    assert sorted(rows) == list(range(40)) and rows != list(range(40))  # every row once, shuffled
+
+
+def test_spdl_pipeline_on_the_cpu(tmp_path):
+    """Where SPDL (and FFmpeg's libraries) are installed: its CPU-decode pipeline yields every
+    batch, normalized fp32 NCHW, each epoch reshuffled."""
+    pytest.importorskip("spdl.io")
+    from torch_fastload.vision.sample_data import make_image_folder
+
+    train, _ = make_image_folder(str(tmp_path / "images"), 3, 6, 1, edge_cases=True, progress=False)
+    loader = peers.spdl_image_loader(peers.image_samples(train), 4, 2, torch.device("cpu"), nvjpeg=False)
+    try:
+        epochs = [[y.tolist() for x, y in loader] for _ in range(2)]
+    except RuntimeError as exc:
+        if "libspdl" in str(exc) or "yielded" in str(exc):
+            pytest.skip(f"SPDL without FFmpeg's libraries here: {exc}")
+        raise
+    assert all(len(e) == len(loader) == 4 for e in epochs) and epochs[0] != epochs[1]
+    x, _ = next(iter(loader))
+    assert x.shape == (4, 3, 224, 224) and x.dtype == torch.float32 and -3 < float(x.mean()) < 3

@@ -152,7 +152,9 @@ def dali_image_loader(
     ``prefetch`` its prefetch_queue_depth (2: the documented default)."""
     from nvidia.dali import fn, pipeline_def, types
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    cuda = device.type == "cuda"  # on the CPU: the example's --dali_cpu branch (code-path checks)
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
+    decoder, ops = ("mixed", "gpu") if cuda else ("cpu", "cpu")
 
     @pipeline_def(
         batch_size=batch, num_threads=threads, device_id=index, seed=seed + shard_id, prefetch_queue_depth=prefetch
@@ -169,22 +171,22 @@ def dali_image_loader(
         if training:
             images = fn.decoders.image_random_crop(
                 jpegs,
-                device="mixed",
+                device=decoder,
                 output_type=types.RGB,
-                preallocate_width_hint=5980,
-                preallocate_height_hint=6430,
+                preallocate_width_hint=5980 if cuda else 0,
+                preallocate_height_hint=6430 if cuda else 0,
                 random_aspect_ratio=[0.8, 1.25],
                 random_area=[0.1, 1.0],
                 num_attempts=100,
             )
-            images = fn.resize(images, device="gpu", resize_x=224, resize_y=224, interp_type=types.INTERP_TRIANGULAR)
+            images = fn.resize(images, device=ops, resize_x=224, resize_y=224, interp_type=types.INTERP_TRIANGULAR)
             mirror = fn.random.coin_flip(probability=0.5)
         else:
-            images = fn.decoders.image(jpegs, device="mixed", output_type=types.RGB)
-            images = fn.resize(images, device="gpu", size=256, mode="not_smaller", interp_type=types.INTERP_TRIANGULAR)
+            images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
+            images = fn.resize(images, device=ops, size=256, mode="not_smaller", interp_type=types.INTERP_TRIANGULAR)
             mirror = False
         images = fn.crop_mirror_normalize(
-            images.gpu(),
+            images.gpu() if cuda else images,
             dtype=types.FLOAT16 if half_nhwc else types.FLOAT,
             output_layout="HWC" if half_nhwc else "CHW",
             crop=(224, 224),
@@ -192,7 +194,7 @@ def dali_image_loader(
             std=[s * 255 for s in STD],
             mirror=mirror,
         )
-        return images, labels.gpu()
+        return images, labels.gpu() if cuda else labels
 
     pipe = pipeline()
     pipe.build()
@@ -229,18 +231,19 @@ def dali_numpy_loader(
     reader and .gpu() (a copy through DALI's pinned staging)."""
     from nvidia.dali import fn, pipeline_def
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    cuda = device.type == "cuda"  # on the CPU: the CPU reader alone (code-path checks)
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
 
     @pipeline_def(batch_size=batch, num_threads=threads, device_id=index, seed=seed)
     def pipeline():
         rows = fn.readers.numpy(
-            device="gpu" if gpu_reader else "cpu",
+            device="gpu" if gpu_reader and cuda else "cpu",
             file_root=str(root),
             files=files,
             random_shuffle=True,
             name="Reader",
         )
-        return rows if gpu_reader else rows.gpu()
+        return rows if gpu_reader or not cuda else rows.gpu()
 
     pipe = pipeline()
     pipe.build()
@@ -271,46 +274,52 @@ class SpdlLoader:
     def __iter__(self):
         order = list(self.samples)
         self.rng.shuffle(order)
-        pipeline = self.build(order)
+        pipeline, batches = self.build(order), 0
         with pipeline.auto_stop():
             for images, labels in pipeline:
+                batches += 1
                 yield (images.float() - self.mean) / self.std, labels
+        if batches < len(self):  # a failing stage logs and drops its items: never time a short epoch
+            raise RuntimeError(f"the SPDL pipeline yielded {batches} of {len(self)} batches: a stage failed (its log)")
 
 
 def spdl_image_loader(
     samples: list[tuple[str, int]], batch: int, threads: int, device: torch.device, *, nvjpeg: bool, buffer: int = 16
 ) -> SpdlLoader:
-    """SPDL's image-classification pipeline (examples/imagenet_classification.py) on
-    PipelineBuilder. CPU: one decode a file (FFmpeg; resize 256x256, centre crop 224, rgb24;
-    ``threads`` concurrent), aggregated, converted into one batch buffer and transferred to the
-    GPU (spdl.io.transfer_buffer). nvJPEG: batches of encoded files decoded and resized to
-    224x224 by spdl.io.load_image_batch_nvjpeg (``threads`` batches concurrent). ``buffer`` is
-    the sink's depth (the example's --buffer-size 16). Its augmentation is the example's fixed
-    resize + crop, lighter than RandomResizedCrop + flip: noted beside its rows."""
+    """SPDL's image-classification pipeline (examples/imagenet_classification.py, on 0.8's
+    PipelineBuilder). CPU: one FFmpeg decode a file (resize 256x256, centre crop 224, rgb24;
+    ``threads`` concurrent), aggregated, merged into one batch (convert_frames) and sent to the
+    GPU by spdl.io.transfer_tensor_h2d in its own single-thread stage (SPDL 0.8's transfer for
+    torch). nvJPEG: batches of encoded files decoded and resized to 224x224 by
+    spdl.io.load_image_batch_nvjpeg (``threads`` batches concurrent). ``buffer`` is the sink's
+    depth (the example's --buffer-size 16). Its augmentation is the example's fixed resize + crop,
+    lighter than RandomResizedCrop + flip: noted beside its rows. On the CPU (code-path checks):
+    the CPU decode alone."""
     import spdl.io
     from spdl.pipeline import PipelineBuilder
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    config = spdl.io.cuda_config(
-        device_index=index, allocator=(torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete)
-    )
+    cuda = device.type == "cuda"
     filter_desc = spdl.io.get_video_filter_desc(
         scale_width=256, scale_height=256, crop_width=224, crop_height=224, pix_fmt="rgb24"
     )
 
     def decode_cpu(item):
         path, label = item
-        frames = spdl.io.decode_packets(spdl.io.demux_image(path), filter_desc=filter_desc)
-        return frames, label
+        return spdl.io.decode_packets(spdl.io.demux_image(path), filter_desc=filter_desc), label
 
     def batch_cpu(items):
-        buffer_ = spdl.io.transfer_buffer(spdl.io.convert_frames([f for f, _ in items]), device_config=config)
-        images = spdl.io.to_torch(buffer_).permute(0, 3, 1, 2)
-        return images, torch.tensor([y for _, y in items], device=device)
+        images = spdl.io.to_torch(spdl.io.convert_frames([f for f, _ in items])).permute(0, 3, 1, 2)
+        return images, torch.tensor([y for _, y in items])
+
+    config = []  # the CUDA config, made on first use (CPU runs never make one)
 
     def batch_nvjpeg(items):
+        if not config:
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            alloc = (torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete)
+            config.append(spdl.io.cuda_config(device_index=index, allocator=alloc))
         buffer_ = spdl.io.load_image_batch_nvjpeg(
-            [p for p, _ in items], device_config=config, width=224, height=224, pix_fmt="rgb"
+            [p for p, _ in items], device_config=config[0], width=224, height=224, pix_fmt="rgb"
         )
         return spdl.io.to_torch(buffer_), torch.tensor([y for _, y in items], device=device)
 
@@ -320,6 +329,8 @@ def spdl_image_loader(
             builder.aggregate(batch, drop_last=True).pipe(batch_nvjpeg, concurrency=threads)
         else:
             builder.pipe(decode_cpu, concurrency=threads).aggregate(batch, drop_last=True).pipe(batch_cpu)
+            if cuda:
+                builder.pipe(spdl.io.transfer_tensor_h2d)
         return builder.add_sink(buffer).build(num_threads=threads)
 
     return SpdlLoader(samples, batch, build, device)
