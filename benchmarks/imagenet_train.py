@@ -16,6 +16,8 @@ trial (cpu_decode_share="auto" times the C++ CPU decoder, then nvJPEG if the loo
   torch              torchvision ImageFolder + PIL + DataLoader(num_workers=--workers, pin_memory)
   dali               (when nvidia-dali imports; "not installed" otherwise) DALI's ResNet-50 example
                      pipeline, num_threads=--workers, fp16 NHWC (examples/imagenet.py --loader dali)
+CPU cores: the example process's (and its workers') CPU seconds over its whole wall time, start-up
+and untimed steps included (a rough figure beside each row).
 Targets: ResNet-50 fastload step <= 1.05x synthetic; ResNet-18 fastload >= 2.5x torch's images/s;
 fastload step <= DALI-fed step (both models).
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -68,6 +71,12 @@ def plan(args) -> list[tuple[str, str]]:
     ]
 
 
+def child_cpu_seconds() -> float:
+    """User + system CPU seconds of the reaped child processes (the example and its workers)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_one(args, arch: str, name: str) -> dict:
     cpu = args.device.type == "cpu"
     out = args.out / f"train-{arch}-{name}.json"
@@ -82,11 +91,13 @@ def run_one(args, arch: str, name: str) -> dict:
     cmd += [] if (arch, name) == ("resnet18", "fastload") else ["--no-val"]
     settings = " ".join(f"{k}={v}" for k, v in (variant_settings(args.share_too) if env else {}).items())
     log(f"-- {arch} {name}: {settings} {' '.join(cmd[1:])}")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), child_cpu_seconds()
     res = subprocess.run(cmd, cwd=str(EXAMPLE.parents[1]), capture_output=True, text=True, timeout=1200, env=env)
     if res.returncode != 0 or not out.exists():
         raise RuntimeError(f"{arch} {name}: exit {res.returncode}\n{res.stderr[-3000:]}")
-    result = {**json.loads(out.read_text()), "loader": name, "process_seconds": time.perf_counter() - t0}
+    seconds = time.perf_counter() - t0
+    result = {**json.loads(out.read_text()), "loader": name, "process_seconds": seconds}
+    result["process_cpu_cores"] = (child_cpu_seconds() - cpu0) / seconds  # the whole process: start-up too
     log(
         f"   {result['train_images_per_s']:,.0f} images/s, step {result['step_ms']:.1f} ms, input wait "
         f"{100 * result['input_wait_fraction']:.1f}%"
@@ -155,6 +166,7 @@ def main(argv=None) -> int:
         for key in ("step_ms", "train_images_per_s", "vs_synthetic_step", "vs_torch"):
             study.figure(f"{key}_{arch}_{loader}", r[key])
         rows.append([arch, loader, fmt(r["train_images_per_s"], ",.0f"), fmt(r["step_ms"], ".1f")])
+        rows[-1] += [fmt(r.get("process_cpu_cores"), ".1f")]
         rows[-1] += [
             fmt(100 * r["input_wait_fraction"], ".1f") + "%",
             fmt(r["vs_synthetic_step"], ".3f") + "x",
@@ -175,8 +187,8 @@ def main(argv=None) -> int:
             study.verdict(f"{arch} fastload step <= DALI-fed step", over <= 1.0, value)
     if getattr(args, "dali_not_run", None):
         study["dali_not_run"] = args.dali_not_run
-        rows.append(["*", "dali", "-", "-", "-", "-", args.dali_not_run])
-    heads = ["model", "loader", "train img/s", "step ms", "input wait", "step vs synthetic", "vs torch"]
+        rows.append(["*", "dali", "-", "-", "-", "-", "-", args.dali_not_run])
+    heads = ["model", "loader", "train img/s", "step ms", "CPU cores", "input wait", "step vs synthetic", "vs torch"]
     title = f"examples/imagenet.py, batch {args.batch}, bf16 autocast, channels_last"
     return study.finish(table(heads, rows, title), plot=plot if study["runs"] else None)
 
