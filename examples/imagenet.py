@@ -181,7 +181,10 @@ def make_loaders(args, train_dir, val_dir, device, world_size, rank):
     if args.loader == "dali":  # a peer for the benchmarks: DALI's reader shards and shuffles itself
         from torch_fastload._benchutil import peers
 
-        peers.require("dali", device)
+        try:
+            peers.require("dali", device)
+        except peers.PeerUnavailable as why:
+            raise SystemExit(f"--loader dali: {why}") from None
 
         def dali(path, training):
             return peers.dali_image_loader(

@@ -156,3 +156,13 @@ def test_spdl_pipeline_on_the_cpu(tmp_path):
     assert all(len(e) == len(loader) == 4 for e in epochs) and epochs[0] != epochs[1]
     x, _ = next(iter(loader))
     assert x.shape == (4, 3, 224, 224) and x.dtype == torch.float32 and -3 < float(x.mean()) < 3
+
+
+def test_example_loader_dali_says_why_it_cannot_run(tmp_path):
+    """examples/imagenet.py --loader dali without DALI (or without a GPU) ends with the reason."""
+    env = dict(os.environ, **{peers.HIDE_ENV: "dali"})
+    cmd = [sys.executable, str(REPO / "examples" / "imagenet.py"), "--loader", "dali", "--no-progress"]
+    cmd += ["--sample-dir", str(tmp_path / "images"), "--sample-classes", "2", "--sample-train-per-class", "2"]
+    cmd += ["--sample-val-per-class", "1", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 1 and "--loader dali: DALI: not installed" in res.stderr, res.stderr[-2000:]
