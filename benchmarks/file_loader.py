@@ -16,12 +16,17 @@ Runs (batch --batch, shuffled; the consumer touches every batch on the GPU):
   fastload-slot    io_mode='pinned' without kvikio: whole-batch pinned slots, one H2D a batch
   fastload-kvikio  io_mode='pinned' (kvikio's threads into the pinned pool), hot
   fastload-gds     io_mode='gds' (kvikio into device memory; compat mode without GDS), hot
+Peers (optional; "not installed" where absent; _benchutil/peers.py):
+  torchdata        torchdata's StatefulDataLoader, the torch run's settings (arrays)
+  dali numpy       DALI's fn.readers.numpy over the same rows written one .npy a sample (its
+                   layout), shuffled, --dali-threads threads: device="gpu" (cuFile) where GDS is
+                   available, else the CPU reader + .gpu(); hot; rows only (no labels)
 Baselines: the link (pinned H2D of 256 MiB); kvikio CuFile.read of the whole .npy into GPU
 memory, best of threads x task size (hot); the disk (parallel O_DIRECT read of the cold .npy).
 Overlap: a bf16 GEMM step on the default stream (~2x a batch's transfer) fed device-resident
 vs fastload vs fastload-gds (kvikio's device reads synchronize with the default stream).
 Targets: hot >= 40 GB/s and >= 1.0x kvikio's best; cold >= 90% of the disk; >= 5x torch's
-samples/s; <= 2 CPU cores per 10 GB/s.
+samples/s; <= 2 CPU cores per 10 GB/s; hot >= 1.0x DALI's numpy reader.
 
     python benchmarks/file_loader.py            # ~3-5 min on the H100 machine
     python benchmarks/file_loader.py --quick    # smaller data, fewer runs
@@ -54,6 +59,7 @@ from torch_fastload._benchutil import (
     link_baseline,
     log,
     parse_study,
+    peers,
     positive_int_list,
     random_npy,
     residency_of,
@@ -172,10 +178,12 @@ def samples_of(dataset):
     return lambda b: len(b[0])
 
 
-def torch_run(name: str, dataset, args, workers: int, collate=None) -> dict:
-    loader = torch.utils.data.DataLoader(
+def torch_run(name: str, dataset, args, workers: int, collate=None, kind: str = "torch") -> dict:
+    """torch's DataLoader, or with ``kind="torchdata"`` torchdata's StatefulDataLoader."""
+    make = peers.stateful_loader if kind == "torchdata" else torch.utils.data.DataLoader
+    loader = make(
         dataset,
-        batch_size=args.batch,
+        args.batch,
         shuffle=True,
         num_workers=workers,
         pin_memory=args.device.type == "cuda",
@@ -190,15 +198,31 @@ def torch_run(name: str, dataset, args, workers: int, collate=None) -> dict:
 
     moved = (to_device(b) for b in loader)
     return measure(
-        f"{name} torch w{workers}",
+        f"{name} {kind} w{workers}",
         moved,
         args.device,
         args.torch_batches,
         2,
         samples_of(dataset),
-        loader="torch",
+        loader=kind,
         workers=workers,
     )
+
+
+def dali_numpy_run(features: Path, args) -> dict:
+    """DALI's numpy reader over the rows of ``features`` as one .npy each (hot: just written or
+    read), ``args.hot_epochs`` epochs."""
+    gpu_reader = fio.gds_status().available
+    root = args.dir / "dali-rows"
+    files = peers.write_rows_as_files(features, root)
+    loader = peers.dali_numpy_loader(root, files, args.batch, args.dali_threads, args.device, gpu_reader=gpu_reader)
+    reader = "gpu (cuFile)" if gpu_reader else "cpu + .gpu()"
+    epochs = (batch for _ in range(args.hot_epochs) for batch in loader)
+    result = measure(
+        f"arrays dali numpy {reader}", epochs, args.device, None, 1, lambda b: len(b[0]), loader="dali", io_mode=reader
+    )
+    loader.close()
+    return result
 
 
 def fastload_run(label: str, dataset, args, *, epochs: int = 1, cold_paths=None, **kwargs) -> dict:
@@ -262,6 +286,20 @@ def run_all(study: Study, args, arrays, records, array_files: list) -> list:
     cuda, hot = args.device.type == "cuda", {"epochs": args.hot_epochs}
     cold = {"cold_paths": array_files, "io_threads": args.cold_threads}
     runs = [study.attempt(f"arrays torch w{w}", torch_run, "arrays", arrays, args, w) for w in args.torch_workers]
+    for peer, run in (("torchdata", "torchdata"), ("dali", "dali numpy")):
+        try:
+            peers.require(peer, args.device)
+        except peers.PeerUnavailable as why:
+            log(f"  arrays {run}: {why}")
+            study["peer_rows_not_run"][run] = str(why)
+            continue
+        if peer == "torchdata":
+            runs += [
+                study.attempt(f"arrays torchdata w{w}", torch_run, "arrays", arrays, args, w, kind=peer)
+                for w in args.torch_workers
+            ]
+        else:
+            runs.append(study.attempt("arrays dali numpy", dali_numpy_run, array_files[0], args))
     runs.append(study.attempt("arrays hot", fastload_run, "arrays fastload hot", arrays, args, **hot))
     if cuda:
         with torch_fastload.config.override(map_budget=0):
@@ -325,6 +363,11 @@ def verdicts(study: Study) -> None:
         value = f"{best['gbps'] / base['disk_gbps']:.0%} ({best['gbps']:.2f} of {base['disk_gbps']:.2f} GB/s, "
         value += f"{best['name']})"
         study.verdict("cold >= 90% of the disk's O_DIRECT rate", best["gbps"] >= 0.9 * base["disk_gbps"], value)
+    dali = [r for r in runs if r["loader"] == "dali"]
+    if hot and dali:
+        ratio = max(r["gbps"] for r in hot) / dali[0]["gbps"]
+        study.figure("hot_over_dali_numpy", ratio)
+        study.verdict("hot >= 1.0x DALI's numpy reader", ratio >= 1, f"{ratio:.2f}x of {dali[0]['gbps']:.2f} GB/s")
     for kind in ("arrays", "records"):
         theirs = [r for r in runs if r["loader"] == "torch" and r["name"].startswith(kind)]
         ours = [r for r in runs if r["loader"] == "fastload" and not r.get("cold") and r["name"].startswith(kind)]
@@ -342,7 +385,16 @@ def verdicts(study: Study) -> None:
 def plot(data: dict, plt):
     runs = data["runs"]
     fig, ax = plt.subplots(figsize=(11, 0.45 * len(runs) + 1.8))
-    colors = ["#999999" if r["loader"] == "torch" else "#2ca02c" if r.get("cold") else "#1f77b4" for r in runs]
+    colors = [
+        "#999999"
+        if r["loader"] == "torch"
+        else "#ff7f0e"
+        if r["loader"] in ("torchdata", "dali")
+        else "#2ca02c"
+        if r.get("cold")
+        else "#1f77b4"
+        for r in runs
+    ]
     ax.barh([r["name"] for r in runs], [r["gbps"] for r in runs], color=colors)
     for y, r in enumerate(runs):
         ax.text(r["gbps"], y, f" {r['gbps']:.1f} GB/s, {r['samples_per_s']:,.0f}/s", va="center", fontsize=8)
@@ -355,7 +407,8 @@ def plot(data: dict, plt):
             ax.axvline(data["baselines"][key], linestyle=style, color="k", linewidth=1, label=label)
     ax.invert_yaxis()
     ax.set(
-        xlabel="file -> GPU GB/s", title="torch_fastload file loader vs torch DataLoader (grey); hot blue, cold green"
+        xlabel="file -> GPU GB/s",
+        title="torch_fastload file loader vs torch DataLoader (grey), peers (orange); hot blue, cold green",
     )
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -373,6 +426,7 @@ def main(argv=None) -> int:
     p.add_argument("--torch-batches", type=int, help="batches a torch run [40; quick 20]")
     p.add_argument("--overlap-steps", type=int, default=40, help="timed steps of each overlap feed")
     p.add_argument("--cold-threads", type=int, default=64, help="io_threads of cold runs (random reads want depth)")
+    p.add_argument("--dali-threads", type=int, default=16, help="num_threads of DALI's numpy reader (the CPU budget)")
     args = parse_study(
         p,
         argv,
@@ -386,6 +440,7 @@ def main(argv=None) -> int:
     args.dir = args.dir or args.out / "data"
     args.dir.mkdir(parents=True, exist_ok=True)
     study = Study("file_loader", args, "file -> GPU epochs vs torch, kvikio, the link and the disk")
+    study["peers"], study["peer_rows_not_run"] = peers.all_status(), {}
     cuda = args.device.type == "cuda"
     study["io_auto"] = str(fio.select("auto", args.device))
     log(f"  io_mode=auto: {study['io_auto']}; {fio.gds_status()}")
@@ -429,6 +484,7 @@ def main(argv=None) -> int:
         for r in study["runs"]
     ]
     heads = ["run", "io / workers", "samples/s", "GB/s", "cores", "cores/10GB/s", "cached before"]
+    rows += [[name, "-", "-", "-", "-", "-", why] for name, why in study["peer_rows_not_run"].items()]
     out = [table(heads, rows, f"file -> {args.device}, batch {args.batch}, shuffled")]
     out.append(table(["baseline", "GB/s"], [[k, fmt(v)] for k, v in base.items() if k.endswith("gbps")]))
     if ov := study.get("overlap"):

@@ -14,7 +14,18 @@ Runs (batch --batch, shuffled, RandomResizedCrop 224 + flip + normalize, batches
                            that GPU decode backend (cpu_decode_share=0): torchvision, nvimgcodec;
                            'cpu' for every JPEG on the C++ decoder (cpu_decode_share=1)
   gpu-decode-BACKEND       the ceiling: that backend alone on batches from pinned memory
-CPU cores = (process + worker) CPU seconds / wall seconds. Target: fastload >= 3x torch.
+Peers (optional; "not installed" where the package is absent; _benchutil/peers.py builds them):
+  dali                     DALI's ResNet-50 example pipeline: readers.file, image_random_crop on
+                           "mixed" (nvJPEG + hardware decoder), resize, crop_mirror_normalize;
+                           num_threads = --workers; fp32 NCHW
+  dali-fp16-nhwc           the same, fp16 NHWC (DALI has no bf16: beside our bf16 channels_last)
+  spdl-cpu                 SPDL's image-classification pipeline, FFmpeg decode on --workers
+                           threads, resize 256 + crop 224 (its example: no random crop, no flip)
+  spdl-nvjpeg              the same with load_image_batch_nvjpeg (nvJPEG, resize 224), over the
+                           JPEGs nvJPEG takes
+  both normalized to fp32 NCHW on the GPU, in the timed loop.
+CPU cores = (process + worker) CPU seconds / wall seconds. Targets: fastload >= 3x torch,
+>= 1.0x DALI, >= 1.5x SPDL.
 
     python benchmarks/imagenet_loader.py            # ~2 min on the H100 machine
 """
@@ -29,7 +40,7 @@ import numpy as np
 import torch
 
 import torch_fastload
-from torch_fastload._benchutil import Study, cpu_seconds, fmt, log, parse_study, study_parser, sync, table
+from torch_fastload._benchutil import Study, cpu_seconds, fmt, log, parse_study, peers, study_parser, sync, table
 from torch_fastload.sources import ImageFolder, PackedImageFolder
 from torch_fastload.vision import TrainTransform
 from torch_fastload.vision.sample_data import make_image_folder
@@ -88,20 +99,25 @@ def torch_loader(train_dir, args):
     )
 
 
+def nvjpeg_takes(data: bytes, device: torch.device) -> bool:
+    """Whether our router sends this file to nvJPEG (not a CMYK, PNG, ... that fails a batch)."""
+    from torch_fastload.vision import decode
+
+    return decode.route(decode.probe(np.frombuffer(data, np.uint8), np.array([0, len(data)])), device, 1 << 22)[0] == (
+        "nvjpeg"
+    )
+
+
 def gpu_decode_ceiling(train_dir, args, backend_name: str) -> dict:
     """One GPU decode backend (vision/gpu_backend.py: torchvision's nvJPEG or nvImageCodec) alone
     on batches of the folder's JPEGs that nvJPEG takes (a CMYK file in a batch would fail the whole
     batch), from pinned memory."""
-    from torch_fastload.vision import decode
     from torch_fastload.vision.gpu_backend import gpu_backend
 
     blobs = []
     for path in ImageFolder(train_dir, transform=None).paths:
         data = Path(path).read_bytes()
-        if (
-            decode.route(decode.probe(np.frombuffer(data, np.uint8), np.array([0, len(data)])), args.device, 1 << 22)[0]
-            == "nvjpeg"
-        ):
+        if nvjpeg_takes(data, args.device):
             blobs.append(data)
         if len(blobs) >= args.batch * 8:
             break
@@ -125,6 +141,44 @@ def gpu_decode_ceiling(train_dir, args, backend_name: str) -> dict:
         "refused": refused,
         "backend": backend.name,
     }
+
+
+def peer_runs(train_dir, args) -> dict:
+    """The peers' rows that can run here (name -> (maker, output)); the others are logged and
+    recorded as "not installed" / "needs CUDA" rows, never dropped silently."""
+    threads, out, samples = args.workers, {}, peers.image_samples(train_dir)
+    makers = {
+        "dali": ("dali", "fp32 NCHW", lambda: peers.dali_image_loader(train_dir, args.batch, threads, args.device)),
+        "dali-fp16-nhwc": (
+            "dali",
+            "fp16 NHWC (channels_last view)",
+            lambda: peers.dali_image_loader(train_dir, args.batch, threads, args.device, half_nhwc=True),
+        ),
+        "spdl-cpu": (
+            "spdl",
+            "fp32 NCHW (resize 256 + crop 224)",
+            lambda: peers.spdl_image_loader(samples, args.batch, threads, args.device, nvjpeg=False),
+        ),
+        "spdl-nvjpeg": (
+            "spdl",
+            "fp32 NCHW (nvJPEG resize 224, nvJPEG-able JPEGs)",
+            lambda: peers.spdl_image_loader(
+                [s for s in samples if nvjpeg_takes(Path(s[0]).read_bytes(), args.device)],
+                args.batch,
+                threads,
+                args.device,
+                nvjpeg=True,
+            ),
+        ),
+    }
+    for name, (peer, output, make) in makers.items():
+        try:
+            peers.require(peer, args.device)
+            out[name] = (make, output)
+        except peers.PeerUnavailable as why:
+            log(f"-- {name}: {why}")
+            out[name] = (None, str(why))
+    return out
 
 
 def plot(data: dict, plt):
@@ -210,18 +264,26 @@ def main(argv=None) -> int:
     fastload = lambda ds: torch_fastload.DataLoader(ds, args.batch, shuffle=True, drop_last=True, device=args.device)  # noqa: E731
     bf16 = TrainTransform(dtype=torch.bfloat16, channels_last=True)
     runs = {
-        "torch": lambda: torch_loader(train_dir, args),
-        "fastload-folder": lambda: fastload(ImageFolder(train_dir, TrainTransform(), seed=0)),
-        "fastload-packed": lambda: fastload(PackedImageFolder(pack_dir, TrainTransform(), seed=0)),
-        "fastload-folder-bf16-cl": lambda: fastload(ImageFolder(train_dir, bf16, seed=0)),
+        "torch": (lambda: torch_loader(train_dir, args), "fp32 NCHW"),
+        "fastload-folder": (lambda: fastload(ImageFolder(train_dir, TrainTransform(), seed=0)), "fp32 NCHW"),
+        "fastload-packed": (lambda: fastload(PackedImageFolder(pack_dir, TrainTransform(), seed=0)), "fp32 NCHW"),
+        "fastload-folder-bf16-cl": (lambda: fastload(ImageFolder(train_dir, bf16, seed=0)), "bf16 NCHW channels_last"),
+        **peer_runs(train_dir, args),
     }
     backends = [b for b in args.decode_backends.split(",") if b]
     for backend in backends:
-        runs[f"fastload-folder-{backend}"] = lambda: fastload(ImageFolder(train_dir, TrainTransform(), seed=0))
+        runs[f"fastload-folder-{backend}"] = (
+            lambda: fastload(ImageFolder(train_dir, TrainTransform(), seed=0)),
+            "fp32 NCHW",
+        )
     wanted = set(args.runs.split(",")) if args.runs else None
-    study["runs"] = []
-    for name, make in runs.items():
+    study["peers"] = peers.all_status()
+    study["runs"], study["peer_rows_not_run"] = [], {}
+    for name, (make, output) in runs.items():
         if wanted is not None and name not in wanted:
+            continue
+        if make is None:
+            study["peer_rows_not_run"][name] = output
             continue
         log(f"-- {name}")
         settings = route_settings(name)
@@ -236,8 +298,8 @@ def main(argv=None) -> int:
         if result:
             if hasattr(loader, "stats"):
                 result.update(decoded=loader.stats().decoded, io=loader.stats().io)
-                loader.close()
-            study["runs"].append({"name": name, **result})
+            getattr(loader, "close", lambda: None)()
+            study["runs"].append({"name": name, "output": output, **result})
             log(
                 f"   {result['images_per_s']:,.0f} images/s, {result['cores']:.1f} CPU cores, "
                 f"decoded {result.get('decoded', '-')}"
@@ -260,16 +322,22 @@ def main(argv=None) -> int:
                 fmt(r.get("cores"), ".1f"),
                 fmt(r.get("cores_per_1000")),
                 fmt(r["vs_torch"]) + "x",
+                r.get("output", "-"),
             ]
         )
+    rows += [[name, "-", "-", "-", "-", why] for name, why in study["peer_rows_not_run"].items()]
     best = max((r["images_per_s"] for r in study["runs"] if r["name"].startswith("fastload")), default=None)
     if base and best:
         study.verdict("fastload >= 3x torch's images/s", best / base >= 3, f"{best / base:.2f}x")
+    for peer, floor in (("dali", 1.0), ("spdl", 1.5)):
+        theirs = max((r["images_per_s"] for r in study["runs"] if r["name"].startswith(peer)), default=None)
+        if theirs and best:
+            study.figure(f"fastload_vs_{peer}", best / theirs)
+            study.verdict(f"fastload >= {floor}x {peer}'s images/s", best / theirs >= floor, f"{best / theirs:.2f}x")
     title = f"ImageNet-style input pipeline on {args.device} ({len(folder)} images, page cache hot)"
-    return study.finish(
-        table(["run", "images/s", "CPU cores", "cores/1000 img/s", "vs torch"], rows, title),
-        plot=plot if study["runs"] else None,
-    )
+    title += f", batch {args.batch}, CPU budget {args.workers} (torch workers, DALI/SPDL threads)"
+    heads = ["run", "images/s", "CPU cores", "cores/1000 img/s", "vs torch", "output"]
+    return study.finish(table(heads, rows, title), plot=plot if study["runs"] else None)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,12 @@ trial (cpu_decode_share="auto" times the C++ CPU decoder, then nvJPEG if the loo
                      or nvimgcodec (the GPU decode backend, cpu_decode_share=0), cpu (the C++
                      decoder, cpu_decode_share=1)
   torch              torchvision ImageFolder + PIL + DataLoader(num_workers=--workers, pin_memory)
-Targets: ResNet-50 fastload step <= 1.05x synthetic; ResNet-18 fastload >= 2.5x torch's images/s.
+  dali               (when nvidia-dali imports; "not installed" otherwise) DALI's ResNet-50 example
+                     pipeline, num_threads=--workers, fp16 NHWC (examples/imagenet.py --loader dali)
+CPU cores: the example process's (and its workers') CPU seconds over its whole wall time, start-up
+and untimed steps included (a rough figure beside each row).
+Targets: ResNet-50 fastload step <= 1.05x synthetic; ResNet-18 fastload >= 2.5x torch's images/s;
+fastload step <= DALI-fed step (both models).
 
     python benchmarks/imagenet_train.py                 # ~5 min on the H100 machine
     python benchmarks/imagenet_train.py --share-too 0   # + nvJPEG alone, beside the default
@@ -29,12 +34,13 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from torch_fastload._benchutil import Study, fmt, log, parse_study, study_parser, table
+from torch_fastload._benchutil import Study, fmt, log, parse_study, peers, study_parser, table
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "imagenet.py"
 
@@ -63,6 +69,17 @@ def run_settings(args, name: str) -> dict:
     return DECODE_ROUTES.get(route, {}) if name.startswith("fastload-") else {}
 
 
+def dali_runs(args) -> list[str]:
+    """["dali"] where DALI can run here; otherwise why not, logged (never a silent skip)."""
+    try:
+        peers.require("dali", args.device)
+        return ["dali"]
+    except peers.PeerUnavailable as why:
+        log(f"-- dali: {why}")
+        args.dali_not_run = str(why)
+        return []
+
+
 def plan(args) -> list[tuple[str, str]]:
     variant = ["fastload-share-" + args.share_too.replace(":", "-")] if args.share_too else []
     routes = [r for r in args.decode_routes.split(",") if r] if args.decode_routes else []
@@ -70,11 +87,18 @@ def plan(args) -> list[tuple[str, str]]:
     if unknown:
         raise SystemExit(f"--decode-routes: unknown {sorted(unknown)}; known: {', '.join(DECODE_ROUTES)}")
     variant += [f"fastload-{r}" for r in routes]
-    runs = [(a, n) for a in args.archs.split(",") for n in ["synthetic", "fastload", *variant, "torch"]]
+    names = ["synthetic", "fastload", *variant, "torch", *dali_runs(args)]
+    runs = [(a, n) for a in args.archs.split(",") for n in names]
     only = {tuple(x.split(":")) for x in args.only.split(",")} if args.only else None
     return [
         r for r in runs if only is None or r in only or (r[1].startswith("fastload-") and (r[0], "fastload") in only)
     ]
+
+
+def child_cpu_seconds() -> float:
+    """User + system CPU seconds of the reaped child processes (the example and its workers)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_one(args, arch: str, name: str) -> dict:
@@ -91,11 +115,13 @@ def run_one(args, arch: str, name: str) -> dict:
     cmd += ["--steps-per-epoch", "3", "--no-amp"] if cpu else []
     cmd += [] if (arch, name) == ("resnet18", "fastload") else ["--no-val"]
     log(f"-- {arch} {name}: {' '.join(f'{k}={v}' for k, v in settings.items())} {' '.join(cmd[1:])}")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), child_cpu_seconds()
     res = subprocess.run(cmd, cwd=str(EXAMPLE.parents[1]), capture_output=True, text=True, timeout=1200, env=env)
     if res.returncode != 0 or not out.exists():
         raise RuntimeError(f"{arch} {name}: exit {res.returncode}\n{res.stderr[-3000:]}")
-    result = {**json.loads(out.read_text()), "loader": name, "process_seconds": time.perf_counter() - t0}
+    seconds = time.perf_counter() - t0
+    result = {**json.loads(out.read_text()), "loader": name, "process_seconds": seconds}
+    result["process_cpu_cores"] = (child_cpu_seconds() - cpu0) / seconds  # the whole process: start-up too
     if settings:
         result["settings"] = settings
     log(
@@ -159,6 +185,7 @@ def main(argv=None) -> int:
     args.dir = args.dir or args.out / "imagenet-sample"
     study = Study("imagenet_train", args, "examples/imagenet.py end to end: synthetic vs fastload vs torch")
     study["page_cache"] = "hot: the folder is generated (or read by an earlier run) first"
+    study["peers"] = {"dali": peers.status("dali").as_dict()}
     study["runs"] = [
         r for arch, name in plan(args) if (r := study.attempt(f"{arch} {name}", run_one, args, arch, name))
     ]
@@ -171,6 +198,7 @@ def main(argv=None) -> int:
         for key in ("step_ms", "train_images_per_s", "vs_synthetic_step", "vs_torch"):
             study.figure(f"{key}_{arch}_{loader}", r[key])
         rows.append([arch, loader, fmt(r["train_images_per_s"], ",.0f"), fmt(r["step_ms"], ".1f")])
+        rows[-1] += [fmt(r.get("process_cpu_cores"), ".1f")]
         rows[-1] += [
             fmt(100 * r["input_wait_fraction"], ".1f") + "%",
             fmt(r["vs_synthetic_step"], ".3f") + "x",
@@ -184,7 +212,15 @@ def main(argv=None) -> int:
             )
         if loader.startswith("fastload") and arch == "resnet18" and r["vs_torch"]:
             study.verdict(f"ResNet-18 {loader} >= 2.5x torch DataLoader", r["vs_torch"] >= 2.5, f"{r['vs_torch']:.2f}x")
-    heads = ["model", "loader", "train img/s", "step ms", "input wait", "step vs synthetic", "vs torch"]
+        if loader == "fastload" and (dali := by.get((arch, "dali"))):
+            over = r["step_ms"] / dali["step_ms"]
+            study.figure(f"step_over_dali_{arch}", over)
+            value = f"{over:.3f}x of {dali['step_ms']:.1f} ms"
+            study.verdict(f"{arch} fastload step <= DALI-fed step", over <= 1.0, value)
+    if getattr(args, "dali_not_run", None):
+        study["dali_not_run"] = args.dali_not_run
+        rows.append(["*", "dali", "-", "-", "-", "-", "-", args.dali_not_run])
+    heads = ["model", "loader", "train img/s", "step ms", "CPU cores", "input wait", "step vs synthetic", "vs torch"]
     title = f"examples/imagenet.py, batch {args.batch}, bf16 autocast, channels_last"
     return study.finish(table(heads, rows, title), plot=plot if study["runs"] else None)
 

@@ -16,6 +16,8 @@ input (one small kernel reads the batch). Feeds, each for the same steps after a
                  --torch-workers, best kept
   fastload       torch_fastload.DataLoader(num_workers=0, stage_threads=T), T in
                  --stage-threads, best kept
+  torchdata      (when torchdata imports; "not installed" otherwise) torchdata's
+                 StatefulDataLoader with the torch run's settings, N in --torch-workers
 
 Baseline in the same run: the link (pinned H2D of one batch); CPU cores per GB/s from process
 (+ worker) CPU time. Targets: T1 fastload step <= 1.05x resident when compute >= transfer;
@@ -57,6 +59,7 @@ from torch_fastload._benchutil import (
     link_baseline,
     log,
     parse_study,
+    peers,
     size_arg,
     size_list,
     study_parser,
@@ -324,6 +327,15 @@ def feeds(args, dataset, resident: list, batch_bytes: int, steps: int, torch_ste
             move=True,
         )
         out.append(("torch", {"num_workers": n}, make, torch_steps))
+        if args.torchdata:
+            make = lambda n=n, s=sampler: LoaderFeed(  # noqa: E731
+                peers.stateful_loader(
+                    dataset, args.batch, sampler=s, num_workers=n, pin_memory=device.type == "cuda", drop_last=True
+                ),
+                device,
+                move=True,
+            )
+            out.append(("torchdata", {"num_workers": n}, make, torch_steps))
     for t in args.stage_threads:
         sampler = EpochsSampler(rows, (args.warmup + steps) * args.batch, args.seed)
         make = lambda t=t, s=sampler: LoaderFeed(  # noqa: E731
@@ -360,7 +372,7 @@ def run_case(study: Study, args, ratio: float, entry: dict, dataset, resident: l
         desc = f"{fmt_size(entry['row_bytes'])} r={ratio:g} {kind} {config}"
         tries = [
             study.attempt(desc, run_feed, make, step, steps, args, entry["batch_bytes"], desc)
-            for _ in range(1 if kind == "torch" else args.repeats)
+            for _ in range(1 if kind in ("torch", "torchdata") else args.repeats)
         ]
         tries = [t for t in tries if t]
         if tries:
@@ -383,7 +395,10 @@ def best_of(case: dict, kind: str) -> dict | None:
 
 def summarize(case: dict, link_gbps: float) -> dict:
     res, rh, tb, fl = (best_of(case, k) for k in ("resident", "resident+h2d", "torch", "fastload"))
+    td = best_of(case, "torchdata")
     return {
+        "torchdata_ms": td and td["step_ms"],
+        "fastload_vs_torchdata": fl["samples_per_s"] / td["samples_per_s"] if fl and td else None,
         "resident_ms": res and res["step_ms"],
         "resident_h2d_ms": rh and rh["step_ms"],
         "torch_ms": tb and tb["step_ms"],
@@ -478,7 +493,7 @@ def summary_row(study: Study, entry: dict, case: dict) -> list:
     b, rs = case["best"], fmt_size(entry["row_bytes"])
     for name in ("resident_ms", "resident_h2d_ms", "torch_ms", "fastload_ms", "fastload_gbps"):
         study.figure(f"{name}_{rs.replace(' ', '')}_{case['ratio']:g}x", b[name])
-    for name in ("fastload_over_resident", "fastload_vs_torch", "fastload_cores_per_gbps"):
+    for name in ("fastload_over_resident", "fastload_vs_torch", "fastload_cores_per_gbps", "fastload_vs_torchdata"):
         study.figure(f"{name}_{rs.replace(' ', '')}_{case['ratio']:g}x", b[name])
     tp, fp = b["torch_params"] or {}, b["fastload_params"] or {}
     row = [f"{rs} x{entry['batch']}", f"{case['ratio']:g}x ({case['achieved_ratio']:.2f})"]
@@ -623,7 +638,10 @@ def main(argv=None) -> int:
     if args.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     study = Study("overlap", args, "training step fed device-resident vs torch DataLoader vs torch_fastload")
-    study["row_sizes"] = []
+    study["row_sizes"], study["peers"] = [], {"torchdata": peers.status("torchdata").as_dict()}
+    args.torchdata = study["peers"]["torchdata"]["installed"]
+    if not args.torchdata:
+        log(f"torchdata: {peers.status('torchdata').line()}")
     for row_bytes in args.row_sizes:
         entry = study.attempt(f"{fmt_size(row_bytes)} rows", study_row_size, study, args, row_bytes)
         if entry:

@@ -15,6 +15,8 @@ decoder (the first batches time both and keep the faster) and augmented on the G
 (torch_fastload.sources.ImageFolder). --loader torch: torchvision's
 ImageFolder + PIL transforms + torch DataLoader(num_workers, pin_memory). --loader synthetic:
 one batch kept on the GPU (the step time with no input pipeline at all, for comparison).
+--loader dali: NVIDIA DALI's ResNet-50 example pipeline (hardware/nvJPEG decode, --workers
+threads, fp16 NHWC under autocast), a peer for benchmarks/imagenet_train.py.
 
 Training: SGD (momentum 0.9, nesterov off, weight decay 1e-4, no decay on norms and biases),
 learning rate 0.1 x batch/256 with linear warmup and cosine decay, bf16 autocast on a GPU,
@@ -74,7 +76,7 @@ def parse_args(argv=None):
     p.add_argument("--sample-train-per-class", type=int, default=None, help="[40 / CPU 16]")
     p.add_argument("--sample-val-per-class", type=int, default=None, help="[10 / CPU 4]")
     p.add_argument("--arch", default=None, help="a torchvision.models constructor name [resnet50 / CPU resnet18]")
-    p.add_argument("--loader", choices=("fastload", "torch", "synthetic"), default="fastload")
+    p.add_argument("--loader", choices=("fastload", "torch", "synthetic", "dali"), default="fastload")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--steps-per-epoch", type=int, default=0, help="stop each epoch after N steps (0: all)")
     p.add_argument("--batch-size", type=int, default=None, help="per GPU [256 / CPU 16]")
@@ -83,7 +85,9 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--warmup-epochs", type=float, default=0.5)
     p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--workers", type=int, default=None, help="worker processes of --loader torch [16 / CPU 2]")
+    p.add_argument(
+        "--workers", type=int, default=None, help="worker processes of --loader torch (threads of dali) [16 / CPU 2]"
+    )
     p.add_argument("--amp", dest="amp", action="store_true", default=None, help="bf16 autocast [GPU: on]")
     p.add_argument("--no-amp", dest="amp", action="store_false", help="train in float32 [CPU: float32]")
     p.add_argument("--no-channels-last", action="store_true")
@@ -237,6 +241,28 @@ def make_loaders(args, train_dir, val_dir, device, world_size, rank):
     # bf16 input under bf16 autocast: the first conv would cast to bf16 anyway; half the bytes
     dtype = torch.bfloat16 if (not args.no_amp and device.type == "cuda") else torch.float32
     sampler_kw = {}
+    if args.loader == "dali":  # a peer for the benchmarks: DALI's reader shards and shuffles itself
+        from torch_fastload._benchutil import peers
+
+        try:
+            peers.require("dali", device)
+        except peers.PeerUnavailable as why:
+            raise SystemExit(f"--loader dali: {why}") from None
+
+        def dali(path, training):
+            return peers.dali_image_loader(
+                path,
+                args.batch_size,
+                args.workers,
+                device,
+                half_nhwc=dtype != torch.float32,  # DALI has no bf16 output: fp16 NHWC
+                training=training,
+                shard_id=rank,
+                num_shards=world_size,
+            )
+
+        classes = sum(1 for d in os.scandir(train_dir) if d.is_dir())
+        return dali(train_dir, True), None if args.no_val else dali(val_dir, False), None, classes
     if args.loader in ("fastload", "synthetic"):
         train_ds = fastload_dataset(train_dir, TrainTransform(dtype=dtype, channels_last=channels_last))
         val_ds = fastload_dataset(val_dir, EvalTransform(dtype=dtype, channels_last=channels_last))

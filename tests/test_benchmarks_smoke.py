@@ -50,6 +50,9 @@ def test_file_loader(tmp_path):
     data = report(out, "file_loader")
     names = {r["name"] for r in data["runs"]}
     assert {"arrays fastload hot", "arrays fastload cold O_DIRECT", "records fastload hot"} <= names
+    if data["peers"]["torchdata"]["installed"]:
+        assert "arrays torchdata w2" in names  # torchdata's StatefulDataLoader beside torch's
+    assert "dali numpy" in data["peer_rows_not_run"]  # no GPU here: reported, not dropped
     assert all(r["gbps"] > 0 and r["samples"] > 0 for r in data["runs"])
     cold = next(r for r in data["runs"] if r["name"] == "arrays fastload cold O_DIRECT")
     assert cold["resident_before"] == 0.0  # the files really were dropped from the page cache
@@ -123,7 +126,8 @@ def test_overlap(tmp_path):
     _, out = run_study("overlap.py", tmp_path)
     data = report(out, "overlap")
     kinds = {r["kind"] for e in data["row_sizes"] for c in e["cases"] for r in c["runs"]}
-    assert kinds == {"resident", "torch", "fastload"}  # resident+h2d needs a GPU
+    peer = {"torchdata"} if data["peers"]["torchdata"]["installed"] else set()
+    assert kinds == {"resident", "torch", "fastload"} | peer  # resident+h2d needs a GPU
     assert len(data["row_sizes"]) == 2 and all(len(e["cases"]) == 2 for e in data["row_sizes"])
     assert data["figures"]["fastload_vs_torch_64KiB_0x"] > 0
 
