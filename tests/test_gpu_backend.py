@@ -223,7 +223,7 @@ def test_nvimgcodec_decodes_into_one_torch_block():
     (decoder,) = FakeDecoder.made
     assert decoder.library_images == 0
     assert [call["batch"] for call in decoder.calls] == [3]
-    assert decoder.kw["backends"] == ["hw", "cuda"] and decoder.kw["options"] == ""
+    assert decoder.kw["backends"] == ["hw", "cuda"] and "options" not in decoder.kw  # the library's defaults
 
 
 def test_nvimgcodec_library_output_is_kept_to_measure_against():
@@ -238,3 +238,20 @@ def test_nvimgcodec_library_output_is_kept_to_measure_against():
     assert [d.library_images for d in FakeDecoder.made] == [1, 0]
     with pytest.raises(ValueError, match="output must be"):
         NvImageCodec(torch.device("cpu"), module=nv, output="dlpack")
+
+
+def test_nvimgcodec_that_cannot_wrap_torch_tensors_uses_its_own_images(caplog):
+    """An nvImageCodec whose as_images refuses planar tensors still decodes (its own images), said once."""
+    nv = fake_nvimgcodec_decoding()
+
+    def refuse(views, cuda_stream=0, *, sample_format=None):
+        raise ValueError("sample_format P_RGB requires an HWC-shaped input")
+
+    nv.as_images = refuse
+    backend = NvImageCodec(torch.device("cpu"), module=nv)
+    encoded = [sized_jpeg((200, 100, 50), (24, 16))]
+    with caplog.at_level("WARNING", logger="torch_fastload"):
+        first, second = backend.decode(encoded), backend.decode(encoded)
+    assert first[0].shape == (3, 16, 24) and torch.equal(first[0], second[0])
+    assert FakeDecoder.made[0].library_images == 2
+    assert sum("cannot decode into torch tensors" in r.message for r in caplog.records) == 1

@@ -105,16 +105,18 @@ class NvImageCodec:
             sample_format=nv.SampleFormat.P_RGB,
         )
         self._local = threading.local()
+        self._warned = False
 
     def _decoder(self):
         decoder = getattr(self._local, "decoder", None)
         if decoder is None:
             nv = self.nv
+            extra = {"options": self.options} if self.options else {}  # else the library's default options
             decoder = self._local.decoder = nv.Decoder(
                 device_id=self.device.index if self.device.index is not None else 0,
                 max_num_cpu_threads=NVIMGCODEC_CPU_THREADS,
                 backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY), nv.Backend(nv.BackendKind.GPU_ONLY)],
-                options=self.options,
+                **extra,
             )
         return decoder
 
@@ -156,7 +158,13 @@ class NvImageCodec:
         index = list(views)
         stream = self._stream()
         nv = self.nv
-        targets = nv.as_images([views[i] for i in index], cuda_stream=stream, sample_format=nv.SampleFormat.P_RGB)
+        try:
+            targets = nv.as_images([views[i] for i in index], cuda_stream=stream, sample_format=nv.SampleFormat.P_RGB)
+        except (RuntimeError, ValueError, TypeError) as exc:  # an nvImageCodec that cannot wrap planar tensors
+            if not self._warned:
+                self._warned = True
+                log.warning("torch_fastload: nvImageCodec cannot decode into torch tensors (%s); using its own", exc)
+            return self._decode_to_library_images(codes)
         try:
             decoded = self._decoder().decode(
                 [codes[i] for i in index], images=targets, params=self.params, cuda_stream=stream
