@@ -36,6 +36,66 @@ def fake_nvimgcodec():
     )
 
 
+class FakeCodeStream:
+    """nvimgcodec.CodeStream over host bytes: the header parsed at once (PIL here)."""
+
+    def __init__(self, array):
+        try:
+            self.pixels = Image.open(io.BytesIO(array.tobytes())).convert("RGB")
+            self.pixels.load()
+        except Exception as exc:
+            raise RuntimeError(f"Could not parse input bitstream: {exc}") from None
+        self.width, self.height = self.pixels.size
+
+
+class FakeImage:
+    """nvimgcodec.as_image over a caller's buffer: the buffer and the stream it was wrapped on."""
+
+    def __init__(self, tensor, cuda_stream, sample_format):
+        self.tensor, self.cuda_stream, self.sample_format = tensor, cuda_stream, sample_format
+
+
+class FakeDecoder:
+    """nvimgcodec.Decoder: decodes into the images given, else allocates its own (counted)."""
+
+    made = []
+
+    def __init__(self, **kw):
+        self.kw, self.calls, self.library_images = kw, [], 0
+        FakeDecoder.made.append(self)
+
+    def decode(self, codes, images=None, params=None, cuda_stream=0, image=None):
+        single = not isinstance(codes, list)
+        codes, images = ([codes], [image]) if single else (codes, images or [None] * len(codes))
+        self.calls.append(dict(batch=len(codes), images=images, cuda_stream=cuda_stream, params=params))
+        out = []
+        for code, target in zip(codes, images):
+            planar = torch.from_numpy(np.array(code.pixels)).permute(2, 0, 1)
+            if target is None:
+                self.library_images += 1
+                out.append(planar.contiguous())  # exported to torch by DLPack
+                continue
+            assert target.cuda_stream == cuda_stream, "wrapped on another stream: nvImageCodec syncs the host"
+            assert target.sample_format == "planar" and tuple(target.tensor.shape) == tuple(planar.shape)
+            target.tensor.copy_(planar)
+            out.append(target)
+        return out[0] if single else out
+
+
+def fake_nvimgcodec_decoding():
+    """fake_nvimgcodec() with the decode path: CodeStream, as_images, Decoder, Backend."""
+    nv = fake_nvimgcodec()
+    nv.CodeStream = FakeCodeStream
+    nv.as_images = lambda views, cuda_stream=0, *, sample_format=None: [
+        FakeImage(view, cuda_stream, sample_format) for view in views
+    ]
+    nv.Decoder = FakeDecoder
+    nv.Backend = lambda kind: kind
+    nv.BackendKind = types.SimpleNamespace(HW_GPU_ONLY="hw", GPU_ONLY="cuda")
+    FakeDecoder.made = []
+    return nv
+
+
 def missing(monkeypatch, reason="nvidia.nvimgcodec is not installed (pip install nvidia-nvimgcodec-cu13)"):
     def fail():
         raise ImportError(reason)
@@ -135,3 +195,63 @@ def test_what_the_gpu_refuses_is_decoded_on_the_cpu():
     routes = ["nvjpeg"] * 3
     out = decode_gpu(encoded_bad, [4, 5, 6], ["x"] * 7, torch.device("cpu"), 1 << 24, RefusesAll())
     assert isinstance(out[2], Refusal) and out[2].kind in ("empty", "undecodable", "bad-header", "truncated")
+
+
+def sized_jpeg(color, size) -> torch.Tensor:
+    out = io.BytesIO()
+    Image.new("RGB", size, color).save(out, format="JPEG", quality=95)
+    return torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8)
+
+
+def test_nvimgcodec_decodes_into_one_torch_block():
+    """The batch's pixels go into torch memory nvImageCodec is handed (as_images + images=), on the
+    same stream: nvImageCodec allocates no output image (a cudaMallocAsync each, from a pool that
+    gives its memory back at every synchronisation); what it cannot parse is None."""
+    nv = fake_nvimgcodec_decoding()
+    backend = NvImageCodec(torch.device("cpu"), module=nv)
+    colors = [(10, 20, 30), (200, 100, 50), (0, 120, 240)]
+    sizes = [(24, 16), (40, 8), (17, 33)]
+    encoded = [sized_jpeg(c, s) for c, s in zip(colors, sizes)]
+    encoded.insert(2, torch.zeros(10, dtype=torch.uint8))  # not a JPEG
+    out = backend.decode(encoded)
+    assert out[2] is None
+    decoded = [out[0], out[1], out[3]]
+    for image, color, (w, h) in zip(decoded, colors, sizes):
+        assert image.shape == (3, h, w) and image.dtype == torch.uint8 and image.is_contiguous()
+        assert (image[:, h // 2, w // 2].int() - torch.tensor(color)).abs().max() <= 8
+    assert len({image.untyped_storage().data_ptr() for image in decoded}) == 1  # one block a batch
+    (decoder,) = FakeDecoder.made
+    assert decoder.library_images == 0
+    assert [call["batch"] for call in decoder.calls] == [3]
+    assert decoder.kw["backends"] == ["hw", "cuda"] and "options" not in decoder.kw  # the library's defaults
+
+
+def test_nvimgcodec_library_output_is_kept_to_measure_against():
+    """output='library' (the earlier behaviour, for benchmarks): the same pixels, in images
+    nvImageCodec allocated itself."""
+    nv = fake_nvimgcodec_decoding()
+    encoded = [sized_jpeg((200, 100, 50), (24, 16)), torch.zeros(10, dtype=torch.uint8)]
+    library = NvImageCodec(torch.device("cpu"), module=nv, output="library").decode(encoded)
+    into_torch = NvImageCodec(torch.device("cpu"), module=nv).decode(encoded)
+    assert library[1] is None and into_torch[1] is None
+    assert torch.equal(library[0], into_torch[0])
+    assert [d.library_images for d in FakeDecoder.made] == [1, 0]
+    with pytest.raises(ValueError, match="output must be"):
+        NvImageCodec(torch.device("cpu"), module=nv, output="dlpack")
+
+
+def test_nvimgcodec_that_cannot_wrap_torch_tensors_uses_its_own_images(caplog):
+    """An nvImageCodec whose as_images refuses planar tensors still decodes (its own images), said once."""
+    nv = fake_nvimgcodec_decoding()
+
+    def refuse(views, cuda_stream=0, *, sample_format=None):
+        raise ValueError("sample_format P_RGB requires an HWC-shaped input")
+
+    nv.as_images = refuse
+    backend = NvImageCodec(torch.device("cpu"), module=nv)
+    encoded = [sized_jpeg((200, 100, 50), (24, 16))]
+    with caplog.at_level("WARNING", logger="torch_fastload"):
+        first, second = backend.decode(encoded), backend.decode(encoded)
+    assert first[0].shape == (3, 16, 24) and torch.equal(first[0], second[0])
+    assert FakeDecoder.made[0].library_images == 2
+    assert sum("cannot decode into torch tensors" in r.message for r in caplog.records) == 1

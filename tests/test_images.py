@@ -725,6 +725,38 @@ def test_nvimgcodec_output_is_a_device_tensor_without_a_host_copy(gpu_folder):
 
 
 @pytest.mark.cuda
+def test_nvimgcodec_decodes_into_torch_memory_with_its_own_pixels(gpu_folder):
+    """The batch lands in one block of torch's caching allocator (nvImageCodec allocates no output
+    image: a cudaMallocAsync each, from a pool that hands its memory back at every sync, slowed the
+    training step beside the loader), with exactly the pixels of nvImageCodec's own output images
+    (output='library'); a file it cannot parse is None, not a failed batch."""
+    from torch_fastload.vision.gpu_backend import NvImageCodec, nvimgcodec_missing
+
+    if (reason := nvimgcodec_missing()) is not None:
+        pytest.skip(reason)
+    train, _ = gpu_folder
+    paths = [p for p in ImageFolder(train, transform=None).paths if "_0." not in p][:16]
+    encoded = [torch.frombuffer(bytearray(open(p, "rb").read()), dtype=torch.uint8).pin_memory() for p in paths]
+    encoded.insert(3, torch.zeros(64, dtype=torch.uint8))  # not a JPEG
+    device = torch.device("cuda", torch.cuda.current_device())
+    into_torch, library = NvImageCodec(device), NvImageCodec(device, output="library")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        before = torch.cuda.memory_allocated(device)
+        images = into_torch.decode(encoded)
+        grew = torch.cuda.memory_allocated(device) - before
+        reference = library.decode(encoded)
+    stream.synchronize()
+    assert images[3] is None and reference[3] is None
+    images, reference = images[:3] + images[4:], reference[:3] + reference[4:]
+    assert all(image is not None for image in images)
+    assert len({image.untyped_storage().data_ptr() for image in images}) == 1
+    assert grew >= sum(image.numel() for image in images)
+    for path, image, theirs in zip(paths, images, reference):
+        assert image.is_cuda and image.is_contiguous() and torch.equal(image, theirs), path
+
+
+@pytest.mark.cuda
 def test_decode_backend_nvimgcodec_without_the_package_says_what_to_install(gpu_folder, monkeypatch):
     from torch_fastload.vision import gpu_backend
 

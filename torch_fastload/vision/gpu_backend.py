@@ -3,9 +3,10 @@
 torchvision 0.29 deprecates its image decoding, so the GPU route does not depend on it alone.
 nvImageCodec (``pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg``) decodes a batch with the
 GPU's hardware JPEG engines (A100/H100-class: baseline JPEGs) and its CUDA decoder for the rest
-(progressive), writes planar RGB in device memory and hands it to torch through DLPack: no host
-copy, no layout change. Its IDCT and chroma upsampling may round differently from nvJPEG's in
-torchvision and from libjpeg-turbo's; tests compare it with the CPU decode within a tolerance.
+(progressive), writes planar RGB straight into torch tensors (as_images: torch's caching allocator
+owns the memory, nvImageCodec allocates no output image): no host copy, no layout change. Its
+IDCT and chroma upsampling may round differently from nvJPEG's in torchvision and from
+libjpeg-turbo's; tests compare it with the CPU decode within a tolerance.
 
 ``decode_backend`` (option, ``TORCH_FASTLOAD_DECODE_BACKEND``): 'auto' takes torchvision's nvJPEG
 while torchvision offers it (measured faster on an H200: 21,012 against 14,177 decoded images/s
@@ -73,15 +74,29 @@ class TorchvisionNvjpeg:
 
 class NvImageCodec:
     """nvImageCodec's batched decode on ``device``: hardware engines first, then its CUDA decoder;
-    one decoder per calling thread (the loader's stage threads decode side by side), on the
-    thread's current stream (the loader's copy stream), EXIF orientation not applied (as the
-    other routes)."""
+    one decoder per calling thread (a Decoder keeps per-call state for its caller, so the loader's
+    stage threads each get their own), on the thread's current stream (the loader's copy stream),
+    EXIF orientation not applied (as the other routes).
+
+    The pixels land in torch tensors (``output='torch'``, the default): one caching-allocator block
+    a batch, each image a planar view of it, wrapped with ``as_images`` and handed to
+    ``Decoder.decode(images=...)``, which decodes into them. Left to itself (``output='library'``,
+    kept to measure against) nvImageCodec allocates every output image with ``cudaMallocAsync`` from
+    the device's default memory pool, whose release threshold of 0 hands the memory back to the
+    driver at each synchronisation, so every batch maps fresh device memory and unmaps it again;
+    on an H200 that slowed a ResNet-50 step beside the loader 4.19x. Wrapping and decoding on the
+    same stream also keeps nvImageCodec's reuse path from synchronising the host with the buffer's
+    stream."""
 
     name = "nvimgcodec"
 
-    def __init__(self, device: torch.device, module=None):
+    def __init__(self, device: torch.device, module=None, output: str = "torch", options: str = ""):
+        if output not in ("torch", "library"):
+            raise ValueError(f"NvImageCodec output must be 'torch' or 'library', not {output!r}")
         self.nv = module if module is not None else _import_nvimgcodec()
         self.device = device
+        self.output = output
+        self.options = options  # nvImageCodec decoder options, e.g. nvjpeg_hw_decoder:preallocate_batch_size=256
         nv = self.nv
         self.params = nv.DecodeParams(
             apply_exif_orientation=False,
@@ -90,37 +105,101 @@ class NvImageCodec:
             sample_format=nv.SampleFormat.P_RGB,
         )
         self._local = threading.local()
+        self._warned = False
 
     def _decoder(self):
         decoder = getattr(self._local, "decoder", None)
         if decoder is None:
             nv = self.nv
+            extra = {"options": self.options} if self.options else {}  # else the library's default options
             decoder = self._local.decoder = nv.Decoder(
-                device_id=self.device.index,
+                device_id=self.device.index if self.device.index is not None else 0,
                 max_num_cpu_threads=NVIMGCODEC_CPU_THREADS,
                 backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY), nv.Backend(nv.BackendKind.GPU_ONLY)],
+                **extra,
             )
         return decoder
 
-    def decode(self, encoded: list) -> list:
-        streams = [self.nv.CodeStream(tensor.numpy()) for tensor in encoded]  # host bytes, read in place
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        try:
-            images = self._decoder().decode(streams, params=self.params, cuda_stream=stream)
-        except RuntimeError:  # the batch as a whole: each image alone
-            images = [self._decode_one(code) for code in streams]
-        return [None if image is None else self._tensor(image) for image in images]
+    def _stream(self) -> int:
+        """The calling thread's current stream as nvImageCodec takes it (0 off the GPU: tests)."""
+        if self.device.type != "cuda":
+            return 0
+        return torch.cuda.current_stream(self.device).cuda_stream
 
-    def _decode_one(self, code):
+    def decode(self, encoded: list) -> list:
+        codes = [self._code_stream(tensor) for tensor in encoded]
+        if self.output == "library":
+            return self._decode_to_library_images(codes)
+        return self._decode_to_torch(codes)
+
+    def _code_stream(self, tensor):
         try:
-            return self._decoder().decode(
-                code, params=self.params, cuda_stream=torch.cuda.current_stream(self.device).cuda_stream
+            return self.nv.CodeStream(tensor.numpy())  # host bytes, read in place; parses the header
+        except (RuntimeError, ValueError):
+            return None
+
+    def _decode_to_torch(self, codes: list) -> list:
+        """Each parsed JPEG decoded into a (3, H, W) view of one torch block; None where refused."""
+        out = [None] * len(codes)
+        shapes = {}
+        for i, code in enumerate(codes):
+            try:
+                if code is not None:
+                    shapes[i] = (3, int(code.height), int(code.width))
+            except (RuntimeError, ValueError):
+                continue
+        if not shapes:
+            return out
+        block = torch.empty(sum(c * h * w for c, h, w in shapes.values()), dtype=torch.uint8, device=self.device)
+        views, offset = {}, 0
+        for i, (c, h, w) in shapes.items():
+            views[i] = block[offset : offset + c * h * w].view(c, h, w)
+            offset += c * h * w
+        index = list(views)
+        stream = self._stream()
+        nv = self.nv
+        try:
+            targets = nv.as_images([views[i] for i in index], cuda_stream=stream, sample_format=nv.SampleFormat.P_RGB)
+        except (RuntimeError, ValueError, TypeError) as exc:  # an nvImageCodec that cannot wrap planar tensors
+            if not self._warned:
+                self._warned = True
+                log.warning("torch_fastload: nvImageCodec cannot decode into torch tensors (%s); using its own", exc)
+            return self._decode_to_library_images(codes)
+        try:
+            decoded = self._decoder().decode(
+                [codes[i] for i in index], images=targets, params=self.params, cuda_stream=stream
             )
-        except RuntimeError:
+        except (RuntimeError, ValueError):  # the batch as a whole: each image alone
+            decoded = [self._decode_one(codes[i], target) for i, target in zip(index, targets)]
+        for i, image in zip(index, decoded):
+            if image is not None:
+                out[i] = views[i]
+        return out
+
+    def _decode_to_library_images(self, codes: list) -> list:
+        """nvImageCodec's own output images (one cudaMallocAsync each), shared with torch by DLPack."""
+        out = [None] * len(codes)
+        index = [i for i, code in enumerate(codes) if code is not None]
+        if not index:
+            return out
+        try:
+            images = self._decoder().decode([codes[i] for i in index], params=self.params, cuda_stream=self._stream())
+        except (RuntimeError, ValueError):
+            images = [self._decode_one(codes[i]) for i in index]
+        for i, image in zip(index, images):
+            out[i] = None if image is None else self._tensor(image)
+        return out
+
+    def _decode_one(self, code, target=None):
+        try:
+            if target is None:
+                return self._decoder().decode(code, params=self.params, cuda_stream=self._stream())
+            return self._decoder().decode(code, image=target, params=self.params, cuda_stream=self._stream())
+        except (RuntimeError, ValueError):
             return None
 
     def _tensor(self, image) -> torch.Tensor:
-        """The decoded planar image as a torch tensor over the same device memory (DLPack,
+        """A library-allocated planar image as a torch tensor over the same device memory (DLPack,
         synchronised with the current stream); copied only where rows are padded."""
         try:
             tensor = torch.from_dlpack(image)
