@@ -27,4 +27,15 @@ __all__ = [
     "EncodedImages",
     "FeatureStore",
     "FeatureStoreError",
+    "ParquetDataset",
+    "ParquetSampler",
 ]
+
+
+def __getattr__(name: str):
+    """The Parquet source is imported on first use: pyarrow is an optional dependency."""
+    if name in ("ParquetDataset", "ParquetSampler"):
+        from . import parquet
+
+        return getattr(parquet, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

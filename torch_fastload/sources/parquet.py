@@ -1,0 +1,318 @@
+"""Parquet files as a Dataset whose batches are decoded whole: row groups decoded by pyarrow on a
+thread pool (no GIL), the batch's rows gathered in Arrow, and each column handed to the loader as
+CPU tensors that the stager copies into the pinned slot and on to the device.
+
+A batch is a dict; for a column ``c``:
+
+======================  ===================================================================
+type                    keys and tensors (``n`` rows)
+======================  ===================================================================
+int/uint/float          ``c``: (n,) of the same width (uint16/32/64 as torch's uint types)
+bool                    ``c``: (n,) torch.bool
+timestamp, duration,    ``c``: (n,) int64 counts of the column's own unit (``s``/``ms``/``us``/
+time, date              ``ns``; date32 in days, date64 in ms): ``dataset.units[c]``
+decimal128 (p <= 18)    ``c``: (n,) int64 unscaled value (value = c / 10**scale;
+                        ``dataset.units[c] == "scale=S"``); precision > 18 is refused
+string, binary          ``c``: uint8 bytes of all rows back to back; ``c__offsets``: (n + 1,)
+                        int64, row ``i`` is ``c[c__offsets[i]:c__offsets[i + 1]]``
+string in               ``c``: (n,) int32 codes into the batch's dictionary (-1: null);
+``dictionary_columns``  ``c__dictionary`` + ``c__dictionary_offsets``: its values, as strings
+list<number>            ``c``: the values back to back; ``c__offsets``: (n + 1,) int64
+fixed_size_list<number> ``c``: (n, k) 2-D tensor (embeddings)
+nullable                ``c__valid``: (n,) torch.bool, False where the row is null (the value
+                        there is 0, or an empty string/list); present when the column is
+                        optional and the footer's statistics report nulls or no null count
+                        (``masks="always"`` / ``"never"`` to choose)
+======================  ===================================================================
+
+Any other type (nested structs, maps, lists of strings, large decimals) is refused when the
+files are opened, by name: leave it out with ``columns=``. ``ParquetSampler`` shuffles row
+groups, then rows within a bounded window, and shards them across ranks by rows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from .parquet_decode import READ_MODES, RowGroupCache, columns_to_tensors
+from .parquet_plan import expand_paths, open_plan
+
+__all__ = ["ParquetDataset", "ParquetSampler"]
+
+
+class ParquetDataset(Dataset):
+    """Rows of one or more Parquet files (a file, a list, a directory or a glob).
+
+    ``columns``: the columns read (all by default). ``dictionary_columns``: string columns
+    delivered as codes + a per-batch dictionary. ``threads``: row groups decoded at once
+    (default: the CPU count). ``read_mode``: ``"pyarrow"`` (pyarrow reads the file) or
+    ``"pread"`` (one pread per row group, decoded from memory). ``cache_bytes``: decoded row
+    groups kept (a shuffle window must fit). Footers are read and checked here, once.
+    """
+
+    def __init__(
+        self,
+        source,
+        columns=None,
+        *,
+        dictionary_columns=(),
+        masks: str = "auto",
+        threads: int | None = None,
+        read_mode: str = "pyarrow",
+        cache_bytes: int = 1 << 30,
+    ):
+        if masks not in ("auto", "always", "never"):
+            raise ValueError(f"masks must be 'auto', 'always' or 'never', got {masks!r}")
+        if read_mode not in READ_MODES:
+            raise ValueError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
+        self.paths = expand_paths(source)
+        self.plan = open_plan(self.paths, list(columns) if columns is not None else None, masks, dictionary_columns)
+        self.columns = [c.name for c in self.plan.columns]
+        self.units = {c.name: c.unit for c in self.plan.columns if c.unit}
+        self.threads = threads or os.cpu_count() or 1
+        self.read_mode = read_mode
+        self.cache_bytes = cache_bytes
+        self._cache: RowGroupCache | None = None
+        self._schedule: np.ndarray | None = None  # row groups in the order the sampler reads them
+        self._position: dict = {}
+
+    # -- layout -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.plan.rows
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.plan.schema
+
+    @property
+    def row_group_rows(self) -> np.ndarray:
+        """Rows of every row group, in file then row-group order."""
+        return np.diff(self.plan.starts)
+
+    def keys(self) -> list:
+        """The keys of every batch, in order."""
+        keys = []
+        for c in self.plan.columns:
+            keys.append(c.name)
+            if c.kind in ("bytes", "list"):
+                keys.append(c.name + "__offsets")
+            if c.kind == "dictionary":
+                keys += [c.name + "__dictionary", c.name + "__dictionary_offsets"]
+            if c.masked:
+                keys.append(c.name + "__valid")
+        return keys
+
+    def _check(self, indices) -> np.ndarray:
+        raw = np.asarray(indices, dtype=np.int64).reshape(-1)
+        index = np.where(raw < 0, raw + len(self), raw)
+        bad = (index < 0) | (index >= len(self))
+        if bad.any():
+            raise IndexError(f"row {int(raw[bad][0])} is out of range for {self.paths[0]!r} ({len(self)} rows)")
+        return index
+
+    def _reader(self) -> RowGroupCache:
+        if self._cache is None:
+            self._cache = RowGroupCache(self.plan, self.threads, self.read_mode, self.cache_bytes)
+        return self._cache
+
+    def _ahead(self, groups: np.ndarray) -> list:
+        """Row groups to start decoding now: the next ones the sampler will read."""
+        if self._schedule is not None:
+            last = max((self._position.get(int(g), -1) for g in groups), default=-1)
+            return self._schedule[last + 1 : last + 1 + self.threads].tolist()
+        top = int(groups.max()) + 1
+        return list(range(top, min(top + self.threads, len(self.plan.row_groups))))
+
+    def read_table(self, indices) -> pa.Table:
+        """Rows ``indices`` (in that order) as an Arrow table of the selected columns."""
+        index = self._check(indices)
+        if not len(index):
+            return self.plan.schema.empty_table()
+        groups = np.searchsorted(self.plan.starts, index, side="right") - 1
+        unique = np.unique(groups)
+        tables = self._reader().get(unique.tolist(), self._ahead(unique))
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        base = np.zeros(len(self.plan.row_groups), dtype=np.int64)
+        base[unique] = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
+        local = index - self.plan.starts[groups] + base[groups]
+        first = int(local[0])
+        if int(local[-1]) - first == len(local) - 1 and (len(local) < 2 or bool((np.diff(local) == 1).all())):
+            return table.slice(first, len(local))
+        return table.take(pa.array(local))
+
+    # -- the protocol -------------------------------------------------------------------
+    def __fastload_batch__(self, indices) -> dict:
+        """The batch dict of rows ``indices``: decoded whole, no per-row Python."""
+        index = self._check(indices)
+        if not len(index):
+            return self.collate([])
+        table = self.read_table(index)
+        path = self.paths[self.plan.row_groups[int(np.searchsorted(self.plan.starts, index[0], "right") - 1)].file]
+        return columns_to_tensors(path, self.plan.columns, table)
+
+    def __getitem__(self, i) -> dict:
+        """Row ``i``: numbers as 0-d tensors, strings/lists as 1-D tensors of their bytes/values,
+        fixed-size lists as 1-D, masks as 0-d bool (torch's DataLoader: ``collate_fn=dataset.collate``)."""
+        batch = self.__fastload_batch__([i])
+        row = {}
+        for c in self.plan.columns:
+            name = c.name
+            if c.kind in ("bytes", "list"):
+                row[name] = batch[name]
+            elif c.kind == "dictionary":
+                offsets = batch[name + "__dictionary_offsets"]
+                code = int(batch[name][0])
+                data = batch[name + "__dictionary"]
+                row[name] = data[offsets[code] : offsets[code + 1]] if code >= 0 else data[:0]
+            else:
+                row[name] = batch[name][0]
+            if c.masked:
+                row[name + "__valid"] = batch[name + "__valid"][0]
+        return row
+
+    def collate(self, samples: list) -> dict:
+        """The batch dict of rows from ``__getitem__``: what the loader's batches are."""
+        out = {}
+        for c in self.plan.columns:
+            name = c.name
+            values = [s[name] for s in samples]
+            if c.kind in ("bytes", "list"):
+                out[name] = torch.cat(values) if values else torch.empty(0, dtype=c.dtype)
+                out[name + "__offsets"] = _offsets([len(v) for v in values])
+            elif c.kind == "dictionary":
+                valid = [bool(s[name + "__valid"]) if c.masked else True for s in samples]
+                raw = pa.array([bytes(v.numpy()) if ok else None for v, ok in zip(values, valid)], pa.binary())
+                encoded = pc.dictionary_encode(raw)
+                codes = encoded.indices.fill_null(-1) if encoded.indices.null_count else encoded.indices
+                out[name] = torch.from_numpy(codes.to_numpy(zero_copy_only=False).astype(np.int32))
+                words = encoded.dictionary.to_pylist()
+                out[name + "__dictionary"] = torch.frombuffer(
+                    bytearray(b"".join(words)) or bytearray(1), dtype=torch.uint8
+                )[: sum(map(len, words))]
+                out[name + "__dictionary_offsets"] = _offsets([len(w) for w in words])
+            elif values:
+                out[name] = torch.stack(values)
+            else:
+                shape = (0, c.width) if c.kind == "fixed_list" else (0,)
+                out[name] = torch.empty(shape, dtype=c.dtype)
+            if c.masked:
+                out[name + "__valid"] = (
+                    torch.stack([s[name + "__valid"] for s in samples]) if samples else torch.empty(0, dtype=torch.bool)
+                )
+        return out
+
+    def close(self) -> None:
+        """Stop the decode threads and drop the decoded row groups."""
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None
+
+    def __getstate__(self):  # worker processes start their own threads and cache
+        state = dict(self.__dict__)
+        state["_cache"] = None
+        return state
+
+    def _set_schedule(self, groups: np.ndarray | None) -> None:
+        self._schedule = groups
+        self._position = {} if groups is None else {int(g): i for i, g in enumerate(groups.tolist())}
+
+
+def _offsets(lengths: list) -> torch.Tensor:
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    if lengths:
+        torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0, out=offsets[1:])
+    return offsets
+
+
+class ParquetSampler(Sampler[int]):
+    """Row order of one epoch of a ``ParquetDataset``: row groups in a seeded order (``seed +
+    epoch``, as ``DistributedSampler``), rows permuted within windows of ``shuffle_rows``
+    consecutive rows of that order (a shuffle buffer that keeps only a few row groups decoded),
+    then split among ``num_replicas`` ranks in contiguous runs balanced by rows: rank ``r``
+    reads rows ``[r * N // W, (r + 1) * N // W)`` of the order, so each rank decodes its own
+    row groups (two at most are shared at its edges) and every row is read once per epoch.
+
+    ``even=True`` pads the shorter ranks with their own first row so all ranks have the same
+    length (as ``DistributedSampler``: DDP needs equal batch counts); rows then differ by at
+    most one across ranks. Call ``set_epoch`` every epoch; a checkpointed epoch resumes
+    exactly (the loader's ``state_dict``) after ``set_epoch`` of the checkpoint's epoch.
+    """
+
+    def __init__(
+        self,
+        dataset: ParquetDataset,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        shuffle_rows: int = 1 << 16,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        even: bool = False,
+    ):
+        if num_replicas is None or rank is None:
+            from ..distributed import world
+
+            world_size, world_rank = world()
+            num_replicas = world_size if num_replicas is None else num_replicas
+            rank = world_rank if rank is None else rank
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        self.dataset = dataset
+        self.shuffle = shuffle
+        self.seed = seed
+        self.shuffle_rows = max(1, int(shuffle_rows))
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.even = even
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _bounds(self) -> tuple[int, int]:
+        n, w, r = len(self.dataset), self.num_replicas, self.rank
+        return r * n // w, (r + 1) * n // w
+
+    def __len__(self) -> int:
+        lo, hi = self._bounds()
+        return math.ceil(len(self.dataset) / self.num_replicas) if self.even else hi - lo
+
+    def global_order(self) -> np.ndarray:
+        """Every row of the epoch in order, before the split among ranks (world-size free)."""
+        rows = self.dataset.row_group_rows
+        groups = np.arange(len(rows))
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            groups = torch.randperm(len(rows), generator=generator).numpy()
+        lengths = rows[groups]
+        firsts = self.dataset.plan.starts[:-1][groups]
+        total = int(lengths.sum())
+        order = np.arange(total, dtype=np.int64) + np.repeat(firsts - (np.cumsum(lengths) - lengths), lengths)
+        if self.shuffle and self.shuffle_rows > 1:
+            rng = np.random.default_rng([self.seed & (2**63 - 1), self.epoch])
+            for start in range(0, total, self.shuffle_rows):
+                window = order[start : start + self.shuffle_rows]
+                window[:] = window[rng.permutation(len(window))]
+        return order
+
+    def indices(self) -> np.ndarray:
+        """This rank's rows of the epoch, in order."""
+        lo, hi = self._bounds()
+        mine = self.global_order()[lo:hi]
+        if self.even and len(mine) < len(self):
+            mine = np.concatenate([mine, mine[: len(self) - len(mine)]])
+        return mine
+
+    def __iter__(self):
+        mine = self.indices()
+        groups = np.searchsorted(self.dataset.plan.starts, mine, side="right") - 1
+        _, first = np.unique(groups, return_index=True)
+        self.dataset._set_schedule(groups[np.sort(first)])
+        return iter(mine.tolist())
