@@ -77,7 +77,7 @@ class RowGroupCache:
         self.names = [c.name for c in plan.columns]
         self.entries: OrderedDict = OrderedDict()  # index -> Future of (table, nbytes)
         self.held = 0
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # a decode that is already done runs its callback at once
         self.local = threading.local()
         self.pool: ThreadPoolExecutor | None = None
 

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ..errors import ParquetFormatError, ParquetSchemaError
+from .parquet_footer import check_footer
 
 __all__ = ["ColumnSpec", "RowGroup", "ParquetPlan", "expand_paths", "read_footer", "column_spec", "open_plan"]
 
@@ -134,6 +135,7 @@ def read_footer(path: str) -> tuple[int, pq.FileMetaData]:
         footer = os.pread(f.fileno(), length, size - 8 - length)
     if len(footer) != length:
         raise ParquetFormatError(path, "the file shrank while its footer was read")
+    check_footer(path, footer)  # pyarrow can abort the process on some corrupt footers
     try:  # parsed from memory: a footer alone, framed as a file
         metadata = pq.read_metadata(pa.BufferReader(MAGIC + footer + tail))
     except (OSError, pa.ArrowException, ValueError) as exc:
