@@ -54,7 +54,9 @@ class ParquetDataset(Dataset):
     delivered as codes + a per-batch dictionary. ``threads``: row groups decoded at once
     (default: the CPU count). ``read_mode``: ``"pyarrow"`` (pyarrow reads the file) or
     ``"pread"`` (one pread per row group, decoded from memory). ``cache_bytes``: decoded row
-    groups kept (a shuffle window must fit). Footers are read and checked here, once.
+    groups kept (a shuffle window must fit). ``arrow_threads``: each row group's columns are
+    also decoded in parallel on pyarrow's CPU pool (small files have few row groups). Footers
+    are read and checked here, once.
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class ParquetDataset(Dataset):
         threads: int | None = None,
         read_mode: str = "pyarrow",
         cache_bytes: int = 1 << 30,
+        arrow_threads: bool = True,
     ):
         if masks not in ("auto", "always", "never"):
             raise ValueError(f"masks must be 'auto', 'always' or 'never', got {masks!r}")
@@ -79,6 +82,7 @@ class ParquetDataset(Dataset):
         self.threads = threads or os.cpu_count() or 1
         self.read_mode = read_mode
         self.cache_bytes = cache_bytes
+        self.arrow_threads = arrow_threads
         self._cache: RowGroupCache | None = None
         self._schedule: np.ndarray | None = None  # row groups in the order the sampler reads them
         self._position: dict = {}
@@ -119,7 +123,7 @@ class ParquetDataset(Dataset):
 
     def _reader(self) -> RowGroupCache:
         if self._cache is None:
-            self._cache = RowGroupCache(self.plan, self.threads, self.read_mode, self.cache_bytes)
+            self._cache = RowGroupCache(self.plan, self.threads, self.read_mode, self.cache_bytes, self.arrow_threads)
         return self._cache
 
     def _ahead(self, groups: np.ndarray) -> list:
@@ -132,11 +136,15 @@ class ParquetDataset(Dataset):
 
     def read_table(self, indices) -> pa.Table:
         """Rows ``indices`` (in that order) as an Arrow table of the selected columns."""
-        index = self._check(indices)
+        return self._table(self._check(indices))[0]
+
+    def _table(self, index: np.ndarray) -> tuple[pa.Table, int]:
+        """(rows ``index`` as a table, the file of the first one): the batch in Arrow."""
         if not len(index):
-            return self.plan.schema.empty_table()
+            return self.plan.schema.empty_table(), 0
         groups = np.searchsorted(self.plan.starts, index, side="right") - 1
-        unique = np.unique(groups)
+        unique = np.flatnonzero(np.bincount(groups, minlength=len(self.plan.row_groups)))
+        file = self.plan.row_groups[int(groups[0])].file
         tables = self._reader().get(unique.tolist(), self._ahead(unique))
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         base = np.zeros(len(self.plan.row_groups), dtype=np.int64)
@@ -144,8 +152,8 @@ class ParquetDataset(Dataset):
         local = index - self.plan.starts[groups] + base[groups]
         first = int(local[0])
         if int(local[-1]) - first == len(local) - 1 and (len(local) < 2 or bool((np.diff(local) == 1).all())):
-            return table.slice(first, len(local))
-        return table.take(pa.array(local))
+            return table.slice(first, len(local)), file
+        return table.take(pa.array(local)), file
 
     # -- the protocol -------------------------------------------------------------------
     def __fastload_batch__(self, indices) -> dict:
@@ -153,9 +161,8 @@ class ParquetDataset(Dataset):
         index = self._check(indices)
         if not len(index):
             return self.collate([])
-        table = self.read_table(index)
-        path = self.paths[self.plan.row_groups[int(np.searchsorted(self.plan.starts, index[0], "right") - 1)].file]
-        return columns_to_tensors(path, self.plan.columns, table)
+        table, file = self._table(index)
+        return columns_to_tensors(self.paths[file], self.plan.columns, table)
 
     def __getitem__(self, i) -> dict:
         """Row ``i``: numbers as 0-d tensors, strings/lists as 1-D tensors of their bytes/values,

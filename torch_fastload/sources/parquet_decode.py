@@ -67,13 +67,14 @@ class RowGroupCache:
     """Decoded row groups (``pa.Table`` of the selected columns) by plan index, LRU-bounded by
     bytes; a row group asked for while it decodes is waited for, not decoded twice."""
 
-    def __init__(self, plan: ParquetPlan, threads: int, read_mode: str, cache_bytes: int):
+    def __init__(self, plan: ParquetPlan, threads: int, read_mode: str, cache_bytes: int, arrow_threads: bool = True):
         if read_mode not in READ_MODES:
             raise ValueError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
         self.plan = plan
         self.threads = max(1, threads)
         self.read_mode = read_mode
         self.cache_bytes = cache_bytes
+        self.arrow_threads = arrow_threads
         self.names = [c.name for c in plan.columns]
         self.entries: OrderedDict = OrderedDict()  # index -> Future of (table, nbytes)
         self.held = 0
@@ -116,7 +117,7 @@ class RowGroupCache:
 
     def _read(self, group: RowGroup, names: list) -> pa.Table:
         if self.read_mode == "pyarrow":
-            return self._file(group.file).read_row_group(group.index, columns=names, use_threads=False)
+            return self._file(group.file).read_row_group(group.index, columns=names, use_threads=self.arrow_threads)
         path = self.plan.paths[group.file]
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -128,7 +129,7 @@ class RowGroupCache:
             raise ParquetFormatError(path, f"ended at byte {group.start + got} inside a row group", group.index)
         span = _SpanFile(memoryview(data), group.start, self.plan.sizes[group.file])
         reader = pq.ParquetFile(pa.PythonFile(span, mode="r"), metadata=self.plan.metadata[group.file])
-        return reader.read_row_group(group.index, columns=names, use_threads=False)
+        return reader.read_row_group(group.index, columns=names, use_threads=self.arrow_threads)
 
     def _name_column(self, group: RowGroup, exc: BaseException) -> ParquetDecodeError:
         """The error of a row group that fails to decode, naming the first column that fails alone."""
