@@ -379,6 +379,12 @@ def main(argv=None) -> int:
             cell = study.attempt(name, compare_file, study, args, path, name, compression == "snappy")
             if cell:
                 study["alert"].append(cell)
+            study.save()  # a run cut short by a time limit keeps what it measured
+    mid = write_alert(args.dir, args.alert_rows[min(1, len(args.alert_rows) - 1)], "snappy", rg)
+    study["read_modes"] = study.attempt("read modes", read_modes, args, mid) or []
+    study["grid"] = study.attempt("threads x row groups", thread_grid, args) or []
+    study["overlap"] = study.attempt("overlap", overlap, args, mid)
+    study.save()
     for size in args.profile_sizes:
         for kind in PROFILE_TYPES:
             for run_length in (1, 32) if size == args.profile_sizes[0] else (1,):
@@ -388,10 +394,7 @@ def main(argv=None) -> int:
                     cell = study.attempt(name, compare_file, study, args, path, name, False)
                     if cell:
                         study["profiles"].append(cell)
-    mid = write_alert(args.dir, args.alert_rows[min(1, len(args.alert_rows) - 1)], "snappy", rg)
-    study["read_modes"] = study.attempt("read modes", read_modes, args, mid) or []
-    study["grid"] = study.attempt("threads x row groups", thread_grid, args) or []
-    study["overlap"] = study.attempt("overlap", overlap, args, mid)
+                    study.save()
     verdicts(study)
     return study.finish(*tables(study), plot=plot if study["alert"] else None)
 
