@@ -115,6 +115,8 @@ class ParquetDataset(Dataset):
 
     def _check(self, indices) -> np.ndarray:
         raw = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not len(raw) or (raw.min() >= 0 and raw.max() < len(self)):
+            return raw
         index = np.where(raw < 0, raw + len(self), raw)
         bad = (index < 0) | (index >= len(self))
         if bad.any():
@@ -142,6 +144,9 @@ class ParquetDataset(Dataset):
         """(rows ``index`` as a table, the file of the first one): the batch in Arrow."""
         if not len(index):
             return self.plan.schema.empty_table(), 0
+        first, n = int(index[0]), len(index)
+        if int(index[-1]) - first == n - 1 and (n < 3 or bool((index == np.arange(first, first + n)).all())):
+            return self._range(first, n)
         groups = np.searchsorted(self.plan.starts, index, side="right") - 1
         unique = np.flatnonzero(np.bincount(groups, minlength=len(self.plan.row_groups)))
         file = self.plan.row_groups[int(groups[0])].file
@@ -149,11 +154,16 @@ class ParquetDataset(Dataset):
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         base = np.zeros(len(self.plan.row_groups), dtype=np.int64)
         base[unique] = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
-        local = index - self.plan.starts[groups] + base[groups]
-        first = int(local[0])
-        if int(local[-1]) - first == len(local) - 1 and (len(local) < 2 or bool((np.diff(local) == 1).all())):
-            return table.slice(first, len(local)), file
+        local = index - (self.plan.starts[:-1] - base)[groups]
         return table.take(pa.array(local)), file
+
+    def _range(self, first: int, n: int) -> tuple[pa.Table, int]:
+        """Rows ``first .. first + n - 1`` (in order): slices of the row groups, no gather."""
+        lo, hi = np.searchsorted(self.plan.starts, [first, first + n - 1], side="right") - 1
+        groups = list(range(int(lo), int(hi) + 1))
+        tables = self._reader().get(groups, self._ahead(np.asarray(groups)))
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        return table.slice(first - int(self.plan.starts[lo]), n), self.plan.row_groups[int(lo)].file
 
     # -- the protocol -------------------------------------------------------------------
     def __fastload_batch__(self, indices) -> dict:

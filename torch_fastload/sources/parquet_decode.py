@@ -229,7 +229,7 @@ def _fixed(spec: ColumnSpec, arr: pa.Array) -> torch.Tensor:
 def _ragged(values: np.ndarray, offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     base = int(offsets[0]) if len(offsets) else 0
     data = _tensor(values[base : int(offsets[-1])] if len(offsets) else values[:0])
-    return data, torch.from_numpy(offsets.astype(np.int64) - base)
+    return data, torch.from_numpy(np.subtract(offsets, base, dtype=np.int64))  # one pass: rebase, widen
 
 
 def _bytes(arr: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,5 +293,5 @@ def _list_tensors(path: str, spec: ColumnSpec, arr: pa.Array, out: dict) -> None
     else:
         out[spec.name], out[spec.name + "__offsets"] = (
             tensor,
-            torch.from_numpy(offsets.astype(np.int64) - int(offsets[0])),
+            torch.from_numpy(np.subtract(offsets, int(offsets[0]), dtype=np.int64)),
         )
