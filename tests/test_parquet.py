@@ -359,3 +359,23 @@ def test_gpu_batches_equal_the_cpu_batches(tmp_path):
     for a, b in zip(gpu, cpu):
         assert all(t.device.type == "cuda" for t in a.values())
         assert_same(a, b)
+
+
+def test_readme_example_as_a_user_runs_it(tmp_path):
+    """README's Parquet example (on the CPU, two epochs): a dict of tensors, strings as bytes + offsets."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from parquet_data import write_alert  # the alert table the benchmark reads
+
+    path = write_alert(tmp_path, 5000, "snappy", 1024)
+    dataset = ParquetDataset(path, columns=["device_id", "created_at", "severity", "resolved"])
+    sampler = ParquetSampler(dataset, seed=0, shuffle_rows=1 << 16)
+    loader = DataLoader(dataset, batch_size=2048, sampler=sampler, device="cpu")
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        rows = 0
+        for batch in loader:
+            ids, offsets = batch["device_id"], batch["device_id__offsets"]
+            assert offsets[-1] == len(ids) and batch["created_at"].dtype == torch.int64
+            rows += len(offsets) - 1
+        assert rows == 5000
+    assert dataset.units["created_at"] == "us"
