@@ -238,6 +238,43 @@ def test_exact_resume_mid_epoch_in_a_fresh_loader(tmp_path):
     assert_same(head + list(resumed), full)
 
 
+def test_resume_with_other_sampler_settings_is_refused_by_name(tmp_path):
+    from torch_fastload.resume import ResumeError
+
+    path = write(every_type(600), tmp_path / "t.parquet", row_group_size=100)
+
+    def loader(**options):
+        dataset = ParquetDataset(path)
+        sampler = ParquetSampler(dataset, seed=4, **options)
+        sampler.set_epoch(3)
+        return DataLoader(dataset, batch_size=50, sampler=sampler, device="cpu"), sampler
+
+    first, _ = loader(num_replicas=2, rank=0)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    assert state["dataset"]["sampler"]["num_replicas"] == 2
+    other, _ = loader(num_replicas=3, rank=0)
+    other.load_state_dict(state)
+    with pytest.raises(ResumeError, match="num_replicas: 2 then, 3 now"):
+        next(iter(other))
+    late, sampler = loader(num_replicas=2, rank=0)
+    sampler.set_epoch(4)
+    late.load_state_dict(state)
+    with pytest.raises(ResumeError, match="epoch: 3 then, 4 now"):
+        next(iter(late))
+    other_file = write(every_type(600), tmp_path / "u.parquet", row_group_size=200)  # other row groups
+    with pytest.raises(ResumeError, match="600 rows in 6 row groups, this one has 600 in 3"):
+        ParquetDataset(other_file).load_state_dict(state["dataset"])
+    list(it)  # the epoch's end: a checkpoint now is between epochs, the next may differ
+    done = first.state_dict()
+    assert done["dataset"]["rows_delivered"] == 300
+    elastic, sampler = loader(num_replicas=3, rank=1)
+    sampler.set_epoch(4)
+    elastic.load_state_dict(done)
+    assert sum(len(b["i8"]) for b in elastic) == 200
+
+
 # -- bad input ---------------------------------------------------------------------------
 def test_not_parquet_truncated_and_still_being_written(tmp_path):
     good = write(every_type(300), tmp_path / "good.parquet")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 
 import numpy as np
 import pyarrow as pa
@@ -86,6 +87,10 @@ class ParquetDataset(Dataset):
         self._cache: RowGroupCache | None = None
         self._schedule: np.ndarray | None = None  # row groups in the order the sampler reads them
         self._position: dict = {}
+        self._epoch: dict | None = None  # the settings of the epoch the sampler last drew
+        self._resume: dict | None = None  # a checkpoint's, until the next epoch is checked
+        self._fetched: deque = deque()  # rows of each batch fetched and not yet delivered
+        self._delivered = 0  # rows of this epoch handed to the training loop
 
     # -- layout -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -172,7 +177,14 @@ class ParquetDataset(Dataset):
         if not len(index):
             return self.collate([])
         table, file = self._table(index)
-        return columns_to_tensors(self.paths[file], self.plan.columns, table)
+        batch = columns_to_tensors(self.paths[file], self.plan.columns, table)
+        self._fetched.append(len(index))
+        return batch
+
+    def __fastload_delivered__(self, device, waited_seconds: float) -> None:
+        """Counts the rows the loop has received: a checkpoint knows whether its epoch was done."""
+        if self._fetched:
+            self._delivered += self._fetched.popleft()
 
     def __getitem__(self, i) -> dict:
         """Row ``i``: numbers as 0-d tensors, strings/lists as 1-D tensors of their bytes/values,
@@ -235,6 +247,34 @@ class ParquetDataset(Dataset):
         state = dict(self.__dict__)
         state["_cache"] = None
         return state
+
+    def state_dict(self) -> dict:
+        """What a loader checkpoint keeps of this dataset: its row groups' row counts and the
+        settings of the epoch ``ParquetSampler`` was drawing (checked again at resume)."""
+        return {
+            "rows": len(self),
+            "row_groups": len(self.plan.row_groups),
+            "files": [os.path.basename(p) for p in self.paths],
+            "sampler": dict(self._epoch) if self._epoch else None,
+            "rows_delivered": self._delivered,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Check a checkpoint's dataset against this one; its epoch settings are compared with the
+        sampler's when the next epoch begins (``ResumeError`` naming the value that differs)."""
+        from ..resume import ResumeError
+
+        mine = (len(self), len(self.plan.row_groups))
+        if (state.get("rows"), state.get("row_groups")) != mine:
+            raise ResumeError(
+                f"the checkpoint's Parquet dataset had {state.get('rows')} rows in {state.get('row_groups')} "
+                f"row groups, this one has {mine[0]} in {mine[1]} ({self.paths[0]!r}...)"
+            )
+        sampler = state.get("sampler")
+        if sampler is not None and state.get("rows_delivered", 0) < sampler.get("rows", 0):
+            self._resume = dict(sampler, rows_delivered=state["rows_delivered"])  # checked at iter()
+        else:
+            self._resume = None  # between epochs: the next one may be drawn any way
 
     def _set_schedule(self, groups: np.ndarray | None) -> None:
         self._schedule = groups
@@ -327,9 +367,33 @@ class ParquetSampler(Sampler[int]):
             mine = np.concatenate([mine, mine[: len(self) - len(mine)]])
         return mine
 
+    def settings(self) -> dict:
+        """What decides this rank's order: a resumed epoch must draw with the same."""
+        keys = ("shuffle", "seed", "shuffle_rows", "num_replicas", "rank", "even", "epoch")
+        return dict({k: getattr(self, k) for k in keys}, rows=len(self))
+
     def __iter__(self):
+        settings = self.settings()
+        saved, self.dataset._resume = self.dataset._resume, None
+        self.dataset._fetched.clear()
+        self.dataset._delivered = 0
+        if saved is not None:
+            self.dataset._delivered = saved["rows_delivered"]  # the rows before the checkpoint
+            differ = {k: (saved.get(k), v) for k, v in settings.items() if k != "rows" and saved.get(k) != v}
+            if differ:
+                from ..resume import ResumeError
+
+                raise ResumeError(
+                    "the checkpointed Parquet epoch was drawn with other sampler settings "
+                    + ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in differ.items())
+                    + " (call set_epoch with the checkpoint's epoch; the world size must be the same)"
+                )
+        self.dataset._epoch = settings
+        return self._rows()
+
+    def _rows(self):
         mine = self.indices()
         groups = np.searchsorted(self.dataset.plan.starts, mine, side="right") - 1
         _, first = np.unique(groups, return_index=True)
         self.dataset._set_schedule(groups[np.sort(first)])
-        return iter(mine.tolist())
+        yield from mine.tolist()
