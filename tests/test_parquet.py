@@ -159,6 +159,19 @@ def test_directory_glob_and_list_of_files(tmp_path):
         assert_matches_read_table(dataset, whole)
 
 
+def test_many_files_hold_few_descriptors(tmp_path):
+    for k in range(24):
+        write(
+            pa.table({"x": pa.array(np.arange(k * 50, k * 50 + 50))}), tmp_path / f"p{k:02d}.parquet", row_group_size=25
+        )
+    before = len(os.listdir("/proc/self/fd"))
+    dataset = ParquetDataset(tmp_path, threads=2)
+    batch = dataset.__fastload_batch__(np.arange(1200)[::-1])
+    assert batch["x"].tolist() == list(range(1199, -1, -1))
+    assert len(os.listdir("/proc/self/fd")) - before <= 2 * 4 + 2  # a few open per decode thread
+    dataset.close()
+
+
 def test_dictionary_columns_give_codes_and_a_dictionary(tmp_path):
     table = every_type(400)
     path = write(table, tmp_path / "t.parquet")

@@ -27,6 +27,7 @@ from .parquet_plan import ColumnSpec, ParquetPlan, RowGroup
 __all__ = ["RowGroupCache", "columns_to_tensors", "READ_MODES"]
 
 READ_MODES = ("pyarrow", "pread")
+_OPEN_FILES_PER_THREAD = 4
 
 
 class _SpanFile:
@@ -83,10 +84,15 @@ class RowGroupCache:
         self.pool: ThreadPoolExecutor | None = None
 
     def _file(self, f: int) -> pq.ParquetFile:
-        """This thread's ParquetFile of file ``f`` (readers are not shared between threads)."""
-        files = self.local.__dict__.setdefault("files", {})
-        if f not in files:
-            files[f] = pq.ParquetFile(self.plan.paths[f], metadata=self.plan.metadata[f], pre_buffer=True)
+        """This thread's ParquetFile of file ``f`` (readers are not shared between threads); a
+        few stay open per thread, so thousands of files do not hold thousands of descriptors."""
+        files = self.local.__dict__.setdefault("files", OrderedDict())
+        if f in files:
+            files.move_to_end(f)
+            return files[f]
+        if len(files) >= _OPEN_FILES_PER_THREAD:
+            files.popitem(last=False)[1].close()
+        files[f] = pq.ParquetFile(self.plan.paths[f], metadata=self.plan.metadata[f], pre_buffer=True)
         return files[f]
 
     def _decode(self, index: int) -> tuple[pa.Table, int]:
