@@ -11,6 +11,7 @@ profiles     one column type per file, in the spirit of cuDF's reader benchmarks
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def _codes(rng, n: int, cardinality: int, run_length: int) -> np.ndarray | None:
     return np.repeat(rng.integers(0, cardinality, runs), run_length)[:n]
 
 
+@functools.lru_cache(maxsize=1)  # the snappy and the uncompressed file of a size share one table
 def alert_table(rows: int, seed: int = 0) -> pa.Table:
     rng = np.random.default_rng(seed)
     columns = {}
