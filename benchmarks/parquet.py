@@ -368,6 +368,7 @@ def main(argv=None) -> int:
     p.add_argument("--torch-workers", type=int_list, help="torch num_workers [0,8,16]")
     p.add_argument("--torch-rows", type=int, help="rows the torch baseline reads, extrapolated [20000]")
     p.add_argument("--overlap-steps", type=int, default=30, help="steps of each overlap feed")
+    p.add_argument("--budget-s", type=float, default=None, help="skip the profile files left after this many s")
     args = parse_study(
         p,
         argv,
@@ -384,7 +385,7 @@ def main(argv=None) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     study = Study("parquet", args, "Parquet -> tensors vs pyarrow.read_table and a torch DataLoader")
     rg = 131072 if args.scale != "cpu" else 1024
-    study["alert"], study["profiles"] = [], []
+    study["alert"], study["profiles"], study["skipped"] = [], [], []
     for rows in args.alert_rows:
         for compression in ("snappy", "none"):
             path = write_alert(args.dir, rows, compression, rg)
@@ -402,8 +403,11 @@ def main(argv=None) -> int:
         for kind in PROFILE_TYPES:
             for run_length in (1, 32) if size == args.profile_sizes[0] else (1,):
                 for cardinality in (0, 1000):
-                    path = write_profile(args.dir, kind, size, run_length, cardinality, "snappy")
                     name = f"{kind} {size >> 20}MiB run{run_length} card{cardinality or 'inf'}"
+                    if args.budget_s is not None and time.perf_counter() - study.began > args.budget_s:
+                        study["skipped"].append(name)  # said in the output: the run's time was spent
+                        continue
+                    path = write_profile(args.dir, kind, size, run_length, cardinality, "snappy")
                     cell = study.attempt(name, compare_file, study, args, path, name, False)
                     if cell:
                         study["profiles"].append(cell)
@@ -436,6 +440,8 @@ def tables(study: Study) -> list:
         f"hot page cache, batch {study.args.batch_rows} rows to {study.args.device}; torch: sampled rows, extrapolated"
     )
     out.append(table(heads, rows, title))
+    if study["skipped"]:
+        out.append(f"skipped for --budget-s {study.args.budget_s:.0f}: " + ", ".join(study["skipped"]))
     if study["read_modes"]:
         rows = [
             [c["read_mode"], c["arrow_threads"], "cold" if c["cold"] else "hot", fmt(c["resident_before"], ".0%")]
