@@ -226,10 +226,15 @@ def _fixed(spec: ColumnSpec, arr: pa.Array) -> torch.Tensor:
     values = _buffer_view(arr.buffers()[1], spec.numpy_dtype, arr.offset, len(arr))
     if spec.numpy_dtype != np.int64 and spec.dtype == torch.int64:
         values = values.astype(np.int64)
-    tensor = _tensor(values)
-    if arr.null_count:  # the values under nulls are unspecified in Arrow: zeros, deterministically
-        tensor = tensor.masked_fill(~torch.from_numpy(_validity(arr)), 0)
-    return tensor
+    return _tensor(_zero_nulls(values, arr))
+
+
+def _zero_nulls(values: np.ndarray, arr: pa.Array) -> np.ndarray:
+    """Zeros where ``arr`` is null (Arrow leaves those values unspecified), in numpy: torch has
+    no masked_fill for its unsigned types."""
+    if not arr.null_count:
+        return values
+    return np.where(_validity(arr), values, values.dtype.type(0))
 
 
 def _ragged(values: np.ndarray, offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,9 +269,7 @@ def columns_to_tensors(path: str, specs: list, table: pa.Table) -> dict:
             out[name] = torch.from_numpy(arr.fill_null(False).to_numpy(zero_copy_only=False))
         elif spec.kind == "decimal":
             words = np.frombuffer(arr.buffers()[1], dtype=np.int64).reshape(-1, 2)
-            out[name] = _tensor(words[arr.offset : arr.offset + len(arr), 0])
-            if arr.null_count:
-                out[name] = out[name].masked_fill(~torch.from_numpy(_validity(arr)), 0)
+            out[name] = _tensor(_zero_nulls(words[arr.offset : arr.offset + len(arr), 0], arr))
         elif spec.kind == "bytes":
             out[name], out[name + "__offsets"] = _bytes(arr)
         elif spec.kind == "dictionary":
