@@ -439,3 +439,16 @@ def test_readme_example_as_a_user_runs_it(tmp_path):
             rows += len(offsets) - 1
         assert rows == 5000
     assert dataset.units["created_at"] == "us"
+
+
+@pytest.mark.cuda
+def test_gpu_corrupt_page_is_raised_by_its_own_next(tmp_path):
+    table = pa.table({"a": pa.array(np.arange(1000)), "b": pa.array([f"s{i}" for i in range(1000)])})
+    path = write(table, tmp_path / "t.parquet", compression="none", row_group_size=100)
+    _corrupt_page(path, "b", 2)
+    dataset = ParquetDataset(path, threads=2)
+    it = iter(DataLoader(dataset, batch_size=100, sampler=ParquetSampler(dataset, shuffle=False), device="cuda"))
+    assert [int(next(it)["a"][0]) for _ in range(2)] == [0, 100]
+    with pytest.raises(ParquetDecodeError) as info:
+        next(it)
+    assert (info.value.row_group, info.value.column) == (2, "b")
