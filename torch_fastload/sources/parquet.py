@@ -55,7 +55,8 @@ class ParquetDataset(Dataset):
     delivered as codes + a per-batch dictionary. ``threads``: row groups decoded at once
     (default: the CPU count). ``read_mode``: ``"pyarrow"`` (pyarrow reads the file) or
     ``"pread"`` (one pread per row group, decoded from memory). ``cache_bytes``: decoded row
-    groups kept (a shuffle window must fit). ``arrow_threads``: each row group's columns are
+    groups kept (a shuffle window must fit; order rows with ``ParquetSampler``: a uniform
+    shuffle such as ``shuffle=True`` touches every row group in every batch). ``arrow_threads``: each row group's columns are
     also decoded in parallel on pyarrow's CPU pool (small files have few row groups). Footers
     are read and checked here, once.
     """
