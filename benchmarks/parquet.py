@@ -73,7 +73,7 @@ def fastload_run(path: Path, args, *, shuffle=False, cold=False, batch_rows=None
     resident = residency_of([path])
     dataset = ParquetDataset(path, **options)
     sampler = ParquetSampler(dataset, shuffle=shuffle, seed=0)
-    loader = DataLoader(dataset, batch_size=batch_rows or args.batch_rows, sampler=sampler, device=args.device)
+    loader = DataLoader(dataset, batch_sampler=sampler.batches(batch_rows or args.batch_rows), device=args.device)
     sync(args.device)
     started = time.perf_counter()
     nbytes = batches = 0
@@ -290,7 +290,7 @@ def overlap(args, path: Path) -> dict | None:
 
     dataset = ParquetDataset(path)
     sampler = ParquetSampler(dataset, seed=1)
-    loader = DataLoader(dataset, batch_size=rows, sampler=sampler, device=args.device)
+    loader = DataLoader(dataset, batch_sampler=sampler.batches(rows), device=args.device)
     warmup = 4
     steps = min(args.overlap_steps, len(loader) - warmup)
     first = iter(loader)

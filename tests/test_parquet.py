@@ -162,7 +162,7 @@ def test_directory_glob_and_list_of_files(tmp_path):
     tables = [every_type(300, seed) for seed in range(3)]
     for k, t in enumerate(tables):
         write(t, tmp_path / f"part-{k}.parquet", row_group_size=100)
-    whole = pa.concat_tables(tables)
+    whole = pa.concat_tables([pq.read_table(p) for p in sorted(tmp_path.glob("*.parquet"))])  # as stored
     for source in (tmp_path, str(tmp_path / "part-*.parquet"), sorted(tmp_path.glob("*.parquet"))):
         dataset = ParquetDataset(source)
         assert len(dataset) == 900 and len(dataset.plan.row_groups) == 9
@@ -207,6 +207,38 @@ def test_loader_batches_cut_across_row_groups_and_equal_torch_per_row(tmp_path):
     assert_same(ours, theirs)
     rows = torch.cat([b["i64"] for b in ours])
     assert sorted(rows.tolist()) == sorted(table.column("i64").to_pylist())  # every row once
+
+
+def test_batch_sampler_gives_the_same_batches_without_per_row_python(tmp_path):
+    path = write(every_type(1000), tmp_path / "t.parquet", row_group_size=96)
+    dataset = ParquetDataset(path, threads=2)
+    sampler = ParquetSampler(dataset, seed=5, shuffle_rows=200, num_replicas=2, rank=1)
+    by_rows = list(DataLoader(dataset, batch_size=70, sampler=sampler, device="cpu"))
+    batches = sampler.batches(70)
+    assert len(batches) == 8 and all(isinstance(b, np.ndarray) and b.dtype == np.int64 for b in batches)
+    ours = list(DataLoader(dataset, batch_sampler=batches, device="cpu"))
+    theirs = list(torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=dataset.collate))
+    assert_same(ours, by_rows)
+    assert_same(ours, theirs)
+    assert len(sampler.batches(70, drop_last=True)) == 7
+
+
+def test_exact_resume_with_the_batch_sampler(tmp_path):
+    path = write(every_type(900), tmp_path / "t.parquet", row_group_size=100)
+
+    def loader():
+        dataset = ParquetDataset(path)
+        batches = ParquetSampler(dataset, seed=2).batches(64)
+        batches.set_epoch(1)
+        return DataLoader(dataset, batch_sampler=batches, device="cpu")
+
+    full = list(loader())
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(3)]
+    resumed = loader()
+    resumed.load_state_dict(first.state_dict())
+    assert_same(head + list(resumed), full)
 
 
 def test_shuffle_is_by_row_group_then_within_a_window(tmp_path):
@@ -429,7 +461,7 @@ def test_readme_example_as_a_user_runs_it(tmp_path):
     path = write_alert(tmp_path, 5000, "snappy", 1024)
     dataset = ParquetDataset(path, columns=["device_id", "created_at", "severity", "resolved"])
     sampler = ParquetSampler(dataset, seed=0, shuffle_rows=1 << 16)
-    loader = DataLoader(dataset, batch_size=2048, sampler=sampler, device="cpu")
+    loader = DataLoader(dataset, batch_sampler=sampler.batches(2048), device="cpu")
     for epoch in range(2):
         sampler.set_epoch(epoch)
         rows = 0

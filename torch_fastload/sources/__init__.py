@@ -29,12 +29,13 @@ __all__ = [
     "FeatureStoreError",
     "ParquetDataset",
     "ParquetSampler",
+    "ParquetBatchSampler",
 ]
 
 
 def __getattr__(name: str):
     """The Parquet source is imported on first use: pyarrow is an optional dependency."""
-    if name in ("ParquetDataset", "ParquetSampler"):
+    if name in ("ParquetDataset", "ParquetSampler", "ParquetBatchSampler"):
         from . import parquet
 
         return getattr(parquet, name)

@@ -45,7 +45,7 @@ from torch.utils.data import Dataset, Sampler
 from .parquet_decode import READ_MODES, RowGroupCache, columns_to_tensors
 from .parquet_plan import expand_paths, open_plan
 
-__all__ = ["ParquetDataset", "ParquetSampler"]
+__all__ = ["ParquetDataset", "ParquetSampler", "ParquetBatchSampler"]
 
 
 class ParquetDataset(Dataset):
@@ -56,9 +56,9 @@ class ParquetDataset(Dataset):
     (default: the CPU count). ``read_mode``: ``"pyarrow"`` (pyarrow reads the file) or
     ``"pread"`` (one pread per row group, decoded from memory). ``cache_bytes``: decoded row
     groups kept (a shuffle window must fit; order rows with ``ParquetSampler``: a uniform
-    shuffle such as ``shuffle=True`` touches every row group in every batch). ``arrow_threads``: each row group's columns are
-    also decoded in parallel on pyarrow's CPU pool (small files have few row groups). Footers
-    are read and checked here, once.
+    shuffle such as ``shuffle=True`` touches every row group in every batch).
+    ``arrow_threads``: each row group's columns are also decoded in parallel on pyarrow's CPU
+    pool (small files have few row groups). Footers are read and checked here, once.
     """
 
     def __init__(
@@ -374,6 +374,12 @@ class ParquetSampler(Sampler[int]):
         return dict({k: getattr(self, k) for k in keys}, rows=len(self))
 
     def __iter__(self):
+        return iter(self.begin().tolist())
+
+    def begin(self) -> np.ndarray:
+        """This rank's rows of the epoch, drawn now (on the thread calling ``iter()``): a
+        checkpoint's settings are checked and the row groups' order handed to the dataset's
+        read-ahead."""
         settings = self.settings()
         saved, self.dataset._resume = self.dataset._resume, None
         self.dataset._fetched.clear()
@@ -390,11 +396,36 @@ class ParquetSampler(Sampler[int]):
                     + " (call set_epoch with the checkpoint's epoch; the world size must be the same)"
                 )
         self.dataset._epoch = settings
-        return self._rows()
-
-    def _rows(self):
         mine = self.indices()
         groups = np.searchsorted(self.dataset.plan.starts, mine, side="right") - 1
         _, first = np.unique(groups, return_index=True)
         self.dataset._set_schedule(groups[np.sort(first)])
-        yield from mine.tolist()
+        return mine
+
+    def batches(self, batch_size: int, drop_last: bool = False) -> ParquetBatchSampler:
+        """A ``batch_sampler`` over this order whose batches are numpy slices (no per-row Python)."""
+        return ParquetBatchSampler(self, batch_size, drop_last)
+
+
+class ParquetBatchSampler(Sampler):
+    """Batches of ``ParquetSampler``'s order as int64 numpy slices: pass as the loader's
+    ``batch_sampler`` (torch's ``BatchSampler`` would build a Python list of every row)."""
+
+    def __init__(self, sampler: ParquetSampler, batch_size: int, drop_last: bool = False):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self):
+        rows = self.sampler.begin()
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            yield rows[start : start + self.batch_size]
