@@ -341,6 +341,13 @@ def test_not_parquet_truncated_and_still_being_written(tmp_path):
         "writing.parquet": (data[:-8], "truncated, or still being written"),
         "badlength.parquet": (data[:-8] + (len(data) * 2).to_bytes(4, "little") + b"PAR1", "footer length"),
     }
+    writing = tmp_path / "open_writer.parquet"  # a real writer that has not closed its file
+    writer = pq.ParquetWriter(str(writing), every_type(10).schema)
+    writer.write_table(every_type(300))
+    with pytest.raises(ParquetFormatError, match="still being written"):
+        ParquetDataset(writing)
+    writer.close()
+    assert len(ParquetDataset(writing)) == 300
     for name, (content, match) in cases.items():
         (tmp_path / name).write_bytes(content)
         with pytest.raises(ParquetFormatError, match=match) as info:
