@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from parquet_data import PROFILE_TYPES, write_alert, write_profile  # noqa: E402
+from parquet_report import plot, tables  # noqa: E402
 
 from torch_fastload import DataLoader  # noqa: E402
 from torch_fastload._benchutil import (  # noqa: E402
@@ -56,7 +57,6 @@ from torch_fastload._benchutil import (  # noqa: E402
     size_list,
     study_parser,
     sync,
-    table,
     warm_page_cache,
 )
 from torch_fastload.sources import ParquetDataset, ParquetSampler  # noqa: E402
@@ -97,10 +97,13 @@ def fastload_run(path: Path, args, *, shuffle=False, cold=False, batch_rows=None
     }
 
 
-def read_table_best(path: Path) -> dict:
-    """pyarrow.parquet.read_table to host, use_threads on and off: the faster kept."""
+def read_table_best(path: Path, cold: bool = False) -> dict:
+    """pyarrow.parquet.read_table to host, use_threads on and off: the faster kept (``cold``:
+    the file dropped from the page cache before each)."""
     best = None
     for threads in (True, False):
+        if cold:
+            drop_page_cache(path)
         started = time.perf_counter()
         t = pq.read_table(path, use_threads=threads)
         seconds = time.perf_counter() - started
@@ -259,6 +262,12 @@ def read_modes(args, path: Path) -> list:
                     f" {run['gbps']:6.2f} GB/s  {run['file_gbit']:6.1f} Gbps"
                     f" (resident {fmt(run['resident_before'], '.0%')})"
                 )
+    for cold in (False, True):  # the baseline on the same page cache
+        drop_page_cache(path) if cold else warm_page_cache([path])
+        resident = residency_of([path])
+        run = read_table_best(path, cold=cold)
+        cells.append({"read_mode": "read_table", "arrow_threads": run["use_threads"], "cold": cold, **run})
+        cells[-1]["resident_before"] = resident
     return cells
 
 
@@ -326,21 +335,6 @@ def overlap(args, path: Path) -> dict | None:
         "fastload_ms": times["fastload"] * 1e3,
         "over_resident": times["fastload"] / times["resident"],
     }
-
-
-def plot(data: dict, plt):
-    cells = data["alert"] + data["profiles"]
-    fig, ax = plt.subplots(figsize=(11, 0.42 * len(cells) + 1.8))
-    names = [c["name"] for c in cells]
-    y = np.arange(len(cells))
-    ax.barh(y - 0.2, [c["fastload"]["gbps"] for c in cells], 0.4, label="ParquetDataset -> device", color="#1f77b4")
-    ax.barh(y + 0.2, [c["read_table"]["gbps"] for c in cells], 0.4, label="read_table -> host", color="#999999")
-    ax.set_yticks(y, names, fontsize=7)
-    ax.invert_yaxis()
-    ax.set(xlabel="decoded GB/s (hot page cache)", title="Parquet -> tensors: torch_fastload vs pyarrow.read_table")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
 
 
 def verdicts(study: Study) -> None:
@@ -430,66 +424,6 @@ def main(argv=None) -> int:
                     study.save()
     verdicts(study)
     return study.finish(*tables(study), plot=plot if study["alert"] else None)
-
-
-def tables(study: Study) -> list:
-    out = []
-    rows = []
-    for c in study["alert"] + study["profiles"]:
-        torch_cell = c.get("torch")
-        rows.append(
-            [
-                c["name"],
-                f"{c['rows']:,}",
-                fmt(c["file_bytes"] / MiB, ".0f"),
-                fmt(c["fastload"]["gbps"]),
-                fmt(c["fastload"]["file_gbit"], ".1f"),
-                fmt(c["fastload_shuffled"]["gbps"]),
-                fmt(c["read_table"]["gbps"]),
-                fmt(c["read_table_h2d"]["gbps"]),
-                fmt(c["over_read_table"]),
-                f"{fmt(c.get('over_torch'), '.1f')} (w{torch_cell['best']['workers']})" if torch_cell else "-",
-            ]
-        )
-    heads = ["file", "rows", "MiB", "GB/s", "Gbps file", "shuffled", "read_table", "+H2D", "x read_table", "x torch"]
-    title = (
-        f"hot page cache, batch {study.args.batch_rows} rows to {study.args.device}; torch: sampled rows, extrapolated"
-    )
-    out.append(table(heads, rows, title))
-    if study["skipped"]:
-        out.append(f"skipped for --budget-s {study.args.budget_s:.0f}: " + ", ".join(study["skipped"]))
-    if study["read_modes"]:
-        rows = [
-            [c["read_mode"], c["arrow_threads"], "cold" if c["cold"] else "hot", fmt(c["resident_before"], ".0%")]
-            + [fmt(c["gbps"]), fmt(c["file_gbit"], ".1f")]
-            for c in study["read_modes"]
-        ]
-        out.append(table(["read_mode", "arrow threads", "cache", "resident", "GB/s", "Gbps file"], rows, "read paths"))
-    if study["grid"]:
-        threads = sorted({c["threads"] for c in study["grid"]})
-        groups = sorted({c["row_group_rows"] for c in study["grid"]})
-        rows = [
-            [g]
-            + [
-                fmt(next(c["gbps"] for c in study["grid"] if c["threads"] == t and c["row_group_rows"] == g))
-                for t in threads
-            ]
-            for g in groups
-        ]
-        out.append(
-            table(["row group rows"] + [f"{t} thr" for t in threads], rows, "threads x row-group size, GB/s decoded")
-        )
-    if ov := study.get("overlap"):
-        rows = [
-            ["device-resident", fmt(ov["resident_ms"]), "1.000"],
-            ["ParquetDataset", fmt(ov["fastload_ms"]), fmt(ov["over_resident"], ".3f")],
-        ]
-        out.append(
-            table(
-                ["feed", "step ms", "x resident"], rows, f"bf16 step of {ov['gemms_per_step']} GEMMs beside the loader"
-            )
-        )
-    return out
 
 
 if __name__ == "__main__":

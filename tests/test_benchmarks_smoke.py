@@ -180,6 +180,6 @@ def test_parquet(tmp_path):
     )
     assert data["alert"][0]["torch"]["sampled_rows"] > 0  # the row-wise baseline ran, sampled
     modes = {(c["read_mode"], c["cold"]) for c in data["read_modes"]}
-    assert modes == {("pyarrow", False), ("pyarrow", True), ("pread", False), ("pread", True)}
+    assert modes == {(m, cold) for m in ("pyarrow", "pread", "read_table") for cold in (False, True)}
     assert all(c["resident_before"] == 0.0 for c in data["read_modes"] if c["cold"])  # really dropped
     assert {c["threads"] for c in data["grid"]} == {1, 2} and "threads x row-group size" in res.stdout
