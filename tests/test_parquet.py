@@ -182,6 +182,21 @@ def test_many_files_hold_few_descriptors(tmp_path):
     dataset.close()
 
 
+def test_empty_files_and_row_groups_are_skipped(tmp_path):
+    empty = write(pa.table({"x": pa.array([], pa.int64())}), tmp_path / "a.parquet")  # an empty chunk at offset 0
+    full = write(pa.table({"x": pa.array([1, 2, 3], pa.int64())}), tmp_path / "b.parquet")
+    dataset = ParquetDataset([empty, full])
+    assert len(dataset) == 3 and len(dataset.plan.row_groups) == 1 and dataset.keys() == ["x"]
+    got = torch.cat(
+        [b["x"] for b in DataLoader(dataset, batch_sampler=ParquetSampler(dataset).batches(2), device="cpu")]
+    )
+    assert sorted(got.tolist()) == [1, 2, 3]
+    alone = ParquetDataset(empty)
+    assert (
+        len(alone) == 0 and list(DataLoader(alone, batch_sampler=ParquetSampler(alone).batches(2), device="cpu")) == []
+    )
+
+
 def test_dictionary_columns_give_codes_and_a_dictionary(tmp_path):
     table = every_type(400)
     path = write(table, tmp_path / "t.parquet")

@@ -192,6 +192,8 @@ def _may_hold_nulls(metadata, leaves: list, field: pa.Field) -> bool:
         return False
     for r in range(metadata.num_row_groups):
         group = metadata.row_group(r)
+        if group.num_rows == 0:
+            continue
         for j in leaves:
             stats = group.column(j).statistics
             if stats is None or not stats.has_null_count or stats.null_count > 0:
@@ -285,6 +287,8 @@ def open_plan(paths: list, columns, masks: str, dictionary_columns) -> ParquetPl
             rows = meta.row_group(r).num_rows
             if rows < 0:
                 raise ParquetFormatError(path, f"negative row count {rows}", row_group=r)
+            if rows == 0:  # nothing to read (writers leave empty chunks at offset 0)
+                continue
             chunks, start, end = _check_chunks(path, size, meta, r, names, leaves_of[f])
             row_groups.append(RowGroup(f, r, total, rows, chunks, start, end))
             starts.append(total)
