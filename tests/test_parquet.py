@@ -182,6 +182,21 @@ def test_many_files_hold_few_descriptors(tmp_path):
     dataset.close()
 
 
+def test_column_names_with_dots_and_nested_neighbours(tmp_path):
+    table = pa.table(
+        {
+            "a": pa.array([{"b": 1}, {"b": 2}]),  # leaf path a.b
+            "a.b": pa.array([10, 20], pa.int64()),  # leaf path a.b as well
+            "emb.x": pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32(), 2)),
+        }
+    )
+    path = write(table, tmp_path / "t.parquet")
+    dataset = ParquetDataset(path, columns=["a.b", "emb.x"])
+    batch = dataset.__fastload_batch__([1, 0])
+    assert batch["a.b"].tolist() == [20, 10] and batch["emb.x"].tolist() == [[3.0, 4.0], [1.0, 2.0]]
+    assert len(dataset.plan.row_groups[0].chunks["a.b"]) == 1
+
+
 def test_empty_files_and_row_groups_are_skipped(tmp_path):
     empty = write(pa.table({"x": pa.array([], pa.int64())}), tmp_path / "a.parquet")  # an empty chunk at offset 0
     full = write(pa.table({"x": pa.array([1, 2, 3], pa.int64())}), tmp_path / "b.parquet")

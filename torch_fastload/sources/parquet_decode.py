@@ -122,8 +122,16 @@ class RowGroupCache:
         return table, table.nbytes
 
     def _read(self, group: RowGroup, names: list) -> pa.Table:
-        if self.read_mode == "pyarrow":
-            return self._file(group.file).read_row_group(group.index, columns=names, use_threads=self.arrow_threads)
+        """Columns ``names`` of a row group, in that order. They are selected by leaf column
+        index: pyarrow reads a dotted name as a path into a struct."""
+        leaves = self.plan.leaves[group.file]
+        indices = sorted(j for name in names for j in leaves[name])
+        owner = self._file(group.file) if self.read_mode == "pyarrow" else self._span_file(group)
+        table = owner.reader.read_row_group(group.index, column_indices=indices, use_threads=self.arrow_threads)
+        return table.select([table.schema.get_field_index(name) for name in names])
+
+    def _span_file(self, group: RowGroup) -> pq.ParquetFile:
+        """The row group's bytes read with one pread, as a ParquetFile decoding from memory."""
         path = self.plan.paths[group.file]
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -134,8 +142,7 @@ class RowGroupCache:
         if got != len(data):
             raise ParquetFormatError(path, f"ended at byte {group.start + got} inside a row group", group.index)
         span = _SpanFile(memoryview(data), group.start, self.plan.sizes[group.file])
-        reader = pq.ParquetFile(pa.PythonFile(span, mode="r"), metadata=self.plan.metadata[group.file])
-        return reader.read_row_group(group.index, columns=names, use_threads=self.arrow_threads)
+        return pq.ParquetFile(pa.PythonFile(span, mode="r"), metadata=self.plan.metadata[group.file])
 
     def _name_column(self, group: RowGroup, exc: BaseException) -> ParquetDecodeError:
         """The error of a row group that fails to decode, naming the first column that fails alone."""

@@ -136,7 +136,7 @@ def _leaf_levels(schema: list) -> list:
             if children:
                 walk(children, path + (name,), d, r, depth + 1)
             else:
-                leaves.append((".".join(path + (name,)), d, r))
+                leaves.append((path + (name,), d, r))
 
     if not schema or not isinstance(schema[0], dict):
         raise _Corrupt("no schema root")
@@ -156,8 +156,10 @@ def _check_histogram(stats, expected: int, which: int, what: str) -> None:
         raise _Corrupt(f"{what} level histogram has {size} entries, the schema's levels give {expected}")
 
 
-def check_footer(path: str, footer: bytes) -> None:
-    """``ParquetFormatError`` unless ``footer`` is well-formed Thrift that pyarrow can hold."""
+def check_footer(path: str, footer: bytes) -> list:
+    """``ParquetFormatError`` unless ``footer`` is well-formed Thrift that pyarrow can hold;
+    else the top-level column that owns each leaf column, in leaf order (names may hold dots,
+    so pyarrow's dotted leaf paths cannot tell)."""
     where: dict = {"row_group": None, "column": None}  # what the error names
     try:
         reader = _Reader(footer)
@@ -175,8 +177,8 @@ def check_footer(path: str, footer: bytes) -> None:
             if not isinstance(chunks, list) or len(chunks) != len(leaves):
                 count = len(chunks) if isinstance(chunks, list) else "no"
                 raise _Corrupt(f"{count} column chunks for {len(leaves)} leaf columns")
-            for (name, dlevel, rlevel), chunk in zip(leaves, chunks):
-                where["column"] = name
+            for (names, dlevel, rlevel), chunk in zip(leaves, chunks):
+                where["column"] = ".".join(names)
                 meta_data = chunk.get(3) if isinstance(chunk, dict) else None
                 if not isinstance(meta_data, dict):
                     raise _Corrupt("a column chunk without its metadata")
@@ -187,3 +189,4 @@ def check_footer(path: str, footer: bytes) -> None:
         where["row_group"] = None
     except _Corrupt as exc:
         raise ParquetFormatError(path, f"corrupt footer: {exc}", **where) from None
+    return [names[0] for names, _, _ in leaves]

@@ -84,6 +84,7 @@ class ParquetPlan:
     columns: list  # ColumnSpec
     row_groups: list  # RowGroup, in file then row-group order
     starts: np.ndarray  # int64 first row of every row group (+ the total at the end)
+    leaves: list  # per file: column name -> indices of its leaf columns (names may hold dots)
 
     @property
     def rows(self) -> int:
@@ -115,8 +116,9 @@ def expand_paths(source) -> list:
     return paths
 
 
-def read_footer(path: str) -> tuple[int, pq.FileMetaData]:
-    """``(file size, metadata)`` of a Parquet file, its footer bytes checked before parsing."""
+def read_footer(path: str) -> tuple[int, pq.FileMetaData, list]:
+    """``(file size, metadata, the top-level column of each leaf column)`` of a Parquet file,
+    its footer bytes checked before parsing."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if not os.path.isfile(path):
@@ -135,12 +137,16 @@ def read_footer(path: str) -> tuple[int, pq.FileMetaData]:
         footer = os.pread(f.fileno(), length, size - 8 - length)
     if len(footer) != length:
         raise ParquetFormatError(path, "the file shrank while its footer was read")
-    check_footer(path, footer)  # pyarrow can abort the process on some corrupt footers
+    owners = check_footer(path, footer)  # pyarrow can abort the process on some corrupt footers
     try:  # parsed from memory: a footer alone, framed as a file
         metadata = pq.read_metadata(pa.BufferReader(MAGIC + footer + tail))
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise ParquetFormatError(path, f"corrupt footer ({exc})") from None
-    return size, metadata
+    if metadata.num_columns != len(owners):
+        raise ParquetFormatError(
+            path, f"pyarrow reads {metadata.num_columns} leaf columns, the footer lists {len(owners)}"
+        )
+    return size, metadata, owners
 
 
 def _unit(arrow_type) -> str:
@@ -201,12 +207,11 @@ def _may_hold_nulls(metadata, leaves: list, field: pa.Field) -> bool:
     return False
 
 
-def _leaf_columns(metadata) -> dict:
+def _leaf_columns(owners: list) -> dict:
     """Top-level column name -> indices of its leaf columns in the row groups."""
     leaves: dict = {}
-    schema = metadata.schema
-    for j in range(metadata.num_columns):
-        leaves.setdefault(schema.column(j).path.split(".")[0], []).append(j)
+    for j, name in enumerate(owners):
+        leaves.setdefault(name, []).append(j)
     return leaves
 
 
@@ -238,9 +243,10 @@ def _check_chunks(path: str, size: int, metadata, r: int, names: list, leaves: d
 
 def open_plan(paths: list, columns, masks: str, dictionary_columns) -> ParquetPlan:
     """Read every footer, compare the schemas, type the columns and plan the row groups."""
-    sizes, metas, schema = [], [], None
+    sizes, metas, owners, schema = [], [], [], None
     for path in paths:
-        size, meta = read_footer(path)
+        size, meta, leaf_owners = read_footer(path)
+        owners.append(leaf_owners)
         try:
             arrow_schema = meta.schema.to_arrow_schema()
         except (pa.ArrowException, ValueError) as exc:
@@ -271,7 +277,7 @@ def open_plan(paths: list, columns, masks: str, dictionary_columns) -> ParquetPl
     if unknown:
         raise ValueError(f"dictionary_columns {sorted(unknown)} are not among the columns read")
     specs, row_groups, starts, total = [], [], [], 0
-    leaves_of = [_leaf_columns(m) for m in metas]
+    leaves_of = [_leaf_columns(o) for o in owners]
     for name in names:
         field = schema.field(name)
         if masks == "always":
@@ -298,4 +304,5 @@ def open_plan(paths: list, columns, masks: str, dictionary_columns) -> ParquetPl
             raise ParquetFormatError(path, f"row groups hold {counted} rows, the footer says {meta.num_rows}")
     starts.append(total)
     selected = pa.schema([schema.field(n) for n in names])
-    return ParquetPlan(paths, sizes, metas, selected, specs, row_groups, np.asarray(starts, dtype=np.int64))
+    starts = np.asarray(starts, dtype=np.int64)
+    return ParquetPlan(paths, sizes, metas, selected, specs, row_groups, starts, leaves_of)
