@@ -197,3 +197,18 @@ def test_example_style(tmp_path):
     data = report(out, "example_style-resnet18")
     (run,) = data["runs"].values()
     assert run["images_per_s"] > 0 and run["data_ms"] >= 0 and run["data_ms_each"]  # the tiny set: 2 batches an epoch
+
+
+def test_parquet(tmp_path):
+    res, out = run_study("parquet.py", tmp_path, "--dir", str(tmp_path / "data"))
+    data = report(out, "parquet")
+    cells = data["alert"] + data["profiles"]
+    assert len(data["alert"]) == 2 and len(data["profiles"]) == 20  # snappy/none; 5 types x run x cardinality
+    assert all(
+        c["fastload"]["gbps"] > 0 and c["read_table"]["gbps"] > 0 and c["read_table_h2d"]["gbps"] > 0 for c in cells
+    )
+    assert data["alert"][0]["torch"]["sampled_rows"] > 0  # the row-wise baseline ran, sampled
+    modes = {(c["read_mode"], c["cold"]) for c in data["read_modes"]}
+    assert modes == {(m, cold) for m in ("pyarrow", "pread", "read_table") for cold in (False, True)}
+    assert all(c["resident_before"] == 0.0 for c in data["read_modes"] if c["cold"])  # really dropped
+    assert {c["threads"] for c in data["grid"]} == {1, 2} and "threads x row-group size" in res.stdout

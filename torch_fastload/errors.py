@@ -10,6 +10,10 @@ __all__ = [
     "BatchTooLargeError",
     "PoolError",
     "LoaderShutdownError",
+    "ParquetError",
+    "ParquetFormatError",
+    "ParquetSchemaError",
+    "ParquetDecodeError",
     "CapturedError",
     "capture",
     "wrap",
@@ -39,6 +43,34 @@ class PoolError(FastloadError):
 
 class LoaderShutdownError(FastloadError):
     """The iterator was used after it was shut down, or a pipeline thread died unexpectedly."""
+
+
+class ParquetError(FastloadError, ValueError):
+    """A Parquet file that cannot be read as asked: names the file and, where known, the row
+    group and the column (``path``, ``row_group``, ``column`` attributes)."""
+
+    def __init__(self, path: str, problem: str, row_group: int | None = None, column: str | None = None):
+        self.path = str(path)
+        self.row_group = row_group
+        self.column = column
+        where = self.path
+        if row_group is not None:
+            where += f", row group {row_group}"
+        if column is not None:
+            where += f", column {column!r}"
+        super().__init__(f"{where}: {problem}")
+
+
+class ParquetFormatError(ParquetError):
+    """Not Parquet, truncated, still being written, or a footer/page that does not parse."""
+
+
+class ParquetSchemaError(ParquetError):
+    """A missing column, schemas that differ across files, or a type with no tensor form."""
+
+
+class ParquetDecodeError(ParquetFormatError):
+    """A row group whose pages fail to decode when a batch needs it (raised by that batch's next())."""
 
 
 class CapturedError:

@@ -27,4 +27,16 @@ __all__ = [
     "EncodedImages",
     "FeatureStore",
     "FeatureStoreError",
+    "ParquetDataset",
+    "ParquetSampler",
+    "ParquetBatchSampler",
 ]
+
+
+def __getattr__(name: str):
+    """The Parquet source is imported on first use: pyarrow is an optional dependency."""
+    if name in ("ParquetDataset", "ParquetSampler", "ParquetBatchSampler"):
+        from . import parquet
+
+        return getattr(parquet, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,430 @@
+#!/usr/bin/env python3
+"""Parquet -> GPU tensors with ParquetDataset against pyarrow.parquet.read_table (to host, and
+then a pinned H2D copy) and a torch DataLoader over a row-wise Dataset, all in the same run.
+
+Data (benchmarks/parquet_data.py, written under --dir once): the alert table (14 columns: 9
+string ids, 2 timestamps, 2 int64, 1 bool) at --alert-rows, snappy and uncompressed; the
+profile suite (int, float, string, timestamp, list; run length 1 and 32; cardinality unlimited
+and 1000) at --profile-sizes of decoded data (the larger size: run length 1 only, to fit the
+run's time).
+Figures: GB/s of decoded output (the tensors' bytes) and Gbps of file read (the file's bytes);
+hot page cache unless a row says cold (posix_fadvise DONTNEED after fsync, residency shown).
+Baselines (same run): read_table to host at its best thread setting; read_table + a pinned H2D
+copy of every buffer; torch DataLoader over a row-wise Dataset (numpy columns indexed per row,
+default collate), best of --torch-workers, on --torch-rows sampled rows, extrapolated to the
+file (said in its row). read_table + H2D: one pinned buffer and one device buffer allocated
+before its clock starts, every Arrow buffer copied in, one H2D copy. Also: pyarrow's own file
+reads vs one pread per row group decoded from memory (read_mode), pyarrow's column threads
+on/off, a threads x row-group-size table, and a bf16 step fed by the loader vs the same step
+on device-resident batches.
+Targets: >= 1.0x read_table (host) throughput delivered on the GPU; >= 5x the torch DataLoader;
+the fed bf16 step <= 1.05x the device-resident one when the step is at least the batch's decode.
+
+    python benchmarks/parquet.py --dir /tmp/pq      # ~4 min on the H100 machine
+    python benchmarks/parquet.py --quick            # fewer sizes and cells
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from parquet_data import PROFILE_TYPES, write_alert, write_profile  # noqa: E402
+from parquet_report import plot, tables  # noqa: E402
+
+from torch_fastload import DataLoader  # noqa: E402
+from torch_fastload._benchutil import (  # noqa: E402
+    MiB,
+    Study,
+    drop_page_cache,
+    fmt,
+    gemm_seconds,
+    int_list,
+    log,
+    parse_study,
+    positive_int_list,
+    residency_of,
+    size_list,
+    study_parser,
+    sync,
+    warm_page_cache,
+)
+from torch_fastload.sources import ParquetDataset, ParquetSampler  # noqa: E402
+
+
+def batch_bytes(batch: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in batch.values())
+
+
+def fastload_run(path: Path, args, *, shuffle=False, cold=False, batch_rows=None, **options) -> dict:
+    """One epoch of ParquetDataset -> device; the consumer touches every batch on the device."""
+    if cold:
+        drop_page_cache(path)
+    resident = residency_of([path])
+    dataset = ParquetDataset(path, **options)
+    sampler = ParquetSampler(dataset, shuffle=shuffle, seed=0)
+    loader = DataLoader(dataset, batch_sampler=sampler.batches(batch_rows or args.batch_rows), device=args.device)
+    sync(args.device)
+    started = time.perf_counter()
+    nbytes = batches = 0
+    sink = []
+    for batch in loader:
+        nbytes += batch_bytes(batch)
+        batches += 1
+        sink = sink[-3:] + [next(iter(batch.values())).view(-1)[-1:].float()]
+    sync(args.device)
+    seconds = time.perf_counter() - started
+    dataset.close()
+    del loader, sink
+    gc.collect()
+    return {
+        "seconds": seconds,
+        "gbps": nbytes / seconds / 1e9,
+        "file_gbit": os.path.getsize(path) * 8 / seconds / 1e9,
+        "batches": batches,
+        "resident_before": resident,
+        "decode_s_per_batch": seconds / max(1, batches),
+    }
+
+
+def read_table_best(path: Path, cold: bool = False) -> dict:
+    """pyarrow.parquet.read_table to host, use_threads on and off: the faster kept (``cold``:
+    the file dropped from the page cache before each)."""
+    best = None
+    for threads in (True, False):
+        if cold:
+            drop_page_cache(path)
+        started = time.perf_counter()
+        t = pq.read_table(path, use_threads=threads)
+        seconds = time.perf_counter() - started
+        if best is None or seconds < best["seconds"]:
+            best = {"seconds": seconds, "use_threads": threads, "nbytes": t.nbytes}
+        del t
+    best["gbps"] = best["nbytes"] / best["seconds"] / 1e9
+    best["file_gbit"] = os.path.getsize(path) * 8 / best["seconds"] / 1e9
+    return best
+
+
+def read_table_h2d(path: Path, device: torch.device, use_threads: bool, nbytes: int) -> dict:
+    """read_table, then every Arrow buffer copied into one pinned buffer and on to the device in
+    one copy; both buffers allocated before the clock starts (``nbytes``: the table's size)."""
+    pin = device.type == "cuda"
+    room = int(nbytes * 1.25) + (64 << 20)  # buffers may hold more than the table's nbytes
+    staged = torch.empty(room, dtype=torch.uint8, pin_memory=pin)
+    target = torch.empty(room, dtype=torch.uint8, device=device)
+    sync(device)
+    started = time.perf_counter()
+    t = pq.read_table(path, use_threads=use_threads)
+    cursor = 0
+    for column in t.columns:
+        for chunk in column.chunks:
+            for buf in chunk.buffers():
+                if buf is None or buf.size == 0:
+                    continue
+                if cursor + buf.size > room:
+                    raise RuntimeError(f"the staging buffer ({room} bytes) is too small for {path.name}")
+                staged[cursor : cursor + buf.size].copy_(torch.frombuffer(buf, dtype=torch.uint8))
+                cursor += buf.size
+    target[:cursor].copy_(staged[:cursor], non_blocking=True)
+    sync(device)
+    seconds = time.perf_counter() - started
+    return {
+        "seconds": seconds,
+        "gbps": t.nbytes / seconds / 1e9,
+        "file_gbit": os.path.getsize(path) * 8 / seconds / 1e9,
+    }
+
+
+class RowWise(torch.utils.data.Dataset):
+    """What torch users write: the table in memory, one row (a dict) per __getitem__ from
+    numpy columns. Only the sampled rows are converted (``rows``): converting 4M rows of 9
+    string columns to Python objects would take longer than the rest of the benchmark, and the
+    per-row cost is the same."""
+
+    def __init__(self, path: Path, rows: np.ndarray):
+        table = pq.read_table(path).take(pa.array(rows))
+        self.columns = {}
+        for name, column in zip(table.column_names, table.columns):
+            t = column.type
+            if pa.types.is_timestamp(t):
+                column = column.cast(pa.int64())
+            self.columns[name] = column.to_numpy() if not pa.types.is_list(t) else column.to_pylist()
+        self.rows = table.num_rows
+
+    def __len__(self):
+        return self.rows
+
+    def __getitem__(self, i):
+        row = {}
+        for name, values in self.columns.items():
+            v = values[i]
+            row[name] = torch.tensor(v) if isinstance(v, list) else v
+        return row
+
+
+def collate_rows(rows: list) -> dict:
+    out = {}
+    for name in rows[0]:
+        values = [r[name] for r in rows]
+        if isinstance(values[0], torch.Tensor):
+            out[name] = torch.cat(values)
+        elif isinstance(values[0], str):
+            out[name] = values
+        else:
+            out[name] = torch.from_numpy(np.asarray(values))
+    return out
+
+
+def torch_run(path: Path, args) -> dict:
+    """The row-wise baseline per worker setting on sampled rows (at least --torch-rows, and 4
+    batches a worker), timed from its first batch (worker start-up left out), extrapolated."""
+    total = pq.read_metadata(path).num_rows
+    batch = max(1, min(args.batch_rows, 1024, args.torch_rows // 8))  # at least 8 batches
+    most = min(total, max(args.torch_rows, 4 * batch * max(args.torch_workers)))
+    dataset = RowWise(path, np.random.default_rng(0).choice(total, most, replace=False))
+    cells = []
+    for workers in args.torch_workers:
+        rows = min(most, max(args.torch_rows, 4 * batch * workers))
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.Subset(dataset, range(rows)),
+            batch_size=batch,
+            num_workers=workers,
+            collate_fn=collate_rows,
+            pin_memory=args.device.type == "cuda",
+        )
+        counted = 0
+        for k, b in enumerate(loader):
+            if k == 0:
+                started = time.perf_counter()
+            else:
+                counted += len(next(iter(b.values())))
+            for v in b.values():
+                if isinstance(v, torch.Tensor):
+                    v.to(args.device, non_blocking=True)
+        sync(args.device)
+        seconds = time.perf_counter() - started
+        rate = counted / seconds if counted else 0.0
+        cells.append({"workers": workers, "rows_per_s": rate, "sampled_rows": rows})
+        log(f"    torch row-wise w{workers}: {rate:,.0f} rows/s on {rows} sampled rows (from its first batch)")
+    best = max(cells, key=lambda c: c["rows_per_s"])
+    return {"cells": cells, "best": best, "sampled_rows": most, "extrapolated_s": total / best["rows_per_s"]}
+
+
+def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool) -> dict:
+    """Every way of reading one file, hot (and the fastload row of the first file cold too)."""
+    warm_page_cache([path])
+    rows = pq.read_metadata(path).num_rows
+    cell = {"name": name, "file": path.name, "rows": rows, "file_bytes": os.path.getsize(path)}
+    cell["read_table"] = read_table_best(path)
+    cell["read_table_h2d"] = read_table_h2d(
+        path, args.device, cell["read_table"]["use_threads"], cell["read_table"]["nbytes"]
+    )
+    cell["fastload"] = fastload_run(path, args)
+    cell["fastload_shuffled"] = fastload_run(path, args, shuffle=True)
+    cell["decoded_bytes"] = cell["fastload"]["gbps"] * cell["fastload"]["seconds"] * 1e9
+    if torch_baseline:
+        run = study.attempt(f"torch {name}", torch_run, path, args)
+        if run:
+            cell["torch"] = run
+            cell["torch"]["seconds"] = run["extrapolated_s"]
+    cell["over_read_table"] = cell["read_table"]["seconds"] / cell["fastload"]["seconds"]
+    if "torch" in cell:
+        cell["over_torch"] = cell["torch"]["seconds"] / cell["fastload"]["seconds"]
+    log(
+        f"  {name:<40} fastload {cell['fastload']['gbps']:6.2f} GB/s ({cell['fastload']['file_gbit']:6.1f} Gbps file)"
+        f"  read_table {cell['read_table']['gbps']:6.2f} GB/s  x{cell['over_read_table']:.2f}"
+    )
+    return cell
+
+
+def read_modes(args, path: Path) -> list:
+    """pyarrow's own reads vs one pread per row group, with pyarrow's column threads on/off, hot and cold."""
+    cells = []
+    for mode in ("pyarrow", "pread"):
+        for arrow_threads in (True, False):
+            for cold in (False, True):
+                if not cold:
+                    warm_page_cache([path])
+                run = fastload_run(path, args, cold=cold, read_mode=mode, arrow_threads=arrow_threads)
+                cells.append({"read_mode": mode, "arrow_threads": arrow_threads, "cold": cold, **run})
+                log(
+                    f"  read_mode={mode:<8} arrow_threads={arrow_threads!s:<5} {'cold' if cold else 'hot ':<4}"
+                    f" {run['gbps']:6.2f} GB/s  {run['file_gbit']:6.1f} Gbps"
+                    f" (resident {fmt(run['resident_before'], '.0%')})"
+                )
+    for cold in (False, True):  # the baseline on the same page cache
+        drop_page_cache(path) if cold else warm_page_cache([path])
+        resident = residency_of([path])
+        run = read_table_best(path, cold=cold)
+        cells.append({"read_mode": "read_table", "arrow_threads": run["use_threads"], "cold": cold, **run})
+        cells[-1]["resident_before"] = resident
+    return cells
+
+
+def thread_grid(args) -> list:
+    cells = []
+    for rg_rows in args.row_group_rows:
+        path = write_alert(args.dir, args.grid_rows, "snappy", rg_rows)
+        warm_page_cache([path])
+        base = read_table_best(path)
+        for threads in args.threads:
+            run = fastload_run(path, args, threads=threads)
+            cells.append({"row_group_rows": rg_rows, "threads": threads, **run, "read_table_gbps": base["gbps"]})
+            log(
+                f"  row group {rg_rows:>8} rows, threads {threads:>2}: {run['gbps']:6.2f} GB/s"
+                f" (read_table {base['gbps']:.2f})"
+            )
+    return cells
+
+
+def overlap(args, path: Path) -> dict | None:
+    """A bf16 GEMM step per batch (at least 1.2x a batch's decode), fed by the loader vs on
+    device-resident copies of the same batches; the loader's first batches are not timed."""
+    if args.device.type != "cuda":
+        return None
+    rows = max(1024, args.batch_rows // 4)  # enough batches in one epoch of the file
+    decode = fastload_run(path, args, batch_rows=rows)["decode_s_per_batch"]
+    a = torch.randn(4096, 4096, device=args.device, dtype=torch.bfloat16)
+    gemm = gemm_seconds(a, a, warmup=5)
+    gemms = max(1, int(np.ceil(1.2 * decode / gemm)))
+
+    def step(batch):
+        x = a
+        for _ in range(gemms):
+            x = x @ a
+        return x.view(-1)[0].float() + next(iter(batch.values())).view(-1)[-1:].float()
+
+    dataset = ParquetDataset(path)
+    sampler = ParquetSampler(dataset, seed=1)
+    loader = DataLoader(dataset, batch_sampler=sampler.batches(rows), device=args.device)
+    warmup = 4
+    steps = min(args.overlap_steps, len(loader) - warmup)
+    first = iter(loader)
+    resident = [{k: v.clone() for k, v in b.items()} for _, b in zip(range(steps), first)]
+    first.close()  # stopped now, not by a garbage collection inside a timed feed
+    times = {}
+    for feed in ("resident", "fastload", "resident"):
+        batches = iter(resident) if feed == "resident" else iter(loader)
+        if feed == "fastload":
+            for _ in range(warmup):
+                step(next(batches))
+        sync(args.device)
+        started = time.perf_counter()
+        for _, b in zip(range(steps), batches):
+            step(b)
+        sync(args.device)
+        times[feed] = min(times.get(feed, 1e9), (time.perf_counter() - started) / steps)
+        getattr(batches, "close", lambda: None)()
+    dataset.close()
+    return {
+        "batch_rows": rows,
+        "steps": steps,
+        "decode_ms": decode * 1e3,
+        "gemms_per_step": gemms,
+        "resident_ms": times["resident"] * 1e3,
+        "fastload_ms": times["fastload"] * 1e3,
+        "over_resident": times["fastload"] / times["resident"],
+    }
+
+
+def verdicts(study: Study) -> None:
+    cells = study["alert"] + study["profiles"]
+    if study.args.device.type == "cuda":
+        worst = min(cells, key=lambda c: c["over_read_table"])
+        study.verdict(
+            "GPU tensors >= 1.0x read_table to host (every file)",
+            worst["over_read_table"] >= 1.0,
+            f"worst {worst['over_read_table']:.2f}x ({worst['name']})",
+        )
+    with_torch = [c for c in cells if "over_torch" in c]
+    if with_torch:
+        worst = min(with_torch, key=lambda c: c["over_torch"])
+        study.verdict(
+            ">= 5x the torch DataLoader (row-wise, extrapolated)",
+            worst["over_torch"] >= 5,
+            f"worst {worst['over_torch']:.1f}x ({worst['name']})",
+        )
+    if ov := study.get("overlap"):
+        study.verdict(
+            "bf16 step fed <= 1.05x device-resident",
+            ov["over_resident"] <= 1.05,
+            f"{ov['over_resident']:.3f}x ({ov['fastload_ms']:.2f} vs {ov['resident_ms']:.2f} ms a step, "
+            f"decode {ov['decode_ms']:.2f} ms a batch)",
+        )
+    for c in cells:
+        study.figure(f"{c['name']}_gbps".replace(" ", "_"), c["fastload"]["gbps"])
+        study.figure(f"{c['name']}_over_read_table".replace(" ", "_"), c["over_read_table"])
+
+
+def main(argv=None) -> int:
+    p = study_parser(__doc__, Path(__file__).resolve().parent / "out")
+    p.add_argument("--dir", type=Path, help="data directory [OUT/data]")
+    p.add_argument("--alert-rows", type=positive_int_list, help="alert table rows [240000,1000000,2000000,4000000]")
+    p.add_argument("--profile-sizes", type=size_list, help="decoded bytes of each profile file [64M,512M]")
+    p.add_argument("--batch-rows", type=int, help="rows a batch [65536]")
+    p.add_argument("--threads", type=positive_int_list, help="grid: decode threads [1,4,8,16]")
+    p.add_argument("--row-group-rows", type=int_list, help="grid: row group rows [16384,131072,1048576]")
+    p.add_argument("--grid-rows", type=int, help="grid: the alert table's rows [2000000]")
+    p.add_argument("--torch-workers", type=int_list, help="torch num_workers [0,8,16]")
+    p.add_argument("--torch-rows", type=int, help="rows the torch baseline reads, extrapolated [20000]")
+    p.add_argument("--overlap-steps", type=int, default=30, help="steps of each overlap feed")
+    p.add_argument("--budget-s", type=float, default=None, help="skip the profile files left after this many s")
+    args = parse_study(
+        p,
+        argv,
+        alert_rows=([240_000, 1_000_000, 2_000_000, 4_000_000], [240_000, 1_000_000], [6000]),
+        profile_sizes=([64 * MiB, 512 * MiB], [64 * MiB], [MiB // 4]),
+        batch_rows=(65536, 65536, 1024),
+        threads=([1, 4, 8, 16], [4, 16], [1, 2]),
+        row_group_rows=([16384, 131072, 1048576], [131072], [1024, 4096]),
+        grid_rows=(2_000_000, 1_000_000, 6000),
+        torch_workers=([0, 8, 16], [0, 8], [0]),
+        torch_rows=(20000, 10000, 1000),
+    )
+    args.dir = args.dir or args.out / "data"
+    args.dir.mkdir(parents=True, exist_ok=True)
+    study = Study("parquet", args, "Parquet -> tensors vs pyarrow.read_table and a torch DataLoader")
+    rg = 131072 if args.scale != "cpu" else 1024
+    study["alert"], study["profiles"], study["skipped"] = [], [], []
+    for rows in args.alert_rows:
+        for compression in ("snappy", "none"):
+            path = write_alert(args.dir, rows, compression, rg)
+            name = f"alert {rows // 1000}K {compression}"
+            cell = study.attempt(name, compare_file, study, args, path, name, compression == "snappy")
+            if cell:
+                study["alert"].append(cell)
+            study.save()  # a run cut short by a time limit keeps what it measured
+    mid = write_alert(args.dir, args.alert_rows[min(1, len(args.alert_rows) - 1)], "snappy", rg)
+    study["read_modes"] = study.attempt("read modes", read_modes, args, mid) or []
+    study["grid"] = study.attempt("threads x row groups", thread_grid, args) or []
+    study["overlap"] = study.attempt("overlap", overlap, args, mid)
+    study.save()
+    for size in args.profile_sizes:
+        for kind in PROFILE_TYPES:
+            for run_length in (1, 32) if size == args.profile_sizes[0] else (1,):
+                for cardinality in (0, 1000):
+                    name = f"{kind} {size >> 20}MiB run{run_length} card{cardinality or 'inf'}"
+                    if args.budget_s is not None and time.perf_counter() - study.began > args.budget_s:
+                        study["skipped"].append(name)  # said in the output: the run's time was spent
+                        continue
+                    path = write_profile(args.dir, kind, size, run_length, cardinality, "snappy")
+                    cell = study.attempt(name, compare_file, study, args, path, name, False)
+                    if cell:
+                        study["profiles"].append(cell)
+                    study.save()
+    verdicts(study)
+    return study.finish(*tables(study), plot=plot if study["alert"] else None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,526 @@
+"""The Parquet source: every type against pyarrow's own read_table, files of several writers and
+codecs, batches across row groups, torch's DataLoader per row, exact resume, sharding, and bad
+input (typed errors naming file, row group and column, raised by the batch's own next())."""
+
+from __future__ import annotations
+
+import decimal
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from test_loader import assert_same
+
+from torch_fastload import DataLoader
+from torch_fastload.errors import ParquetDecodeError, ParquetError, ParquetFormatError, ParquetSchemaError
+from torch_fastload.sources import ParquetDataset, ParquetSampler
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def every_type(n: int = 1000, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    nulls = rng.random(n) < 0.1
+    table = pa.table(
+        {
+            "i8": pa.array(rng.integers(-128, 128, n).astype(np.int8)),
+            "i32": pa.array(rng.integers(-(2**31), 2**31, n).astype(np.int32)),
+            "i64": pa.array(rng.integers(-(2**62), 2**62, n)),
+            "u16": pa.array([None if z else int(v) for v, z in zip(rng.integers(0, 2**16, n), nulls)], pa.uint16()),
+            "u64": pa.array(rng.integers(0, 2**63, n).astype(np.uint64)),
+            "price_null": pa.array(
+                [None if z else decimal.Decimal(int(v)) for v, z in zip(rng.integers(0, 10**6, n), nulls)],
+                pa.decimal128(9, 0),
+            ),
+            "f32": pa.array(rng.standard_normal(n).astype(np.float32)),
+            "f64": pa.array(rng.standard_normal(n)),
+            "flag": pa.array(rng.random(n) < 0.5),
+            "ts_us": pa.array(rng.integers(0, 2**50, n), pa.timestamp("us")),
+            "ts_ms_tz": pa.array(rng.integers(0, 2**40, n), pa.timestamp("ms", tz="UTC")),
+            "clock": pa.array(rng.integers(0, 86_400 * 10**6, n), pa.time64("us")),
+            "wait": pa.array(rng.integers(-(10**9), 10**9, n), pa.duration("ms")),
+            "day64": pa.array(rng.integers(0, 40000, n) * 86_400_000, pa.date64()),
+            "half": pa.array(rng.standard_normal(n).astype(np.float16)),
+            "day": pa.array(rng.integers(0, 40000, n).astype(np.int32), pa.date32()),
+            "price": pa.array(
+                [decimal.Decimal(int(v)).scaleb(-2) for v in rng.integers(-(10**9), 10**9, n)], pa.decimal128(12, 2)
+            ),
+            "name": pa.array([None if z else f"user-{v}" * int(v % 4) for v, z in zip(rng.integers(0, 500, n), nulls)]),
+            "blob": pa.array([bytes(rng.integers(0, 256, int(k), dtype=np.uint8)) for k in rng.integers(0, 9, n)]),
+            "tags": pa.array([list(range(int(k))) for k in rng.integers(0, 5, n)], pa.list_(pa.int64())),
+            "emb": pa.array(rng.standard_normal((n, 4)).astype(np.float32).tolist(), pa.list_(pa.float32(), 4)),
+            "maybe": pa.array([None if z else int(v) for v, z in zip(rng.integers(0, 100, n), nulls)], pa.int64()),
+        }
+    )
+    if int(pa.__version__.split(".")[0]) < 15:  # float16 in Parquet since pyarrow 15
+        table = table.remove_column(table.schema.get_field_index("half"))
+    return table
+
+
+def expected(table: pa.Table, column: str, masked: bool) -> dict:
+    """The batch dict of ``column`` worked out from pyarrow's values (Python objects, not buffers)."""
+    arr = table.column(column).combine_chunks()
+    values = arr.to_pylist()
+    valid = [v is not None for v in values]
+    t = arr.type
+    out = {}
+    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        raw = [(v.encode() if isinstance(v, str) else v) if v is not None else b"" for v in values]
+        out[column] = torch.tensor(list(b"".join(raw)), dtype=torch.uint8)
+        out[column + "__offsets"] = torch.tensor(
+            np.concatenate([[0], np.cumsum([len(r) for r in raw])]), dtype=torch.int64
+        )
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        flat = [x for v in values for x in (v or [])]
+        out[column] = torch.tensor(flat, dtype=torch.int64)
+        out[column + "__offsets"] = torch.tensor(
+            np.concatenate([[0], np.cumsum([len(v or []) for v in values])]), dtype=torch.int64
+        )
+    elif pa.types.is_fixed_size_list(t):
+        out[column] = torch.tensor(values, dtype=torch.float32)
+    elif pa.types.is_decimal(t):
+        out[column] = torch.tensor([int(v.scaleb(t.scale)) if v is not None else 0 for v in values], dtype=torch.int64)
+    elif pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t):
+        narrow = pa.types.is_date32(t) or pa.types.is_time32(t)
+        ints = arr.cast(pa.int32()).cast(pa.int64()) if narrow else arr.cast(pa.int64())
+        out[column] = torch.tensor([v if v is not None else 0 for v in ints.to_pylist()], dtype=torch.int64)
+    else:
+        out[column] = torch.from_numpy(np.array([v if v is not None else 0 for v in values], dtype=t.to_pandas_dtype()))
+    assert masked or not arr.null_count, column  # a column with nulls always has a mask
+    if masked:
+        out[column + "__valid"] = torch.tensor(valid)
+    return out
+
+
+def assert_matches_read_table(dataset: ParquetDataset, reference: pa.Table) -> None:
+    batch = dataset.__fastload_batch__(range(len(dataset)))
+    want = {}
+    for spec in dataset.plan.columns:
+        want.update(expected(reference, spec.name, spec.masked))
+    assert set(batch) == set(want) == set(dataset.keys())
+    for key in want:
+        assert batch[key].dtype == want[key].dtype, key
+        assert torch.equal(batch[key], want[key]), key
+
+
+def write(table: pa.Table, path, writer: str = "pyarrow", compression: str = "snappy", row_group_size: int = 128):
+    path = str(path)
+    if writer == "pyarrow":
+        pq.write_table(table, path, row_group_size=row_group_size, compression=compression)
+    elif writer == "pyarrow-v2-plain-nostats":
+        pq.write_table(
+            table,
+            path,
+            row_group_size=row_group_size,
+            compression=compression,
+            data_page_version="2.0",
+            use_dictionary=False,
+            write_statistics=False,
+        )
+    elif writer == "polars":
+        polars = pytest.importorskip("polars")
+        polars.from_arrow(table).write_parquet(path, compression=compression, row_group_size=row_group_size)
+    return path
+
+
+@pytest.mark.parametrize("compression", ["snappy", "zstd", "gzip", "none"])
+@pytest.mark.parametrize("writer", ["pyarrow", "pyarrow-v2-plain-nostats", "polars"])
+def test_every_type_equals_read_table(tmp_path, writer, compression):
+    table = every_type()
+    if writer == "polars":  # polars has no uint16-free decimal quirks; it rewrites types it lacks
+        table = table.select([c for c in table.column_names if c not in ("u16", "u64", "half")])  # not in polars
+    path = write(
+        table,
+        tmp_path / "t.parquet",
+        writer,
+        "uncompressed" if compression == "none" and writer == "polars" else compression,
+    )
+    dataset = ParquetDataset(path, threads=3)
+    reference = pq.read_table(path)
+    assert dataset.plan.schema.names == reference.schema.names
+    assert_matches_read_table(dataset, reference)
+    assert dataset.units["ts_us"] == "us" and dataset.units["day"] == "days" and dataset.units["price"] == "scale=2"
+    dataset.close()
+
+
+@pytest.mark.parametrize("read_mode", ["pyarrow", "pread"])
+def test_read_modes_threads_and_projection_agree(tmp_path, read_mode):
+    table = every_type(700)
+    path = write(table, tmp_path / "t.parquet", row_group_size=50)
+    reference = ParquetDataset(path, threads=1).__fastload_batch__(np.arange(700)[::-1])
+    dataset = ParquetDataset(path, threads=4, read_mode=read_mode, cache_bytes=1)  # evicts as it goes
+    assert_same(dataset.__fastload_batch__(np.arange(700)[::-1]), reference)
+    projected = ParquetDataset(path, columns=["name", "f32"], read_mode=read_mode)
+    assert projected.keys() == ["name", "name__offsets", "name__valid", "f32"]
+    batch = projected.__fastload_batch__(range(700))
+    assert torch.equal(batch["f32"], torch.tensor(table.column("f32").to_numpy()))
+
+
+def test_directory_glob_and_list_of_files(tmp_path):
+    tables = [every_type(300, seed) for seed in range(3)]
+    for k, t in enumerate(tables):
+        write(t, tmp_path / f"part-{k}.parquet", row_group_size=100)
+    whole = pa.concat_tables([pq.read_table(p) for p in sorted(tmp_path.glob("*.parquet"))])  # as stored
+    for source in (tmp_path, str(tmp_path / "part-*.parquet"), sorted(tmp_path.glob("*.parquet"))):
+        dataset = ParquetDataset(source)
+        assert len(dataset) == 900 and len(dataset.plan.row_groups) == 9
+        assert_matches_read_table(dataset, whole)
+
+
+def test_many_files_hold_few_descriptors(tmp_path):
+    for k in range(24):
+        write(
+            pa.table({"x": pa.array(np.arange(k * 50, k * 50 + 50))}), tmp_path / f"p{k:02d}.parquet", row_group_size=25
+        )
+    before = len(os.listdir("/proc/self/fd"))
+    dataset = ParquetDataset(tmp_path, threads=2)
+    batch = dataset.__fastload_batch__(np.arange(1200)[::-1])
+    assert batch["x"].tolist() == list(range(1199, -1, -1))
+    assert len(os.listdir("/proc/self/fd")) - before <= 2 * 4 + 2  # a few open per decode thread
+    dataset.close()
+
+
+def test_column_names_with_dots_and_nested_neighbours(tmp_path):
+    table = pa.table(
+        {
+            "a": pa.array([{"b": 1}, {"b": 2}]),  # leaf path a.b
+            "a.b": pa.array([10, 20], pa.int64()),  # leaf path a.b as well
+            "emb.x": pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32(), 2)),
+        }
+    )
+    path = write(table, tmp_path / "t.parquet")
+    dataset = ParquetDataset(path, columns=["a.b", "emb.x"])
+    batch = dataset.__fastload_batch__([1, 0])
+    assert batch["a.b"].tolist() == [20, 10] and batch["emb.x"].tolist() == [[3.0, 4.0], [1.0, 2.0]]
+    assert len(dataset.plan.row_groups[0].chunks["a.b"]) == 1
+
+
+def test_empty_files_and_row_groups_are_skipped(tmp_path):
+    empty = write(pa.table({"x": pa.array([], pa.int64())}), tmp_path / "a.parquet")  # an empty chunk at offset 0
+    full = write(pa.table({"x": pa.array([1, 2, 3], pa.int64())}), tmp_path / "b.parquet")
+    dataset = ParquetDataset([empty, full])
+    assert len(dataset) == 3 and len(dataset.plan.row_groups) == 1 and dataset.keys() == ["x"]
+    got = torch.cat(
+        [b["x"] for b in DataLoader(dataset, batch_sampler=ParquetSampler(dataset).batches(2), device="cpu")]
+    )
+    assert sorted(got.tolist()) == [1, 2, 3]
+    alone = ParquetDataset(empty)
+    assert (
+        len(alone) == 0 and list(DataLoader(alone, batch_sampler=ParquetSampler(alone).batches(2), device="cpu")) == []
+    )
+
+
+def test_dictionary_columns_give_codes_and_a_dictionary(tmp_path):
+    table = every_type(400)
+    path = write(table, tmp_path / "t.parquet")
+    dataset = ParquetDataset(path, columns=["name"], dictionary_columns=["name"])
+    batch = dataset.__fastload_batch__(range(400))
+    words = [
+        bytes(batch["name__dictionary"][a:b].numpy()).decode()
+        for a, b in zip(batch["name__dictionary_offsets"][:-1], batch["name__dictionary_offsets"][1:])
+    ]
+    decoded = [words[c] if c >= 0 else None for c in batch["name"].tolist()]
+    assert decoded == table.column("name").to_pylist()
+    assert torch.equal(batch["name__valid"], torch.tensor([v is not None for v in decoded]))
+
+
+def test_loader_batches_cut_across_row_groups_and_equal_torch_per_row(tmp_path):
+    table = every_type(1000)
+    path = write(table, tmp_path / "t.parquet", row_group_size=96)
+    dataset = ParquetDataset(path, threads=2)
+    sampler = ParquetSampler(dataset, seed=5, shuffle_rows=200)
+    ours = list(DataLoader(dataset, batch_size=70, sampler=sampler, device="cpu"))
+    theirs = list(torch.utils.data.DataLoader(dataset, batch_size=70, sampler=sampler, collate_fn=dataset.collate))
+    assert len(ours) == 15
+    assert_same(ours, theirs)
+    rows = torch.cat([b["i64"] for b in ours])
+    assert sorted(rows.tolist()) == sorted(table.column("i64").to_pylist())  # every row once
+
+
+def test_batch_sampler_gives_the_same_batches_without_per_row_python(tmp_path):
+    path = write(every_type(1000), tmp_path / "t.parquet", row_group_size=96)
+    dataset = ParquetDataset(path, threads=2)
+    sampler = ParquetSampler(dataset, seed=5, shuffle_rows=200, num_replicas=2, rank=1)
+    by_rows = list(DataLoader(dataset, batch_size=70, sampler=sampler, device="cpu"))
+    batches = sampler.batches(70)
+    assert len(batches) == 8 and all(isinstance(b, np.ndarray) and b.dtype == np.int64 for b in batches)
+    ours = list(DataLoader(dataset, batch_sampler=batches, device="cpu"))
+    theirs = list(torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=dataset.collate))
+    assert_same(ours, by_rows)
+    assert_same(ours, theirs)
+    assert len(sampler.batches(70, drop_last=True)) == 7
+
+
+def test_exact_resume_with_the_batch_sampler(tmp_path):
+    path = write(every_type(900), tmp_path / "t.parquet", row_group_size=100)
+
+    def loader():
+        dataset = ParquetDataset(path)
+        batches = ParquetSampler(dataset, seed=2).batches(64)
+        batches.set_epoch(1)
+        return DataLoader(dataset, batch_sampler=batches, device="cpu")
+
+    full = list(loader())
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(3)]
+    resumed = loader()
+    resumed.load_state_dict(first.state_dict())
+    assert_same(head + list(resumed), full)
+
+
+def test_shuffle_is_by_row_group_then_within_a_window(tmp_path):
+    path = write(pa.table({"x": pa.array(np.arange(1000))}), tmp_path / "t.parquet", row_group_size=100)
+    dataset = ParquetDataset(path)
+    order = ParquetSampler(dataset, seed=1, shuffle_rows=100).indices()
+    assert sorted(order.tolist()) == list(range(1000))
+    for k in range(10):  # a window of one row group's length over aligned row groups: whole groups
+        assert len(set((order[k * 100 : (k + 1) * 100] // 100).tolist())) == 1
+    again = ParquetSampler(dataset, seed=1, shuffle_rows=100)
+    assert np.array_equal(again.indices(), order)
+    again.set_epoch(1)
+    assert not np.array_equal(again.indices(), order)
+    plain = ParquetSampler(dataset, shuffle=False).indices()
+    assert plain.tolist() == list(range(1000))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
+def test_ranks_read_every_row_once_balanced_by_rows(tmp_path, world):
+    tables = [pa.table({"x": pa.array(np.arange(k * 1000, k * 1000 + n))}) for k, n in enumerate([430, 170, 999])]
+    for k, t in enumerate(tables):
+        write(t, tmp_path / f"p{k}.parquet", row_group_size=64)
+    dataset = ParquetDataset(tmp_path)
+    seen = []
+    for rank in range(world):
+        sampler = ParquetSampler(dataset, seed=3, num_replicas=world, rank=rank)
+        batches = list(DataLoader(dataset, batch_size=50, sampler=sampler, device="cpu"))
+        got = torch.cat([b["x"] for b in batches]).tolist()
+        assert abs(len(got) - len(dataset) / world) < 1
+        seen += got
+    assert sorted(seen) == sorted(pa.concat_tables(tables).column("x").to_pylist())
+    padded = [len(ParquetSampler(dataset, num_replicas=world, rank=r, even=True)) for r in range(world)]
+    assert len(set(padded)) == 1 and padded[0] * world - len(dataset) < world
+
+
+def test_exact_resume_mid_epoch_in_a_fresh_loader(tmp_path):
+    path = write(every_type(900), tmp_path / "t.parquet", row_group_size=100)
+
+    def loader():
+        dataset = ParquetDataset(path, threads=2)
+        sampler = ParquetSampler(dataset, seed=11, shuffle_rows=300)
+        sampler.set_epoch(2)
+        return DataLoader(dataset, batch_size=64, sampler=sampler, device="cpu")
+
+    full = list(loader())
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(5)]
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert_same(head + list(resumed), full)
+
+
+def test_resume_with_other_sampler_settings_is_refused_by_name(tmp_path):
+    from torch_fastload.resume import ResumeError
+
+    path = write(every_type(600), tmp_path / "t.parquet", row_group_size=100)
+
+    def loader(**options):
+        dataset = ParquetDataset(path)
+        sampler = ParquetSampler(dataset, seed=4, **options)
+        sampler.set_epoch(3)
+        return DataLoader(dataset, batch_size=50, sampler=sampler, device="cpu"), sampler
+
+    first, _ = loader(num_replicas=2, rank=0)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    assert state["dataset"]["sampler"]["num_replicas"] == 2
+    other, _ = loader(num_replicas=3, rank=0)
+    other.load_state_dict(state)
+    with pytest.raises(ResumeError, match="num_replicas: 2 then, 3 now"):
+        next(iter(other))
+    late, sampler = loader(num_replicas=2, rank=0)
+    sampler.set_epoch(4)
+    late.load_state_dict(state)
+    with pytest.raises(ResumeError, match="epoch: 3 then, 4 now"):
+        next(iter(late))
+    other_file = write(every_type(600), tmp_path / "u.parquet", row_group_size=200)  # other row groups
+    with pytest.raises(ResumeError, match="600 rows in 6 row groups, this one has 600 in 3"):
+        ParquetDataset(other_file).load_state_dict(state["dataset"])
+    list(it)  # the epoch's end: a checkpoint now is between epochs, the next may differ
+    done = first.state_dict()
+    assert done["dataset"]["rows_delivered"] == 300
+    elastic, sampler = loader(num_replicas=3, rank=1)
+    sampler.set_epoch(4)
+    elastic.load_state_dict(done)
+    assert sum(len(b["i8"]) for b in elastic) == 200
+
+
+# -- bad input ---------------------------------------------------------------------------
+def test_not_parquet_truncated_and_still_being_written(tmp_path):
+    good = write(every_type(300), tmp_path / "good.parquet")
+    data = open(good, "rb").read()
+    cases = {
+        "text.parquet": (b"id,name\n1,a\n" * 10, "not a Parquet file"),
+        "tiny.parquet": (b"PAR1", "too short"),
+        "half.parquet": (data[: len(data) // 2], "truncated, or still being written"),
+        "writing.parquet": (data[:-8], "truncated, or still being written"),
+        "badlength.parquet": (data[:-8] + (len(data) * 2).to_bytes(4, "little") + b"PAR1", "footer length"),
+    }
+    writing = tmp_path / "open_writer.parquet"  # a real writer that has not closed its file
+    writer = pq.ParquetWriter(str(writing), every_type(10).schema)
+    writer.write_table(every_type(300))
+    with pytest.raises(ParquetFormatError, match="still being written"):
+        ParquetDataset(writing)
+    writer.close()
+    assert len(ParquetDataset(writing)) == 300
+    for name, (content, match) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ParquetFormatError, match=match) as info:
+            ParquetDataset(tmp_path / name)
+        assert name in str(info.value) and info.value.path.endswith(name)
+
+
+def test_missing_column_mismatched_schemas_and_unsupported_types(tmp_path):
+    a = write(pa.table({"x": pa.array([1, 2, 3]), "y": pa.array([1.0, 2.0, 3.0])}), tmp_path / "a.parquet")
+    b = write(pa.table({"x": pa.array([1.5, 2.5]), "y": pa.array([1.0, 2.0])}), tmp_path / "b.parquet")
+    with pytest.raises(ParquetSchemaError, match="no such column") as info:
+        ParquetDataset(a, columns=["x", "z"])
+    assert info.value.column == "z"
+    with pytest.raises(ParquetSchemaError, match="differs") as info:
+        ParquetDataset([a, b])
+    assert info.value.path == b and info.value.column == "x"
+    assert len(ParquetDataset([a, b], columns=["y"])) == 5  # the differing column left out
+    nested = pa.table(
+        {
+            "ok": [1, 2],
+            "s": pa.array([{"p": 1}, {"p": 2}]),
+            "big": pa.array([decimal.Decimal(1)] * 2, pa.decimal128(30, 2)),
+        }
+    )
+    c = write(nested, tmp_path / "c.parquet")
+    with pytest.raises(ParquetSchemaError, match="struct") as info:
+        ParquetDataset(c)
+    assert info.value.column == "s"
+    with pytest.raises(ParquetSchemaError, match="precision > 18"):
+        ParquetDataset(c, columns=["big"])
+    assert len(ParquetDataset(c, columns=["ok"])) == 2
+
+
+def _corrupt_page(path: str, column: str, row_group: int) -> None:
+    meta = pq.read_metadata(path)
+    names = [meta.schema.column(j).path for j in range(meta.num_columns)]
+    chunk = meta.row_group(row_group).column(names.index(column))
+    start = chunk.data_page_offset
+    with open(path, "r+b") as f:  # the page header's bytes: the page cannot be parsed
+        f.seek(start)
+        f.write(b"\xff" * 24)
+
+
+@pytest.mark.parametrize("read_mode", ["pyarrow", "pread"])
+def test_corrupt_page_fails_its_own_batch_naming_row_group_and_column(tmp_path, read_mode):
+    table = pa.table({"a": pa.array(np.arange(1000)), "b": pa.array([f"s{i}" for i in range(1000)])})
+    path = write(table, tmp_path / "t.parquet", compression="none", row_group_size=100)
+    _corrupt_page(path, "b", 4)
+    dataset = ParquetDataset(path, threads=1, read_mode=read_mode)  # the footer is fine
+    loader = DataLoader(dataset, batch_size=100, sampler=ParquetSampler(dataset, shuffle=False), device="cpu")
+    it = iter(loader)
+    for k in range(4):
+        assert torch.equal(next(it)["a"], torch.arange(k * 100, (k + 1) * 100))
+    with pytest.raises(ParquetDecodeError) as info:
+        next(it)
+    assert (info.value.path, info.value.row_group, info.value.column) == (path, 4, "b")
+    assert "row group 4" in str(info.value) and "'b'" in str(info.value)
+
+
+def test_file_rewritten_after_open_is_a_typed_batch_error(tmp_path):
+    path = write(every_type(300), tmp_path / "t.parquet")
+    dataset = ParquetDataset(path)
+    with open(path, "ab") as f:
+        f.write(b"more rows being appended")
+    with pytest.raises(ParquetFormatError, match="still being written"):
+        dataset.__fastload_batch__(range(10))
+
+
+def test_nulls_the_statistics_did_not_report_are_an_error_not_garbage(tmp_path):
+    table = pa.table({"x": pa.array([1, None, 3] * 100, pa.int64())})
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(table, path, write_statistics=False)
+    assert ParquetDataset(path).keys() == ["x", "x__valid"]  # no statistics: a mask
+    with pytest.raises(ParquetDecodeError, match="nulls"):
+        ParquetDataset(path, masks="never").__fastload_batch__(range(3))
+
+
+def test_fuzzed_footer_and_page_bytes_never_crash_the_process(tmp_path):
+    """Run in a subprocess, so a crash in pyarrow's parser (found so: an abort on a level
+    histogram of the wrong length) fails this test instead of killing the run."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for seed in (0, 1):
+        res = subprocess.run(
+            [sys.executable, os.path.join(REPO, "tests", "fuzz_parquet.py"), "--seed", str(seed), "--seconds", "8"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert res.returncode == 0, f"rc {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
+        assert "failures=0" in res.stdout and "typed error" in res.stdout
+
+
+def test_typed_errors_are_parquet_errors():
+    assert issubclass(ParquetDecodeError, ParquetFormatError) and issubclass(ParquetSchemaError, ParquetError)
+    assert issubclass(ParquetError, ValueError)
+
+
+# -- GPU delivery ------------------------------------------------------------------------
+@pytest.mark.cuda
+def test_gpu_batches_equal_the_cpu_batches(tmp_path):
+    path = write(every_type(2000), tmp_path / "t.parquet", row_group_size=300)
+    dataset = ParquetDataset(path)
+    sampler = ParquetSampler(dataset, seed=2)
+    cpu = list(DataLoader(dataset, batch_size=256, sampler=sampler, device="cpu"))
+    gpu = list(DataLoader(dataset, batch_size=256, sampler=sampler, device="cuda"))
+    assert len(gpu) == len(cpu)
+    for a, b in zip(gpu, cpu):
+        assert all(t.device.type == "cuda" for t in a.values())
+        assert_same(a, b)
+
+
+def test_readme_example_as_a_user_runs_it(tmp_path):
+    """README's Parquet example (on the CPU, two epochs): a dict of tensors, strings as bytes + offsets."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from parquet_data import write_alert  # the alert table the benchmark reads
+
+    path = write_alert(tmp_path, 5000, "snappy", 1024)
+    dataset = ParquetDataset(path, columns=["device_id", "created_at", "severity", "resolved"])
+    sampler = ParquetSampler(dataset, seed=0, shuffle_rows=1 << 16)
+    loader = DataLoader(dataset, batch_sampler=sampler.batches(2048), device="cpu")
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        rows = 0
+        for batch in loader:
+            ids, offsets = batch["device_id"], batch["device_id__offsets"]
+            assert offsets[-1] == len(ids) and batch["created_at"].dtype == torch.int64
+            rows += len(offsets) - 1
+        assert rows == 5000
+    assert dataset.units["created_at"] == "us"
+
+
+@pytest.mark.cuda
+def test_gpu_corrupt_page_is_raised_by_its_own_next(tmp_path):
+    table = pa.table({"a": pa.array(np.arange(1000)), "b": pa.array([f"s{i}" for i in range(1000)])})
+    path = write(table, tmp_path / "t.parquet", compression="none", row_group_size=100)
+    _corrupt_page(path, "b", 2)
+    dataset = ParquetDataset(path, threads=2)
+    it = iter(DataLoader(dataset, batch_size=100, sampler=ParquetSampler(dataset, shuffle=False), device="cuda"))
+    assert [int(next(it)["a"][0]) for _ in range(2)] == [0, 100]
+    with pytest.raises(ParquetDecodeError) as info:
+        next(it)
+    assert (info.value.row_group, info.value.column) == (2, "b")

@@ -1,0 +1,289 @@
+"""Parquet files as a Dataset whose batches are decoded whole: row groups decoded by pyarrow on a
+thread pool (no GIL), the batch's rows gathered in Arrow, and each column handed to the loader as
+CPU tensors that the stager copies into the pinned slot and on to the device.
+
+A batch is a dict; for a column ``c``:
+
+======================  ===================================================================
+type                    keys and tensors (``n`` rows)
+======================  ===================================================================
+int/uint/float          ``c``: (n,) of the same width (uint16/32/64 as torch's uint types)
+bool                    ``c``: (n,) torch.bool
+timestamp, duration,    ``c``: (n,) int64 counts of the column's own unit (``s``/``ms``/``us``/
+time, date              ``ns``; date32 in days, date64 in ms): ``dataset.units[c]``
+decimal128 (p <= 18)    ``c``: (n,) int64 unscaled value (value = c / 10**scale;
+                        ``dataset.units[c] == "scale=S"``); precision > 18 is refused
+string, binary          ``c``: uint8 bytes of all rows back to back; ``c__offsets``: (n + 1,)
+                        int64, row ``i`` is ``c[c__offsets[i]:c__offsets[i + 1]]``
+string in               ``c``: (n,) int32 codes into the batch's dictionary (-1: null);
+``dictionary_columns``  ``c__dictionary`` + ``c__dictionary_offsets``: its values, as strings
+list<number>            ``c``: the values back to back; ``c__offsets``: (n + 1,) int64
+fixed_size_list<number> ``c``: (n, k) 2-D tensor (embeddings)
+nullable                ``c__valid``: (n,) torch.bool, False where the row is null (the value
+                        there is 0, or an empty string/list); present when the column is
+                        optional and the footer's statistics report nulls or no null count
+                        (``masks="always"`` / ``"never"`` to choose)
+======================  ===================================================================
+
+Any other type (nested structs, maps, lists of strings, large decimals) is refused when the
+files are opened, by name: leave it out with ``columns=``. ``ParquetSampler`` shuffles row
+groups, then rows within a bounded window, and shards them across ranks by rows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from torch.utils.data import Dataset
+
+from .parquet_decode import READ_MODES, RowGroupCache, columns_to_tensors
+from .parquet_plan import expand_paths, open_plan
+from .parquet_sampler import ParquetBatchSampler, ParquetSampler
+
+__all__ = ["ParquetDataset", "ParquetSampler", "ParquetBatchSampler"]
+
+
+class ParquetDataset(Dataset):
+    """Rows of one or more Parquet files (a file, a list, a directory or a glob).
+
+    ``columns``: the columns read (all by default). ``dictionary_columns``: string columns
+    delivered as codes + a per-batch dictionary. ``threads``: row groups decoded at once
+    (default: the CPU count). ``read_mode``: ``"pyarrow"`` (pyarrow reads the file) or
+    ``"pread"`` (one pread per row group, decoded from memory). ``cache_bytes``: decoded row
+    groups kept (a shuffle window must fit; order rows with ``ParquetSampler``: a uniform
+    shuffle such as ``shuffle=True`` touches every row group in every batch).
+    ``arrow_threads``: each row group's columns are also decoded in parallel on pyarrow's CPU
+    pool (small files have few row groups). Footers are read and checked here, once.
+    """
+
+    def __init__(
+        self,
+        source,
+        columns=None,
+        *,
+        dictionary_columns=(),
+        masks: str = "auto",
+        threads: int | None = None,
+        read_mode: str = "pyarrow",
+        cache_bytes: int = 1 << 30,
+        arrow_threads: bool = True,
+    ):
+        if masks not in ("auto", "always", "never"):
+            raise ValueError(f"masks must be 'auto', 'always' or 'never', got {masks!r}")
+        if read_mode not in READ_MODES:
+            raise ValueError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
+        self.paths = expand_paths(source)
+        self.plan = open_plan(self.paths, list(columns) if columns is not None else None, masks, dictionary_columns)
+        self.columns = [c.name for c in self.plan.columns]
+        self.units = {c.name: c.unit for c in self.plan.columns if c.unit}
+        self.threads = threads or os.cpu_count() or 1
+        self.read_mode = read_mode
+        self.cache_bytes = cache_bytes
+        self.arrow_threads = arrow_threads
+        self._cache: RowGroupCache | None = None
+        self._schedule: np.ndarray | None = None  # row groups in the order the sampler reads them
+        self._position: dict = {}
+        self._epoch: dict | None = None  # the settings of the epoch the sampler last drew
+        self._resume: dict | None = None  # a checkpoint's, until the next epoch is checked
+        self._fetched: deque = deque()  # rows of each batch fetched and not yet delivered
+        self._delivered = 0  # rows of this epoch handed to the training loop
+
+    # -- layout -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.plan.rows
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.plan.schema
+
+    @property
+    def row_group_rows(self) -> np.ndarray:
+        """Rows of every row group, in file then row-group order."""
+        return np.diff(self.plan.starts)
+
+    def keys(self) -> list:
+        """The keys of every batch, in order."""
+        keys = []
+        for c in self.plan.columns:
+            keys.append(c.name)
+            if c.kind in ("bytes", "list"):
+                keys.append(c.name + "__offsets")
+            if c.kind == "dictionary":
+                keys += [c.name + "__dictionary", c.name + "__dictionary_offsets"]
+            if c.masked:
+                keys.append(c.name + "__valid")
+        return keys
+
+    def _check(self, indices) -> np.ndarray:
+        raw = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not len(raw) or (raw.min() >= 0 and raw.max() < len(self)):
+            return raw
+        index = np.where(raw < 0, raw + len(self), raw)
+        bad = (index < 0) | (index >= len(self))
+        if bad.any():
+            raise IndexError(f"row {int(raw[bad][0])} is out of range for {self.paths[0]!r} ({len(self)} rows)")
+        return index
+
+    def _reader(self) -> RowGroupCache:
+        if self._cache is None:
+            self._cache = RowGroupCache(self.plan, self.threads, self.read_mode, self.cache_bytes, self.arrow_threads)
+        return self._cache
+
+    def _ahead(self, groups: np.ndarray) -> list:
+        """Row groups to start decoding now: the next ones the sampler will read."""
+        if self._schedule is not None:
+            last = max((self._position.get(int(g), -1) for g in groups), default=-1)
+            return self._schedule[last + 1 : last + 1 + self.threads].tolist()
+        top = int(groups.max()) + 1
+        return list(range(top, min(top + self.threads, len(self.plan.row_groups))))
+
+    def read_table(self, indices) -> pa.Table:
+        """Rows ``indices`` (in that order) as an Arrow table of the selected columns."""
+        return self._table(self._check(indices))[0]
+
+    def _table(self, index: np.ndarray) -> tuple[pa.Table, int]:
+        """(rows ``index`` as a table, the file of the first one): the batch in Arrow."""
+        if not len(index):
+            return self.plan.schema.empty_table(), 0
+        first, n = int(index[0]), len(index)
+        if int(index[-1]) - first == n - 1 and (n < 3 or bool((index == np.arange(first, first + n)).all())):
+            return self._range(first, n)
+        groups = np.searchsorted(self.plan.starts, index, side="right") - 1
+        unique = np.flatnonzero(np.bincount(groups, minlength=len(self.plan.row_groups)))
+        file = self.plan.row_groups[int(groups[0])].file
+        tables = self._reader().get(unique.tolist(), self._ahead(unique))
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        base = np.zeros(len(self.plan.row_groups), dtype=np.int64)
+        base[unique] = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
+        local = index - (self.plan.starts[:-1] - base)[groups]
+        return table.take(pa.array(local)), file
+
+    def _range(self, first: int, n: int) -> tuple[pa.Table, int]:
+        """Rows ``first .. first + n - 1`` (in order): slices of the row groups, no gather."""
+        lo, hi = np.searchsorted(self.plan.starts, [first, first + n - 1], side="right") - 1
+        groups = list(range(int(lo), int(hi) + 1))
+        tables = self._reader().get(groups, self._ahead(np.asarray(groups)))
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        return table.slice(first - int(self.plan.starts[lo]), n), self.plan.row_groups[int(lo)].file
+
+    # -- the protocol -------------------------------------------------------------------
+    def __fastload_batch__(self, indices) -> dict:
+        """The batch dict of rows ``indices``: decoded whole, no per-row Python."""
+        index = self._check(indices)
+        if not len(index):
+            return self.collate([])
+        table, file = self._table(index)
+        batch = columns_to_tensors(self.paths[file], self.plan.columns, table)
+        self._fetched.append(len(index))
+        return batch
+
+    def __fastload_delivered__(self, device, waited_seconds: float) -> None:
+        """Counts the rows the loop has received: a checkpoint knows whether its epoch was done."""
+        if self._fetched:
+            self._delivered += self._fetched.popleft()
+
+    def __getitem__(self, i) -> dict:
+        """Row ``i``: numbers as 0-d tensors, strings/lists as 1-D tensors of their bytes/values,
+        fixed-size lists as 1-D, masks as 0-d bool (torch's DataLoader: ``collate_fn=dataset.collate``)."""
+        batch = self.__fastload_batch__([i])
+        row = {}
+        for c in self.plan.columns:
+            name = c.name
+            if c.kind in ("bytes", "list"):
+                row[name] = batch[name]
+            elif c.kind == "dictionary":
+                offsets = batch[name + "__dictionary_offsets"]
+                code = int(batch[name][0])
+                data = batch[name + "__dictionary"]
+                row[name] = data[offsets[code] : offsets[code + 1]] if code >= 0 else data[:0]
+            else:
+                row[name] = batch[name][0]
+            if c.masked:
+                row[name + "__valid"] = batch[name + "__valid"][0]
+        return row
+
+    def collate(self, samples: list) -> dict:
+        """The batch dict of rows from ``__getitem__``: what the loader's batches are."""
+        out = {}
+        for c in self.plan.columns:
+            name = c.name
+            values = [s[name] for s in samples]
+            if c.kind in ("bytes", "list"):
+                out[name] = torch.cat(values) if values else torch.empty(0, dtype=c.dtype)
+                out[name + "__offsets"] = _offsets([len(v) for v in values])
+            elif c.kind == "dictionary":
+                valid = [bool(s[name + "__valid"]) if c.masked else True for s in samples]
+                raw = pa.array([bytes(v.numpy()) if ok else None for v, ok in zip(values, valid)], pa.binary())
+                encoded = pc.dictionary_encode(raw)
+                codes = encoded.indices.fill_null(-1) if encoded.indices.null_count else encoded.indices
+                out[name] = torch.from_numpy(codes.to_numpy(zero_copy_only=False).astype(np.int32))
+                words = encoded.dictionary.to_pylist()
+                out[name + "__dictionary"] = torch.frombuffer(
+                    bytearray(b"".join(words)) or bytearray(1), dtype=torch.uint8
+                )[: sum(map(len, words))]
+                out[name + "__dictionary_offsets"] = _offsets([len(w) for w in words])
+            elif values:
+                out[name] = torch.stack(values)
+            else:
+                shape = (0, c.width) if c.kind == "fixed_list" else (0,)
+                out[name] = torch.empty(shape, dtype=c.dtype)
+            if c.masked:
+                out[name + "__valid"] = (
+                    torch.stack([s[name + "__valid"] for s in samples]) if samples else torch.empty(0, dtype=torch.bool)
+                )
+        return out
+
+    def close(self) -> None:
+        """Stop the decode threads and drop the decoded row groups."""
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None
+
+    def __getstate__(self):  # worker processes start their own threads and cache
+        state = dict(self.__dict__)
+        state["_cache"] = None
+        return state
+
+    def state_dict(self) -> dict:
+        """What a loader checkpoint keeps of this dataset: its row groups' row counts and the
+        settings of the epoch ``ParquetSampler`` was drawing (checked again at resume)."""
+        return {
+            "rows": len(self),
+            "row_groups": len(self.plan.row_groups),
+            "files": [os.path.basename(p) for p in self.paths],
+            "sampler": dict(self._epoch) if self._epoch else None,
+            "rows_delivered": self._delivered,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Check a checkpoint's dataset against this one; its epoch settings are compared with the
+        sampler's when the next epoch begins (``ResumeError`` naming the value that differs)."""
+        from ..resume import ResumeError
+
+        mine = (len(self), len(self.plan.row_groups))
+        if (state.get("rows"), state.get("row_groups")) != mine:
+            raise ResumeError(
+                f"the checkpoint's Parquet dataset had {state.get('rows')} rows in {state.get('row_groups')} "
+                f"row groups, this one has {mine[0]} in {mine[1]} ({self.paths[0]!r}...)"
+            )
+        sampler = state.get("sampler")
+        if sampler is not None and state.get("rows_delivered", 0) < sampler.get("rows", 0):
+            self._resume = dict(sampler, rows_delivered=state["rows_delivered"])  # checked at iter()
+        else:
+            self._resume = None  # between epochs: the next one may be drawn any way
+
+    def _set_schedule(self, groups: np.ndarray | None) -> None:
+        self._schedule = groups
+        self._position = {} if groups is None else {int(g): i for i, g in enumerate(groups.tolist())}
+
+
+def _offsets(lengths: list) -> torch.Tensor:
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    if lengths:
+        torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0, out=offsets[1:])
+    return offsets

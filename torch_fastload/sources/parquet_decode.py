@@ -1,0 +1,313 @@
+"""Row groups decoded by pyarrow on a thread pool (the GIL released inside pyarrow), kept in a
+small byte-bounded cache, and Arrow columns turned into tensors with no per-row Python.
+
+Two ways to get a row group's bytes (``read_mode``): ``"pyarrow"`` lets pyarrow read the file
+itself (coalesced, pre-buffered reads); ``"pread"`` reads the span of the selected column
+chunks with one ``os.pread`` and lets pyarrow decode from that memory. benchmarks/parquet.py
+measures both; the faster on the reference machine is the default.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from ..errors import ParquetDecodeError, ParquetError, ParquetFormatError
+from .parquet_plan import ColumnSpec, ParquetPlan, RowGroup
+
+__all__ = ["RowGroupCache", "columns_to_tensors", "READ_MODES"]
+
+READ_MODES = ("pyarrow", "pread")
+_OPEN_FILES_PER_THREAD = 4
+
+
+class _SpanFile:
+    """A read-only file object over bytes ``[start, start + len(data))`` of a file, answering
+    reads at the file's own offsets (pyarrow decodes a row group from it, footer given)."""
+
+    def __init__(self, data: memoryview, start: int, size: int):
+        self.data, self.start, self.size, self.pos = data, start, size, 0
+        self.closed = False
+
+    def seek(self, pos, whence=0):
+        self.pos = pos if whence == 0 else (self.pos + pos if whence == 1 else self.size + pos)
+        return self.pos
+
+    def tell(self):
+        return self.pos
+
+    def read(self, n=-1):
+        begin = self.pos - self.start
+        if n is None or n < 0:
+            n = self.size - self.pos
+        if begin < 0 or begin + n > len(self.data):
+            raise OSError(f"read of {n} bytes at {self.pos} is outside the row group's bytes")
+        self.pos += n
+        return self.data[begin : begin + n]
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def close(self):
+        self.closed = True
+
+
+class RowGroupCache:
+    """Decoded row groups (``pa.Table`` of the selected columns) by plan index, LRU-bounded by
+    bytes; a row group asked for while it decodes is waited for, not decoded twice."""
+
+    def __init__(self, plan: ParquetPlan, threads: int, read_mode: str, cache_bytes: int, arrow_threads: bool = True):
+        if read_mode not in READ_MODES:
+            raise ValueError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
+        self.plan = plan
+        self.threads = max(1, threads)
+        self.read_mode = read_mode
+        self.cache_bytes = cache_bytes
+        self.arrow_threads = arrow_threads
+        self.names = [c.name for c in plan.columns]
+        self.entries: OrderedDict = OrderedDict()  # index -> Future of (table, nbytes)
+        self.held = 0
+        self.lock = threading.RLock()  # a decode that is already done runs its callback at once
+        self.local = threading.local()
+        self.pool: ThreadPoolExecutor | None = None
+
+    def _file(self, f: int) -> pq.ParquetFile:
+        """This thread's ParquetFile of file ``f`` (readers are not shared between threads); a
+        few stay open per thread, so thousands of files do not hold thousands of descriptors."""
+        files = self.local.__dict__.setdefault("files", OrderedDict())
+        if f in files:
+            files.move_to_end(f)
+            return files[f]
+        if len(files) >= _OPEN_FILES_PER_THREAD:
+            files.popitem(last=False)[1].close()
+        files[f] = pq.ParquetFile(self.plan.paths[f], metadata=self.plan.metadata[f], pre_buffer=True)
+        return files[f]
+
+    def _decode(self, index: int) -> tuple[pa.Table, int]:
+        group: RowGroup = self.plan.row_groups[index]
+        path = self.plan.paths[group.file]
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            raise ParquetFormatError(path, f"cannot be read any more ({exc})", row_group=group.index) from None
+        if size != self.plan.sizes[group.file]:
+            raise ParquetFormatError(
+                path,
+                f"has {size} bytes now, {self.plan.sizes[group.file]} when it was opened "
+                "(rewritten or still being written)",
+                row_group=group.index,
+            )
+        try:
+            table = self._read(group, self.names)
+        except ParquetError:
+            raise
+        except (OSError, pa.ArrowException, ValueError, IndexError) as exc:
+            raise self._name_column(group, exc) from None
+        if table.num_rows != group.rows:
+            raise ParquetDecodeError(
+                path, f"decoded {table.num_rows} rows, the footer says {group.rows}", row_group=group.index
+            )
+        return table, table.nbytes
+
+    def _read(self, group: RowGroup, names: list) -> pa.Table:
+        """Columns ``names`` of a row group, in that order. They are selected by leaf column
+        index: pyarrow reads a dotted name as a path into a struct."""
+        leaves = self.plan.leaves[group.file]
+        indices = sorted(j for name in names for j in leaves[name])
+        owner = self._file(group.file) if self.read_mode == "pyarrow" else self._span_file(group)
+        table = owner.reader.read_row_group(group.index, column_indices=indices, use_threads=self.arrow_threads)
+        return table.select([table.schema.get_field_index(name) for name in names])
+
+    def _span_file(self, group: RowGroup) -> pq.ParquetFile:
+        """The row group's bytes read with one pread, as a ParquetFile decoding from memory."""
+        path = self.plan.paths[group.file]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = bytearray(group.end - group.start)
+            got = os.preadv(fd, [data], group.start)
+        finally:
+            os.close(fd)
+        if got != len(data):
+            raise ParquetFormatError(path, f"ended at byte {group.start + got} inside a row group", group.index)
+        span = _SpanFile(memoryview(data), group.start, self.plan.sizes[group.file])
+        return pq.ParquetFile(pa.PythonFile(span, mode="r"), metadata=self.plan.metadata[group.file])
+
+    def _name_column(self, group: RowGroup, exc: BaseException) -> ParquetDecodeError:
+        """The error of a row group that fails to decode, naming the first column that fails alone."""
+        path = self.plan.paths[group.file]
+        for name in self.names:
+            try:
+                self._read(group, [name])
+            except (OSError, pa.ArrowException, ValueError, IndexError, ParquetError):
+                return ParquetDecodeError(path, f"pages do not decode ({exc})", group.index, name)
+        return ParquetDecodeError(path, f"pages do not decode ({exc})", group.index)
+
+    def _start(self, index: int) -> Future:
+        """The future of row group ``index``, its decode submitted if it is not cached (lock held)."""
+        future = self.entries.get(index)
+        if future is not None:
+            self.entries.move_to_end(index)
+            return future
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fastload-parquet")
+        future = self.pool.submit(self._decode, index)
+        self.entries[index] = future
+        future.add_done_callback(lambda f, i=index: self._account(i, f))
+        return future
+
+    def _account(self, index: int, future: Future) -> None:
+        if future.cancelled() or future.exception() is not None:
+            with self.lock:
+                if self.entries.get(index) is future:
+                    del self.entries[index]  # an error is raised to its batch, then retried
+            return
+        with self.lock:
+            self.held += future.result()[1]
+            self._evict(keep=index)
+
+    def _evict(self, keep: int) -> None:
+        while self.held > self.cache_bytes and len(self.entries) > 1:
+            oldest = next(iter(self.entries))
+            if oldest == keep:
+                break
+            future = self.entries[oldest]
+            if not future.done():
+                break
+            del self.entries[oldest]
+            if future.exception() is None:
+                self.held -= future.result()[1]
+
+    def get(self, indices, ahead=()) -> list:
+        """Tables of row groups ``indices`` (decoded in parallel), starting ``ahead`` too."""
+        with self.lock:
+            futures = [self._start(i) for i in indices]
+            for i in ahead:
+                if len(self.entries) >= 2 * self.threads + len(indices) and i not in self.entries:
+                    break
+                self._start(i)
+        return [f.result()[0] for f in futures]
+
+    def close(self) -> None:
+        with self.lock:
+            pool, self.pool = self.pool, None
+            self.entries.clear()
+            self.held = 0
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+# -- Arrow -> tensors ----------------------------------------------------------------------
+def _tensor(values: np.ndarray) -> torch.Tensor:
+    """A tensor over ``values`` without a copy. Arrow's buffers are read-only; the loader only
+    reads them (the stager copies them into the pinned slot)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(values))
+
+
+def _buffer_view(buf, numpy_dtype, offset: int, length: int) -> np.ndarray:
+    if buf is None or length == 0:
+        return np.zeros(length, dtype=numpy_dtype)
+    return np.frombuffer(buf, dtype=numpy_dtype)[offset : offset + length]
+
+
+def _validity(arr: pa.Array) -> np.ndarray:
+    if arr.null_count == 0:
+        return np.ones(len(arr), dtype=bool)
+    return arr.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _fixed(spec: ColumnSpec, arr: pa.Array) -> torch.Tensor:
+    values = _buffer_view(arr.buffers()[1], spec.numpy_dtype, arr.offset, len(arr))
+    if spec.numpy_dtype != np.int64 and spec.dtype == torch.int64:
+        values = values.astype(np.int64)
+    return _tensor(_zero_nulls(values, arr))
+
+
+def _zero_nulls(values: np.ndarray, arr: pa.Array) -> np.ndarray:
+    """Zeros where ``arr`` is null (Arrow leaves those values unspecified), in numpy: torch has
+    no masked_fill for its unsigned types."""
+    if not arr.null_count:
+        return values
+    return np.where(_validity(arr), values, values.dtype.type(0))
+
+
+def _ragged(values: np.ndarray, offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    base = int(offsets[0]) if len(offsets) else 0
+    data = _tensor(values[base : int(offsets[-1])] if len(offsets) else values[:0])
+    return data, torch.from_numpy(np.subtract(offsets, base, dtype=np.int64))  # one pass: rebase, widen
+
+
+def _bytes(arr: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = _buffer_view(offsets_buf, np.int64 if large else np.int32, arr.offset, len(arr) + 1)
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return _ragged(data, offsets)
+
+
+def columns_to_tensors(path: str, specs: list, table: pa.Table) -> dict:
+    """The batch dict of ``table`` (module docstring of ``parquet.py`` names the keys)."""
+    out = {}
+    for spec, column in zip(specs, table.columns):
+        arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        if pa.types.is_dictionary(arr.type):
+            arr = arr.dictionary_decode()
+        if arr.null_count and not spec.masked:
+            raise ParquetDecodeError(
+                path, "holds nulls that its statistics did not report; open with masks='always'", column=spec.name
+            )
+        name = spec.name
+        if spec.kind == "fixed":
+            out[name] = _fixed(spec, arr)
+        elif spec.kind == "bool":
+            out[name] = torch.from_numpy(arr.fill_null(False).to_numpy(zero_copy_only=False))
+        elif spec.kind == "decimal":
+            words = np.frombuffer(arr.buffers()[1], dtype=np.int64).reshape(-1, 2)
+            out[name] = _tensor(_zero_nulls(words[arr.offset : arr.offset + len(arr), 0], arr))
+        elif spec.kind == "bytes":
+            out[name], out[name + "__offsets"] = _bytes(arr)
+        elif spec.kind == "dictionary":
+            encoded = pc.dictionary_encode(arr)
+            codes = encoded.indices.fill_null(-1) if encoded.indices.null_count else encoded.indices
+            out[name] = _tensor(codes.to_numpy().astype(np.int32, copy=False))
+            out[name + "__dictionary"], out[name + "__dictionary_offsets"] = _bytes(encoded.dictionary)
+        elif spec.kind in ("list", "fixed_list"):
+            _list_tensors(path, spec, arr, out)
+        if spec.masked:
+            out[name + "__valid"] = torch.from_numpy(_validity(arr))
+    return out
+
+
+def _list_tensors(path: str, spec: ColumnSpec, arr: pa.Array, out: dict) -> None:
+    child = arr.values
+    if spec.kind == "fixed_list":
+        k = spec.width
+        values = child.slice(arr.offset * k, len(arr) * k)
+    else:
+        large = pa.types.is_large_list(arr.type)
+        offsets = _buffer_view(arr.buffers()[1], np.int64 if large else np.int32, arr.offset, len(arr) + 1)
+        values = child.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if len(arr) else child.slice(0, 0)
+    if values.null_count:
+        raise ParquetDecodeError(path, "a list holds null elements (no tensor form)", column=spec.name)
+    flat = _buffer_view(values.buffers()[1], spec.numpy_dtype, values.offset, len(values))
+    tensor = _tensor(flat)
+    if spec.kind == "fixed_list":
+        out[spec.name] = tensor.view(len(arr), spec.width)
+    else:
+        out[spec.name], out[spec.name + "__offsets"] = (
+            tensor,
+            torch.from_numpy(np.subtract(offsets, int(offsets[0]), dtype=np.int64)),
+        )

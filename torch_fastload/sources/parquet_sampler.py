@@ -1,0 +1,158 @@
+"""The order of a Parquet epoch: row groups shuffled, rows permuted within a bounded window,
+split among ranks by rows; and its batches as numpy slices for the loader's ``batch_sampler``."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+if TYPE_CHECKING:
+    from .parquet import ParquetDataset
+
+__all__ = ["ParquetSampler", "ParquetBatchSampler"]
+
+
+class ParquetSampler(Sampler[int]):
+    """Row order of one epoch of a ``ParquetDataset``: row groups in a seeded order (``seed +
+    epoch``, as ``DistributedSampler``), rows permuted within windows of ``shuffle_rows``
+    consecutive rows of that order (a shuffle buffer that keeps only a few row groups decoded),
+    then split among ``num_replicas`` ranks in contiguous runs balanced by rows: rank ``r``
+    reads rows ``[r * N // W, (r + 1) * N // W)`` of the order, so each rank decodes its own
+    row groups (two at most are shared at its edges) and every row is read once per epoch.
+
+    ``even=True`` pads the shorter ranks with their own first row so all ranks have the same
+    length (as ``DistributedSampler``: DDP needs equal batch counts); rows then differ by at
+    most one across ranks. Call ``set_epoch`` every epoch; a checkpointed epoch resumes
+    exactly (the loader's ``state_dict``) after ``set_epoch`` of the checkpoint's epoch.
+    """
+
+    def __init__(
+        self,
+        dataset: ParquetDataset,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        shuffle_rows: int = 1 << 16,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        even: bool = False,
+    ):
+        if num_replicas is None or rank is None:
+            from ..distributed import world
+
+            world_size, world_rank = world()
+            num_replicas = world_size if num_replicas is None else num_replicas
+            rank = world_rank if rank is None else rank
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        self.dataset = dataset
+        self.shuffle = shuffle
+        self.seed = seed
+        self.shuffle_rows = max(1, int(shuffle_rows))
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.even = even
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _bounds(self) -> tuple[int, int]:
+        n, w, r = len(self.dataset), self.num_replicas, self.rank
+        return r * n // w, (r + 1) * n // w
+
+    def __len__(self) -> int:
+        lo, hi = self._bounds()
+        return math.ceil(len(self.dataset) / self.num_replicas) if self.even else hi - lo
+
+    def global_order(self) -> np.ndarray:
+        """Every row of the epoch in order, before the split among ranks (world-size free)."""
+        rows = self.dataset.row_group_rows
+        groups = np.arange(len(rows))
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            groups = torch.randperm(len(rows), generator=generator).numpy()
+        lengths = rows[groups]
+        firsts = self.dataset.plan.starts[:-1][groups]
+        total = int(lengths.sum())
+        order = np.arange(total, dtype=np.int64) + np.repeat(firsts - (np.cumsum(lengths) - lengths), lengths)
+        if self.shuffle and self.shuffle_rows > 1:
+            rng = np.random.default_rng([self.seed & (2**63 - 1), self.epoch])
+            for start in range(0, total, self.shuffle_rows):
+                window = order[start : start + self.shuffle_rows]
+                window[:] = window[rng.permutation(len(window))]
+        return order
+
+    def indices(self) -> np.ndarray:
+        """This rank's rows of the epoch, in order."""
+        lo, hi = self._bounds()
+        mine = self.global_order()[lo:hi]
+        if self.even and len(mine) < len(self):
+            mine = np.concatenate([mine, mine[: len(self) - len(mine)]])
+        return mine
+
+    def settings(self) -> dict:
+        """What decides this rank's order: a resumed epoch must draw with the same."""
+        keys = ("shuffle", "seed", "shuffle_rows", "num_replicas", "rank", "even", "epoch")
+        return dict({k: getattr(self, k) for k in keys}, rows=len(self))
+
+    def __iter__(self):
+        return iter(self.begin().tolist())
+
+    def begin(self) -> np.ndarray:
+        """This rank's rows of the epoch, drawn now (on the thread calling ``iter()``): a
+        checkpoint's settings are checked and the row groups' order handed to the dataset's
+        read-ahead."""
+        settings = self.settings()
+        saved, self.dataset._resume = self.dataset._resume, None
+        self.dataset._fetched.clear()
+        self.dataset._delivered = 0
+        if saved is not None:
+            self.dataset._delivered = saved["rows_delivered"]  # the rows before the checkpoint
+            differ = {k: (saved.get(k), v) for k, v in settings.items() if k != "rows" and saved.get(k) != v}
+            if differ:
+                from ..resume import ResumeError
+
+                raise ResumeError(
+                    "the checkpointed Parquet epoch was drawn with other sampler settings "
+                    + ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in differ.items())
+                    + " (call set_epoch with the checkpoint's epoch; the world size must be the same)"
+                )
+        self.dataset._epoch = settings
+        mine = self.indices()
+        groups = np.searchsorted(self.dataset.plan.starts, mine, side="right") - 1
+        _, first = np.unique(groups, return_index=True)
+        self.dataset._set_schedule(groups[np.sort(first)])
+        return mine
+
+    def batches(self, batch_size: int, drop_last: bool = False) -> ParquetBatchSampler:
+        """A ``batch_sampler`` over this order whose batches are numpy slices (no per-row Python)."""
+        return ParquetBatchSampler(self, batch_size, drop_last)
+
+
+class ParquetBatchSampler(Sampler):
+    """Batches of ``ParquetSampler``'s order as int64 numpy slices: pass as the loader's
+    ``batch_sampler`` (torch's ``BatchSampler`` would build a Python list of every row)."""
+
+    def __init__(self, sampler: ParquetSampler, batch_size: int, drop_last: bool = False):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self):
+        rows = self.sampler.begin()
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            yield rows[start : start + self.batch_size]
