@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import fileio
+
 __all__ = ["get", "set", "override", "describe", "resolve", "source", "tuning_file", "parse_size", "OPTIONS"]
 
 
@@ -384,10 +386,9 @@ def _tuned() -> dict[str, Any]:
         return {}
     if _tuning_cache.get("key") != (path, stamp):
         try:
-            with open(path) as f:
-                recorded = json.load(f).get("settings", {})
+            recorded = json.loads(fileio.read_file(path)).get("settings", {})
             values = {k: OPTIONS[k].parse(k, v) for k, v in recorded.items() if k in OPTIONS and OPTIONS[k].tunable}
-        except (OSError, ValueError, AttributeError) as exc:
+        except (OSError, ValueError, AttributeError, RecursionError) as exc:
             raise ValueError(
                 f"torch_fastload tuning file {path} is unreadable ({exc}); "
                 "re-run `python -m torch_fastload doctor --save` or delete it"

@@ -39,11 +39,9 @@ non-blocking copy stream (1.15x). ``benchmarks/file_loader.py`` times both.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import logging
 import os
-import stat
 import threading
 import time
 import warnings
@@ -52,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import config, engine, uva
+from . import config, engine, fileio, uva
 from .engine import RangeError, ShortReadError
 from .pool import _wait_event
 from .remote.url import is_url
@@ -335,13 +333,8 @@ def _open_checked(paths, file_index, offsets, lengths) -> list[int]:
     try:
         sizes = []
         for path in paths:
-            fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))  # NONBLOCK: a FIFO never hangs
-            info = os.fstat(fds[-1])
-            if stat.S_ISDIR(info.st_mode):
-                raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
-            if not stat.S_ISREG(info.st_mode):
-                raise ValueError(f"not a regular file: {path!r}")
-            sizes.append(info.st_size)
+            fds.append(fileio.open_regular(path))  # a FIFO never hangs; special files are refused
+            sizes.append(os.fstat(fds[-1]).st_size)
         sizes = np.array(sizes, dtype=np.int64)
         if len(offsets):
             bad = (offsets < 0) | (lengths < 0) | (offsets + lengths > sizes[file_index])

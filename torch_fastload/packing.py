@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import fileio
 from .config import parse_size
 from .sources.records import FORMAT, VERSION, RecordDataset
 
@@ -228,8 +229,7 @@ def pack_image_folder(
 
     def records():
         for path, label in samples:
-            with open(path, "rb") as f:
-                yield f.read(), label
+            yield fileio.read_file(path), label  # regular files only: a FIFO or /dev/zero is refused
 
     class _Sized:  # a generator with a length, for the progress bar
         def __len__(self):
@@ -280,8 +280,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m torch_fastload pa
 
                 def __iter__(self):
                     for path in files:
-                        with open(path, "rb") as f:
-                            yield f.read()
+                        yield fileio.read_file(path)
 
             dataset = pack(_Files(), args.out, names=[os.path.relpath(p, args.src) for p in files], **common)
         else:

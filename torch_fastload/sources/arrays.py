@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .. import fileio
 from ..errors import FastloadError
 from ..remote import RemoteObject, is_url, open_object
 from ..remote import objects as files
@@ -70,7 +71,7 @@ def _check_dtype(path: str, dtype: np.dtype) -> np.dtype:
 def _open_header(path: str, obj: RemoteObject | None):
     """``(stream, size)``: the file, or the first bytes of the object (enough for its header)."""
     if obj is None:
-        f = open(path, "rb")  # FileNotFoundError / IsADirectoryError name the path
+        f = fileio.open_binary(path)  # FileNotFoundError / IsADirectoryError / NotRegularFileError
         return f, os.fstat(f.fileno()).st_size
     head = files.read(path, 0, min(obj.size, 1 << 16))
     if len(head) >= 12 and head[6] >= 2:  # format 2.0+: a 4-byte header length
@@ -140,7 +141,7 @@ class ArrayFile:
         if row_bytes <= 0:
             raise ArrayFormatError(path, f"records of shape {tuple(row_shape)} hold no bytes")
         remote = open_object(path, cache_dir) if is_url(path) else None
-        size = remote.size if remote is not None else os.stat(path).st_size
+        size = remote.size if remote is not None else fileio.pin(path).size
         if offset < 0 or offset > size or (size - offset) % row_bytes:
             raise ArrayFormatError(
                 path, f"{size} bytes from offset {offset} are not a whole number of {row_bytes}-byte records"

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import FastloadError
+from .. import fileio
+from ..errors import FastloadError, NotRegularFileError
 from ..remote import is_url
 from ..remote import objects as files
 from ..staging import ALIGN, PendingRead
@@ -150,13 +151,16 @@ class RecordDataset(Dataset):
     def _check_ranges(self, index_path: str, shards) -> None:
         """Every record inside its shard as the shard is now (hostile or stale index => error)."""
         sizes = []
+        self.shard_pins = [None] * len(self.shard_paths)  # local shards: checked after each batch read
         for i, (path, (_, recorded)) in enumerate(zip(self.shard_paths, shards)):
             if self.remote_objects:
                 size = self.remote_objects[i].size
             else:
-                size = os.stat(path).st_size  # FileNotFoundError names the shard
-                if not os.path.isfile(path):
-                    raise RecordFormatError(path, "shard is not a regular file")
+                try:
+                    self.shard_pins[i] = fileio.pin(path)  # FileNotFoundError names the shard
+                except (NotRegularFileError, IsADirectoryError) as exc:
+                    raise RecordFormatError(path, f"shard is not a regular file ({exc.strerror})") from None
+                size = self.shard_pins[i].size
             if size != recorded:
                 raise RecordFormatError(
                     path,
