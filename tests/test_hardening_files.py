@@ -7,15 +7,19 @@ Every call that could block on a FIFO runs on a thread joined with a timeout: a 
 fails the test instead of hanging the suite (the FIFO is then opened for writing, which
 releases the blocked open)."""
 
+import json
 import os
 import threading
+import time
+import zlib
 
 import numpy as np
 import pytest
+import torch
 
-from torch_fastload import config, fileio, pack, pack_image_folder
-from torch_fastload.errors import NotRegularFileError
-from torch_fastload.sources import ArrayFile, ImageFolder, RecordDataset
+from torch_fastload import DataLoader, config, engine, fileio, pack, pack_image_folder
+from torch_fastload.errors import FileChangedError, NotRegularFileError
+from torch_fastload.sources import ArrayDataset, ArrayFile, ImageFolder, RecordDataset, RecordFormatError
 
 HANG_SECONDS = 20
 
@@ -185,3 +189,151 @@ def test_open_regular_keeps_regular_files_readable(tmp_path):
         assert os.get_blocking(fd)  # O_NONBLOCK was only for the open
     finally:
         os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------
+# item 5: a file replaced or rewritten mid-run is a typed error, never rows of another file
+# ------------------------------------------------------------------------------------------
+
+READ_PATHS = {
+    "native": dict(native="auto"),
+    "engine": dict(native="off"),
+    "os.pread": dict(native="off", python_reads=True),
+}
+
+
+@pytest.fixture(params=list(READ_PATHS))
+def read_path(request, monkeypatch):
+    """The loader's C++ loop, the Python pipeline on the engine, or on os.pread."""
+    settings = dict(READ_PATHS[request.param])
+    if settings.pop("python_reads", False):
+        monkeypatch.setattr(engine, "available", lambda: False)
+    elif not engine.available():
+        pytest.skip("the C++ engine is not built")
+    with config.override(**settings):
+        yield request.param
+
+
+def first_error(loader, after_first, check):
+    """Iterate ``loader``: ``after_first()`` once the first batch arrived, ``check(k, batch)``
+    on every batch delivered; returns (batches delivered, the exception that ended it or None)."""
+    delivered = 0
+    iterator = iter(loader)
+    try:
+        for k, batch in enumerate(iterator):
+            check(k, batch)
+            delivered += 1
+            if k == 0:
+                after_first()
+    except Exception as exc:
+        return delivered, exc
+    return delivered, None
+
+
+def test_npy_replaced_mid_run_is_refused(tmp_path, read_path):
+    path = str(tmp_path / "rows.npy")
+    rows = np.arange(4000 * 3, dtype=np.float32).reshape(4000, 3)
+    np.save(path, rows)
+    dataset = ArrayDataset(path)
+    loader = DataLoader(dataset, batch_size=4, device="cpu")
+
+    def replace():
+        np.save(str(tmp_path / "other.npy"), np.full((4000, 5), -1, dtype=np.float32))  # another row size
+        os.replace(tmp_path / "other.npy", path)
+
+    def check(k, batch):
+        assert torch.equal(batch, torch.from_numpy(rows[4 * k : 4 * k + 4])), f"batch {k} holds wrong rows"
+
+    delivered, error = first_error(loader, replace, check)
+    assert isinstance(error, FileChangedError), repr(error)
+    assert error.filename == path and "replaced" in str(error)
+    assert 1 <= delivered < 1000
+
+
+def test_npy_rewritten_in_place_is_refused(tmp_path, read_path):
+    path = str(tmp_path / "rows.npy")
+    rows = np.arange(4000 * 3, dtype=np.float32).reshape(4000, 3)
+    np.save(path, rows)
+    loader = DataLoader(ArrayDataset(path), batch_size=4, device="cpu")
+    header = os.path.getsize(path) - rows.nbytes
+
+    def rewrite():
+        time.sleep(0.05)  # past the file system's timestamp granularity
+        with open(path, "r+b") as f:
+            f.seek(header)
+            f.write(np.full_like(rows, -1).tobytes())  # same size, other bytes
+
+    def check(k, batch):
+        assert torch.equal(batch, torch.from_numpy(rows[4 * k : 4 * k + 4])), f"batch {k} holds wrong rows"
+
+    delivered, error = first_error(loader, rewrite, check)
+    assert isinstance(error, FileChangedError) and error.filename == path, repr(error)
+
+
+def test_pack_shard_rewritten_at_the_same_size_is_refused(tmp_path, read_path):
+    records = [bytes([i % 251]) * 97 for i in range(2000)]
+    dataset = pack(records, tmp_path / "pack", progress=False)
+    shard = dataset.shard_paths[0]
+    loader = DataLoader(dataset, batch_size=4, device="cpu")
+
+    def rewrite():
+        time.sleep(0.05)  # past the file system's timestamp granularity
+        size = os.path.getsize(shard)
+        with open(shard, "r+b") as f:
+            f.write(b"\xff" * size)
+
+    def check(k, batch):
+        expected = b"".join(records[4 * k : 4 * k + 4])
+        assert bytes(batch.data.numpy()) == expected, f"batch {k} holds wrong bytes"
+
+    delivered, error = first_error(loader, rewrite, check)
+    assert isinstance(error, FileChangedError) and error.filename == shard, repr(error)
+
+
+def test_sample_path_refuses_a_replaced_npy(tmp_path):
+    path = str(tmp_path / "rows.npy")
+    np.save(path, np.zeros((8, 2), dtype=np.float32))
+    dataset = ArrayDataset(path)
+    np.save(str(tmp_path / "other.npy"), np.ones((8, 3), dtype=np.float32))
+    os.replace(tmp_path / "other.npy", path)
+    with pytest.raises(FileChangedError):
+        dataset[0]
+
+
+def test_meta_json_listing_a_shard_twice_is_refused(tmp_path):
+    root = tmp_path / "pack"
+    small_pack(root)
+    meta = json.loads((root / "meta.json").read_text())
+    meta["shards"] = meta["shards"] * 3
+    (root / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(RecordFormatError, match="listed 3 times") as info:
+        RecordDataset(root)
+    assert info.value.path == str(root / "meta.json")
+
+
+def test_pack_records_shard_checksums(tmp_path, monkeypatch):
+    root = tmp_path / "pack"
+    dataset = small_pack(root)
+    shard = dataset.shard_paths[0]
+    crc = zlib.crc32(open(shard, "rb").read())
+    assert dataset.meta["shards"][0]["crc32"] == crc
+    with open(shard, "r+b") as f:  # damaged at rest: same size, other bytes
+        f.write(b"\xff\xff")
+    RecordDataset(root)  # the default checks sizes only (cheap)
+    with pytest.raises(RecordFormatError, match="CRC-32") as info:
+        RecordDataset(root, verify="checksum")
+    assert info.value.path == shard
+    monkeypatch.setenv("TORCH_FASTLOAD_PACK_VERIFY", "checksum")
+    with pytest.raises(RecordFormatError, match="CRC-32"):
+        RecordDataset(root)
+
+
+def test_packs_without_checksums_still_open(tmp_path):
+    root = tmp_path / "pack"
+    small_pack(root)
+    meta = json.loads((root / "meta.json").read_text())
+    for shard in meta["shards"]:
+        del shard["crc32"]
+    (root / "meta.json").write_text(json.dumps(meta))
+    dataset = RecordDataset(root, verify="checksum")
+    assert bytes(dataset[3][0].numpy()) == bytes([3]) * 4

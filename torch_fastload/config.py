@@ -345,6 +345,13 @@ OPTIONS: dict[str, Option] = {
             "S3-compatible endpoint for s3:// URLs (else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)",
         ),
         Option(
+            "pack_verify",
+            "size",
+            _choice("size", "checksum"),
+            "what opening a pack checks of its shards: 'size' (sizes against meta.json; cheap) or "
+            "'checksum' (also each shard's CRC-32, reading every shard once)",
+        ),
+        Option(
             "shutdown_timeout",
             10.0,
             _positive_float,

@@ -21,6 +21,7 @@ import errno
 import os
 import stat
 import tempfile
+import zlib
 from typing import NamedTuple
 
 from .errors import FileChangedError, NotRegularFileError
@@ -34,6 +35,7 @@ __all__ = [
     "pin",
     "check_unchanged",
     "check_pins",
+    "crc32",
     "write_atomic",
 ]
 
@@ -126,6 +128,20 @@ def _what_changed(old: FileIdentity, new: FileIdentity) -> str:
     if old.size != new.size:
         return f"changed size from {old.size} to {new.size} bytes"
     return "was rewritten (its modification time changed)"
+
+
+def crc32(path, pinned: FileIdentity | None = None, chunk: int = 8 << 20) -> int:
+    """The CRC-32 (zlib) of the regular file ``path``; with ``pinned``, the file read must be it."""
+    fd = open_regular(path)
+    try:
+        if pinned is not None and identity_of(os.fstat(fd)) != pinned:
+            raise FileChangedError(os.fspath(path), _what_changed(pinned, identity_of(os.fstat(fd))))
+        crc = 0
+        while data := os.read(fd, chunk):
+            crc = zlib.crc32(data, crc)
+        return crc
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path, write, mode: str = "w") -> None:

@@ -380,9 +380,16 @@ class Reader:
         if dst.device.type != expected:
             raise ValueError(f"{self.mode} reads into {expected} memory, got a buffer on {dst.device}")
         ranges = batch_ranges(reads)
-        if any(is_url(p) for p in ranges[0]):
-            return self._remote_reader().read(dst, *ranges, local=self._read_local)
-        return self._read_local(dst, *ranges)
+        try:
+            if any(is_url(p) for p in ranges[0]):
+                moved = self._remote_reader().read(dst, *ranges, local=self._read_local)
+            else:
+                moved = self._read_local(dst, *ranges)
+        except Exception as exc:  # a file that changed explains a short or out-of-range read
+            _check_pins(reads, exc)
+            raise
+        _check_pins(reads)  # after the read: a file replaced before or while it was read is caught
+        return moved
 
     def _read_local(self, dst, *ranges) -> dict[str, int]:
         moved = self._read(dst, *ranges)
@@ -408,6 +415,17 @@ class Reader:
             remote, self._remote = self._remote, None
         if remote is not None:
             remote.close(timeout)
+
+
+def _check_pins(reads: list[tuple[int, PendingRead]], cause: BaseException | None = None) -> None:
+    """``FileChangedError`` where a file a batch read is no longer the one its source opened."""
+    for _, read in reads:
+        if read.pins is not None:
+            used = range(len(read.paths)) if len(read.paths) == 1 else np.unique(read.file_index).tolist()
+            try:
+                fileio.check_pins((read.paths[i], read.pins[i]) for i in used)
+            except fileio.FileChangedError as changed:
+                raise changed from cause
 
 
 class EngineReader(Reader):

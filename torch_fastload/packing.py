@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,7 +124,7 @@ class _Written:
 
     index: list = field(default_factory=list)  # per record: (shard, offset, length)
     labels: list = field(default_factory=list)  # per record, where items were (bytes, label) pairs
-    shards: list = field(default_factory=list)  # per shard: {"file": name, "bytes": size}
+    shards: list = field(default_factory=list)  # per shard: {"file": name, "bytes": size, "crc32": crc}
 
 
 def _write_shards(items: Iterable, out_dir: str, shard_size: int, align: int, bar) -> _Written:
@@ -133,6 +134,7 @@ def _write_shards(items: Iterable, out_dir: str, shard_size: int, align: int, ba
     shard_file = None
     shard_name = ""
     shard_bytes = 0
+    crc = 0
     try:
         for i, item in enumerate(items):
             if isinstance(item, tuple) and len(item) == 2:
@@ -143,14 +145,16 @@ def _write_shards(items: Iterable, out_dir: str, shard_size: int, align: int, ba
             if shard_file is None or (shard_bytes and shard_bytes + pad + len(data) > shard_size):
                 if shard_file is not None:
                     shard_file.close()
-                    written.shards.append({"file": shard_name, "bytes": shard_bytes})
+                    written.shards.append({"file": shard_name, "bytes": shard_bytes, "crc32": crc})
                 shard_name = f"shard-{len(written.shards):05d}.bin"
-                shard_file = open(os.path.join(out_dir, shard_name), "wb")
-                shard_bytes, pad = 0, 0
+                shard_file = open(os.path.join(out_dir, shard_name), "xb")
+                shard_bytes, pad, crc = 0, 0, 0
             if pad:
                 shard_file.write(b"\0" * pad)
+                crc = zlib.crc32(b"\0" * pad, crc)
                 shard_bytes += pad
             shard_file.write(data)
+            crc = zlib.crc32(data, crc)
             written.index.append((len(written.shards), shard_bytes, len(data)))
             shard_bytes += len(data)
             if bar is not None:
@@ -159,7 +163,7 @@ def _write_shards(items: Iterable, out_dir: str, shard_size: int, align: int, ba
             shard_file.flush()
             os.fsync(shard_file.fileno())
             shard_file.close()
-            written.shards.append({"file": shard_name, "bytes": shard_bytes})
+            written.shards.append({"file": shard_name, "bytes": shard_bytes, "crc32": crc})
             shard_file = None
     finally:
         if shard_file is not None:

@@ -84,9 +84,16 @@ def _open_header(path: str, obj: RemoteObject | None):
 def read_npy_header(path: str, remote: RemoteObject | None = None) -> tuple[np.dtype, tuple, int]:
     """(dtype, shape, data offset) of a .npy file, checked against the file's size. A URL is
     read as the object ``remote`` (opened now if not given)."""
+    dtype, shape, offset, _ = _read_npy_header(path, remote)
+    return dtype, shape, offset
+
+
+def _read_npy_header(path: str, remote: RemoteObject | None):
+    """``read_npy_header`` plus the identity of the local file the header was read from."""
     if is_url(path) and remote is None:
         remote = open_object(path)
     f, size = _open_header(path, remote)
+    pinned = None if remote is not None else fileio.identity_of(os.fstat(f.fileno()))
     with f:
         try:
             version = np.lib.format.read_magic(f)
@@ -109,7 +116,7 @@ def read_npy_header(path: str, remote: RemoteObject | None = None) -> tuple[np.d
             f"header says shape {tuple(shape)} of {dtype.str} = {needed - offset} bytes "
             f"from offset {offset}, but the file has only {size} bytes",
         )
-    return dtype, tuple(shape), offset
+    return dtype, tuple(shape), offset, pinned
 
 
 @dataclass(frozen=True)
@@ -121,14 +128,15 @@ class ArrayFile:
     shape: tuple  # (rows, *row_shape)
     offset: int  # byte offset of row 0
     remote: RemoteObject | None = field(default=None, compare=False)  # a URL's size and version
+    pin: fileio.FileIdentity | None = field(default=None, compare=False)  # a local file as opened
 
     @classmethod
     def npy(cls, path: str | os.PathLike, cache_dir: str | None = None) -> ArrayFile:
         """A .npy file or URL (``cache_dir``: the shard cache for a URL; None: configured)."""
         path = os.fspath(path)
         remote = open_object(path, cache_dir) if is_url(path) else None
-        dtype, shape, offset = read_npy_header(path, remote)
-        return cls(path, dtype, shape, offset, remote)
+        dtype, shape, offset, pinned = _read_npy_header(path, remote)
+        return cls(path, dtype, shape, offset, remote, pinned)
 
     @classmethod
     def raw(
@@ -141,12 +149,13 @@ class ArrayFile:
         if row_bytes <= 0:
             raise ArrayFormatError(path, f"records of shape {tuple(row_shape)} hold no bytes")
         remote = open_object(path, cache_dir) if is_url(path) else None
-        size = remote.size if remote is not None else fileio.pin(path).size
+        pinned = None if remote is not None else fileio.pin(path)
+        size = remote.size if remote is not None else pinned.size
         if offset < 0 or offset > size or (size - offset) % row_bytes:
             raise ArrayFormatError(
                 path, f"{size} bytes from offset {offset} are not a whole number of {row_bytes}-byte records"
             )
-        return cls(path, dtype, ((size - offset) // row_bytes, *row_shape), offset, remote)
+        return cls(path, dtype, ((size - offset) // row_bytes, *row_shape), offset, remote, pinned)
 
     @property
     def rows(self) -> int:
@@ -161,6 +170,8 @@ class ArrayFile:
         return _TORCH_DTYPES[self.dtype]
 
     def memmap(self) -> np.memmap:
+        if self.pin is not None:
+            fileio.check_unchanged(self.path, self.pin)  # the map then holds the file as opened
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
 
     def read_row(self, row: int) -> np.ndarray:
@@ -176,6 +187,7 @@ class ArrayFile:
             self.row_bytes,
             (len(index), *self.shape[1:]),
             self.torch_dtype,
+            pins=[self.pin],
         )
 
 
@@ -235,7 +247,7 @@ class ArrayDataset(Dataset):
 
     def __fastload_native__(self) -> NativeLayout:
         """Every field is fixed-size rows of a file: the loader's C++ loop plans batches itself."""
-        fields = tuple(FileRows(f.path, f.offset, f.rows, f.torch_dtype, tuple(f.shape[1:])) for f in self.files)
+        fields = tuple(FileRows(f.path, f.offset, f.rows, f.torch_dtype, tuple(f.shape[1:]), f.pin) for f in self.files)
         return NativeLayout(fields, _first_or_list)
 
     def __getstate__(self):  # memmaps are reopened in each worker process

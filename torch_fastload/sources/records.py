@@ -2,7 +2,7 @@
 
 Layout of a pack (written by ``torch_fastload.pack`` / ``python -m torch_fastload pack``)::
 
-    meta.json        format, version, record count, shard files and sizes, class names
+    meta.json        format, version, record count, shard files, sizes and CRC-32s, class names
     index.npy        int64 (N, 3): shard, offset, length of every record
     labels.npy       int64 (N,), when the records are labelled
     names.txt        one source name per record, when the writer knew them (error messages)
@@ -14,7 +14,12 @@ batch arrives as ``RecordBatch(data, offsets, labels)``: record ``i`` is
 ``data[offsets[i]:offsets[i + 1]]``.
 
 The index is input: it is checked against the shard files when the pack is opened (every
-range inside its shard) and again by the engine at read time (a shard may shrink later).
+range inside its shard, no shard listed twice) and again by the engine at read time. Shards
+are pinned as opened: one replaced or rewritten later fails the batch that reads it with
+``FileChangedError``. Their sizes are checked against meta.json on open; with ``verify=
+"checksum"`` (option ``pack_verify``, ``TORCH_FASTLOAD_PACK_VERIFY``) their CRC-32s too, which
+reads every shard once. Packs written before checksums were recorded open all the same
+(sizes only).
 A pack may live in object storage (``RecordDataset("s3://bucket/pack")``): its metadata is
 read at open, its shards' sizes and versions pinned, and batches read by the remote reader.
 """
@@ -30,7 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .. import fileio
+from .. import config, fileio
 from ..errors import FastloadError, NotRegularFileError
 from ..remote import is_url
 from ..remote import objects as files
@@ -112,7 +117,7 @@ class RecordDataset(Dataset):
     ``s3://`` / ``http(s)://`` URL of the pack's directory (``cache_dir``: the shard cache).
     """
 
-    def __init__(self, root: str | os.PathLike, cache_dir: str | None = None):
+    def __init__(self, root: str | os.PathLike, cache_dir: str | None = None, verify: str | None = None):
         self.root = os.fspath(root)
         remote = is_url(self.root)
         self.root = self.root.rstrip("/") if remote else self.root
@@ -124,13 +129,21 @@ class RecordDataset(Dataset):
             )
         meta_path = files.join(self.root, "meta.json")
         meta = _load_json(meta_path)
+        verify = config.resolve("pack_verify", verify)
         try:
             count = int(meta["num_records"])
             shards = [(str(s["file"]), int(s["bytes"])) for s in meta["shards"]]
-        except (KeyError, TypeError, ValueError) as exc:
+            checksums = [s.get("crc32") for s in meta["shards"]]
+            if any(c is not None and not isinstance(c, int) for c in checksums):
+                raise ValueError("crc32 must be an integer")
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise RecordFormatError(meta_path, f"missing or malformed field ({exc!r})") from None
         if count < 0 or any(os.sep in name or name in ("", ".", "..") for name, _ in shards):
             raise RecordFormatError(meta_path, "negative record count or a shard name that is a path")
+        names = [name for name, _ in shards]
+        if len(set(names)) != len(names):
+            twice = next(name for name in names if names.count(name) > 1)
+            raise RecordFormatError(meta_path, f"shard {twice!r} is listed {names.count(twice)} times")
         self.meta = meta
         self.classes = meta.get("classes")
         self.shard_paths = [files.join(self.root, name) for name, _ in shards]
@@ -146,6 +159,8 @@ class RecordDataset(Dataset):
         )
         self.remote_objects = [files.open_object(p, cache_dir) for p in self.shard_paths] if remote else []
         self._check_ranges(index_path, shards)
+        if verify == "checksum" and not remote:
+            self._verify_checksums(checksums)
         self._names: list | None = None
 
     def _check_ranges(self, index_path: str, shards) -> None:
@@ -190,6 +205,17 @@ class RecordDataset(Dataset):
                 f"record {i}: offset={o}, length={n} in {where} lies outside "
                 f"its shard ({int(bad.sum())} bad record(s) in all)",
             )
+
+    def _verify_checksums(self, checksums: list) -> None:
+        """Every shard's CRC-32 against meta.json (shards of packs without them: skipped)."""
+        for path, pinned, expected in zip(self.shard_paths, self.shard_pins, checksums):
+            if expected is None:
+                continue
+            found = fileio.crc32(path, pinned)
+            if found != expected:
+                raise RecordFormatError(
+                    path, f"shard's CRC-32 is {found:#010x}, meta.json recorded {expected:#010x} (corrupted)"
+                )
 
     def __len__(self) -> int:
         return len(self.index)
@@ -250,14 +276,20 @@ class RecordDataset(Dataset):
         offsets = np.zeros(len(index) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         data = PendingRead(
-            self.shard_paths, rows[:, 1], lengths, (int(offsets[-1]),), torch.uint8, file_index=rows[:, 0]
+            self.shard_paths,
+            rows[:, 1],
+            lengths,
+            (int(offsets[-1]),),
+            torch.uint8,
+            file_index=rows[:, 0],
+            pins=self.shard_pins,
         )
         labels = None if self.labels is None else torch.from_numpy(self.labels[index])
         return RecordBatch(data, torch.from_numpy(offsets), labels)
 
     def __fastload_native__(self) -> NativeLayout:
         """Records listed in the (already checked) index, labels from memory: planned in C++."""
-        fields = (Records(self.shard_paths, self.index, f"the pack {self.root!r}"),)
+        fields = (Records(self.shard_paths, self.index, f"the pack {self.root!r}", self.shard_pins),)
         if self.labels is not None:
             fields += (MemoryRows(torch.from_numpy(self.labels)),)
         return NativeLayout(fields, _record_batch)
