@@ -9,6 +9,9 @@ releases the blocked open)."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -22,6 +25,7 @@ from torch_fastload.errors import FileChangedError, NotRegularFileError
 from torch_fastload.sources import ArrayDataset, ArrayFile, ImageFolder, RecordDataset, RecordFormatError
 
 HANG_SECONDS = 20
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _release(fifo: str) -> None:
@@ -337,3 +341,102 @@ def test_packs_without_checksums_still_open(tmp_path):
     (root / "meta.json").write_text(json.dumps(meta))
     dataset = RecordDataset(root, verify="checksum")
     assert bytes(dataset[3][0].numpy()) == bytes([3]) * 4
+
+
+# ------------------------------------------------------------------------------------------
+# item 6: pack --overwrite never loses the old pack
+# ------------------------------------------------------------------------------------------
+
+
+def old_pack(root):
+    records = [b"old-%d" % i for i in range(20)]
+    pack(records, root, progress=False)
+    return records
+
+
+def assert_pack_holds(root, records):
+    dataset = RecordDataset(root)
+    assert [bytes(dataset[i].numpy()) for i in range(len(dataset))] == records
+
+
+def no_leftovers(parent):
+    return [name for name in os.listdir(parent) if ".packing-" in name or ".old-" in name]
+
+
+def test_failed_overwrite_leaves_the_old_pack(tmp_path):
+    root = tmp_path / "pack"
+    records = old_pack(root)
+
+    def failing():
+        for i in range(1000):
+            if i == 500:
+                raise RuntimeError("the source broke mid-pack")
+            yield b"new-%d" % i
+
+    with pytest.raises(RuntimeError, match="mid-pack"):
+        pack(failing(), root, overwrite=True, shard_size=1024, progress=False)
+    assert_pack_holds(root, records)
+    assert no_leftovers(tmp_path) == []
+
+
+KILLED_PACKER = """
+import os, sys, time
+from torch_fastload import pack
+
+def items():
+    for i in range(10**9):
+        if i == 2000:
+            open(sys.argv[2], "w").close()  # the new pack is half written: kill me now
+            time.sleep(600)
+        yield b"new-%d" % i
+
+pack(items(), sys.argv[1], overwrite=True, shard_size=4096, progress=False)
+"""
+
+
+def test_killed_overwrite_leaves_the_old_pack(tmp_path):
+    root = tmp_path / "pack"
+    records = old_pack(root)
+    marker = tmp_path / "half-written"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    child = subprocess.Popen([sys.executable, "-c", KILLED_PACKER, str(root), str(marker)], env=env)
+    try:
+        deadline = time.monotonic() + 120  # a guard against a hang, not a timing assertion
+        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), f"the packer exited ({child.returncode}) before packing half its records"
+        assert_pack_holds(root, records)  # while the new one is being written
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert_pack_holds(root, records)  # after the kill: the old pack, whole
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_overwrite_replaces_the_pack_and_keeps_other_entries(tmp_path, monkeypatch, exchange):
+    from torch_fastload import packing
+
+    if not exchange:
+        monkeypatch.setattr(packing, "_exchange", lambda a, b: False)
+    root = tmp_path / "pack"
+    old_pack(root)
+    (root / "NOTES.md").write_text("kept")
+    new = [b"new-%d" % i for i in range(7)]
+    pack(new, root, overwrite=True, progress=False)
+    assert_pack_holds(root, new)
+    assert (root / "NOTES.md").read_text() == "kept"
+    assert no_leftovers(tmp_path) == []
+
+
+def test_pack_cli_names_the_overwrite_flag(tmp_path, capsys):
+    from torch_fastload.packing import main
+
+    os.makedirs(tmp_path / "src")
+    (tmp_path / "src" / "a.bin").write_bytes(b"abc")
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "src"), str(out), "--flat", "--no-progress"]) == 0
+    assert main([str(tmp_path / "src"), str(out), "--flat", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and "overwrite=True" not in err
+    with pytest.raises(FileExistsError, match="pass overwrite=True"):  # the Python API names its argument
+        pack([b"x"], out, progress=False)
