@@ -440,3 +440,58 @@ def test_pack_cli_names_the_overwrite_flag(tmp_path, capsys):
     assert "--overwrite" in err and "overwrite=True" not in err
     with pytest.raises(FileExistsError, match="pass overwrite=True"):  # the Python API names its argument
         pack([b"x"], out, progress=False)
+
+
+# ------------------------------------------------------------------------------------------
+# item 7: temporary files cannot be redirected by a planted symlink
+# ------------------------------------------------------------------------------------------
+
+
+def plant(links, victim):
+    victim.write_text("precious")
+    for link in links:
+        os.symlink(victim, link)
+
+
+def test_pack_ignores_a_symlink_planted_at_the_old_temporary_name(tmp_path):
+    root = tmp_path / "pack"
+    os.makedirs(root)
+    victim = tmp_path / "victim.txt"
+    plant([root / ".meta.json.tmp"], victim)  # hidden: the directory still counts as empty
+    pack([b"a", b"b"], root, progress=False)
+    assert victim.read_text() == "precious"
+    assert_pack_holds(root, [b"a", b"b"])
+
+
+def test_benchmark_json_ignores_planted_symlinks(tmp_path):
+    from torch_fastload._benchutil.output import write_json
+
+    out = tmp_path / "result.json"
+    victim = tmp_path / "victim.txt"
+    plant([tmp_path / "result.json.tmp", tmp_path / ".result.json.tmp"], victim)
+    write_json(out, {"ratio": 1.5})
+    assert victim.read_text() == "precious"
+    assert json.loads(out.read_text()) == {"ratio": 1.5} and not out.is_symlink()
+
+
+def test_benchmark_random_file_ignores_a_planted_symlink(tmp_path):
+    from torch_fastload._benchutil.files import write_random
+
+    out = tmp_path / "data.bin"
+    victim = tmp_path / "victim.txt"
+    plant([tmp_path / "data.bin.tmp"], victim)
+    assert write_random(out, 4096, seed=1, progress=False)
+    assert victim.read_text() == "precious" and out.stat().st_size == 4096
+
+
+def test_write_atomic_leaves_nothing_behind_on_failure(tmp_path):
+    target = tmp_path / "out.json"
+    target.write_text("old")
+
+    def broken(f):
+        f.write("half")
+        raise RuntimeError("the writer broke")
+
+    with pytest.raises(RuntimeError):
+        fileio.write_atomic(target, broken)
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.json"]
