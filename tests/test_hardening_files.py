@@ -495,3 +495,23 @@ def test_write_atomic_leaves_nothing_behind_on_failure(tmp_path):
     with pytest.raises(RuntimeError):
         fileio.write_atomic(target, broken)
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.json"]
+
+
+# ------------------------------------------------------------------------------------------
+# item 8: rows of no bytes
+# ------------------------------------------------------------------------------------------
+
+
+def test_npy_of_shape_n_by_0_gives_empty_rows(tmp_path, read_path):
+    np.save(tmp_path / "empty.npy", np.zeros((10, 0), dtype=np.float32))
+    np.save(tmp_path / "y.npy", np.arange(10, dtype=np.int64))
+    alone = ArrayDataset(tmp_path / "empty.npy")
+    batches = list(DataLoader(alone, batch_size=4, device="cpu"))
+    assert [tuple(b.shape) for b in batches] == [(4, 0), (4, 0), (2, 0)]
+    assert all(b.dtype == torch.float32 for b in batches)
+    paired = ArrayDataset(tmp_path / "empty.npy", tmp_path / "y.npy")
+    ours = list(DataLoader(paired, batch_size=4, device="cpu"))
+    theirs = list(torch.utils.data.DataLoader(paired, batch_size=4))
+    assert len(ours) == len(theirs) == 3
+    for (x, y), (tx, ty) in zip(ours, theirs):
+        assert x.shape == tx.shape and torch.equal(y, ty)
