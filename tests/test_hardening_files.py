@@ -22,7 +22,14 @@ import torch
 
 from torch_fastload import DataLoader, config, engine, fileio, pack, pack_image_folder
 from torch_fastload.errors import FileChangedError, NotRegularFileError
-from torch_fastload.sources import ArrayDataset, ArrayFile, ImageFolder, RecordDataset, RecordFormatError
+from torch_fastload.sources import (
+    ArrayDataset,
+    ArrayFile,
+    ArrayFormatError,
+    ImageFolder,
+    RecordDataset,
+    RecordFormatError,
+)
 
 HANG_SECONDS = 20
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -515,3 +522,91 @@ def test_npy_of_shape_n_by_0_gives_empty_rows(tmp_path, read_path):
     assert len(ours) == len(theirs) == 3
     for (x, y), (tx, ty) in zip(ours, theirs):
         assert x.shape == tx.shape and torch.equal(y, ty)
+
+
+# ------------------------------------------------------------------------------------------
+# item 10: typed errors naming the file, settings refused where they are read
+# ------------------------------------------------------------------------------------------
+
+
+def npy_with_header(path, header: bytes, declared_length: int | None = None, data: bytes = b"\0" * 64):
+    """A version 1.0 .npy whose header dict is ``header`` (its length field may lie)."""
+    length = len(header) if declared_length is None else declared_length
+    path.write_bytes(b"\x93NUMPY\x01\x00" + length.to_bytes(2, "little") + header + data)
+    return str(path)
+
+
+def test_negative_npy_dimension_is_refused_at_open(tmp_path):
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (-4, 3), }".ljust(117) + b"\n"
+    path = npy_with_header(tmp_path / "neg.npy", header)
+    with pytest.raises(ArrayFormatError, match="negative") as info:
+        ArrayFile.npy(path)
+    assert info.value.path == path
+
+
+def test_npy_header_length_lie_is_a_typed_error(tmp_path):
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (4, 3), }".ljust(117) + b"\n"
+    path = npy_with_header(tmp_path / "lie.npy", header, declared_length=20)
+    with pytest.raises(ArrayFormatError, match="not a valid .npy header") as info:
+        ArrayFile.npy(path)
+    assert info.value.path == path
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('{"format": "torch_fastload.records", "version": 1, "num_records": Infinity, "shards": []}', "Infinity"),
+        ("[" * 100000 + "]" * 100000, "nested too deeply"),
+    ],
+    ids=["infinity", "deep-nesting"],
+)
+def test_hostile_meta_json_is_a_typed_error(tmp_path, text, problem):
+    root = tmp_path / "pack"
+    small_pack(root)
+    (root / "meta.json").write_text(text)
+    with pytest.raises(RecordFormatError, match=problem) as info:
+        RecordDataset(root)
+    assert info.value.path == str(root / "meta.json")
+
+
+def test_huge_record_count_is_a_typed_error(tmp_path):
+    root = tmp_path / "pack"
+    small_pack(root)
+    meta = json.loads((root / "meta.json").read_text())
+    meta["num_records"] = 1e400  # json.dumps writes Infinity; 1e400 parses as inf too
+    (root / "meta.json").write_text(json.dumps(meta).replace("Infinity", "1e400"))
+    with pytest.raises(RecordFormatError) as info:
+        RecordDataset(root)
+    assert info.value.path == str(root / "meta.json")
+
+
+def test_non_utf8_names_is_a_typed_error_naming_it(tmp_path):
+    root = tmp_path / "pack"
+    dataset = small_pack(root)
+    (root / "names.txt").write_bytes(b"r0\n\xff\xfe bad\n")
+    with pytest.raises(RecordFormatError, match="not UTF-8") as info:
+        dataset.name(1)
+    assert info.value.path == str(root / "names.txt")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0"])
+def test_shutdown_timeout_must_be_finite_and_positive(monkeypatch, value):
+    monkeypatch.setenv("TORCH_FASTLOAD_SHUTDOWN_TIMEOUT", value)
+    with pytest.raises(ValueError, match="shutdown_timeout.*finite number > 0"):
+        config.get("shutdown_timeout")
+
+
+def test_bad_gather_blocks_does_not_break_import():
+    env = dict(os.environ, TORCH_FASTLOAD_GATHER_BLOCKS="lots", PYTHONPATH=REPO)
+    code = (
+        "import torch_fastload, torch_fastload.uva, torch_fastload.io, torch_fastload.native\n"
+        "from torch_fastload import config\n"
+        "try:\n"
+        "    config.get('gather_blocks')\n"
+        "except ValueError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "refused: torch_fastload option 'gather_blocks' must be an integer" in done.stdout
+    assert "TORCH_FASTLOAD_GATHER_BLOCKS='lots'" in done.stdout

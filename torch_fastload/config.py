@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import threading
@@ -116,7 +117,8 @@ def _float_within(name: str, value: Any, accepts: Callable[[float], bool], numbe
 
 
 def _positive_float(name: str, value: Any) -> float:
-    return _float_within(name, value, lambda v: v > 0, "a number", "> 0")
+    """A finite number > 0 (inf and nan are refused here, not by the first wait that uses them)."""
+    return _float_within(name, value, lambda v: math.isfinite(v) and v > 0, "a number", "a finite number > 0")
 
 
 def _share_or_word(name: str, value: Any):
@@ -343,6 +345,13 @@ OPTIONS: dict[str, Option] = {
             "",
             _text,
             "S3-compatible endpoint for s3:// URLs (else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)",
+        ),
+        Option(
+            "gather_blocks",
+            32,
+            _int_between(1, 65535),
+            "thread blocks per launch of the page-cache gather kernel (enough 16-byte reads in flight "
+            "to fill PCIe Gen5, few enough SMs to leave the rest to training; measured on the H100)",
         ),
         Option(
             "pack_verify",

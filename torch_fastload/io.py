@@ -444,6 +444,7 @@ class EngineReader(Reader):
         super().__init__(path)
         self.stager = engine.DeviceStager(path.task_size, path.ring_chunks) if path.ring_chunks else None
         self.mapped = engine.MappedFiles(path.map_budget) if path.map_budget else None
+        self._gather_blocks = uva.blocks() if self.mapped is not None else 0  # validated here, not at import
         self._aux_streams: list = []
         self._lock = threading.Lock()
         self.unsafe_ring_reuse = False  # tests: skip the per-chunk wait to prove it is needed
@@ -499,7 +500,7 @@ class EngineReader(Reader):
             stream=torch.cuda.current_stream(dst.device).cuda_stream,
             function=uva.kernel_handle(dst.device),
             piece_bytes=uva.PIECE,
-            blocks=uva.BLOCKS,
+            blocks=self._gather_blocks,
         )
 
     def _dma_mapped(self, dst, maps, used, file_index, offsets, lengths, dst_offsets) -> int:

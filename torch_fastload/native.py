@@ -154,7 +154,7 @@ class NativePipeline:
             ring._stager if ring is not None else None,
             gather,
             uva.PIECE,
-            uva.BLOCKS,
+            uva.blocks(),
             UNSAFE_SLOT_REUSE,
             DEBUG_JITTER_US,
         )

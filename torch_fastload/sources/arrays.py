@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import tokenize
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,13 +102,16 @@ def _read_npy_header(path: str, remote: RemoteObject | None):
             if version not in readers:
                 raise ValueError(f"format version {version} is not supported")
             shape, fortran_order, dtype = readers[version](f)
-        except (ValueError, OSError, EOFError, SyntaxError) as exc:
-            raise ArrayFormatError(path, f"not a valid .npy header ({exc})") from None
+        except (ValueError, OSError, EOFError, SyntaxError, TypeError, RecursionError, tokenize.TokenError) as exc:
+            # TokenError: a header length that cuts the header's dict short
+            raise ArrayFormatError(path, f"not a valid .npy header ({type(exc).__name__}: {exc})") from None
         offset = f.tell()
     if fortran_order:
         raise ArrayFormatError(path, "Fortran-ordered arrays are not supported (save it C-contiguous)")
     if len(shape) == 0:
         raise ArrayFormatError(path, "a 0-d array has no rows")
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise ArrayFormatError(path, f"header shape {tuple(shape)} has a negative or non-integer dimension")
     dtype = _check_dtype(path, dtype)
     needed = offset + math.prod(shape) * dtype.itemsize
     if needed > size:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import tokenize
 from typing import NamedTuple
 
 import numpy as np
@@ -80,13 +81,19 @@ def largest_batch_bytes(sizes: np.ndarray, batch_size: int) -> int:
     return int(np.partition(sizes, len(sizes) - k)[len(sizes) - k :].sum()) if k else 0
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def _load_json(path: str) -> dict:
     try:
-        meta = json.loads(files.load(path))
+        meta = json.loads(files.load(path), parse_constant=_refuse_constant)  # no Infinity / NaN
     except FileNotFoundError:
         raise RecordFormatError(path, "missing: not a finished pack (the writer writes meta.json last)") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise RecordFormatError(path, f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise RecordFormatError(path, "not valid pack metadata (nested too deeply)") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise RecordFormatError(
             path, f"not a {FORMAT} pack (format={meta.get('format') if isinstance(meta, dict) else meta!r})"
@@ -101,8 +108,8 @@ def _load_int64(path: str, shape_ok, what: str) -> np.ndarray:
         array = np.load(io.BytesIO(files.load(path)), allow_pickle=False)
     except FileNotFoundError:
         raise
-    except (ValueError, OSError, EOFError) as exc:
-        raise RecordFormatError(path, f"not a readable .npy {what} ({exc})") from None
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError, RecursionError, tokenize.TokenError) as exc:
+        raise RecordFormatError(path, f"not a readable .npy {what} ({type(exc).__name__}: {exc})") from None
     if array.dtype != np.int64 or not shape_ok(array.shape):
         raise RecordFormatError(path, f"{what} must be int64 of the documented shape, got {array.dtype} {array.shape}")
     return array
@@ -239,6 +246,8 @@ class RecordDataset(Dataset):
                 self._names = files.load(path).decode("utf-8").split("\n")[: len(self)]
             except FileNotFoundError:
                 self._names = []
+            except UnicodeDecodeError as exc:
+                raise RecordFormatError(path, f"not UTF-8 text ({exc})") from None
         i = int(self._check([i])[0])
         if i < len(self._names):
             return self._names[i]
