@@ -1,7 +1,8 @@
 // Uniform neighbour sampling, hop by hop, in four parallel passes that never depend on the
 // thread count (all order comes from "claim indices", not from timing):
 //   A  picks: frontier node i draws fanout neighbours (counter-based hash of key, hop, i, j),
-//      merges repeats (first draws kept, in draw order) into its slots i * fanout + c; every
+//      merges repeats (first draws kept, in draw order) into its slots i * stride + c (stride:
+//      min(fanout, the graph's largest degree), so memory follows degrees, not the fanout); every
 //      slot then claims its node with an atomic max of (generation, -claim index) in a per-node
 //      scratch word: the smallest claim index (seeds < earlier hops < frontier order < draw
 //      order) wins the node.
@@ -61,15 +62,16 @@ template <typename Index>
 inline int64_t merge_picks(const Index* indices, const int64_t* at, int64_t f, int64_t* out) {
   constexpr int64_t kSmall = 32;
   if (f <= kSmall) {
-    int64_t v[kSmall];
+    int64_t v[kSmall], picked[kSmall];  // picked: out has room for the distinct picks only
     for (int64_t j = 0; j < f; ++j) v[j] = static_cast<int64_t>(indices[at[j]]);
     int64_t c = 0;
     for (int64_t j = 0; j < f; ++j) {
       bool seen = false;
       for (int64_t t = 0; t < j; ++t) seen |= v[t] == v[j];
-      out[c] = v[j];
+      picked[c] = v[j];
       c += !seen;
     }
+    std::memcpy(out, picked, static_cast<size_t>(c) * sizeof(int64_t));
     return c;
   }
   thread_local std::vector<std::pair<int64_t, int64_t>> by_value;  // (neighbour, draw)
@@ -132,6 +134,17 @@ NeighborSampler::NeighborSampler(const int64_t* indptr, int64_t num_nodes, const
   if (num_nodes < 0 || num_edges < 0) invalid("a graph needs num_nodes >= 0 and num_edges >= 0");
   if (index_bytes != 4 && index_bytes != 8)
     invalid("indices must be int32 or int64, got " + std::to_string(index_bytes) + "-byte items");
+  for (int64_t v = 0; v < num_nodes; ++v) max_degree_ = std::max(max_degree_, indptr[v + 1] - indptr[v]);
+}
+
+int64_t NeighborSampler::scratch_slot_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t bytes = 0;
+  for (const auto& s : free_)
+    for (const auto& hop : s->hops)
+      bytes += static_cast<int64_t>((hop.node.capacity() + hop.winner.capacity() + hop.local.capacity()) *
+                                    sizeof(int64_t));
+  return bytes;
 }
 
 NeighborSampler::~NeighborSampler() = default;
@@ -209,7 +222,7 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
   // Per hop: the frontier (its first node's local id), its claim base and chunking.
   struct HopInfo {
     const int64_t* frontier;
-    int64_t size, first_local, fanout, chunk, chunks;
+    int64_t size, first_local, stride, chunk, chunks;  // stride: slots per frontier node
     uint64_t base;
     int64_t first_new, fresh;  // local id of the hop's first new node, how many
   };
@@ -220,15 +233,18 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
   uint64_t base = static_cast<uint64_t>(num_seeds);
   for (size_t h = 0; h < fanouts.size() && m > 0 && fanouts[h] > 0; ++h) {
     const int64_t f = fanouts[h];
-    if (static_cast<uint64_t>(m) > (kLowMask - base) / static_cast<uint64_t>(f))
+    // slots per frontier node: its distinct picks, at most min(fanout, degree)
+    const int64_t stride = std::max<int64_t>(1, std::min(f, max_degree_));
+    const int64_t max_degree = max_degree_;
+    if (static_cast<uint64_t>(m) > (kLowMask - base) / static_cast<uint64_t>(stride))
       invalid("too many draws in one call (" + std::to_string(m) + " frontier nodes x fanout " + std::to_string(f) +
               " at hop " + std::to_string(h) + ")");
     Scratch::Hop& hop = scratch.hops[h];
     const int64_t chunk = std::max<int64_t>(8, std::min<int64_t>(512, m / static_cast<int64_t>(width * 8) + 1));
     const int64_t chunks = (m + chunk - 1) / chunk;
-    grow(hop.node, static_cast<size_t>(m * f));
-    grow(hop.winner, static_cast<size_t>(m * f));
-    grow(hop.local, static_cast<size_t>(m * f));
+    grow(hop.node, static_cast<size_t>(m * stride));
+    grow(hop.winner, static_cast<size_t>(m * stride));
+    grow(hop.local, static_cast<size_t>(m * stride));
     grow(hop.count, static_cast<size_t>(m));
     grow(hop.chunk_edges, static_cast<size_t>(chunks) + 1);
     grow(hop.chunk_new, static_cast<size_t>(chunks) + 1);
@@ -254,9 +270,9 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
         int64_t* const at = positions + (i & (kAhead - 1)) * f;
         const int64_t v = frontier[i];
         const int64_t lo = indptr[v], hi = indptr[v + 1];
-        if (lo < 0 || hi < lo || hi > e)
+        if (lo < 0 || hi < lo || hi > e || hi - lo > max_degree)  // max_degree: the slots' room
           invalid("graph.indptr is corrupt at node " + std::to_string(v) + ": [" + std::to_string(lo) + ", " +
-                  std::to_string(hi) + ") with " + std::to_string(e) + " edges");
+                  std::to_string(hi) + ") with " + std::to_string(e) + " edges (or changed since the sampler was made)");
         const uint64_t d = static_cast<uint64_t>(hi - lo);
         if (d == 0) {
           at[0] = -1;
@@ -277,7 +293,7 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
           cnt[i] = 0;
           return;
         }
-        int64_t* const out = node + i * f;
+        int64_t* const out = node + i * stride;
         const int64_t c = merge_picks(indices, at, f, out);
         uint64_t worst = 0;
         for (int64_t j = 0; j < c; ++j) worst = std::max(worst, static_cast<uint64_t>(out[j]));  // negatives: huge
@@ -289,8 +305,8 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
         for (int64_t j = 0; j < c; ++j) __builtin_prefetch(word + out[j], 1);
       };
       auto claims = [&](int64_t i) {
-        const int64_t* const slots = node + i * f;
-        const uint64_t first = base + static_cast<uint64_t>(i * f);
+        const int64_t* const slots = node + i * stride;
+        const uint64_t first = base + static_cast<uint64_t>(i * stride);
         if (shared) {
           for (int64_t c = 0; c < cnt[i]; ++c) claim(word + slots[c], encode(generation, first + c));
         } else {  // one thread: no other writer, so no locked instruction (a full barrier on x86)
@@ -318,12 +334,12 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
       const int64_t i0 = static_cast<int64_t>(k) * chunk, i1 = std::min(m, i0 + chunk);
       int64_t wins = 0;
       for (int64_t i = i0; i < std::min(i1, i0 + kAhead); ++i)
-        for (int64_t c = 0; c < cnt[i]; ++c) __builtin_prefetch(word + node[i * f + c]);
+        for (int64_t c = 0; c < cnt[i]; ++c) __builtin_prefetch(word + node[i * stride + c]);
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t s0 = i * f;
+        const int64_t s0 = i * stride;
         const uint64_t first = base + static_cast<uint64_t>(s0);
         if (i + kAhead < i1)
-          for (int64_t c = 0, ahead = (i + kAhead) * f; c < cnt[i + kAhead]; ++c)
+          for (int64_t c = 0, ahead = (i + kAhead) * stride; c < cnt[i + kAhead]; ++c)
             __builtin_prefetch(word + node[ahead + c]);
         for (int64_t c = 0; c < cnt[i]; ++c) {
           const uint64_t w = __atomic_load_n(word + node[s0 + c], __ATOMIC_RELAXED);
@@ -348,7 +364,7 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
       const int64_t i0 = static_cast<int64_t>(k) * chunk, i1 = std::min(m, i0 + chunk);
       int64_t at = chunk_new[k], sink;
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t s0 = i * f;
+        const int64_t s0 = i * stride;
         for (int64_t c = 0; c < cnt[i]; ++c) {  // branch-free: a winner or not is a coin toss
           const bool won = winner[s0 + c] == static_cast<int64_t>(base + static_cast<uint64_t>(s0 + c));
           local[s0 + c] = count + at;  // read for winners only
@@ -358,8 +374,8 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
       }
     });
 
-    info.push_back(HopInfo{frontier, m, first_local, f, chunk, chunks, base, count, fresh});
-    base += static_cast<uint64_t>(m * f);
+    info.push_back(HopInfo{frontier, m, first_local, stride, chunk, chunks, base, count, fresh});
+    base += static_cast<uint64_t>(m * stride);
     first_local = count;
     count += fresh;
     frontier = next;
@@ -402,7 +418,7 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
     const int64_t i0 = k * hi.chunk, i1 = std::min(hi.size, i0 + hi.chunk);
     int64_t at = hop.chunk_edges[static_cast<size_t>(k)];
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t s0 = i * hi.fanout;
+      const int64_t s0 = i * hi.stride;
       const int64_t target = hi.first_local + i;
       for (int32_t c = 0; c < hop.count[static_cast<size_t>(i)]; ++c) {
         const uint64_t won = static_cast<uint64_t>(hop.winner[static_cast<size_t>(s0 + c)]);

@@ -376,3 +376,22 @@ def test_batches_do_not_depend_on_prefetch_or_sampler_threads(graph_dir):
             assert torch.equal(a_ids, b_ids) and torch.equal(a_edges, b_edges)
     with pytest.raises(ValueError, match="sampler_threads"):
         NeighborBatches(g, np.arange(10), [2], sampler_threads=0)
+
+
+def test_sampler_memory_follows_degree_not_fanout():
+    """A fanout far above every degree: each node keeps at most its degree in distinct picks, so
+    the per-slot scratch is min(fanout, max degree) per frontier node, not fanout (issue 18)."""
+    g = random_csr(n=600, max_degree=12, seed=7)
+    sampler = g.native_sampler()
+    if sampler is None:
+        pytest.skip("the C++ extension is not built")
+    assert sampler.max_degree == int(g.degree().max()) <= 12
+    seeds = np.arange(0, 600, 3)
+    huge = 50_000
+    n_id, edge_index = sample_neighbors(g, seeds, [huge, 2], key=5, num_threads=2)
+    check_sample(g, seeds, [huge, 2], n_id, edge_index)
+    frontier = len(n_id)  # every hop's frontier is at most all the sampled nodes
+    bound = 3 * frontier * sampler.max_degree * 8  # node, winner and local: int64 per slot
+    assert 0 < sampler.scratch_slot_bytes() <= bound  # fanout-sized slots would take 200 x 50,000 x 24 bytes
+    again = sample_neighbors(g, seeds, [huge, 2], key=5, num_threads=1)
+    assert np.array_equal(again[0], n_id) and np.array_equal(again[1], edge_index)
