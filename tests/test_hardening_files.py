@@ -610,3 +610,19 @@ def test_bad_gather_blocks_does_not_break_import():
     assert done.returncode == 0, done.stderr
     assert "refused: torch_fastload option 'gather_blocks' must be an integer" in done.stdout
     assert "TORCH_FASTLOAD_GATHER_BLOCKS='lots'" in done.stdout
+
+
+def test_feature_store_refuses_a_fifo_and_a_replaced_matrix(tmp_path):
+    from torch_fastload.sources import FeatureStore
+
+    fifo = make_fifo(tmp_path / "features.bin")
+    assert_refused(lambda: FeatureStore(fifo, shape=(4, 4), dtype=torch.float32, device="cpu"), fifo)
+    path = str(tmp_path / "features.npy")
+    np.save(path, np.arange(64 * 8, dtype=np.float32).reshape(64, 8))
+    store = FeatureStore(path, device="cpu")
+    assert torch.equal(store.gather([1, 2])[0], torch.arange(8, 16, dtype=torch.float32))
+    np.save(str(tmp_path / "other.npy"), np.zeros((64, 8), dtype=np.float32))
+    os.replace(tmp_path / "other.npy", path)
+    with pytest.raises(FileChangedError) as info:
+        store.gather([5, 6])
+    assert info.value.filename == path

@@ -105,14 +105,15 @@ def pin(path) -> FileIdentity:
         os.close(fd)
 
 
-def check_unchanged(path, pinned: FileIdentity) -> None:
-    """Raise ``FileChangedError`` where ``path`` is no longer the file pinned as ``pinned``."""
+def check_unchanged(path, pinned: FileIdentity, cause: BaseException | None = None) -> None:
+    """Raise ``FileChangedError`` (from ``cause``, the read error it explains) where ``path`` is
+    no longer the file pinned as ``pinned``."""
     try:
         now = identity_of(os.stat(path))
     except FileNotFoundError:
-        raise FileChangedError(os.fspath(path), "was removed") from None
+        raise FileChangedError(os.fspath(path), "was removed") from cause
     if now != pinned:
-        raise FileChangedError(os.fspath(path), _what_changed(pinned, now))
+        raise FileChangedError(os.fspath(path), _what_changed(pinned, now)) from cause
 
 
 def check_pins(pins) -> None:
