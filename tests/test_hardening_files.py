@@ -626,3 +626,18 @@ def test_feature_store_refuses_a_fifo_and_a_replaced_matrix(tmp_path):
     with pytest.raises(FileChangedError) as info:
         store.gather([5, 6])
     assert info.value.filename == path
+
+
+def test_non_utf8_names_does_not_hide_an_image_decode_error(tmp_path):
+    from torch_fastload.sources import PackedImageFolder
+    from torch_fastload.vision.decode import ImageDecodeError
+
+    write_image_folder(tmp_path / "images")
+    (tmp_path / "images" / "cat" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    pack_image_folder(tmp_path / "images", tmp_path / "pack", progress=False)
+    (tmp_path / "pack" / "names.txt").write_bytes(b"\xff\xfe\n" * 3)
+    dataset = PackedImageFolder(tmp_path / "pack", transform=None)
+    broken = next(i for i in range(len(dataset)) if len(dataset.read_bytes(i)) < 40)
+    with pytest.raises(ImageDecodeError) as info:
+        dataset[broken]
+    assert "names.txt" in str(info.value) and "not UTF-8" in str(info.value)

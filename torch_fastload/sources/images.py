@@ -358,7 +358,14 @@ class PackedImageFolder(_EncodedImageSource):
         return self.records.shard_pins
 
     def name(self, i: int) -> str:
-        return self.records.name(int(i))
+        """Image ``i``'s source name; a broken names.txt is said here rather than hiding the
+        error this name is for (a decode error, a max_pixels refusal)."""
+        from .records import RecordFormatError
+
+        try:
+            return self.records.name(int(i))
+        except RecordFormatError as exc:
+            return f"record {int(i)} of the pack '{self.root}' (no name: {exc})"
 
     def __repr__(self) -> str:
         return f"PackedImageFolder('{self.root}', {len(self)} images, {len(self.classes)} classes)"
