@@ -641,3 +641,15 @@ def test_non_utf8_names_does_not_hide_an_image_decode_error(tmp_path):
     with pytest.raises(ImageDecodeError) as info:
         dataset[broken]
     assert "names.txt" in str(info.value) and "not UTF-8" in str(info.value)
+
+
+def test_a_pin_from_another_host_is_taken_afresh_here(tmp_path):
+    """A dataset pickled to another machine (its own copy of the files) is not refused there."""
+    path = tmp_path / "rows.bin"
+    path.write_bytes(b"x" * 64)
+    elsewhere = fileio.pin(path)._replace(device=12345, inode=678, host="another-host")
+    fileio.check_unchanged(path, elsewhere)  # first use here: pinned as it is now
+    os.replace(tmp_path / "rows.bin", tmp_path / "kept.bin")
+    (tmp_path / "rows.bin").write_bytes(b"y" * 32)
+    with pytest.raises(FileChangedError):  # changed after that first use: refused as usual
+        fileio.check_unchanged(path, elsewhere)

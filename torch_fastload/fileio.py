@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import stat
 import tempfile
 import zlib
@@ -41,16 +42,33 @@ __all__ = [
 
 
 class FileIdentity(NamedTuple):
-    """What changes when a file is replaced or rewritten (compared after each batch read)."""
+    """What changes when a file is replaced or rewritten (compared after each batch read).
+    ``host``: where it was taken; a dataset pickled to another machine (its own copy of the
+    files, or another mount of them) pins its files afresh there on first use."""
 
     device: int
     inode: int
     size: int
     mtime_ns: int
+    host: str = ""
+
+
+_HOST = socket.gethostname()
+_PINNED_HERE: dict = {}  # (path, a pin taken on another host) -> the pin taken on this one
 
 
 def identity_of(info: os.stat_result) -> FileIdentity:
-    return FileIdentity(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    return FileIdentity(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, _HOST)
+
+
+def _here(path, pinned: FileIdentity) -> FileIdentity:
+    """``pinned``, or for a pin taken on another host the file as first seen on this one."""
+    if pinned.host == _HOST:
+        return pinned
+    key = (os.fspath(path), pinned)
+    if key not in _PINNED_HERE:
+        _PINNED_HERE[key] = pin(path)
+    return _PINNED_HERE[key]
 
 
 def _refuse_special(path, info: os.stat_result) -> None:
@@ -109,6 +127,7 @@ def check_unchanged(path, pinned: FileIdentity, cause: BaseException | None = No
     """Raise ``FileChangedError`` (from ``cause``, the read error it explains) where ``path`` is
     no longer the file pinned as ``pinned``."""
     try:
+        pinned = _here(path, pinned)
         now = identity_of(os.stat(path))
     except FileNotFoundError:
         raise FileChangedError(os.fspath(path), "was removed") from cause
@@ -135,6 +154,7 @@ def crc32(path, pinned: FileIdentity | None = None, chunk: int = 8 << 20) -> int
     """The CRC-32 (zlib) of the regular file ``path``; with ``pinned``, the file read must be it."""
     fd = open_regular(path)
     try:
+        pinned = _here(path, pinned) if pinned is not None else None
         if pinned is not None and identity_of(os.fstat(fd)) != pinned:
             raise FileChangedError(os.fspath(path), _what_changed(pinned, identity_of(os.fstat(fd))))
         crc = 0
