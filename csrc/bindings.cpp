@@ -459,6 +459,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("num_nodes", [](const PyNeighborSampler& s) { return s.impl->num_nodes(); })
       .def_property_readonly("num_edges", [](const PyNeighborSampler& s) { return s.impl->num_edges(); })
       .def_property_readonly("index_bytes", [](const PyNeighborSampler& s) { return s.impl->index_bytes(); })
+      .def_property_readonly("max_degree", [](const PyNeighborSampler& s) { return s.impl->max_degree(); })
+      .def("scratch_slot_bytes", [](const PyNeighborSampler& s) { return s.impl->scratch_slot_bytes(); },
+           "Bytes the idle scratch sets hold in per-slot arrays (min(fanout, max degree) slots per node)")
       .def_static("default_threads", &tfl::NeighborSampler::default_threads,
                   "min(8, CPUs this process may run on): the threads num_threads=0 uses.");
   m.def(

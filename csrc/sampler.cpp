@@ -1,7 +1,10 @@
 // Uniform neighbour sampling, hop by hop, in four parallel passes that never depend on the
 // thread count (all order comes from "claim indices", not from timing):
 //   A  picks: frontier node i draws fanout neighbours (counter-based hash of key, hop, i, j),
-//      merges repeats (first draws kept, in draw order) into its slots i * fanout + c; every
+//      merges repeats (first draws kept, in draw order) into its slots i * stride + c (stride:
+//      min(fanout, the graph's largest degree), so memory follows degrees, not the fanout; above
+//      32 draws a node's draws are merged as they are made, in memory of its degree, stopping
+//      once every neighbour position has been drawn, as no later draw can add one); every
 //      slot then claims its node with an atomic max of (generation, -claim index) in a per-node
 //      scratch word: the smallest claim index (seeds < earlier hops < frontier order < draw
 //      order) wins the node.
@@ -54,35 +57,66 @@ inline void claim(uint64_t* word, uint64_t want) {
   }
 }
 
-// The distinct neighbours at positions at[0..f), in the order of their first draw, written to
-// out; returns how many. Up to 32 draws: each compared with the earlier ones, branch-free (a
-// sort's data-dependent branches would mispredict on every node); more: through a sort.
+// The distinct neighbours at positions at[0..f), f <= kSmallDraws, in the order of their first
+// draw, written to out; returns how many. Each draw is compared with the earlier ones,
+// branch-free (a sort's data-dependent branches would mispredict on every node).
+constexpr int64_t kSmallDraws = 32;
+
 template <typename Index>
 inline int64_t merge_picks(const Index* indices, const int64_t* at, int64_t f, int64_t* out) {
-  constexpr int64_t kSmall = 32;
-  if (f <= kSmall) {
-    int64_t v[kSmall];
-    for (int64_t j = 0; j < f; ++j) v[j] = static_cast<int64_t>(indices[at[j]]);
-    int64_t c = 0;
-    for (int64_t j = 0; j < f; ++j) {
-      bool seen = false;
-      for (int64_t t = 0; t < j; ++t) seen |= v[t] == v[j];
-      out[c] = v[j];
-      c += !seen;
-    }
-    return c;
-  }
-  thread_local std::vector<std::pair<int64_t, int64_t>> by_value;  // (neighbour, draw)
-  thread_local std::vector<char> first;
-  by_value.resize(static_cast<size_t>(f));
-  first.assign(static_cast<size_t>(f), 0);
-  for (int64_t j = 0; j < f; ++j) by_value[static_cast<size_t>(j)] = {static_cast<int64_t>(indices[at[j]]), j};
-  std::sort(by_value.begin(), by_value.end());
-  for (size_t j = 0; j < by_value.size(); ++j)
-    if (j == 0 || by_value[j].first != by_value[j - 1].first) first[static_cast<size_t>(by_value[j].second)] = 1;
+  int64_t v[kSmallDraws], picked[kSmallDraws];  // picked: out has room for the distinct picks only
+  for (int64_t j = 0; j < f; ++j) v[j] = static_cast<int64_t>(indices[at[j]]);
   int64_t c = 0;
-  for (int64_t j = 0; j < f; ++j)
-    if (first[static_cast<size_t>(j)]) out[c++] = static_cast<int64_t>(indices[at[j]]);
+  for (int64_t j = 0; j < f; ++j) {
+    bool seen = false;
+    for (int64_t t = 0; t < j; ++t) seen |= v[t] == v[j];
+    picked[c] = v[j];
+    c += !seen;
+  }
+  std::memcpy(out, picked, static_cast<size_t>(c) * sizeof(int64_t));
+  return c;
+}
+
+// Draws above kSmallDraws per node are made and merged in one streaming pass (stream_picks),
+// never stored: the ring then holds (first edge, degree) per node.
+
+// Lemire's multiply-shift: draw j's position in [0, d), bias at most d / 2**64.
+inline uint64_t draw_offset(uint64_t stream, int64_t j, uint64_t d) {
+  const uint64_t r = mix64(stream + kStep * static_cast<uint64_t>(j + 1));
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(r) * d) >> 64);
+}
+
+// The same draws and the same result as merge_picks over all f draws (distinct neighbours in the
+// order of their first draw), in memory that follows the degree d, not f: a bitmap of the d
+// positions drawn and a hash set of the distinct neighbours. Once every position has been drawn
+// no later draw can add a neighbour, so it stops there (about d ln d draws for a huge fanout).
+template <typename Index>
+int64_t stream_picks(const Index* indices, int64_t lo, uint64_t d, int64_t f, uint64_t stream, int64_t* out) {
+  thread_local std::vector<uint64_t> drawn;  // bit per position of the node's neighbour list
+  thread_local std::vector<int64_t> values;  // open addressing over the distinct neighbours
+  thread_local std::vector<char> used;
+  drawn.assign(static_cast<size_t>((d + 63) / 64), 0);
+  size_t cap = 16;
+  while (cap < 2 * static_cast<size_t>(std::min<uint64_t>(static_cast<uint64_t>(f), d))) cap *= 2;
+  values.assign(cap, 0);
+  used.assign(cap, 0);
+  int64_t c = 0;
+  uint64_t covered = 0;
+  for (int64_t j = 0; j < f && covered < d; ++j) {
+    const uint64_t off = draw_offset(stream, j, d);
+    uint64_t& bits = drawn[static_cast<size_t>(off >> 6)];
+    const uint64_t bit = uint64_t(1) << (off & 63);
+    if (bits & bit) continue;  // a position drawn before: its neighbour is already in
+    bits |= bit;
+    ++covered;
+    const int64_t v = static_cast<int64_t>(indices[lo + static_cast<int64_t>(off)]);
+    size_t slot = static_cast<size_t>(mix64(static_cast<uint64_t>(v))) & (cap - 1);
+    while (used[slot] && values[slot] != v) slot = (slot + 1) & (cap - 1);
+    if (used[slot]) continue;  // the same neighbour at another position (a repeated edge)
+    used[slot] = 1;
+    values[slot] = v;
+    out[c++] = v;
+  }
   return c;
 }
 
@@ -132,6 +166,17 @@ NeighborSampler::NeighborSampler(const int64_t* indptr, int64_t num_nodes, const
   if (num_nodes < 0 || num_edges < 0) invalid("a graph needs num_nodes >= 0 and num_edges >= 0");
   if (index_bytes != 4 && index_bytes != 8)
     invalid("indices must be int32 or int64, got " + std::to_string(index_bytes) + "-byte items");
+  for (int64_t v = 0; v < num_nodes; ++v) max_degree_ = std::max(max_degree_, indptr[v + 1] - indptr[v]);
+}
+
+int64_t NeighborSampler::scratch_slot_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t bytes = 0;
+  for (const auto& s : free_)
+    for (const auto& hop : s->hops)
+      bytes += static_cast<int64_t>((hop.node.capacity() + hop.winner.capacity() + hop.local.capacity()) *
+                                    sizeof(int64_t));
+  return bytes;
 }
 
 NeighborSampler::~NeighborSampler() = default;
@@ -209,7 +254,7 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
   // Per hop: the frontier (its first node's local id), its claim base and chunking.
   struct HopInfo {
     const int64_t* frontier;
-    int64_t size, first_local, fanout, chunk, chunks;
+    int64_t size, first_local, stride, chunk, chunks;  // stride: slots per frontier node
     uint64_t base;
     int64_t first_new, fresh;  // local id of the hop's first new node, how many
   };
@@ -220,15 +265,18 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
   uint64_t base = static_cast<uint64_t>(num_seeds);
   for (size_t h = 0; h < fanouts.size() && m > 0 && fanouts[h] > 0; ++h) {
     const int64_t f = fanouts[h];
-    if (static_cast<uint64_t>(m) > (kLowMask - base) / static_cast<uint64_t>(f))
+    // slots per frontier node: its distinct picks, at most min(fanout, degree)
+    const int64_t stride = std::max<int64_t>(1, std::min(f, max_degree_));
+    const int64_t max_degree = max_degree_;
+    if (static_cast<uint64_t>(m) > (kLowMask - base) / static_cast<uint64_t>(stride))
       invalid("too many draws in one call (" + std::to_string(m) + " frontier nodes x fanout " + std::to_string(f) +
               " at hop " + std::to_string(h) + ")");
     Scratch::Hop& hop = scratch.hops[h];
     const int64_t chunk = std::max<int64_t>(8, std::min<int64_t>(512, m / static_cast<int64_t>(width * 8) + 1));
     const int64_t chunks = (m + chunk - 1) / chunk;
-    grow(hop.node, static_cast<size_t>(m * f));
-    grow(hop.winner, static_cast<size_t>(m * f));
-    grow(hop.local, static_cast<size_t>(m * f));
+    grow(hop.node, static_cast<size_t>(m * stride));
+    grow(hop.winner, static_cast<size_t>(m * stride));
+    grow(hop.local, static_cast<size_t>(m * stride));
     grow(hop.count, static_cast<size_t>(m));
     grow(hop.chunk_edges, static_cast<size_t>(chunks) + 1);
     grow(hop.chunk_new, static_cast<size_t>(chunks) + 1);
@@ -246,39 +294,49 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
     // node i - D claims its picks: many independent misses in flight per thread.
     pool.run(static_cast<size_t>(chunks), width, [&](size_t k, const std::atomic<bool>&) {
       const int64_t i0 = static_cast<int64_t>(k) * chunk, i1 = std::min(m, i0 + chunk);
-      thread_local std::vector<int64_t> ring;  // kAhead nodes' pick positions (-1: degree 0)
-      grow(ring, static_cast<size_t>(kAhead * f));
+      // kAhead nodes' pick positions (-1: degree 0); streamed draws: (first edge, degree)
+      thread_local std::vector<int64_t> ring;
+      const bool streamed = f > kSmallDraws;
+      const int64_t per_node = streamed ? 2 : f;
+      grow(ring, static_cast<size_t>(kAhead * per_node));
       int64_t* const positions = ring.data();
       int64_t edges = 0;
       auto draw = [&](int64_t i) {
-        int64_t* const at = positions + (i & (kAhead - 1)) * f;
+        int64_t* const at = positions + (i & (kAhead - 1)) * per_node;
         const int64_t v = frontier[i];
         const int64_t lo = indptr[v], hi = indptr[v + 1];
-        if (lo < 0 || hi < lo || hi > e)
+        if (lo < 0 || hi < lo || hi > e || hi - lo > max_degree)  // max_degree: the slots' room
           invalid("graph.indptr is corrupt at node " + std::to_string(v) + ": [" + std::to_string(lo) + ", " +
-                  std::to_string(hi) + ") with " + std::to_string(e) + " edges");
+                  std::to_string(hi) + ") with " + std::to_string(e) + " edges (or changed since the sampler was made)");
         const uint64_t d = static_cast<uint64_t>(hi - lo);
         if (d == 0) {
           at[0] = -1;
           return;
         }
+        if (streamed) {
+          at[0] = lo;
+          at[1] = static_cast<int64_t>(d);
+          __builtin_prefetch(indices + lo);
+          return;
+        }
         const uint64_t stream = mix64(hop_key + kGolden * static_cast<uint64_t>(i + 1));
         for (int64_t j = 0; j < f; ++j) {
-          const uint64_t r = mix64(stream + kStep * static_cast<uint64_t>(j + 1));
-          // Lemire's multiply-shift: bias at most d / 2**64
-          const int64_t pos = lo + static_cast<int64_t>((static_cast<unsigned __int128>(r) * d) >> 64);
+          const int64_t pos = lo + static_cast<int64_t>(draw_offset(stream, j, d));
           at[j] = pos;
           __builtin_prefetch(indices + pos);
         }
       };
       auto merge = [&](int64_t i) {
-        const int64_t* const at = positions + (i & (kAhead - 1)) * f;
+        const int64_t* const at = positions + (i & (kAhead - 1)) * per_node;
         if (at[0] < 0) {
           cnt[i] = 0;
           return;
         }
-        int64_t* const out = node + i * f;
-        const int64_t c = merge_picks(indices, at, f, out);
+        int64_t* const out = node + i * stride;
+        const int64_t c =
+            streamed ? stream_picks(indices, at[0], static_cast<uint64_t>(at[1]), f,
+                                    mix64(hop_key + kGolden * static_cast<uint64_t>(i + 1)), out)
+                     : merge_picks(indices, at, f, out);
         uint64_t worst = 0;
         for (int64_t j = 0; j < c; ++j) worst = std::max(worst, static_cast<uint64_t>(out[j]));  // negatives: huge
         if (worst >= static_cast<uint64_t>(n))
@@ -289,8 +347,8 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
         for (int64_t j = 0; j < c; ++j) __builtin_prefetch(word + out[j], 1);
       };
       auto claims = [&](int64_t i) {
-        const int64_t* const slots = node + i * f;
-        const uint64_t first = base + static_cast<uint64_t>(i * f);
+        const int64_t* const slots = node + i * stride;
+        const uint64_t first = base + static_cast<uint64_t>(i * stride);
         if (shared) {
           for (int64_t c = 0; c < cnt[i]; ++c) claim(word + slots[c], encode(generation, first + c));
         } else {  // one thread: no other writer, so no locked instruction (a full barrier on x86)
@@ -318,12 +376,12 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
       const int64_t i0 = static_cast<int64_t>(k) * chunk, i1 = std::min(m, i0 + chunk);
       int64_t wins = 0;
       for (int64_t i = i0; i < std::min(i1, i0 + kAhead); ++i)
-        for (int64_t c = 0; c < cnt[i]; ++c) __builtin_prefetch(word + node[i * f + c]);
+        for (int64_t c = 0; c < cnt[i]; ++c) __builtin_prefetch(word + node[i * stride + c]);
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t s0 = i * f;
+        const int64_t s0 = i * stride;
         const uint64_t first = base + static_cast<uint64_t>(s0);
         if (i + kAhead < i1)
-          for (int64_t c = 0, ahead = (i + kAhead) * f; c < cnt[i + kAhead]; ++c)
+          for (int64_t c = 0, ahead = (i + kAhead) * stride; c < cnt[i + kAhead]; ++c)
             __builtin_prefetch(word + node[ahead + c]);
         for (int64_t c = 0; c < cnt[i]; ++c) {
           const uint64_t w = __atomic_load_n(word + node[s0 + c], __ATOMIC_RELAXED);
@@ -348,7 +406,7 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
       const int64_t i0 = static_cast<int64_t>(k) * chunk, i1 = std::min(m, i0 + chunk);
       int64_t at = chunk_new[k], sink;
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t s0 = i * f;
+        const int64_t s0 = i * stride;
         for (int64_t c = 0; c < cnt[i]; ++c) {  // branch-free: a winner or not is a coin toss
           const bool won = winner[s0 + c] == static_cast<int64_t>(base + static_cast<uint64_t>(s0 + c));
           local[s0 + c] = count + at;  // read for winners only
@@ -358,8 +416,8 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
       }
     });
 
-    info.push_back(HopInfo{frontier, m, first_local, f, chunk, chunks, base, count, fresh});
-    base += static_cast<uint64_t>(m * f);
+    info.push_back(HopInfo{frontier, m, first_local, stride, chunk, chunks, base, count, fresh});
+    base += static_cast<uint64_t>(m * stride);
     first_local = count;
     count += fresh;
     frontier = next;
@@ -402,7 +460,7 @@ SampleResult NeighborSampler::run(const Index* indices, const std::vector<int64_
     const int64_t i0 = k * hi.chunk, i1 = std::min(hi.size, i0 + hi.chunk);
     int64_t at = hop.chunk_edges[static_cast<size_t>(k)];
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t s0 = i * hi.fanout;
+      const int64_t s0 = i * hi.stride;
       const int64_t target = hi.first_local + i;
       for (int32_t c = 0; c < hop.count[static_cast<size_t>(i)]; ++c) {
         const uint64_t won = static_cast<uint64_t>(hop.winner[static_cast<size_t>(s0 + c)]);

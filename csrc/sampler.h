@@ -44,6 +44,11 @@ class NeighborSampler {
   int64_t num_nodes() const { return num_nodes_; }
   int64_t num_edges() const { return num_edges_; }
   int index_bytes() const { return index_bytes_; }
+  // The largest in-degree: a node keeps at most min(fanout, degree) distinct picks, so a hop's
+  // slots are min(fanout, max_degree) per frontier node (memory grows with degree, not fanout).
+  int64_t max_degree() const { return max_degree_; }
+  // Bytes the idle scratch sets hold in per-slot arrays (what a huge fanout would have grown).
+  int64_t scratch_slot_bytes() const;
   // min(8, CPUs this process may run on).
   static int default_threads();
 
@@ -63,6 +68,7 @@ class NeighborSampler {
   const void* indices_;
   int index_bytes_;
   int64_t num_edges_;
+  int64_t max_degree_ = 0;
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<Scratch>> free_;
 };

@@ -376,3 +376,59 @@ def test_batches_do_not_depend_on_prefetch_or_sampler_threads(graph_dir):
             assert torch.equal(a_ids, b_ids) and torch.equal(a_edges, b_edges)
     with pytest.raises(ValueError, match="sampler_threads"):
         NeighborBatches(g, np.arange(10), [2], sampler_threads=0)
+
+
+def test_sampler_memory_follows_degree_not_fanout():
+    """A fanout far above every degree: each node keeps at most its degree in distinct picks, so
+    the per-slot scratch is min(fanout, max degree) per frontier node, and the draws of a node
+    are merged as they are made (memory of its degree), not stored (issue 18)."""
+    g = random_csr(n=600, max_degree=12, seed=7)
+    sampler = g.native_sampler()
+    if sampler is None:
+        pytest.skip("the C++ extension is not built")
+    assert sampler.max_degree == int(g.degree().max()) <= 12
+    seeds = np.arange(0, 600, 3)
+    huge = 1_000_000_000  # draws stop once every neighbour position was drawn: ~d ln d, not 10**9
+    n_id, edge_index = sample_neighbors(g, seeds, [huge, 2], key=5, num_threads=2)
+    check_sample(g, seeds, [huge, 2], n_id, edge_index)
+    frontier = len(n_id)  # every hop's frontier is at most all the sampled nodes
+    bound = 3 * frontier * sampler.max_degree * 8  # node, winner and local: int64 per slot
+    assert 0 < sampler.scratch_slot_bytes() <= bound  # fanout-sized slots: 200 x 10**9 x 24 bytes
+    again = sample_neighbors(g, seeds, [huge, 2], key=5, num_threads=1)
+    assert np.array_equal(again[0], n_id) and np.array_equal(again[1], edge_index)
+
+
+def _mix64(z):
+    mask = (1 << 64) - 1
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def _documented_picks(g, v, fanout, key):
+    """csrc/sampler.cpp's draws for seed v (frontier position 0, hop 0), in Python: fanout
+    draws with replacement, the distinct neighbours in the order of their first draw."""
+    golden, step, mask = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03, (1 << 64) - 1
+    stream = _mix64((_mix64(key ^ _mix64(golden)) + golden) & mask)
+    lo, degree = int(g.indptr[v]), int(g.indptr[v + 1] - g.indptr[v])
+    picks = []
+    for j in range(fanout):
+        r = _mix64((stream + step * (j + 1)) & mask)
+        neighbour = int(g.indices[lo + ((r * degree) >> 64)])
+        if neighbour not in picks:
+            picks.append(neighbour)
+    return picks
+
+
+@pytest.mark.parametrize("fanout", [5, 32, 33, 100, 3000])
+def test_native_picks_are_the_documented_draws(fanout):
+    """Small fanouts (merged from stored draws) and large ones (merged as drawn) alike."""
+    g = random_csr(n=300, max_degree=40, seed=11)
+    g.indices[g.indptr[7] : g.indptr[7] + 5] = 3  # repeated edges: one neighbour at several positions
+    if g.native_sampler() is None:
+        pytest.skip("the C++ extension is not built")
+    for v in range(0, 300, 13):
+        if g.indptr[v + 1] == g.indptr[v]:
+            continue
+        n_id, edge_index = sample_neighbors(g, [v], [fanout], key=1000 + v, num_threads=1)
+        assert n_id[edge_index[0]].tolist() == _documented_picks(g, v, fanout, 1000 + v), v

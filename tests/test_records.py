@@ -14,6 +14,7 @@ from test_loader import ListSampler, assert_same
 from torch.utils.data.distributed import DistributedSampler
 
 from torch_fastload import DataLoader, RecordBatch, RecordDataset, engine, pack, pack_image_folder
+from torch_fastload.errors import FileChangedError
 from torch_fastload.sources import RecordFormatError
 from torch_fastload.staging import PendingRead
 
@@ -241,8 +242,10 @@ def test_shard_truncated_between_opening_and_reading(packed, python_reads, monke
     bad_batch = int(victims[0]) // 20
     for _ in range(1, bad_batch):
         next(it)
-    with pytest.raises(engine.RangeError) as info:  # nothing partial or zero-filled comes out
+    with pytest.raises(FileChangedError) as info:  # nothing partial or zero-filled comes out
         next(it)
+    assert info.value.filename == last and "changed size" in str(info.value)
+    assert isinstance(info.value.__cause__, engine.RangeError)  # the read that found it
     text = "".join(traceback.format_exception(info.value))
     assert last in text and "offset=" in text and f"batch {bad_batch}" in text
     it.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import threading
@@ -20,6 +21,8 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from . import fileio
 
 __all__ = ["get", "set", "override", "describe", "resolve", "source", "tuning_file", "parse_size", "OPTIONS"]
 
@@ -115,7 +118,8 @@ def _float_within(name: str, value: Any, accepts: Callable[[float], bool], numbe
 
 
 def _positive_float(name: str, value: Any) -> float:
-    return _float_within(name, value, lambda v: v > 0, "a number", "> 0")
+    """A finite number > 0 (inf and nan are refused here, not by the first wait that uses them)."""
+    return _float_within(name, value, lambda v: math.isfinite(v) and v > 0, "a number", "a finite number > 0")
 
 
 def _share_or_word(name: str, value: Any):
@@ -353,6 +357,20 @@ OPTIONS: dict[str, Option] = {
             "S3-compatible endpoint for s3:// URLs (else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)",
         ),
         Option(
+            "gather_blocks",
+            32,
+            _int_between(1, 65535),
+            "thread blocks per launch of the page-cache gather kernel (enough 16-byte reads in flight "
+            "to fill PCIe Gen5, few enough SMs to leave the rest to training; measured on the H100)",
+        ),
+        Option(
+            "pack_verify",
+            "size",
+            _choice("size", "checksum"),
+            "what opening a pack checks of its shards: 'size' (sizes against meta.json; cheap) or "
+            "'checksum' (also each shard's CRC-32, reading every shard once)",
+        ),
+        Option(
             "shutdown_timeout",
             10.0,
             _positive_float,
@@ -394,10 +412,9 @@ def _tuned() -> dict[str, Any]:
         return {}
     if _tuning_cache.get("key") != (path, stamp):
         try:
-            with open(path) as f:
-                recorded = json.load(f).get("settings", {})
+            recorded = json.loads(fileio.read_file(path)).get("settings", {})
             values = {k: OPTIONS[k].parse(k, v) for k, v in recorded.items() if k in OPTIONS and OPTIONS[k].tunable}
-        except (OSError, ValueError, AttributeError) as exc:
+        except (OSError, ValueError, AttributeError, RecursionError) as exc:
             raise ValueError(
                 f"torch_fastload tuning file {path} is unreadable ({exc}); "
                 "re-run `python -m torch_fastload doctor --save` or delete it"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import stat
 import sys
 import threading
 
@@ -14,6 +16,8 @@ __all__ = [
     "ParquetFormatError",
     "ParquetSchemaError",
     "ParquetDecodeError",
+    "NotRegularFileError",
+    "FileChangedError",
     "CapturedError",
     "capture",
     "wrap",
@@ -71,6 +75,42 @@ class ParquetSchemaError(ParquetError):
 
 class ParquetDecodeError(ParquetFormatError):
     """A row group whose pages fail to decode when a batch needs it (raised by that batch's next())."""
+
+
+class NotRegularFileError(FastloadError, OSError):
+    """A path that should be a regular file is a FIFO, a socket, a device (``/dev/zero``), ..."""
+
+    def __init__(self, path: str, mode: int = 0):
+        kind = stat.S_IFMT(mode)
+        what = _KINDS.get(kind, "not a regular file")
+        OSError.__init__(self, errno.EINVAL, f"{what}, not a regular file: refused", path)
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.path!r}: {self.strerror}"
+
+
+class FileChangedError(FastloadError, OSError):
+    """A file was replaced or rewritten after a source opened it: its rows are no longer the
+    ones its header (or a pack's index) described, so the batch is refused."""
+
+    def __init__(self, path: str, change: str):
+        OSError.__init__(
+            self, errno.ESTALE, f"{change} since it was opened; reopen the dataset to read the new file", path
+        )
+        self.path = path
+        self.change = change
+
+    def __str__(self) -> str:
+        return f"{self.path!r}: {self.strerror}"
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 class CapturedError:

@@ -39,11 +39,9 @@ non-blocking copy stream (1.15x). ``benchmarks/file_loader.py`` times both.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import logging
 import os
-import stat
 import threading
 import time
 import warnings
@@ -52,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import config, engine, uva
+from . import config, engine, fileio, uva
 from .engine import RangeError, ShortReadError
 from .pool import _wait_event
 from .remote.url import is_url
@@ -343,13 +341,8 @@ def _open_checked(paths, file_index, offsets, lengths) -> list[int]:
     try:
         sizes = []
         for path in paths:
-            fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))  # NONBLOCK: a FIFO never hangs
-            info = os.fstat(fds[-1])
-            if stat.S_ISDIR(info.st_mode):
-                raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
-            if not stat.S_ISREG(info.st_mode):
-                raise ValueError(f"not a regular file: {path!r}")
-            sizes.append(info.st_size)
+            fds.append(fileio.open_regular(path))  # a FIFO never hangs; special files are refused
+            sizes.append(os.fstat(fds[-1]).st_size)
         sizes = np.array(sizes, dtype=np.int64)
         if len(offsets):
             bad = (offsets < 0) | (lengths < 0) | (offsets + lengths > sizes[file_index])
@@ -395,9 +388,16 @@ class Reader:
         if dst.device.type != expected:
             raise ValueError(f"{self.mode} reads into {expected} memory, got a buffer on {dst.device}")
         ranges = batch_ranges(reads)
-        if any(is_url(p) for p in ranges[0]):
-            return self._remote_reader().read(dst, *ranges, local=self._read_local)
-        return self._read_local(dst, *ranges)
+        try:
+            if any(is_url(p) for p in ranges[0]):
+                moved = self._remote_reader().read(dst, *ranges, local=self._read_local)
+            else:
+                moved = self._read_local(dst, *ranges)
+        except Exception as exc:  # a file that changed explains a short or out-of-range read
+            _check_pins(reads, exc)
+            raise
+        _check_pins(reads)  # after the read: a file replaced before or while it was read is caught
+        return moved
 
     def _read_local(self, dst, *ranges) -> dict[str, int]:
         moved = self._read(dst, *ranges)
@@ -425,6 +425,17 @@ class Reader:
             remote.close(timeout)
 
 
+def _check_pins(reads: list[tuple[int, PendingRead]], cause: BaseException | None = None) -> None:
+    """``FileChangedError`` where a file a batch read is no longer the one its source opened."""
+    for _, read in reads:
+        if read.pins is not None:
+            used = range(len(read.paths)) if len(read.paths) == 1 else np.unique(read.file_index).tolist()
+            try:
+                fileio.check_pins((read.paths[i], read.pins[i]) for i in used)
+            except fileio.FileChangedError as changed:
+                raise changed from cause
+
+
 class EngineReader(Reader):
     """The C++ engine: one call per batch, GIL released, ranges coalesced and sliced in C++.
 
@@ -441,6 +452,7 @@ class EngineReader(Reader):
         super().__init__(path)
         self.stager = engine.DeviceStager(path.task_size, path.ring_chunks) if path.ring_chunks else None
         self.mapped = engine.MappedFiles(path.map_budget) if path.map_budget else None
+        self._gather_blocks = uva.blocks() if self.mapped is not None else 0  # validated here, not at import
         self._aux_streams: list = []
         self._lock = threading.Lock()
         self.unsafe_ring_reuse = False  # tests: skip the per-chunk wait to prove it is needed
@@ -496,7 +508,7 @@ class EngineReader(Reader):
             stream=torch.cuda.current_stream(dst.device).cuda_stream,
             function=uva.kernel_handle(dst.device),
             piece_bytes=uva.PIECE,
-            blocks=uva.BLOCKS,
+            blocks=self._gather_blocks,
         )
 
     def _dma_mapped(self, dst, maps, used, file_index, offsets, lengths, dst_offsets) -> int:

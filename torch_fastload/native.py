@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from . import config, engine, uva
+from . import config, engine, fileio, uva
 from .errors import LoaderShutdownError, capture, wrap
 from .fetch import InThreadSource
 from .pipeline import LIVE_PIPELINES, STAGE_THREADS
@@ -102,6 +102,7 @@ class _Batch:
     layout: list
     out: torch.Tensor | None
     home: int | None = None  # the stream ``out`` was allocated on
+    indices: Any = None  # the samples (which of many pinned shards the batch read)
 
 
 class NativePipeline:
@@ -145,6 +146,7 @@ class NativePipeline:
         self.engine = resources.engine
         tensor_dataset = isinstance(loader.dataset, tud.TensorDataset)
         fields, self._paths, self._specs, self._keep, host_row_bytes, records = self._describe(layout, tensor_dataset)
+        self._pins = _FilePins(layout)
         self._slots = self._lease_slots(loader.batch_size, host_row_bytes, records)
         io = resources.io if self._paths else None
         ring = resources.file_reader().stager if (io is not None and self.cuda) else None
@@ -167,7 +169,7 @@ class NativePipeline:
             ring._stager if ring is not None else None,
             gather,
             uva.PIECE,
-            uva.BLOCKS,
+            uva.blocks(),
             UNSAFE_SLOT_REUSE,
             DEBUG_JITTER_US,
         )
@@ -282,7 +284,7 @@ class NativePipeline:
                 if layout[0] >= 0:
                     out = self._allocate(layout[0])
                     self.loop.start(position, out.data_ptr() if layout[0] else 0, layout[0], stream)
-            self._inflight.append(_Batch(position, number, len(indices), layout, out, stream))
+            self._inflight.append(_Batch(position, number, len(indices), layout, out, stream, indices))
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
         if not self.cuda:
@@ -303,7 +305,12 @@ class NativePipeline:
         batch = self._inflight.popleft()
         stream = self._consumer_stream()
         try:
-            self._take(batch.position, stream)
+            try:
+                self._take(batch.position, stream)
+            except Exception as exc:  # a file that changed explains a short or out-of-range read
+                self._pins.check(batch.indices, exc)
+                raise
+            self._pins.check(batch.indices)  # after the read: a file replaced before or during it
         except Exception as exc:
             self.progress.yielded(batch.number, 0)  # a failed batch is spent too: it is raised
             self.stats.add_error()
@@ -397,6 +404,34 @@ class NativePipeline:
                 pool.release(slot, fence)
         self._slots = None
         LIVE_PIPELINES.discard(self)
+
+
+class _FilePins:
+    """The files of a layout as its source opened them (``fileio.FileIdentity``), checked after
+    each batch's read: the row files and the shards the batch's records lie in."""
+
+    def __init__(self, layout: NativeLayout):
+        self.files: list = []  # (path, pin) of every FileRows field
+        self.records: list = []  # (index, [(path, pin) per shard]) of every Records field
+        for f in layout.fields:
+            if isinstance(f, FileRows) and f.pin is not None:
+                self.files.append((f.path, f.pin))
+            elif isinstance(f, Records) and f.pins is not None:
+                self.records.append((f.index, list(zip(f.paths, f.pins))))
+
+    def check(self, indices, cause: BaseException | None = None) -> None:
+        if not (self.files or self.records):
+            return
+        try:
+            fileio.check_pins(self.files)
+            for index, shards in self.records:
+                try:
+                    used = np.unique(index[np.asarray(indices, dtype=np.int64), 0]).tolist()
+                except (IndexError, ValueError, TypeError):  # indices the loop refused: every shard
+                    used = range(len(shards))
+                fileio.check_pins(shards[i] for i in used)
+        except fileio.FileChangedError as changed:
+            raise changed from cause
 
 
 def run_native_or_none(loader, source, progress, resources, hooks):

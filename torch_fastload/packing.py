@@ -4,21 +4,33 @@ Any iterable (or map-style dataset) of byte strings, or of ``(bytes, label)`` pa
 pack that ``sources.RecordDataset`` reads; ``pack_image_folder`` packs an ImageFolder tree
 (``root/<class>/<image>``) with torchvision's class order. The pack is finished only once
 ``meta.json`` is written, last and atomically: an interrupted write is never mistaken for data.
+
+A pack is built in a new temporary directory beside ``out_dir`` (same parent, so the same
+file system) and renamed into place once finished; with ``overwrite`` the old pack is
+swapped out only then (``renameat2(RENAME_EXCHANGE)`` where the kernel has it, else two
+renames). A run that fails or is killed leaves the old pack as it was (a killed run may leave
+its hidden ``.<name>.packing-*`` directory behind, never a half-written pack at ``out_dir``).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import errno
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from . import fileio
 from .config import parse_size
 from .sources.records import FORMAT, VERSION, RecordDataset
 
@@ -72,15 +84,29 @@ def pack(
     record would take it past ``shard_size`` bytes. ``align`` pads every record's start to a
     multiple (4096 makes O_DIRECT reads of whole records bounce-free). Returns the dataset.
     """
-    out_dir = os.fspath(out_dir)
+    given = os.fspath(out_dir)
+    out_dir = os.path.abspath(given)
     if shard_size < 1 or align < 1:
         raise ValueError(f"shard_size and align must be >= 1, got {shard_size} and {align}")
-    _clear_out_dir(out_dir, overwrite)
+    _check_out_dir(out_dir, overwrite)
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    building = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.packing-", dir=os.path.dirname(out_dir))
+    try:
+        _build(items, building, out_dir, labels, classes, names, shard_size, align, progress)
+        _move_into_place(building, out_dir, overwrite)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return RecordDataset(given)
+
+
+def _build(items, out_dir, final_dir, labels, classes, names, shard_size, align, progress) -> None:
+    """Every file of the pack into ``out_dir`` (a new private directory), meta.json last."""
     started = time.perf_counter()
     total = len(items) if hasattr(items, "__len__") else None
     if hasattr(items, "__getitem__") and hasattr(items, "__len__") and not isinstance(items, (list, tuple)):
         items = (items[i] for i in range(len(items)))  # a map-style dataset
-    bar = _progress(total, f"packing {os.path.basename(out_dir) or out_dir}", progress)
+    bar = _progress(total, f"packing {os.path.basename(final_dir)}", progress)
     try:
         written = _write_shards(items, out_dir, shard_size, align, bar)
     finally:
@@ -102,18 +128,70 @@ def pack(
             "seconds": round(time.perf_counter() - started, 3),
         },
     )
-    return RecordDataset(out_dir)
 
 
-def _clear_out_dir(out_dir: str, overwrite: bool) -> None:
-    """Create ``out_dir``; refuse one with entries unless ``overwrite``, then remove a pack's files."""
-    os.makedirs(out_dir, exist_ok=True)
+class PackExistsError(FileExistsError):
+    """``out_dir`` holds entries and ``overwrite`` was not asked for."""
+
+    def __init__(self, out_dir: str, entries: int):
+        super().__init__(f"{out_dir!r} is not empty ({entries} entries); pass overwrite=True")
+        self.out_dir = out_dir
+        self.entries = entries
+
+
+def _is_pack_file(name: str) -> bool:
+    return name == "meta.json" or name.startswith("shard-") or name in ("index.npy", "labels.npy", "names.txt")
+
+
+def _check_out_dir(out_dir: str, overwrite: bool) -> None:
+    """Refuse an ``out_dir`` with entries unless ``overwrite`` (before any record is packed)."""
+    if not os.path.exists(out_dir):
+        return
+    if not os.path.isdir(out_dir):
+        raise NotADirectoryError(f"{out_dir!r} exists and is not a directory")
     existing = [name for name in os.listdir(out_dir) if not name.startswith(".")]
     if existing and not overwrite:
-        raise FileExistsError(f"{out_dir!r} is not empty ({len(existing)} entries); pass overwrite=True")
-    for name in existing:
-        if name == "meta.json" or name.startswith("shard-") or name in ("index.npy", "labels.npy", "names.txt"):
-            os.remove(os.path.join(out_dir, name))
+        raise PackExistsError(out_dir, len(existing))
+
+
+def _move_into_place(building: str, out_dir: str, overwrite: bool) -> None:
+    """Rename the finished pack ``building`` to ``out_dir``; an old pack there is exchanged for it
+    in one step where the kernel can (else moved aside first) and only then removed. Entries of
+    the old directory that are not pack files are carried over into the new one."""
+    os.chmod(building, 0o755)  # mkdtemp made it private
+    try:
+        os.rename(building, out_dir)  # out_dir missing or empty: one atomic step
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    _check_out_dir(out_dir, overwrite)  # filled while we packed?
+    for name in os.listdir(out_dir):
+        if not _is_pack_file(name):
+            os.rename(os.path.join(out_dir, name), os.path.join(building, name))
+    if _exchange(building, out_dir):
+        shutil.rmtree(building, ignore_errors=True)  # now the old pack
+        return
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=os.path.dirname(out_dir))
+    os.rename(out_dir, os.path.join(old, "pack"))
+    os.rename(building, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.ENOTSUP):
+        return False  # the file system (or the kernel) cannot exchange: the two-rename fallback
+    raise OSError(err, os.strerror(err), b)
 
 
 @dataclass
@@ -122,7 +200,7 @@ class _Written:
 
     index: list = field(default_factory=list)  # per record: (shard, offset, length)
     labels: list = field(default_factory=list)  # per record, where items were (bytes, label) pairs
-    shards: list = field(default_factory=list)  # per shard: {"file": name, "bytes": size}
+    shards: list = field(default_factory=list)  # per shard: {"file": name, "bytes": size, "crc32": crc}
 
 
 def _write_shards(items: Iterable, out_dir: str, shard_size: int, align: int, bar) -> _Written:
@@ -132,6 +210,7 @@ def _write_shards(items: Iterable, out_dir: str, shard_size: int, align: int, ba
     shard_file = None
     shard_name = ""
     shard_bytes = 0
+    crc = 0
     try:
         for i, item in enumerate(items):
             if isinstance(item, tuple) and len(item) == 2:
@@ -142,14 +221,16 @@ def _write_shards(items: Iterable, out_dir: str, shard_size: int, align: int, ba
             if shard_file is None or (shard_bytes and shard_bytes + pad + len(data) > shard_size):
                 if shard_file is not None:
                     shard_file.close()
-                    written.shards.append({"file": shard_name, "bytes": shard_bytes})
+                    written.shards.append({"file": shard_name, "bytes": shard_bytes, "crc32": crc})
                 shard_name = f"shard-{len(written.shards):05d}.bin"
-                shard_file = open(os.path.join(out_dir, shard_name), "wb")
-                shard_bytes, pad = 0, 0
+                shard_file = open(os.path.join(out_dir, shard_name), "xb")
+                shard_bytes, pad, crc = 0, 0, 0
             if pad:
                 shard_file.write(b"\0" * pad)
+                crc = zlib.crc32(b"\0" * pad, crc)
                 shard_bytes += pad
             shard_file.write(data)
+            crc = zlib.crc32(data, crc)
             written.index.append((len(written.shards), shard_bytes, len(data)))
             shard_bytes += len(data)
             if bar is not None:
@@ -158,7 +239,7 @@ def _write_shards(items: Iterable, out_dir: str, shard_size: int, align: int, ba
             shard_file.flush()
             os.fsync(shard_file.fileno())
             shard_file.close()
-            written.shards.append({"file": shard_name, "bytes": shard_bytes})
+            written.shards.append({"file": shard_name, "bytes": shard_bytes, "crc32": crc})
             shard_file = None
     finally:
         if shard_file is not None:
@@ -193,12 +274,7 @@ def _write_tables(out_dir: str, index: list, labels: list, names: Sequence[str] 
 
 def _write_meta(out_dir: str, meta: dict) -> None:
     """meta.json, last and atomically: the pack is finished only once it exists."""
-    tmp = os.path.join(out_dir, ".meta.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(meta, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(out_dir, "meta.json"))
+    fileio.write_atomic(os.path.join(out_dir, "meta.json"), lambda f: json.dump(meta, f, indent=1))
 
 
 def find_images(root: str | os.PathLike, extensions: Sequence[str] = IMAGE_EXTENSIONS):
@@ -228,8 +304,7 @@ def pack_image_folder(
 
     def records():
         for path, label in samples:
-            with open(path, "rb") as f:
-                yield f.read(), label
+            yield fileio.read_file(path), label  # regular files only: a FIFO or /dev/zero is refused
 
     class _Sized:  # a generator with a length, for the progress bar
         def __len__(self):
@@ -280,12 +355,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m torch_fastload pa
 
                 def __iter__(self):
                     for path in files:
-                        with open(path, "rb") as f:
-                            yield f.read()
+                        yield fileio.read_file(path)
 
             dataset = pack(_Files(), args.out, names=[os.path.relpath(p, args.src) for p in files], **common)
         else:
             dataset = pack_image_folder(args.src, args.out, extensions=tuple(args.extensions.split(",")), **common)
+    except PackExistsError as exc:
+        print(f"{prog}: error: {exc.out_dir!r} is not empty ({exc.entries} entries); pass --overwrite", file=sys.stderr)
+        return 1
     except (OSError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1

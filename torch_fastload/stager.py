@@ -122,7 +122,9 @@ class BatchStager:
         the other fields staged (packed into the slot)."""
         plan = plan_batch(batch, collated=self.collated)
         items = plan.copy_list()
-        reads = [(offset, src) for offset, src in items if isinstance(src, PendingRead)]
+        # zero-byte reads (rows of shape (0,): an (N, 0) .npy) have nothing to read and need no slot
+        reads = [(offset, src) for offset, src in items if isinstance(src, PendingRead) and src.lengths.any()]
+        items = [(offset, src) for offset, src in items if not isinstance(src, PendingRead) or src.lengths.any()]
         reader = self.resources.file_reader() if reads else None
         to_device = reader is not None and reader.path.to_device
         if to_device:  # file fields go straight to the device; the slot holds the rest, packed

@@ -77,12 +77,15 @@ class PendingRead(Pending):
 
     Range ``i`` is ``lengths[i]`` bytes at ``offsets[i]`` of ``paths[file_index[i]]``; together
     they fill ``shape`` of ``dtype`` exactly (fixed-size rows, or one ragged uint8 slab).
+    ``pins`` (one ``fileio.FileIdentity`` or None per path): the files as the source opened
+    them; the reader refuses the batch (``FileChangedError``) where one has changed since.
     """
 
-    __slots__ = ("paths", "file_index", "offsets", "lengths")
+    __slots__ = ("paths", "file_index", "offsets", "lengths", "pins")
 
-    def __init__(self, paths, offsets, lengths, shape: tuple, dtype: torch.dtype, file_index=None):
+    def __init__(self, paths, offsets, lengths, shape: tuple, dtype: torch.dtype, file_index=None, pins=None):
         self.paths = [paths] if isinstance(paths, (str, bytes, os.PathLike)) else list(paths)
+        self.pins = None if pins is None else list(pins)
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         self.lengths = (
             np.full(len(self.offsets), lengths, dtype=np.int64)
@@ -98,6 +101,8 @@ class PendingRead(Pending):
         self.dtype = dtype
         if not (len(self.lengths) == len(self.offsets) == len(self.file_index)):
             raise ValueError("offsets, lengths and file_index of a PendingRead differ in length")
+        if self.pins is not None and len(self.pins) != len(self.paths):
+            raise ValueError("a PendingRead needs one pin (or None) per path")
         if int(self.lengths.sum()) != _nbytes(self.shape, dtype):
             raise ValueError(f"ranges of {int(self.lengths.sum())} bytes cannot fill shape {self.shape} of {dtype}")
 

@@ -14,18 +14,23 @@ first use with NVRTC through ``torch.cuda._compile_kernel``
 
 from __future__ import annotations
 
-import os
 import threading
 
 import torch
 
-__all__ = ["available", "host_view", "kernel_handle", "PIECE", "BLOCKS"]
+from . import config
+
+__all__ = ["available", "host_view", "kernel_handle", "PIECE", "blocks"]
 
 #: bytes of one range one thread block copies at a time; longer ranges span several pieces
 PIECE = 64 << 10
-#: thread blocks (of 256 threads) per launch: enough 16-byte reads in flight to fill PCIe
-#: Gen5, few enough SMs that a training kernel beside it keeps the rest (measured on the H100)
-BLOCKS = int(os.environ.get("TORCH_FASTLOAD_GATHER_BLOCKS", "32"))
+
+
+def blocks() -> int:
+    """Thread blocks (of 256 threads) per launch: the ``gather_blocks`` option
+    (``TORCH_FASTLOAD_GATHER_BLOCKS``), validated when a loader reads it, never at import."""
+    return config.get("gather_blocks")
+
 
 _SOURCE = r"""
 #define UNROLL 4

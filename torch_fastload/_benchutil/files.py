@@ -9,6 +9,7 @@ import io
 import mmap
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -115,11 +116,10 @@ def write_random(path: Path, nbytes: int, seed: int, header: bytes = b"", progre
         raise OSError(
             errno.ENOSPC, f"{path.parent} has {free / GiB:.1f} GiB free; {path.name} needs {nbytes / GiB:.2f}"
         )
-    tmp = path.with_name(path.name + ".tmp")
     rng = np.random.default_rng(seed)
     chunk = 64 * MiB
     bar = Progress(-(-nbytes // chunk), f"writing {path.name}", progress)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # O_EXCL, random name
     try:
         os.write(fd, header)
         for start in range(0, nbytes, chunk):
@@ -130,6 +130,10 @@ def write_random(path: Path, nbytes: int, seed: int, header: bytes = b"", progre
                 view = view[os.write(fd, view) :]
             bar.update()
         os.fsync(fd)
+        os.fchmod(fd, 0o644)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     finally:
         os.close(fd)
         bar.close()

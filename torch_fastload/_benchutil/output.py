@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
+
+from .. import fileio
 
 try:  # progress bars are optional
     from tqdm import tqdm as _tqdm
@@ -96,11 +97,9 @@ class Progress:
 
 
 def write_json(path: Path, obj) -> None:
-    """``obj`` as indented JSON, written to a temporary file and renamed: never half a file."""
-    tmp = Path(path).with_suffix(".json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=str)
-    os.replace(tmp, path)
+    """``obj`` as indented JSON, written to a new temporary file (``mkstemp`` beside ``path``:
+    a symlink planted at a predictable name cannot redirect it) and renamed: never half a file."""
+    fileio.write_atomic(path, lambda f: json.dump(obj, f, indent=1, default=str))
 
 
 def pyplot():

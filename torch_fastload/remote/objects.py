@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import config
+from .. import config, fileio
 from .client import Client, count
 from .url import is_url, parse
 
@@ -123,11 +123,7 @@ def read(path, offset: int = 0, length: int | None = None) -> bytes:
     only where a local file ends early; an object is read whole-range or raises. Objects in a
     shard cache are read from it."""
     if not is_url(path):
-        with open(path, "rb") as f:
-            if length is None:
-                f.seek(offset)
-                return f.read()
-            return os.pread(f.fileno(), length, offset)
+        return fileio.read_file(path, offset, length)  # regular files only: a FIFO never blocks
     obj = opened(path)
     length = obj.size - offset if length is None else length
     if offset < 0 or length < 0 or offset + length > obj.size:

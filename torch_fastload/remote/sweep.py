@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from .. import config
+from .. import config, fileio
 from .objects import open_object
 from .reader import RemoteReader
 
@@ -110,17 +110,16 @@ def save(recommended: dict) -> str:
     """Merge the recommended setting into the tuning file (other settings kept); its path."""
     path = config.tuning_file()
     try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, ValueError):
+        record = json.loads(fileio.read_file(path))  # regular files only: a FIFO never blocks
+    except (OSError, ValueError, RecursionError):
+        record = {}  # unreadable: replaced by a fresh one
+    if not isinstance(record, dict):
         record = {}
     settings = record.setdefault("settings", {})
     settings.update(remote_concurrency=recommended["concurrency"], remote_request_size=recommended["request_size"])
     record["remote_date"] = datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)
+    fileio.write_atomic(path, lambda f: json.dump(record, f, indent=2))
     return path
 
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 import io
 import math
 import os
+import tokenize
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .. import fileio
 from ..errors import FastloadError
 from ..remote import RemoteObject, is_url, open_object
 from ..remote import objects as files
@@ -70,7 +72,7 @@ def _check_dtype(path: str, dtype: np.dtype) -> np.dtype:
 def _open_header(path: str, obj: RemoteObject | None):
     """``(stream, size)``: the file, or the first bytes of the object (enough for its header)."""
     if obj is None:
-        f = open(path, "rb")  # FileNotFoundError / IsADirectoryError name the path
+        f = fileio.open_binary(path)  # FileNotFoundError / IsADirectoryError / NotRegularFileError
         return f, os.fstat(f.fileno()).st_size
     head = files.read(path, 0, min(obj.size, 1 << 16))
     if len(head) >= 12 and head[6] >= 2:  # format 2.0+: a 4-byte header length
@@ -83,9 +85,16 @@ def _open_header(path: str, obj: RemoteObject | None):
 def read_npy_header(path: str, remote: RemoteObject | None = None) -> tuple[np.dtype, tuple, int]:
     """(dtype, shape, data offset) of a .npy file, checked against the file's size. A URL is
     read as the object ``remote`` (opened now if not given)."""
+    dtype, shape, offset, _ = _read_npy_header(path, remote)
+    return dtype, shape, offset
+
+
+def _read_npy_header(path: str, remote: RemoteObject | None):
+    """``read_npy_header`` plus the identity of the local file the header was read from."""
     if is_url(path) and remote is None:
         remote = open_object(path)
     f, size = _open_header(path, remote)
+    pinned = None if remote is not None else fileio.identity_of(os.fstat(f.fileno()))
     with f:
         try:
             version = np.lib.format.read_magic(f)
@@ -93,13 +102,16 @@ def read_npy_header(path: str, remote: RemoteObject | None = None) -> tuple[np.d
             if version not in readers:
                 raise ValueError(f"format version {version} is not supported")
             shape, fortran_order, dtype = readers[version](f)
-        except (ValueError, OSError, EOFError, SyntaxError) as exc:
-            raise ArrayFormatError(path, f"not a valid .npy header ({exc})") from None
+        except (ValueError, OSError, EOFError, SyntaxError, TypeError, RecursionError, tokenize.TokenError) as exc:
+            # TokenError: a header length that cuts the header's dict short
+            raise ArrayFormatError(path, f"not a valid .npy header ({type(exc).__name__}: {exc})") from None
         offset = f.tell()
     if fortran_order:
         raise ArrayFormatError(path, "Fortran-ordered arrays are not supported (save it C-contiguous)")
     if len(shape) == 0:
         raise ArrayFormatError(path, "a 0-d array has no rows")
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise ArrayFormatError(path, f"header shape {tuple(shape)} has a negative or non-integer dimension")
     dtype = _check_dtype(path, dtype)
     needed = offset + math.prod(shape) * dtype.itemsize
     if needed > size:
@@ -108,7 +120,7 @@ def read_npy_header(path: str, remote: RemoteObject | None = None) -> tuple[np.d
             f"header says shape {tuple(shape)} of {dtype.str} = {needed - offset} bytes "
             f"from offset {offset}, but the file has only {size} bytes",
         )
-    return dtype, tuple(shape), offset
+    return dtype, tuple(shape), offset, pinned
 
 
 @dataclass(frozen=True)
@@ -120,14 +132,15 @@ class ArrayFile:
     shape: tuple  # (rows, *row_shape)
     offset: int  # byte offset of row 0
     remote: RemoteObject | None = field(default=None, compare=False)  # a URL's size and version
+    pin: fileio.FileIdentity | None = field(default=None, compare=False)  # a local file as opened
 
     @classmethod
     def npy(cls, path: str | os.PathLike, cache_dir: str | None = None) -> ArrayFile:
         """A .npy file or URL (``cache_dir``: the shard cache for a URL; None: configured)."""
         path = os.fspath(path)
         remote = open_object(path, cache_dir) if is_url(path) else None
-        dtype, shape, offset = read_npy_header(path, remote)
-        return cls(path, dtype, shape, offset, remote)
+        dtype, shape, offset, pinned = _read_npy_header(path, remote)
+        return cls(path, dtype, shape, offset, remote, pinned)
 
     @classmethod
     def raw(
@@ -140,12 +153,13 @@ class ArrayFile:
         if row_bytes <= 0:
             raise ArrayFormatError(path, f"records of shape {tuple(row_shape)} hold no bytes")
         remote = open_object(path, cache_dir) if is_url(path) else None
-        size = remote.size if remote is not None else os.stat(path).st_size
+        pinned = None if remote is not None else fileio.pin(path)
+        size = remote.size if remote is not None else pinned.size
         if offset < 0 or offset > size or (size - offset) % row_bytes:
             raise ArrayFormatError(
                 path, f"{size} bytes from offset {offset} are not a whole number of {row_bytes}-byte records"
             )
-        return cls(path, dtype, ((size - offset) // row_bytes, *row_shape), offset, remote)
+        return cls(path, dtype, ((size - offset) // row_bytes, *row_shape), offset, remote, pinned)
 
     @property
     def rows(self) -> int:
@@ -160,6 +174,8 @@ class ArrayFile:
         return _TORCH_DTYPES[self.dtype]
 
     def memmap(self) -> np.memmap:
+        if self.pin is not None:
+            fileio.check_unchanged(self.path, self.pin)  # the map then holds the file as opened
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
 
     def read_row(self, row: int) -> np.ndarray:
@@ -175,6 +191,7 @@ class ArrayFile:
             self.row_bytes,
             (len(index), *self.shape[1:]),
             self.torch_dtype,
+            pins=[self.pin],
         )
 
 
@@ -234,7 +251,7 @@ class ArrayDataset(Dataset):
 
     def __fastload_native__(self) -> NativeLayout:
         """Every field is fixed-size rows of a file: the loader's C++ loop plans batches itself."""
-        fields = tuple(FileRows(f.path, f.offset, f.rows, f.torch_dtype, tuple(f.shape[1:])) for f in self.files)
+        fields = tuple(FileRows(f.path, f.offset, f.rows, f.torch_dtype, tuple(f.shape[1:]), f.pin) for f in self.files)
         return NativeLayout(fields, _first_or_list)
 
     def __getstate__(self):  # memmaps are reopened in each worker process

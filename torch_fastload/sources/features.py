@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import engine
+from .. import engine, fileio
 from ..errors import FastloadError
 from ..remote import RemoteReader, is_url, open_object
 from .arrays import ArrayFormatError, _torch_dtype, read_npy_header
@@ -85,6 +85,8 @@ class FeatureStore:
     ):
         self.path = os.fspath(path)
         self.remote = open_object(self.path, cache_dir) if is_url(self.path) else None
+        # a local file as opened (regular files only): checked after every read from storage
+        self.file_pin = fileio.pin(self.path) if self.remote is None else None
         self.remote_objects = [self.remote] if self.remote is not None else []
         self._remote_reader: RemoteReader | None = None
         if self.path.split("?", 1)[0].endswith(".npy"):
@@ -97,14 +99,14 @@ class FeatureStore:
             if shape is None or dtype is None or len(shape) != 2:
                 raise FeatureStoreError(f"'{self.path}': a raw feature file needs shape=(N, D) and dtype")
             self.shape, self.dtype, self.offset = (int(shape[0]), int(shape[1])), dtype, 0
-            size = self.remote.size if self.remote is not None else os.stat(self.path).st_size
+            size = self.remote.size if self.remote is not None else self.file_pin.size
             needed = self.shape[0] * self.shape[1] * dtype.itemsize
             if size < needed:
                 raise ArrayFormatError(
                     self.path, f"shape {self.shape} of {dtype} needs {needed} bytes, the file has {size}"
                 )
         self.num_nodes, self.dim = self.shape
-        self.file_size = self.remote.size if self.remote is not None else os.stat(self.path).st_size
+        self.file_size = self.remote.size if self.remote is not None else self.file_pin.size
         self.row_bytes = self.dim * self.dtype.itemsize
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
@@ -234,9 +236,14 @@ class FeatureStore:
                 buffer, [self.path], np.zeros(len(pages), np.int64), offsets, lengths, at, local=self._read_local
             )
             return int(lengths.sum())
-        engine.read_ranges(
-            self.path, None, offsets, lengths, buffer, at, num_threads=self.io_threads, o_direct=self.o_direct
-        )
+        try:
+            engine.read_ranges(
+                self.path, None, offsets, lengths, buffer, at, num_threads=self.io_threads, o_direct=self.o_direct
+            )
+        except Exception as exc:  # a file that changed explains a short or out-of-range read
+            fileio.check_unchanged(self.path, self.file_pin, cause=exc)
+            raise
+        fileio.check_unchanged(self.path, self.file_pin)  # replaced before or while it was read
         return int(lengths.sum())
 
     def _read_local(self, dst, paths, file_index, offsets, lengths, dst_offsets) -> dict:

@@ -161,7 +161,9 @@ class _EncodedImageSource(Dataset):
         paths, file_index, offsets, lengths = self._ranges(index)
         bounds = np.zeros(len(index) + 1, dtype=np.int64)
         np.cumsum(lengths, out=bounds[1:])
-        data = PendingRead(paths, offsets, lengths, (int(bounds[-1]),), torch.uint8, file_index=file_index)
+        data = PendingRead(
+            paths, offsets, lengths, (int(bounds[-1]),), torch.uint8, file_index=file_index, pins=self._pins(paths)
+        )
         key = batch_key()
         if key is None:
             with self._lock:
@@ -176,6 +178,10 @@ class _EncodedImageSource(Dataset):
 
     def _sizes(self) -> np.ndarray:
         raise NotImplementedError
+
+    def _pins(self, paths) -> list | None:
+        """The identities of ``paths`` as opened (a pack's shards), or None (not pinned)."""
+        return None
 
     def decoder(self, device: torch.device) -> BatchDecoder:
         with self._lock:
@@ -348,8 +354,18 @@ class PackedImageFolder(_EncodedImageSource):
     def _sizes(self) -> np.ndarray:
         return self.records.index[:, 2]
 
+    def _pins(self, paths) -> list | None:
+        return self.records.shard_pins
+
     def name(self, i: int) -> str:
-        return self.records.name(int(i))
+        """Image ``i``'s source name; a broken names.txt is said here rather than hiding the
+        error this name is for (a decode error, a max_pixels refusal)."""
+        from .records import RecordFormatError
+
+        try:
+            return self.records.name(int(i))
+        except RecordFormatError as exc:
+            return f"record {int(i)} of the pack '{self.root}' (no name: {exc})"
 
     def __repr__(self) -> str:
         return f"PackedImageFolder('{self.root}', {len(self)} images, {len(self.classes)} classes)"

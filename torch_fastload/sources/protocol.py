@@ -99,6 +99,7 @@ class FileRows:
     rows: int
     dtype: torch.dtype
     row_shape: tuple
+    pin: Any = None  # fileio.FileIdentity as opened: the loop refuses a batch once it changed
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class Records:
     paths: list
     index: Any  # numpy int64 (N, 3), C-contiguous, already checked against the shards
     name: str = "the records"  # what an out-of-range index error names
+    pins: Any = None  # per path, fileio.FileIdentity as opened (or None)
 
 
 @dataclass(frozen=True)

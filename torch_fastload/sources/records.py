@@ -2,7 +2,7 @@
 
 Layout of a pack (written by ``torch_fastload.pack`` / ``python -m torch_fastload pack``)::
 
-    meta.json        format, version, record count, shard files and sizes, class names
+    meta.json        format, version, record count, shard files, sizes and CRC-32s, class names
     index.npy        int64 (N, 3): shard, offset, length of every record
     labels.npy       int64 (N,), when the records are labelled
     names.txt        one source name per record, when the writer knew them (error messages)
@@ -14,7 +14,12 @@ batch arrives as ``RecordBatch(data, offsets, labels)``: record ``i`` is
 ``data[offsets[i]:offsets[i + 1]]``.
 
 The index is input: it is checked against the shard files when the pack is opened (every
-range inside its shard) and again by the engine at read time (a shard may shrink later).
+range inside its shard, no shard listed twice) and again by the engine at read time. Shards
+are pinned as opened: one replaced or rewritten later fails the batch that reads it with
+``FileChangedError``. Their sizes are checked against meta.json on open; with ``verify=
+"checksum"`` (option ``pack_verify``, ``TORCH_FASTLOAD_PACK_VERIFY``) their CRC-32s too, which
+reads every shard once. Packs written before checksums were recorded open all the same
+(sizes only).
 A pack may live in object storage (``RecordDataset("s3://bucket/pack")``): its metadata is
 read at open, its shards' sizes and versions pinned, and batches read by the remote reader.
 """
@@ -24,13 +29,15 @@ from __future__ import annotations
 import io
 import json
 import os
+import tokenize
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import FastloadError
+from .. import config, fileio
+from ..errors import FastloadError, NotRegularFileError
 from ..remote import is_url
 from ..remote import objects as files
 from ..staging import ALIGN, PendingRead
@@ -74,13 +81,19 @@ def largest_batch_bytes(sizes: np.ndarray, batch_size: int) -> int:
     return int(np.partition(sizes, len(sizes) - k)[len(sizes) - k :].sum()) if k else 0
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def _load_json(path: str) -> dict:
     try:
-        meta = json.loads(files.load(path))
+        meta = json.loads(files.load(path), parse_constant=_refuse_constant)  # no Infinity / NaN
     except FileNotFoundError:
         raise RecordFormatError(path, "missing: not a finished pack (the writer writes meta.json last)") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise RecordFormatError(path, f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise RecordFormatError(path, "not valid pack metadata (nested too deeply)") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise RecordFormatError(
             path, f"not a {FORMAT} pack (format={meta.get('format') if isinstance(meta, dict) else meta!r})"
@@ -95,8 +108,8 @@ def _load_int64(path: str, shape_ok, what: str) -> np.ndarray:
         array = np.load(io.BytesIO(files.load(path)), allow_pickle=False)
     except FileNotFoundError:
         raise
-    except (ValueError, OSError, EOFError) as exc:
-        raise RecordFormatError(path, f"not a readable .npy {what} ({exc})") from None
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError, RecursionError, tokenize.TokenError) as exc:
+        raise RecordFormatError(path, f"not a readable .npy {what} ({type(exc).__name__}: {exc})") from None
     if array.dtype != np.int64 or not shape_ok(array.shape):
         raise RecordFormatError(path, f"{what} must be int64 of the documented shape, got {array.dtype} {array.shape}")
     return array
@@ -111,7 +124,7 @@ class RecordDataset(Dataset):
     ``s3://`` / ``http(s)://`` URL of the pack's directory (``cache_dir``: the shard cache).
     """
 
-    def __init__(self, root: str | os.PathLike, cache_dir: str | None = None):
+    def __init__(self, root: str | os.PathLike, cache_dir: str | None = None, verify: str | None = None):
         self.root = os.fspath(root)
         remote = is_url(self.root)
         self.root = self.root.rstrip("/") if remote else self.root
@@ -123,13 +136,21 @@ class RecordDataset(Dataset):
             )
         meta_path = files.join(self.root, "meta.json")
         meta = _load_json(meta_path)
+        verify = config.resolve("pack_verify", verify)
         try:
             count = int(meta["num_records"])
             shards = [(str(s["file"]), int(s["bytes"])) for s in meta["shards"]]
-        except (KeyError, TypeError, ValueError) as exc:
+            checksums = [s.get("crc32") for s in meta["shards"]]
+            if any(c is not None and not isinstance(c, int) for c in checksums):
+                raise ValueError("crc32 must be an integer")
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise RecordFormatError(meta_path, f"missing or malformed field ({exc!r})") from None
         if count < 0 or any(os.sep in name or name in ("", ".", "..") for name, _ in shards):
             raise RecordFormatError(meta_path, "negative record count or a shard name that is a path")
+        names = [name for name, _ in shards]
+        if len(set(names)) != len(names):
+            twice = next(name for name in names if names.count(name) > 1)
+            raise RecordFormatError(meta_path, f"shard {twice!r} is listed {names.count(twice)} times")
         self.meta = meta
         self.classes = meta.get("classes")
         self.shard_paths = [files.join(self.root, name) for name, _ in shards]
@@ -145,18 +166,23 @@ class RecordDataset(Dataset):
         )
         self.remote_objects = [files.open_object(p, cache_dir) for p in self.shard_paths] if remote else []
         self._check_ranges(index_path, shards)
+        if verify == "checksum" and not remote:
+            self._verify_checksums(checksums)
         self._names: list | None = None
 
     def _check_ranges(self, index_path: str, shards) -> None:
         """Every record inside its shard as the shard is now (hostile or stale index => error)."""
         sizes = []
+        self.shard_pins = [None] * len(self.shard_paths)  # local shards: checked after each batch read
         for i, (path, (_, recorded)) in enumerate(zip(self.shard_paths, shards)):
             if self.remote_objects:
                 size = self.remote_objects[i].size
             else:
-                size = os.stat(path).st_size  # FileNotFoundError names the shard
-                if not os.path.isfile(path):
-                    raise RecordFormatError(path, "shard is not a regular file")
+                try:
+                    self.shard_pins[i] = fileio.pin(path)  # FileNotFoundError names the shard
+                except (NotRegularFileError, IsADirectoryError) as exc:
+                    raise RecordFormatError(path, f"shard is not a regular file ({exc.strerror})") from None
+                size = self.shard_pins[i].size
             if size != recorded:
                 raise RecordFormatError(
                     path,
@@ -187,6 +213,17 @@ class RecordDataset(Dataset):
                 f"its shard ({int(bad.sum())} bad record(s) in all)",
             )
 
+    def _verify_checksums(self, checksums: list) -> None:
+        """Every shard's CRC-32 against meta.json (shards of packs without them: skipped)."""
+        for path, pinned, expected in zip(self.shard_paths, self.shard_pins, checksums):
+            if expected is None:
+                continue
+            found = fileio.crc32(path, pinned)
+            if found != expected:
+                raise RecordFormatError(
+                    path, f"shard's CRC-32 is {found:#010x}, meta.json recorded {expected:#010x} (corrupted)"
+                )
+
     def __len__(self) -> int:
         return len(self.index)
 
@@ -209,6 +246,8 @@ class RecordDataset(Dataset):
                 self._names = files.load(path).decode("utf-8").split("\n")[: len(self)]
             except FileNotFoundError:
                 self._names = []
+            except UnicodeDecodeError as exc:
+                raise RecordFormatError(path, f"not UTF-8 text ({exc})") from None
         i = int(self._check([i])[0])
         if i < len(self._names):
             return self._names[i]
@@ -246,14 +285,20 @@ class RecordDataset(Dataset):
         offsets = np.zeros(len(index) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         data = PendingRead(
-            self.shard_paths, rows[:, 1], lengths, (int(offsets[-1]),), torch.uint8, file_index=rows[:, 0]
+            self.shard_paths,
+            rows[:, 1],
+            lengths,
+            (int(offsets[-1]),),
+            torch.uint8,
+            file_index=rows[:, 0],
+            pins=self.shard_pins,
         )
         labels = None if self.labels is None else torch.from_numpy(self.labels[index])
         return RecordBatch(data, torch.from_numpy(offsets), labels)
 
     def __fastload_native__(self) -> NativeLayout:
         """Records listed in the (already checked) index, labels from memory: planned in C++."""
-        fields = (Records(self.shard_paths, self.index, f"the pack {self.root!r}"),)
+        fields = (Records(self.shard_paths, self.index, f"the pack {self.root!r}", self.shard_pins),)
         if self.labels is not None:
             fields += (MemoryRows(torch.from_numpy(self.labels)),)
         return NativeLayout(fields, _record_batch)
