@@ -16,9 +16,11 @@ epoch, which a resumed epoch skips ahead in):
 from __future__ import annotations
 
 import itertools
+import queue
+import threading
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, Callable
 
 import torch
@@ -29,7 +31,15 @@ from .resume import BatchKey, EpochProgress, _KeyScope
 from .sources.protocol import SourceHooks, hooks_of
 from .staging import deferred_collate, gather_rows
 
-__all__ = ["InThreadSource", "Fetcher", "make_source", "batch_reader", "source_hooks", "uses_workers"]
+__all__ = [
+    "InThreadSource",
+    "Fetcher",
+    "SampleThreads",
+    "make_source",
+    "batch_reader",
+    "source_hooks",
+    "uses_workers",
+]
 
 #: torch's DataLoader class, bound once: a framework that installs torch_fastload's class as
 #: ``torch.utils.data.DataLoader`` must not make the subclass find itself as its base.
@@ -51,6 +61,46 @@ class InThreadSource(_SingleProcessDataLoaderIter):
         self._dataset_fetcher = _DatasetKind.create_fetcher(
             self._dataset_kind, self._dataset, self._auto_collation, collate_fn, self._drop_last
         )
+
+
+class SampleThreads:
+    """``count`` daemon threads running per-sample Python (the parallel strategy).
+
+    Not a ``ThreadPoolExecutor``: concurrent.futures joins its threads at interpreter exit, so a
+    ``__getitem__`` that never returns would hang exit forever. These threads are daemons and
+    ``close()`` only tells them to stop: a stuck one is abandoned (``Pipeline.shutdown`` joins
+    it within ``shutdown_timeout`` and names it in its warning)."""
+
+    def __init__(self, count: int, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._work, name=f"{name}.{k}", daemon=True) for k in range(count)]
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, fn: Callable, *args) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def close(self) -> None:
+        """Stop each thread after its current job; jobs not started are cancelled."""
+        for _ in self.threads:
+            self._jobs.put(None)
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            future, fn, args = job
+            del job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+            del future  # a finished batch is held by the fetch side's reference only
 
 
 def uses_workers(loader) -> bool:
@@ -128,6 +178,7 @@ class Fetcher:
         self.fetch_threads = loader.fetch_threads
         self.read_batch = read_batch  # source_hooks(...).batch: whole batches described as reads
         self.uses_workers = not isinstance(source, InThreadSource)
+        self.sample_threads: list[threading.Thread] = []  # the parallel strategy's, once started
 
     def batches(self) -> Iterator[tuple[int, Any]]:
         """``(number, batch or the exception it raised)``, in sampler order (or as fetched, with
@@ -179,7 +230,9 @@ class Fetcher:
         as they complete with ``in_order=False``."""
         fetch = self.source._dataset_fetcher.fetch
         pending: deque = deque()  # (number, future)
-        with ThreadPoolExecutor(self.fetch_threads, thread_name_prefix="fastload-sample") as executor:
+        pool = SampleThreads(self.fetch_threads, threading.current_thread().name.replace("fetch", "sample"))
+        self.sample_threads = pool.threads
+        try:
             exhausted = False
             while pending or not exhausted:
                 while not exhausted and len(pending) < PARALLEL_DEPTH * self.fetch_threads and not self.stop.is_set():
@@ -189,10 +242,8 @@ class Fetcher:
                         exhausted = True
                         break
                     number = self.progress.next_number()
-                    pending.append((number, executor.submit(self._keyed, number, fetch, indices)))
+                    pending.append((number, pool.submit(self._keyed, number, fetch, indices)))
                 if self.stop.is_set():
-                    for _, future in pending:
-                        future.cancel()
                     return
                 if not pending:
                     continue
@@ -200,10 +251,18 @@ class Fetcher:
                 if done is None:
                     continue
                 number, future = done
+                while not future.done():  # in polls: a stop is never held up by a stuck sample
+                    if self.stop.is_set():
+                        return
+                    wait([future], timeout=self.poll)
                 try:
                     yield number, future.result()
                 except Exception as exc:
                     yield number, exc
+        finally:
+            for _, future in pending:
+                future.cancel()
+            pool.close()
 
     def _next_done(self, pending: deque):
         """The next ``(number, future)`` to hand on: the oldest, or with ``in_order=False`` any

@@ -291,6 +291,9 @@ class Pipeline:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
+        for thread in self.fetcher.sample_threads:  # started by the fetch thread, joined above
+            thread.join(max(0.0, deadline - time.monotonic()))
+            threads.append(thread)
         stuck = [t for t in threads if t.is_alive()]
         if stuck:
             warnings.warn(
