@@ -27,6 +27,7 @@ from .pipeline import LIVE_PIPELINES, Pipeline
 from .pool import PinnedPool
 from .remote import urls_of
 from .resources import LoaderResources, ResourceSettings
+from .resume_check import check_state
 from .stats import StatsSnapshot
 
 __all__ = ["DataLoader"]
@@ -193,8 +194,9 @@ class DataLoader(TorchDataLoader):
         if self.persistent_workers and self.num_workers > 0:
             for pipeline in list(self._pipelines):  # the torch iterator is shared: stop its reader
                 pipeline.shutdown()
-        state, self._pending_resume = self._pending_resume, None
+        state = self._pending_resume
         source, progress = _resume.begin_epoch(self, state, lambda: make_source(self))
+        self._pending_resume = None  # only once the epoch began: a failed iter() can be retried
         self._progress = progress
         hooks = source_hooks(self, source)
         pipeline = run_native_or_none(self, source, progress, self.resources, hooks)
@@ -219,7 +221,7 @@ class DataLoader(TorchDataLoader):
         left (for a ``DistributedSampler``: call ``set_epoch`` with the checkpoint's epoch first,
         at this or another world size). Raises ``ResumeError`` (why, and the values) where this
         loader cannot continue that epoch."""
-        state = _resume.check_state(self, state)
+        state = check_state(self, state)
         if "dataset" in state and callable(getattr(self.dataset, "load_state_dict", None)):
             self.dataset.load_state_dict(state["dataset"])
         self._pending_resume = state
