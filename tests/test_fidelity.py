@@ -8,6 +8,11 @@ import sys
 import textwrap
 
 import pytest
+import torch
+import torch.utils.data as tud
+
+import torch_fastload
+from torch_fastload import DataLoader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,3 +54,48 @@ def test_exit_does_not_wait_on_a_stuck_getitem_with_fetch_threads():
     assert result.returncode == 0, result.stderr
     assert "TIMED OUT: DataLoader timed out after 1 seconds" in result.stdout
     assert "SEEN [[0, 1, 2, 3], [4, 5, 6, 7]]" in result.stdout
+
+
+# -- a) collate adoption only through the explicit hook ------------------------------------
+class Squares(tud.Dataset):
+    """A map-style dataset with an unrelated callable ``collate`` (as datapipes have)."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return torch.tensor([i, i * i])
+
+    def collate(self, *args, **kwargs):
+        return "a new pipeline, not a batch"
+
+
+def _batches(loader):
+    return [b.tolist() if isinstance(b, torch.Tensor) else b for b in loader]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_method_named_collate_is_not_adopted(num_workers):
+    want = _batches(tud.DataLoader(Squares(), batch_size=3, num_workers=num_workers))
+    got = _batches(DataLoader(Squares(), batch_size=3, num_workers=num_workers, device="cpu"))
+    assert got == want == [[[0, 0], [1, 1], [2, 4]], [[3, 9], [4, 16], [5, 25]], [[6, 36], [7, 49], [8, 64]], [[9, 81]]]
+
+
+def test_an_iterdatapipe_collate_is_not_adopted():
+    datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
+    pipe = datapipes.IterableWrapper(range(10))
+    assert callable(pipe.collate)
+    want = _batches(tud.DataLoader(pipe, batch_size=3))
+    assert _batches(DataLoader(pipe, batch_size=3, device="cpu")) == want
+
+
+def test_own_source_collate_is_adopted_through_its_hook(tmp_path):
+    items = [(bytes(range(i % 7 + 1)), i % 3) for i in range(12)]
+    torch_fastload.pack(items, str(tmp_path / "pack"), progress=False)
+    records = torch_fastload.RecordDataset(str(tmp_path / "pack"))
+    want = list(tud.DataLoader(records, batch_size=5, collate_fn=records.__fastload_collate__))
+    got = list(DataLoader(records, batch_size=5, device="cpu"))
+    assert len(got) == len(want) == 3
+    for a, b in zip(want, got):
+        assert type(b).__name__ == "RecordBatch"
+        assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -140,9 +140,10 @@ def make_source(loader) -> Any:
 def batch_reader(loader) -> Callable[[Any], Any] | None:
     """``indices -> batch of Pending fields`` where the dataset can describe a whole batch as
     reads (``__fastload_batch__``) or as row gathers (a TensorDataset); None otherwise. Only
-    with the default collate or the source's own ``collate``, whose result these reproduce."""
+    with the default collate or the source's own (``__fastload_collate__``), whose result
+    these reproduce."""
     dataset = loader.dataset
-    if not loader._auto_collation or loader._user_collate not in (None, getattr(dataset, "collate", None)):
+    if not loader._auto_collation or loader._user_collate not in (None, hooks_of(dataset).collate):
         return None
     if (
         isinstance(dataset, tud.TensorDataset)

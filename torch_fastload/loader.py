@@ -28,6 +28,7 @@ from .pool import PinnedPool
 from .remote import urls_of
 from .resources import LoaderResources, ResourceSettings
 from .resume_check import check_state
+from .sources.protocol import hooks_of
 from .stats import StatsSnapshot
 
 __all__ = ["DataLoader"]
@@ -118,8 +119,8 @@ class DataLoader(TorchDataLoader):
                 f"DataLoader got unexpected keyword argument(s) {sorted(unknown)} "
                 f"(torch {torch.__version__} does not know them either)"
             )
-        if collate_fn is None and callable(getattr(dataset, "collate", None)):
-            collate_fn = dataset.collate  # sources collate their own samples (ragged records)
+        if collate_fn is None:  # a source's own collate (ragged records), by its explicit hook only
+            collate_fn = hooks_of(dataset).collate
         super().__init__(
             dataset,
             batch_size,
