@@ -99,3 +99,13 @@ def test_own_source_collate_is_adopted_through_its_hook(tmp_path):
     for a, b in zip(want, got):
         assert type(b).__name__ == "RecordBatch"
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# -- b) subscriptable as torch's Generic loader ------------------------------------------
+def test_subscriptable_like_torch():
+    assert tud.DataLoader[int] is not None
+    alias = DataLoader[int]
+    assert alias.__origin__ is DataLoader
+    loader = alias(tud.TensorDataset(torch.arange(4)), batch_size=2, device="cpu")
+    assert isinstance(loader, DataLoader) and isinstance(loader, tud.DataLoader)
+    assert [b[0].tolist() for b in loader] == [[0, 1], [2, 3]]

@@ -15,6 +15,7 @@ import inspect
 import threading
 import warnings
 import weakref
+from typing import TypeVar
 
 import torch
 
@@ -54,7 +55,11 @@ def _resolve_device(device) -> torch.device:
     return dev
 
 
-class DataLoader(TorchDataLoader):
+#: The type of the dataset's samples: ``DataLoader[T]`` as with torch's ``Generic[T_co]`` loader.
+T_co = TypeVar("T_co", covariant=True)
+
+
+class DataLoader(TorchDataLoader[T_co]):
     """A drop-in for ``torch.utils.data.DataLoader`` whose batches arrive on ``device``.
 
     Every torch argument keeps its meaning, and with the same seed and generator the batches
