@@ -71,7 +71,7 @@ class Squares(tud.Dataset):
 
 
 def _batches(loader):
-    return [b.tolist() if isinstance(b, torch.Tensor) else b for b in loader]
+    return [b.tolist() if isinstance(b, torch.Tensor) else [x.tolist() for x in b] for b in loader]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -109,3 +109,34 @@ def test_subscriptable_like_torch():
     loader = alias(tud.TensorDataset(torch.arange(4)), batch_size=2, device="cpu")
     assert isinstance(loader, DataLoader) and isinstance(loader, tud.DataLoader)
     assert [b[0].tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+# -- e) installed as torch.utils.data.DataLoader (a global patch) -------------------------
+class Counting(tud.IterableDataset):
+    def __iter__(self):
+        info = tud.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, 11, step))
+
+
+@pytest.mark.parametrize("num_workers, persistent", [(0, False), (2, False), (2, True)])
+def test_installed_as_torch_dataloader_does_not_recurse(num_workers, persistent):
+    inputs = [tud.TensorDataset(torch.arange(10.0)), Counting()]
+    kwargs = dict(batch_size=3, num_workers=num_workers, persistent_workers=persistent)
+    want = [_batches(tud.DataLoader(d, **kwargs)) for d in inputs]
+    torchs = tud.DataLoader
+    patched = {tud: "DataLoader", torch.utils.data.dataloader: "DataLoader"}
+    for module, name in patched.items():
+        setattr(module, name, DataLoader)
+    try:
+        loaders = [torch.utils.data.DataLoader(d, device="cpu", **kwargs) for d in inputs]
+        assert all(type(loader) is DataLoader for loader in loaders)
+        assert len(loaders[0]) == 4
+        for _ in range(2):  # a second epoch (persistent workers reuse torch's iterator)
+            assert [_batches(loader) for loader in loaders] == want
+        for loader in loaders:
+            loader.close()
+    finally:
+        for module, name in patched.items():
+            setattr(module, name, torchs)
+    assert tud.DataLoader is torchs
