@@ -2,10 +2,13 @@
 exit never waits on a stuck ``__getitem__``, collate adoption, generics, the IterableDataset
 length warning, read-ahead bounds, a global patch, the iterator's torch attributes."""
 
+import functools
 import os
 import subprocess
 import sys
 import textwrap
+import time
+import warnings
 
 import pytest
 import torch
@@ -140,3 +143,76 @@ def test_installed_as_torch_dataloader_does_not_recurse(num_workers, persistent)
         for module, name in patched.items():
             setattr(module, name, torchs)
     assert tud.DataLoader is torchs
+
+
+def _both(**kwargs):
+    """torch's loader and torch_fastload's on the same arguments."""
+    return {
+        "torch": functools.partial(tud.DataLoader, **kwargs),
+        "fastload": functools.partial(DataLoader, device="cpu", **kwargs),
+    }
+
+
+# -- c) the IterableDataset length warning comes from the next() that passes the length -----
+class Overlong(tud.IterableDataset):
+    """Reports 2 samples, yields 5."""
+
+    def __len__(self):
+        return 2
+
+    def __iter__(self):
+        return iter(range(5))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("kind", ["torch", "fastload"])
+def test_length_warning_is_raised_by_the_next_that_passes_the_length(kind, num_workers):
+    loader = _both(batch_size=1, num_workers=num_workers)[kind](Overlong())
+    assert len(loader) == 2  # torch warns only once len() was asked
+    iterator = iter(loader)
+    with warnings.catch_warnings(record=True) as early:
+        warnings.simplefilter("always")
+        assert [next(iterator).item() for _ in range(2)] == [0, 1]
+        time.sleep(0.2)  # a fetch side reading ahead would warn meanwhile
+    assert [str(w.message) for w in early if "IterableDataset" in str(w.message)] == []
+    with pytest.warns(
+        UserWarning, match=r"was reported to be 2\(when accessing len\(dataloader\)\), but 3 samples"
+    ) as got:
+        assert next(iterator).item() == 2
+    assert [w.filename for w in got if "IterableDataset" in str(w.message)] == [__file__]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # each later next() warns again, as torch's does
+        assert [b.item() for b in iterator] == [3, 4]
+
+
+# -- f) the iterator's torch attributes with a public meaning --------------------------------
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_iterator_offers_torch_attributes(num_workers):
+    seen = {}
+    for kind, make in _both(batch_size=2, num_workers=num_workers).items():
+        iterator = iter(make(tud.TensorDataset(torch.arange(10))))
+        counts = [iterator._num_yielded]
+        for _ in range(3):
+            next(iterator)
+            counts.append(iterator._num_yielded)
+        workers = [w.is_alive() for w in iterator._workers] if hasattr(iterator, "_workers") else None
+        if kind == "fastload" or num_workers > 0:  # torch's single-process iterator has none
+            iterator._shutdown_workers()
+            iterator._shutdown_workers()  # idempotent
+        if workers is not None:
+            assert not any(w.is_alive() for w in iterator._workers)
+        seen[kind] = counts, workers
+    assert seen["fastload"] == seen["torch"]
+    assert seen["torch"][0] == [0, 1, 2, 3]
+    assert seen["torch"][1] == (None if num_workers == 0 else [True, True])
+
+
+def test_shutdown_workers_stops_a_fastload_iterator_early():
+    loader = DataLoader(tud.TensorDataset(torch.arange(10)), batch_size=2, device="cpu", fetch_threads=3)
+    iterator = iter(loader)
+    next(iterator)
+    iterator._shutdown_workers()
+    assert iterator._pipeline.finished
+    with pytest.raises(StopIteration):
+        next(iterator)
+    assert [b[0].tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # a new epoch is whole

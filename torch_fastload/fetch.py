@@ -128,9 +128,13 @@ def make_source(loader) -> Any:
     if uses_workers(loader):
         in_order, loader.in_order = getattr(loader, "in_order", True), True
         try:  # torch's workers keep their order: batch numbers follow the sampler
-            return TorchDataLoader.__iter__(loader)
+            source = TorchDataLoader.__iter__(loader)
         finally:
             loader.in_order = in_order
+        # The IterableDataset length warning belongs to the user's next() (loader._FastloadIter),
+        # not to the fetch thread reading ahead through torch's __next__.
+        source._IterableDataset_len_called = None
+        return source
     deferred = loader._user_collate is None and loader._auto_collation
     source = InThreadSource(loader, deferred_collate if deferred else loader.collate_fn)
     source._sampler_iter = _first_pulled(source._sampler_iter)

@@ -18,6 +18,7 @@ import weakref
 from typing import TypeVar
 
 import torch
+from torch.utils.data import IterableDataset
 
 from . import config
 from . import io as fio
@@ -271,19 +272,57 @@ class DataLoader(TorchDataLoader[T_co]):
 
 
 class _FastloadIter:
-    """What ``iter(loader)`` returns: a thin handle whose collection shuts the pipeline down."""
+    """What ``iter(loader)`` returns: a thin handle whose collection shuts the pipeline down.
+
+    torch's iterator attributes with a public meaning keep their names: ``_num_yielded``
+    (batches this epoch has yielded), ``_shutdown_workers()`` (stop early: threads and worker
+    processes, idempotent) and ``_workers`` (torch's worker processes, where they fetch). As
+    with torch, the IterableDataset length warning is raised by the ``next()`` that passes the
+    reported length, on the caller's thread."""
 
     def __init__(self, pipeline: Pipeline):
         self._pipeline = pipeline
+        progress = pipeline.progress
+        self._num_yielded = progress.prefix + len(progress.extra)  # a resumed epoch counts on
+        loader = pipeline.loader
+        self._dataset = loader.dataset
+        self._num_workers = loader.num_workers
+        self._IterableDataset_len_called = (
+            loader._IterableDataset_len_called if isinstance(loader.dataset, IterableDataset) else None
+        )
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return self._pipeline.next()
+        batch = self._pipeline.next()
+        self._num_yielded += 1
+        if self._IterableDataset_len_called is not None and self._num_yielded > self._IterableDataset_len_called:
+            warnings.warn(_length_warning(self), stacklevel=2)
+        return batch
 
     def __len__(self) -> int:
         return len(self._pipeline.source)
+
+    @property
+    def _workers(self) -> list:
+        """torch's worker processes (``num_workers > 0`` on the per-sample path); like torch's
+        single-process iterator, no such attribute where no workers fetch."""
+        workers = getattr(self._pipeline.source, "_workers", None)
+        if workers is None:
+            raise AttributeError(f"{type(self).__name__!r} has no worker processes: no attribute '_workers'")
+        return workers
+
+    def _shutdown_workers(self) -> None:
+        """Stop now, as torch's method of that name: the pipeline's threads and torch's worker
+        processes (persistent ones too; the next ``iter()`` starts fresh ones). Idempotent."""
+        self._pipeline.shutdown()
+        source = self._pipeline.source
+        if hasattr(source, "_shutdown_workers"):
+            source._shutdown_workers()  # torch's own is idempotent
+            loader = self._pipeline.loader
+            if getattr(loader, "_iterator", None) is source:
+                loader._iterator = None
 
     def close(self) -> None:
         """Stop reading ahead now (also done on ``del``, garbage collection and exit)."""
@@ -302,6 +341,21 @@ class _FastloadIter:
             threading.Thread(target=pipeline.shutdown, name="fastload-reaper", daemon=True).start()
         except Exception:
             pass
+
+
+def _length_warning(iterator: _FastloadIter) -> str:
+    """torch's text (``_BaseDataLoaderIter.__next__``), word for word."""
+    text = (
+        f"Length of IterableDataset {iterator._dataset} was reported to be {iterator._IterableDataset_len_called}"
+        f"(when accessing len(dataloader)), but {iterator._num_yielded} samples have been fetched. "
+    )
+    if iterator._num_workers > 0:
+        text += (
+            "For multiprocessing data-loading, this could be caused by not properly configuring the "
+            "IterableDataset replica at each worker. Please see "
+            "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
+        )
+    return text
 
 
 _LIVE_LOADERS: weakref.WeakSet = weakref.WeakSet()
