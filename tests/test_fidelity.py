@@ -216,3 +216,76 @@ def test_shutdown_workers_stops_a_fastload_iterator_early():
     with pytest.raises(StopIteration):
         next(iterator)
     assert [b[0].tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # a new epoch is whole
+
+
+# -- d) read-ahead bounded by torch's rule (plus prefetch) ------------------------------------
+class FetchLog(tud.Dataset):
+    """Records each fetched index and whether the consumer's flag (a file) was set by then;
+    a file, so that worker processes record too."""
+
+    def __init__(self, root, n=96):
+        self.log, self.flag, self.n = str(root / "log"), str(root / "flag"), n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        seen = os.path.exists(self.flag)
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, f"{i} {int(seen)}\n".encode())
+        finally:
+            os.close(fd)
+        return torch.tensor(i)
+
+    def before_flag(self, batch_size) -> set:
+        """The batches with a sample fetched before the flag was set."""
+        with open(self.log) as f:
+            return {int(i) // batch_size for i, seen in (line.split() for line in f) if seen == "0"}
+
+
+def _batches_before_flag(make, root, k, batch_size=4, **kwargs) -> set:
+    """Take batches 0..k, let any read-ahead run, set the flag, drain the epoch."""
+    dataset = FetchLog(root)
+    iterator = iter(make(dataset, batch_size=batch_size, **kwargs))
+    for _ in range(k + 1):
+        next(iterator)
+    time.sleep(0.3)  # room for a fetch side that runs ahead (the bound holds whatever the timing)
+    open(dataset.flag, "w").close()
+    assert sum(1 for _ in iterator) == 96 // batch_size - k - 1
+    return dataset.before_flag(batch_size)
+
+
+@pytest.mark.parametrize("fetch_threads", [1, 3])
+def test_no_workers_fetches_nothing_ahead_like_torch(tmp_path, fetch_threads):
+    k = 5
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "fastload").mkdir()
+    want = _batches_before_flag(tud.DataLoader, tmp_path / "torch", k)
+    assert want == set(range(k + 1))
+    got = _batches_before_flag(
+        functools.partial(DataLoader, device="cpu", prefetch=0, fetch_threads=fetch_threads), tmp_path / "fastload", k
+    )
+    assert got == want
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_prefetch_counts_batches_beyond_torchs_bound(tmp_path, prefetch):
+    k = 5
+    got = _batches_before_flag(functools.partial(DataLoader, device="cpu", prefetch=prefetch), tmp_path, k)
+    assert set(range(k + 1)) <= got <= set(range(k + 1 + prefetch))
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_with_workers_read_ahead_is_torchs_prefetch_factor_bound(tmp_path, prefetch):
+    k, workers, factor = 5, 2, 2
+    bound = k + workers * factor  # torch hands this batch to a worker as batch k's next() returns
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "fastload").mkdir()
+    kwargs = dict(num_workers=workers, prefetch_factor=factor)
+    want = _batches_before_flag(tud.DataLoader, tmp_path / "torch", k, **kwargs)
+    assert set(range(k + 1)) <= want <= set(range(bound + 1))
+    got = _batches_before_flag(
+        functools.partial(DataLoader, device="cpu", prefetch=prefetch), tmp_path / "fastload", k, **kwargs
+    )
+    assert set(range(k + 1)) <= got <= set(range(bound + prefetch + 1))

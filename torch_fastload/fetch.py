@@ -11,6 +11,16 @@ epoch, which a resumed epoch skips ahead in):
 - **parallel**: ``fetch_threads`` batches of a map-style dataset fetched at once on a thread
   pool (per-sample Python that releases the GIL);
 - **workers**: torch's own worker processes (``num_workers > 0``), in their order.
+
+NOTE [read-ahead]: every strategy takes a batch from its source only with a ``ReadAhead``
+credit, so the fetch side runs ahead of the consumer by torch's rule plus ``prefetch`` batches:
+torch fetches batch ``p`` inside the ``p + 1``-th ``next()`` (no workers), and with workers
+hands batch ``p + prefetch_factor * num_workers`` to them when its ``p + 1``-th ``next()``
+returns. Here batch ``p`` is taken from the source (the in-thread fetch, or torch's worker
+iterator, which adds its own ``prefetch_factor * num_workers``) once ``next()`` was called
+``p + 1 - prefetch`` times. With ``prefetch=0`` the batches fetched before the consumer changes
+some state after batch ``k`` (an event a dataset checks) are exactly torch's; each fetched
+batch is staged (and copied) at once, so ``prefetch`` is also the pipeline's depth.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from .staging import deferred_collate, gather_rows
 __all__ = [
     "InThreadSource",
     "Fetcher",
+    "ReadAhead",
     "SampleThreads",
     "make_source",
     "batch_reader",
@@ -61,6 +72,40 @@ class InThreadSource(_SingleProcessDataLoaderIter):
         self._dataset_fetcher = _DatasetKind.create_fetcher(
             self._dataset_kind, self._dataset, self._auto_collation, collate_fn, self._drop_last
         )
+
+
+class ReadAhead:
+    """Credits for taking batches from the source (NOTE [read-ahead]): ``extra`` at the start,
+    one more at each ``next()``."""
+
+    def __init__(self, extra: int, stop: threading.Event, poll: float):
+        self._allowed = extra
+        self._taken = 0
+        self._stop = stop
+        self._poll = poll
+        self._changed = threading.Condition()
+
+    def grant(self) -> None:
+        """The consumer asked for a batch: one more may be fetched."""
+        with self._changed:
+            self._allowed += 1
+            self._changed.notify_all()
+
+    def take(self, block: bool = True) -> bool:
+        """A credit for the next batch: False once stopped (or, with ``block=False``, if none)."""
+        with self._changed:
+            while self._taken >= self._allowed:
+                if not block or self._stop.is_set():
+                    return False
+                self._changed.wait(self._poll)
+            self._taken += 1
+            return True
+
+    def give_back(self) -> None:
+        """A taken batch was dropped, not delivered (a resumed iterable epoch's replay)."""
+        with self._changed:
+            self._taken -= 1
+            self._changed.notify_all()
 
 
 class SampleThreads:
@@ -174,8 +219,11 @@ def source_hooks(loader, source) -> SourceHooks:
 class Fetcher:
     """The fetch thread's batches for one iterator, by the strategy that fits the loader."""
 
-    def __init__(self, loader, source, progress: EpochProgress, stop, poll: float, read_batch=None):
+    def __init__(
+        self, loader, source, progress: EpochProgress, stop, poll: float, read_ahead: ReadAhead, read_batch=None
+    ):
         self.source = source
+        self.read_ahead = read_ahead
         self.progress = progress
         self.stop = stop
         self.poll = poll
@@ -204,7 +252,7 @@ class Fetcher:
     def _in_thread(self, fetch):
         """Per-sample fetches, or batches described whole (row gathers, file reads) and executed
         by the stager straight into the slot with no per-sample Python at all."""
-        while True:
+        while self.read_ahead.take():
             try:
                 indices = self.source._next_index()
             except StopIteration:
@@ -219,7 +267,7 @@ class Fetcher:
 
     def _from_workers(self):
         """torch's worker processes, in their order (batch numbers follow the sampler's pulls)."""
-        while True:
+        while self.read_ahead.take():
             try:
                 batch = self.source.__next__()
             except StopIteration:
@@ -241,6 +289,8 @@ class Fetcher:
             exhausted = False
             while pending or not exhausted:
                 while not exhausted and len(pending) < PARALLEL_DEPTH * self.fetch_threads and not self.stop.is_set():
+                    if not self.read_ahead.take(block=not pending):  # waits only with nothing to hand on
+                        break
                     try:
                         indices = self.source._next_index()
                     except StopIteration:

@@ -69,7 +69,8 @@ class DataLoader(TorchDataLoader[T_co]):
     to ``None``, meaning the value in ``torch_fastload.config`` (env ``TORCH_FASTLOAD_*``):
 
     device: where batches arrive; default the current CUDA device, else ``'cpu'``.
-    prefetch: batches kept ready on the device ahead of the consumer.
+    prefetch: batches fetched and staged ahead of the consumer beyond torch's own read-ahead
+        (none without workers, ``prefetch_factor * num_workers`` with them); 0: torch's exactly.
     stage_threads: threads copying a batch from pageable memory into its pinned slot.
     fetch_threads: threads running per-sample Python when ``num_workers == 0``.
     pool_slots, slot_bytes: the pinned pool (``slot_bytes=0``: sized by the first batch).

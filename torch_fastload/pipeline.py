@@ -35,7 +35,7 @@ import torch
 
 from . import config
 from .errors import CapturedError, LoaderShutdownError, capture, wrap
-from .fetch import Fetcher
+from .fetch import Fetcher, ReadAhead
 from .resources import LoaderResources
 from .resume import EpochProgress
 from .sources.protocol import SourceHooks
@@ -87,9 +87,12 @@ class Pipeline:
         self.keep_workers = bool(loader.persistent_workers and loader.num_workers > 0)
         self.stop = threading.Event()
         self.poll = config.get("poll_interval")
-        self.fetched: queue.Queue = queue.Queue(maxsize=loader.prefetch)
-        self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch)
-        self.fetcher = Fetcher(loader, source, progress, self.stop, self.poll, hooks.batch)
+        # NOTE [read-ahead] in fetch.py: the credits bound the batches in flight to prefetch + 1,
+        # so these queues never hold the fetch side back; they only hand batches on.
+        self.read_ahead = ReadAhead(loader.prefetch, self.stop, self.poll)
+        self.fetched: queue.Queue = queue.Queue(maxsize=loader.prefetch + 1)
+        self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch + 1)
+        self.fetcher = Fetcher(loader, source, progress, self.stop, self.poll, self.read_ahead, hooks.batch)
         bound = None
         if hooks.slot_bytes is not None:
             batch_size = loader.batch_size
@@ -164,7 +167,8 @@ class Pipeline:
                 except StopIteration:
                     break
                 if number < progress.discard_prefix or number in progress.discard:
-                    continue  # a resumed IterableDataset epoch: yielded before the checkpoint
+                    self.read_ahead.give_back()  # a resumed IterableDataset epoch: yielded before
+                    continue  # the checkpoint, fetched again and dropped
                 self.stats.add_stage("fetch", time.perf_counter() - started, number=number)
                 if isinstance(batch, Exception):
                     batch = Failure(number, wrap(batch, "fetch", number))
@@ -208,6 +212,7 @@ class Pipeline:
     def next(self) -> Any:
         if self.finished:
             raise StopIteration
+        self.read_ahead.grant()  # NOTE [read-ahead] in fetch.py
         started = self.stats.request_started()
         number, item = self._next_ready()
         self.stats.mark("next:ready", number, started)
