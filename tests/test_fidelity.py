@@ -289,3 +289,16 @@ def test_with_workers_read_ahead_is_torchs_prefetch_factor_bound(tmp_path, prefe
         functools.partial(DataLoader, device="cpu", prefetch=prefetch), tmp_path / "fastload", k, **kwargs
     )
     assert set(range(k + 1)) <= got <= set(range(bound + prefetch + 1))
+
+
+def test_shutdown_workers_of_persistent_workers_then_a_new_epoch():
+    loader = DataLoader(
+        tud.TensorDataset(torch.arange(10)), batch_size=2, num_workers=2, persistent_workers=True, device="cpu"
+    )
+    iterator = iter(loader)
+    next(iterator)
+    workers = list(iterator._workers)
+    iterator._shutdown_workers()
+    assert not any(w.is_alive() for w in workers)
+    assert [b[0].tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # fresh workers
+    loader.close()

@@ -8,8 +8,9 @@ epoch, which a resumed epoch skips ahead in):
   (``__fastload_batch__``) or a ``TensorDataset`` describes the whole batch as read plans, with
   no per-sample Python; any other dataset runs ``__getitem__`` and a collate that leaves tensor
   fields for the stager to stack straight into the pinned slot (``deferred_collate``);
-- **parallel**: ``fetch_threads`` batches of a map-style dataset fetched at once on a thread
-  pool (per-sample Python that releases the GIL);
+- **parallel**: ``fetch_threads`` batches of a map-style dataset fetched at once on daemon
+  threads (``SampleThreads``: per-sample Python that releases the GIL; at most ``prefetch + 1``
+  batches at once, NOTE [read-ahead]);
 - **workers**: torch's own worker processes (``num_workers > 0``), in their order.
 
 NOTE [read-ahead]: every strategy takes a batch from its source only with a ``ReadAhead``
