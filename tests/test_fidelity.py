@@ -302,3 +302,25 @@ def test_shutdown_workers_of_persistent_workers_then_a_new_epoch():
     assert not any(w.is_alive() for w in workers)
     assert [b[0].tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # fresh workers
     loader.close()
+
+
+# -- NOTE [held batches]: a failed batch kept by the user does not keep the threads running --
+class FailsAt5(tud.Dataset):
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise ValueError("sample 5 is bad")
+        return torch.tensor(i)
+
+
+@pytest.mark.parametrize("num_workers, fetch_threads", [(0, 1), (0, 3), (2, 1)])
+def test_a_raised_batch_does_not_keep_a_dropped_iterator_alive(num_workers, fetch_threads, no_leaked_threads):
+    loader = DataLoader(
+        FailsAt5(), batch_size=4, num_workers=num_workers, fetch_threads=fetch_threads, prefetch=0, device="cpu"
+    )
+    with pytest.raises(ValueError, match="sample 5") as kept:  # its traceback holds the iterator
+        for _ in loader:
+            pass
+    assert kept.value is not None  # the fixture checks, once the test dropped it, that threads stopped

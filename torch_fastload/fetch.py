@@ -278,6 +278,7 @@ class Fetcher:
             yield self.progress.next_number(), batch
             if isinstance(batch, Exception) and getattr(self.source, "_shutdown", False):
                 return  # torch shut its workers down (one died): nothing more will come
+            batch = None  # NOTE [held batches] in pipeline.py
 
     def _parallel(self):
         """``fetch_threads`` batches fetched at once (map-style datasets); in sampler order, or
@@ -315,6 +316,7 @@ class Fetcher:
                     yield number, future.result()
                 except Exception as exc:
                     yield number, exc
+                done = future = None  # NOTE [held batches] in pipeline.py
         finally:
             for _, future in pending:
                 future.cancel()

@@ -16,6 +16,11 @@ NOTE [shutdown]: the threads reference the ``Pipeline``, never the user-facing i
 dropping the iterator (break, del, an exception unwinding the loop) runs its ``__del__``, which
 stops the threads, waits for copies in flight and hands the slots back (``shutdown``). The
 loader's ``close()`` (or garbage collection, or interpreter exit) frees the shared resources.
+
+NOTE [held batches]: a thread lets go of each batch once it handed it on. A failed batch's
+exception, once ``next()`` raised it, has the consumer's frames in its traceback, the
+iterator's among them: a thread still holding it (waiting for the next read-ahead credit,
+which only the consumer grants) would keep the dropped iterator alive, and so itself.
 """
 
 from __future__ import annotations
@@ -174,6 +179,7 @@ class Pipeline:
                     batch = Failure(number, wrap(batch, "fetch", number))
                 if not self._put(self.fetched, (position, number, batch)):
                     return
+                batch = None  # NOTE [held batches]
                 position += 1
             self._put(self.fetched, (position, None, END))
         except BaseException:
@@ -203,6 +209,7 @@ class Pipeline:
                         batch = Failure(number, capture("stage/copy", number))
                 if not self._put(self.ready, (position, number, batch)):
                     return
+                item = batch = None  # NOTE [held batches]
         except BaseException:
             self._put(self.ready, (None, None, Fatal(capture("stage thread"))))
         finally:
