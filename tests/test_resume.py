@@ -494,3 +494,11 @@ def test_a_failed_iter_changes_no_generator_and_a_retry_resumes_the_epoch():
     assert len(rest) == len(reference) - 2
     for k, (want, got) in enumerate(zip(reference[2:], rest)):
         assert_equal(want, got, f"batch {k + 2}")
+
+
+@pytest.mark.parametrize("field", ["samples_yielded", "yielded_out_of_order", "rng"])
+def test_a_missing_field_is_refused_by_load_state_dict(field):
+    state = _state_after(sample_path(0), 2)
+    del state[field]
+    with pytest.raises(ResumeError, match=f"no field '{field}'"):
+        sample_path(0).load_state_dict(state)
