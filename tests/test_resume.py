@@ -5,6 +5,7 @@ batches, resume in a fresh process (other thread counts, another seed for torch'
 generator), compare the rest with an uninterrupted run.
 """
 
+import base64
 import json
 import os
 import random
@@ -408,3 +409,96 @@ def test_a_failing_sampler_raises_at_next_not_at_iter():
     iterator = iter(loader)
     with pytest.raises(RuntimeError, match="sampler broke"):
         next(iterator)
+
+
+# -- tampered states: every field is checked by load_state_dict, nothing half-applied ------
+def _tampered(state: dict, path: tuple, value) -> dict:
+    state = json.loads(json.dumps(state))
+    where = state
+    for key in path[:-1]:
+        where = where[key]
+    where[path[-1]] = value
+    return state
+
+
+_NOT_A_STATE = base64.b64encode(b"not a generator state").decode()
+
+
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        (("batches_yielded",), -1),
+        (("batches_yielded",), True),
+        (("batches_yielded",), 2.0),
+        (("batches_yielded",), 10**6),  # beyond the epoch: refused at load, not at iter()
+        (("samples_yielded",), -8),
+        (("yielded_out_of_order",), [1]),  # not ahead of batches_yielded
+        (("yielded_out_of_order",), [7, 7]),
+        (("epoch_in_progress",), 1),
+        (("drop_last",), "no"),
+        (("rng", "global"), "!!not base64!!"),
+        (("rng", "global"), _NOT_A_STATE),
+        (("rng", "elsewhere"), _NOT_A_STATE),
+    ],
+)
+def test_tampered_field_is_refused_by_load_state_dict(path, value):
+    state = _tampered(_state_after(sample_path(0), 2), path, value)
+    loader = sample_path(0)
+    field = ".".join(path) if path[0] != "rng" or path[1] != "elsewhere" else "elsewhere"
+    with pytest.raises(ResumeError, match=field.replace(".", r"\.")):
+        loader.load_state_dict(state)
+    assert loader._pending_resume is None
+
+
+@pytest.mark.parametrize(
+    "key, value", [("num_replicas", 0), ("num_replicas", True), ("rank", 2), ("rank", -1), ("start", -5)]
+)
+def test_tampered_distributed_sampler_is_refused_by_load_state_dict(key, value):
+    state = _tampered(_state_after(distributed(0), 1), ("sampler", key), value)
+    with pytest.raises(ResumeError, match=rf"sampler\.{key}"):
+        distributed(0).load_state_dict(state)
+
+
+def test_a_bad_generator_state_leaves_every_generator_unchanged():
+    state = _tampered(_state_after(generator_owned(0), 2), ("rng", "sampler"), _NOT_A_STATE)
+    loader = generator_owned(1)
+    torch.manual_seed(99)
+    user_global, user_sampler = torch.get_rng_state(), loader.sampler.generator.get_state()
+    with pytest.raises(ResumeError, match=r"rng\.sampler"):
+        loader.load_state_dict(state)
+        iter(loader)
+    assert torch.equal(torch.get_rng_state(), user_global)
+    assert torch.equal(loader.sampler.generator.get_state(), user_sampler)
+
+
+def _distributed_with_generator(epoch: int):
+    sampler = DistributedSampler(range(53), num_replicas=2, rank=0, shuffle=True, seed=11)
+    sampler.set_epoch(epoch)
+    generator = torch.Generator().manual_seed(5)
+    return DataLoader(Augmented(53), batch_size=5, sampler=sampler, generator=generator, device="cpu")
+
+
+def test_a_failed_iter_changes_no_generator_and_a_retry_resumes_the_epoch():
+    reference = _epoch(_distributed_with_generator(3))
+    state = _state_after(_distributed_with_generator(3), 2)
+    resumed = _distributed_with_generator(4)
+    resumed.load_state_dict(state)
+    torch.manual_seed(99)
+    user_global, user_loader = torch.get_rng_state(), resumed.generator.get_state()
+    with pytest.raises(ResumeError, match=r"call sampler.set_epoch\(3\)"):
+        iter(resumed)
+    assert torch.equal(torch.get_rng_state(), user_global)
+    assert torch.equal(resumed.generator.get_state(), user_loader)
+    resumed.sampler.set_epoch(3)
+    rest = _epoch(resumed)  # the checkpoint's epoch, not a fresh one
+    assert len(rest) == len(reference) - 2
+    for k, (want, got) in enumerate(zip(reference[2:], rest)):
+        assert_equal(want, got, f"batch {k + 2}")
+
+
+@pytest.mark.parametrize("field", ["samples_yielded", "yielded_out_of_order", "rng"])
+def test_a_missing_field_is_refused_by_load_state_dict(field):
+    state = _state_after(sample_path(0), 2)
+    del state[field]
+    with pytest.raises(ResumeError, match=f"no field '{field}'"):
+        sample_path(0).load_state_dict(state)

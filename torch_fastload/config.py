@@ -191,7 +191,13 @@ def _default_stage_threads() -> int:
 OPTIONS: dict[str, Option] = {
     opt.name: opt
     for opt in (
-        Option("prefetch", 2, _positive_int, "batches kept ready on the device ahead of the training step"),
+        Option(
+            "prefetch",
+            2,
+            _non_negative_int,
+            "batches fetched (and staged) ahead of the training step beyond torch's own read-ahead "
+            "(none without workers, prefetch_factor x num_workers with them); 0: exactly torch's",
+        ),
         Option(
             "stage_threads",
             _default_stage_threads(),

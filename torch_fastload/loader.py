@@ -15,8 +15,10 @@ import inspect
 import threading
 import warnings
 import weakref
+from typing import TypeVar
 
 import torch
+from torch.utils.data import IterableDataset
 
 from . import config
 from . import io as fio
@@ -27,6 +29,8 @@ from .pipeline import LIVE_PIPELINES, Pipeline
 from .pool import PinnedPool
 from .remote import urls_of
 from .resources import LoaderResources, ResourceSettings
+from .resume_check import check_state
+from .sources.protocol import hooks_of
 from .stats import StatsSnapshot
 
 __all__ = ["DataLoader"]
@@ -52,7 +56,11 @@ def _resolve_device(device) -> torch.device:
     return dev
 
 
-class DataLoader(TorchDataLoader):
+#: The type of the dataset's samples: ``DataLoader[T]`` as with torch's ``Generic[T_co]`` loader.
+T_co = TypeVar("T_co", covariant=True)
+
+
+class DataLoader(TorchDataLoader[T_co]):
     """A drop-in for ``torch.utils.data.DataLoader`` whose batches arrive on ``device``.
 
     Every torch argument keeps its meaning, and with the same seed and generator the batches
@@ -61,7 +69,8 @@ class DataLoader(TorchDataLoader):
     to ``None``, meaning the value in ``torch_fastload.config`` (env ``TORCH_FASTLOAD_*``):
 
     device: where batches arrive; default the current CUDA device, else ``'cpu'``.
-    prefetch: batches kept ready on the device ahead of the consumer.
+    prefetch: batches fetched and staged ahead of the consumer beyond torch's own read-ahead
+        (none without workers, ``prefetch_factor * num_workers`` with them); 0: torch's exactly.
     stage_threads: threads copying a batch from pageable memory into its pinned slot.
     fetch_threads: threads running per-sample Python when ``num_workers == 0``.
     pool_slots, slot_bytes: the pinned pool (``slot_bytes=0``: sized by the first batch).
@@ -117,8 +126,8 @@ class DataLoader(TorchDataLoader):
                 f"DataLoader got unexpected keyword argument(s) {sorted(unknown)} "
                 f"(torch {torch.__version__} does not know them either)"
             )
-        if collate_fn is None and callable(getattr(dataset, "collate", None)):
-            collate_fn = dataset.collate  # sources collate their own samples (ragged records)
+        if collate_fn is None:  # a source's own collate (ragged records), by its explicit hook only
+            collate_fn = hooks_of(dataset).collate
         super().__init__(
             dataset,
             batch_size,
@@ -193,8 +202,9 @@ class DataLoader(TorchDataLoader):
         if self.persistent_workers and self.num_workers > 0:
             for pipeline in list(self._pipelines):  # the torch iterator is shared: stop its reader
                 pipeline.shutdown()
-        state, self._pending_resume = self._pending_resume, None
+        state = self._pending_resume
         source, progress = _resume.begin_epoch(self, state, lambda: make_source(self))
+        self._pending_resume = None  # only once the epoch began: a failed iter() can be retried
         self._progress = progress
         hooks = source_hooks(self, source)
         pipeline = run_native_or_none(self, source, progress, self.resources, hooks)
@@ -219,7 +229,7 @@ class DataLoader(TorchDataLoader):
         left (for a ``DistributedSampler``: call ``set_epoch`` with the checkpoint's epoch first,
         at this or another world size). Raises ``ResumeError`` (why, and the values) where this
         loader cannot continue that epoch."""
-        state = _resume.check_state(self, state)
+        state = check_state(self, state)
         if "dataset" in state and callable(getattr(self.dataset, "load_state_dict", None)):
             self.dataset.load_state_dict(state["dataset"])
         self._pending_resume = state
@@ -263,19 +273,57 @@ class DataLoader(TorchDataLoader):
 
 
 class _FastloadIter:
-    """What ``iter(loader)`` returns: a thin handle whose collection shuts the pipeline down."""
+    """What ``iter(loader)`` returns: a thin handle whose collection shuts the pipeline down.
+
+    torch's iterator attributes with a public meaning keep their names: ``_num_yielded``
+    (batches this epoch has yielded), ``_shutdown_workers()`` (stop early: threads and worker
+    processes, idempotent) and ``_workers`` (torch's worker processes, where they fetch). As
+    with torch, the IterableDataset length warning is raised by the ``next()`` that passes the
+    reported length, on the caller's thread."""
 
     def __init__(self, pipeline: Pipeline):
         self._pipeline = pipeline
+        progress = pipeline.progress
+        self._num_yielded = progress.prefix + len(progress.extra)  # a resumed epoch counts on
+        loader = pipeline.loader
+        self._dataset = loader.dataset
+        self._num_workers = loader.num_workers
+        self._IterableDataset_len_called = (
+            loader._IterableDataset_len_called if isinstance(loader.dataset, IterableDataset) else None
+        )
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return self._pipeline.next()
+        batch = self._pipeline.next()
+        self._num_yielded += 1
+        if self._IterableDataset_len_called is not None and self._num_yielded > self._IterableDataset_len_called:
+            warnings.warn(_length_warning(self), stacklevel=2)
+        return batch
 
     def __len__(self) -> int:
         return len(self._pipeline.source)
+
+    @property
+    def _workers(self) -> list:
+        """torch's worker processes (``num_workers > 0`` on the per-sample path); like torch's
+        single-process iterator, no such attribute where no workers fetch."""
+        workers = getattr(self._pipeline.source, "_workers", None)
+        if workers is None:
+            raise AttributeError(f"{type(self).__name__!r} has no worker processes: no attribute '_workers'")
+        return workers
+
+    def _shutdown_workers(self) -> None:
+        """Stop now, as torch's method of that name: the pipeline's threads and torch's worker
+        processes (persistent ones too; the next ``iter()`` starts fresh ones). Idempotent."""
+        self._pipeline.shutdown()
+        source = self._pipeline.source
+        if hasattr(source, "_shutdown_workers"):
+            source._shutdown_workers()  # torch's own is idempotent
+            loader = self._pipeline.loader
+            if getattr(loader, "_iterator", None) is source:
+                loader._iterator = None
 
     def close(self) -> None:
         """Stop reading ahead now (also done on ``del``, garbage collection and exit)."""
@@ -294,6 +342,21 @@ class _FastloadIter:
             threading.Thread(target=pipeline.shutdown, name="fastload-reaper", daemon=True).start()
         except Exception:
             pass
+
+
+def _length_warning(iterator: _FastloadIter) -> str:
+    """torch's text (``_BaseDataLoaderIter.__next__``), word for word."""
+    text = (
+        f"Length of IterableDataset {iterator._dataset} was reported to be {iterator._IterableDataset_len_called}"
+        f"(when accessing len(dataloader)), but {iterator._num_yielded} samples have been fetched. "
+    )
+    if iterator._num_workers > 0:
+        text += (
+            "For multiprocessing data-loading, this could be caused by not properly configuring the "
+            "IterableDataset replica at each worker. Please see "
+            "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
+        )
+    return text
 
 
 _LIVE_LOADERS: weakref.WeakSet = weakref.WeakSet()

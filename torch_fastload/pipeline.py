@@ -16,6 +16,11 @@ NOTE [shutdown]: the threads reference the ``Pipeline``, never the user-facing i
 dropping the iterator (break, del, an exception unwinding the loop) runs its ``__del__``, which
 stops the threads, waits for copies in flight and hands the slots back (``shutdown``). The
 loader's ``close()`` (or garbage collection, or interpreter exit) frees the shared resources.
+
+NOTE [held batches]: a thread lets go of each batch once it handed it on. A failed batch's
+exception, once ``next()`` raised it, has the consumer's frames in its traceback, the
+iterator's among them: a thread still holding it (waiting for the next read-ahead credit,
+which only the consumer grants) would keep the dropped iterator alive, and so itself.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import torch
 
 from . import config
 from .errors import CapturedError, LoaderShutdownError, capture, wrap
-from .fetch import Fetcher
+from .fetch import Fetcher, ReadAhead
 from .resources import LoaderResources
 from .resume import EpochProgress
 from .sources.protocol import SourceHooks
@@ -87,9 +92,12 @@ class Pipeline:
         self.keep_workers = bool(loader.persistent_workers and loader.num_workers > 0)
         self.stop = threading.Event()
         self.poll = config.get("poll_interval")
-        self.fetched: queue.Queue = queue.Queue(maxsize=loader.prefetch)
-        self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch)
-        self.fetcher = Fetcher(loader, source, progress, self.stop, self.poll, hooks.batch)
+        # NOTE [read-ahead] in fetch.py: the credits bound the batches in flight to prefetch + 1,
+        # so these queues never hold the fetch side back; they only hand batches on.
+        self.read_ahead = ReadAhead(loader.prefetch, self.stop, self.poll)
+        self.fetched: queue.Queue = queue.Queue(maxsize=loader.prefetch + 1)
+        self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch + 1)
+        self.fetcher = Fetcher(loader, source, progress, self.stop, self.poll, self.read_ahead, hooks.batch)
         bound = None
         if hooks.slot_bytes is not None:
             batch_size = loader.batch_size
@@ -164,12 +172,14 @@ class Pipeline:
                 except StopIteration:
                     break
                 if number < progress.discard_prefix or number in progress.discard:
-                    continue  # a resumed IterableDataset epoch: yielded before the checkpoint
+                    self.read_ahead.give_back()  # a resumed IterableDataset epoch: yielded before
+                    continue  # the checkpoint, fetched again and dropped
                 self.stats.add_stage("fetch", time.perf_counter() - started, number=number)
                 if isinstance(batch, Exception):
                     batch = Failure(number, wrap(batch, "fetch", number))
                 if not self._put(self.fetched, (position, number, batch)):
                     return
+                batch = None  # NOTE [held batches]
                 position += 1
             self._put(self.fetched, (position, None, END))
         except BaseException:
@@ -199,6 +209,7 @@ class Pipeline:
                         batch = Failure(number, capture("stage/copy", number))
                 if not self._put(self.ready, (position, number, batch)):
                     return
+                item = batch = None  # NOTE [held batches]
         except BaseException:
             self._put(self.ready, (None, None, Fatal(capture("stage thread"))))
         finally:
@@ -208,6 +219,7 @@ class Pipeline:
     def next(self) -> Any:
         if self.finished:
             raise StopIteration
+        self.read_ahead.grant()  # NOTE [read-ahead] in fetch.py
         started = self.stats.request_started()
         number, item = self._next_ready()
         self.stats.mark("next:ready", number, started)
@@ -291,6 +303,9 @@ class Pipeline:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
+        for thread in self.fetcher.sample_threads:  # started by the fetch thread, joined above
+            thread.join(max(0.0, deadline - time.monotonic()))
+            threads.append(thread)
         stuck = [t for t in threads if t.is_alive()]
         if stuck:
             warnings.warn(

@@ -263,60 +263,6 @@ def _length(dataset) -> int | None:
         return None
 
 
-def check_state(loader, state: Any) -> dict:
-    """Validate a state against the loader before anything is changed (values in the message)."""
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        got = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise ResumeError(f"not a torch_fastload DataLoader state (format {got!r}, expected {STATE_FORMAT!r})")
-    length = _length(loader.dataset)
-    if state["dataset_length"] != length:
-        raise ResumeError(
-            f"the state is for a dataset of {state['dataset_length']} samples, this loader's has {length}"
-        )
-    if not state["epoch_in_progress"]:
-        return state
-    kind = state["sampler"]["kind"]
-    now = describe_sampler(loader)
-    if kind != now["kind"]:
-        raise ResumeError(f"the state's epoch was sampled by a {kind!r} sampler, this loader has a {now['kind']!r} one")
-    if kind == "distributed":
-        for key in ("seed", "shuffle", "drop_last"):
-            if state["sampler"][key] != now[key]:
-                raise ResumeError(
-                    f"DistributedSampler {key} was {state['sampler'][key]!r} in the state, is {now[key]!r} now"
-                )
-        resharded = state["sampler"]["num_replicas"] != now["num_replicas"] or state["batch_size"] != loader.batch_size
-        if resharded and state["yielded_out_of_order"]:
-            raise ResumeError(
-                "an epoch checkpointed in out-of-order mode (in_order=False: batches "
-                f"{state['yielded_out_of_order'][:8]} were yielded ahead of batch {state['batches_yielded']}) "
-                f"can only resume at its world size and batch size ({state['sampler']['num_replicas']} x "
-                f"{state['batch_size']}), not {now['num_replicas']} x {loader.batch_size}"
-            )
-        return state
-    if state["batch_size"] != loader.batch_size or state["drop_last"] != loader.drop_last:
-        raise ResumeError(
-            f"batch_size/drop_last were {state['batch_size']}/{state['drop_last']} in the state, "
-            f"are {loader.batch_size}/{loader.drop_last} now: batches are counted, so they must match "
-            "(a DistributedSampler epoch resumes by sample position instead)"
-        )
-    if kind == "map" and (state["sampler"]["sampler"], state["sampler"]["batch_sampler"]) != (
-        now["sampler"],
-        now["batch_sampler"],
-    ):
-        raise ResumeError(
-            f"the state's epoch came from sampler {state['sampler']['sampler']} / batch sampler "
-            f"{state['sampler']['batch_sampler']}, this loader has {now['sampler']} / "
-            f"{now['batch_sampler']}"
-        )
-    if kind == "iterable" and state["sampler"]["num_workers"] != loader.num_workers:
-        raise ResumeError(
-            f"an IterableDataset epoch is split by worker: it resumes only with the same num_workers "
-            f"({state['sampler']['num_workers']}, not {loader.num_workers})"
-        )
-    return state
-
-
 def distributed_plan(loader, state: dict) -> tuple[int, int, set]:
     """``(start position, batches to skip, out-of-order numbers to skip)`` of a resumed
     DistributedSampler epoch on this loader (same or another world size / batch size)."""
@@ -361,26 +307,27 @@ def begin_epoch(loader, state: dict | None, make_source) -> tuple[Any, EpochProg
     and the batches already yielded are left out; torch's global generator is then restored to
     where the user had it. NOTE [determinism] above."""
     generators = generators_of(loader)
-    user_rng = None
-    if state is not None and state["epoch_in_progress"]:
-        user_rng = torch.default_generator.get_state()  # put back once the epoch's draws are redone
-        restore(generators, state["rng"])
-        rng_at_start = dict(state["rng"])
-    else:
+    resuming = state is not None and state["epoch_in_progress"]
+    before = {name: gen.get_state() for name, gen in generators.items()}
+    try:
         if state is not None:
             restore(generators, state["rng"])
-        rng_at_start = capture(generators)
-    progress = EpochProgress(rng=rng_at_start, sampler=describe_sampler(loader))
-    try:
+        rng_at_start = dict(state["rng"]) if resuming else capture(generators)
+        progress = EpochProgress(rng=rng_at_start, sampler=describe_sampler(loader))
         batches = resumed_batches(loader, state, progress)
         if batches is None and progress.discard_prefix == 0:
             batches = exact_sampler_batches(loader)
         loader._epoch_index_sampler = batches
         source = make_source()
+    except BaseException:  # a checkpoint's epoch did not begin: every generator is as the user had it
+        if state is not None:
+            for name, gen in generators.items():
+                gen.set_state(before[name])
+        raise
     finally:
         loader._epoch_index_sampler = None
-        if user_rng is not None:
-            torch.default_generator.set_state(user_rng)
+    if resuming:  # the epoch's draws are redone: torch's global generator goes back to the user's
+        torch.default_generator.set_state(before["global"])
     progress.base_seed = int(source._base_seed) & (2**63 - 1)
     return source, progress
 

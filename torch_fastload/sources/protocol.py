@@ -40,9 +40,14 @@ loader looks them up once per iterator (``hooks_of``); a dataset without
     batches out, no Python per batch beyond ``next()``. ``NativeLayout.build`` turns the output
     fields (tensors on the device) into the same batch ``__fastload_batch__`` would give.
 
-``collate(samples)`` and ``state_dict()`` / ``load_state_dict(state)`` (optional)
-    torch's collate function for this source's samples (ragged records), used only for
-    torch_fastload's own sources; and a state the loader's checkpoint carries.
+``__fastload_collate__(samples) -> batch`` (optional)
+    The collate function of this source's samples (ragged records), which torch_fastload's
+    DataLoader uses when no ``collate_fn`` is passed (with torch's DataLoader, pass it as
+    ``collate_fn``). Only this explicit hook is adopted: an attribute merely named ``collate``
+    (an IterDataPipe's functional ``.collate``) is never taken for one, as with torch.
+
+``state_dict()`` / ``load_state_dict(state)`` (optional)
+    A state the loader's checkpoint carries.
 """
 
 from __future__ import annotations
@@ -131,6 +136,7 @@ class SourceHooks:
     slot_bytes: Callable[[int], int] | None = None
     delivered: Callable[[torch.device, float], None] | None = None
     native: Callable[[], NativeLayout | None] | None = None
+    collate: Callable[[list], Any] | None = None
 
 
 def hooks_of(dataset: Any) -> SourceHooks:
@@ -141,4 +147,5 @@ def hooks_of(dataset: Any) -> SourceHooks:
         slot_bytes=getattr(dataset, "__fastload_slot_bytes__", None),
         delivered=getattr(dataset, "__fastload_delivered__", None),
         native=getattr(dataset, "__fastload_native__", None),
+        collate=getattr(dataset, "__fastload_collate__", None),
     )

@@ -277,6 +277,8 @@ class RecordDataset(Dataset):
         labels = None if self.labels is None else torch.tensor([label for _, label in samples], dtype=torch.int64)
         return RecordBatch(data, offsets, labels)
 
+    __fastload_collate__ = collate  # the loader's collate when none is passed (protocol.py)
+
     def __fastload_batch__(self, indices) -> RecordBatch:
         """The batch ``collate`` would make, its bytes left as one read plan for the loader."""
         index = self._check(indices)
