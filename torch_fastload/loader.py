@@ -26,6 +26,7 @@ from .native import run_native_or_none
 from .pipeline import LIVE_PIPELINES, Pipeline
 from .pool import PinnedPool
 from .remote import urls_of
+from .remote.epoch import cached_entries
 from .resources import LoaderResources, ResourceSettings
 from .stats import StatsSnapshot
 
@@ -193,11 +194,13 @@ class DataLoader(TorchDataLoader):
         if self.persistent_workers and self.num_workers > 0:
             for pipeline in list(self._pipelines):  # the torch iterator is shared: stop its reader
                 pipeline.shutdown()
+        # every object cached: the epoch reads the entries as local files, the objects checked now
+        cached = cached_entries(urls_of(self.dataset)) if self.resources.settings.remote else None
         state, self._pending_resume = self._pending_resume, None
         source, progress = _resume.begin_epoch(self, state, lambda: make_source(self))
         self._progress = progress
         hooks = source_hooks(self, source)
-        pipeline = run_native_or_none(self, source, progress, self.resources, hooks)
+        pipeline = run_native_or_none(self, source, progress, self.resources, hooks, cached)
         if pipeline is None:
             pipeline = Pipeline(self, source, progress, self.resources, hooks)
         self._pipelines.add(pipeline)

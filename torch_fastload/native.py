@@ -20,6 +20,7 @@ and shutdown behave as on the Python pipeline; ``config.native = 'off'`` selects
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -34,6 +35,7 @@ from . import config, engine, uva
 from .errors import LoaderShutdownError, capture, wrap
 from .fetch import InThreadSource
 from .pipeline import LIVE_PIPELINES, STAGE_THREADS
+from .remote.epoch import CACHE_PATH_NOTE, local_paths
 from .resources import LoaderResources
 from .resume import EpochProgress
 from .sources.protocol import FileRows, MemoryRows, NativeLayout, Records, SourceHooks
@@ -58,8 +60,12 @@ DEBUG_JITTER_US = 0
 DMA_MIN_ROW_BYTES = 16 << 10
 
 
-def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources) -> NativeLayout | None:
-    """The layout the C++ loop can run this iterator on, or None (the Python pipeline runs it)."""
+def native_layout(
+    loader, source, hooks: SourceHooks, resources: LoaderResources, cached: dict | None = None
+) -> NativeLayout | None:
+    """The layout the C++ loop can run this iterator on, or None (the Python pipeline runs it).
+    A source of remote objects runs here only on an epoch that reads them all from the shard
+    cache: ``cached`` maps each URL to its entry (``remote.epoch``)."""
     if resources.settings.native == "off" or not engine.available() or not isinstance(source, InThreadSource):
         return None
     if hooks.batch is None or hooks.finish is not None or loader.batch_size is None:
@@ -71,14 +77,32 @@ def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources
             return None
         return NativeLayout(tuple(MemoryRows(t) for t in tensors), list)
     layout = hooks.native() if hooks.native is not None else None
-    if layout is None or resources.settings.remote:
-        return None  # s3:// and http(s):// objects: the Python pipeline's remote reader
+    if layout is not None and resources.settings.remote:
+        layout = _cache_layout(layout, cached)
+    if layout is None:
+        return None  # uncached s3:// and http(s):// objects: the Python pipeline's remote reader
     if any(not isinstance(f, MemoryRows) for f in layout.fields):
         io = resources.io
         usable = io.mode in ("engine-posix", "engine-odirect") and (resources.device.type == "cpu" or io.ring_chunks)
         if not usable:
             return None  # kvikio / GDS / pinned modes: the Python pipeline's readers
     return layout
+
+
+def _cache_layout(layout: NativeLayout, cached: dict | None) -> NativeLayout | None:
+    """``layout`` with its URLs replaced by their shard cache entries; None where one has none."""
+    fields = []
+    for f in layout.fields:
+        if isinstance(f, FileRows):
+            paths = local_paths([f.path], cached)
+            f = dataclasses.replace(f, path=paths[0]) if paths else None
+        elif isinstance(f, Records):
+            paths = local_paths(f.paths, cached)
+            f = dataclasses.replace(f, paths=paths) if paths else None
+        if f is None:
+            return None
+        fields.append(f)
+    return dataclasses.replace(layout, fields=tuple(fields))
 
 
 @dataclass
@@ -160,6 +184,9 @@ class NativePipeline:
         if not records:
             self._row_layouts = {}
         self.stats.path = f"native loop -> {self.device}"
+        if io is not None and resources.settings.remote:  # every URL is read from its cache entry
+            self.stats.path += " (remote objects from the shard cache)"
+            io = dataclasses.replace(io, remote=CACHE_PATH_NOTE)
         if self._paths:
             self.stats.set_io(str(io) if io is not None else "")
         LIVE_PIPELINES.add(self)
@@ -366,9 +393,10 @@ class NativePipeline:
         LIVE_PIPELINES.discard(self)
 
 
-def run_native_or_none(loader, source, progress, resources, hooks):
-    """A ``NativePipeline`` where the loop can run this iterator, else None."""
-    layout = native_layout(loader, source, hooks, resources)
+def run_native_or_none(loader, source, progress, resources, hooks, cached: dict | None = None):
+    """A ``NativePipeline`` where the loop can run this iterator, else None (``cached``: see
+    ``native_layout``)."""
+    layout = native_layout(loader, source, hooks, resources, cached)
     if layout is None:
         return None
     try:

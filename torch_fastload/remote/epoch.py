@@ -1,0 +1,83 @@
+"""Epochs read from the shard cache as local files, with the objects checked at the epoch's start.
+
+Once every object a source reads is whole in its shard cache, an epoch reads the cache entries
+through the local-file path (the native C++ loop, page-cache copies, the engine) instead of the
+Python pipeline's remote reader: no per-batch URL routing, cache lookups or locks.
+
+The guarantee that replaces the per-read ETag check on this path: at the start of every epoch
+(``iter(loader)``) each object is asked for its size and version once (HEAD requests, several at
+a time); an object that differs from what the source opened raises ``ObjectChangedError``
+before any batch of that epoch. During the epoch batches come from the entries, whose names
+hold the opened version (``cache.py``): a batch never mixes two versions, and an object
+replaced mid-epoch is read as it was at the epoch's start and refused at the next one.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from .. import config
+from .client import Client, count
+from .errors import ObjectChangedError
+from .objects import RemoteObject
+from .url import is_url, parse
+
+__all__ = ["cached_entries", "check_unchanged", "local_paths", "CACHE_PATH_NOTE"]
+
+#: what ``loader.io`` / ``stats().io`` say about remote objects on this path
+CACHE_PATH_NOTE = "every object whole in the shard cache and unchanged at the epoch's start: read as local files"
+
+
+def cached_entries(objects: list[RemoteObject]) -> dict[str, str] | None:
+    """URL -> cache entry for each of a source's ``objects``, once all are whole in their caches
+    and the server still has the versions the source opened; None where any is not cached (the
+    epoch then reads remotely, each read checked). Raises ``ObjectChangedError`` for a replaced one."""
+    objects = list({o.url: o for o in objects}.values())
+    entries = {}
+    for obj in objects:
+        cache = obj.cache()
+        path = cache.lookup(obj) if cache is not None else None
+        if path is None:
+            return None
+        entries[obj.url] = path
+    check_unchanged(objects)
+    count(cache_epochs=1)
+    return entries
+
+
+def check_unchanged(objects: list[RemoteObject]) -> None:
+    """Ask the server for each object's size and version now (``remote_concurrency`` at a
+    time); raise ``ObjectChangedError`` for the first that differs from the opened one."""
+    if not objects:
+        return
+    client = Client()
+    try:
+        threads = max(1, min(len(objects), config.get("remote_concurrency")))
+        if threads == 1:
+            found = [client.head(parse(o.url)) for o in objects]
+        else:
+            with ThreadPoolExecutor(threads, thread_name_prefix="fastload-remote-check") as pool:
+                found = list(pool.map(lambda o: client.head(parse(o.url)), objects))
+    finally:
+        client.close()
+    for obj, (size, version) in zip(objects, found):
+        if (size, version) != (obj.size, obj.version):
+            raise ObjectChangedError(
+                obj.display,
+                f"the object changed since it was opened ({obj.size} bytes, version {obj.version}; now {size} "
+                f"bytes, version {version}); its cached copy is not read; re-open the dataset to read the new one",
+            )
+
+
+def local_paths(paths, entries: dict[str, str] | None) -> list | None:
+    """``paths`` with every URL replaced by its cache entry; None where one has none."""
+    if entries is None:
+        return None
+    out = []
+    for path in paths:
+        if is_url(path):
+            path = entries.get(path)
+            if path is None:
+                return None
+        out.append(path)
+    return out
