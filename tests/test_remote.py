@@ -413,6 +413,29 @@ def test_urls_read_into_gpu_memory(data, server):
         theirs.close()
 
 
+@pytest.mark.cuda
+def test_cache_hit_epochs_on_the_gpu_take_the_local_files_path(data, server, tmp_path):
+    cache_dir = str(tmp_path / "cache")
+    names = ("x.npy", "y.npy")
+    remote.cache_objects([url(server)(n) for n in names], cache_dir)
+    runs = {}
+    for kind, dataset in (
+        ("cache", ArrayDataset(*(url(server)(n) for n in names), cache_dir=cache_dir)),
+        ("local", ArrayDataset(*(local(data)(n) for n in names))),
+    ):
+        loader = DataLoader(
+            dataset, batch_size=64, shuffle=True, device="cuda", generator=torch.Generator().manual_seed(3)
+        )
+        list(loader)  # the first epoch maps the page-cache-resident files
+        loader.stats(reset=True)
+        runs[kind] = ([[t.cpu() for t in b] for b in loader], loader.stats())
+        loader.close()
+    (ours, stats), (theirs, local_stats) = runs["cache"], runs["local"]
+    assert_same(ours, theirs, "cached arrays on cuda")
+    assert stats.path == f"{local_stats.path} (remote objects from the shard cache)"
+    assert set(stats.io_bytes) == set(local_stats.io_bytes)
+
+
 def test_no_thread_outlives_a_closed_loader(server):
     loader = DataLoader(ArrayDataset(url(server)("x.npy")), batch_size=64, device="cpu")
     next(iter(loader))
