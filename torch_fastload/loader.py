@@ -26,7 +26,7 @@ from .native import run_native_or_none
 from .pipeline import LIVE_PIPELINES, Pipeline
 from .pool import PinnedPool
 from .remote import urls_of
-from .remote.epoch import cached_entries
+from .remote.epoch import start_epoch
 from .resources import LoaderResources, ResourceSettings
 from .stats import StatsSnapshot
 
@@ -194,8 +194,9 @@ class DataLoader(TorchDataLoader):
         if self.persistent_workers and self.num_workers > 0:
             for pipeline in list(self._pipelines):  # the torch iterator is shared: stop its reader
                 pipeline.shutdown()
-        # every object cached: the epoch reads the entries as local files, the objects checked now
-        cached = cached_entries(urls_of(self.dataset)) if self.resources.settings.remote else None
+        # every object cached: the epoch reads the entries as local files, the objects' versions
+        # checked meanwhile (the first next() waits for that)
+        cached, check = start_epoch(urls_of(self.dataset)) if self.resources.settings.remote else (None, None)
         state, self._pending_resume = self._pending_resume, None
         source, progress = _resume.begin_epoch(self, state, lambda: make_source(self))
         self._progress = progress
@@ -204,7 +205,7 @@ class DataLoader(TorchDataLoader):
         if pipeline is None:
             pipeline = Pipeline(self, source, progress, self.resources, hooks)
         self._pipelines.add(pipeline)
-        return _FastloadIter(pipeline)
+        return _FastloadIter(pipeline, check)
 
     @property
     def _index_sampler(self):
@@ -268,13 +269,22 @@ class DataLoader(TorchDataLoader):
 class _FastloadIter:
     """What ``iter(loader)`` returns: a thin handle whose collection shuts the pipeline down."""
 
-    def __init__(self, pipeline: Pipeline):
+    def __init__(self, pipeline: Pipeline, check=None):
         self._pipeline = pipeline
+        self._check = check  # a cached epoch's check of its objects (remote/epoch.py)
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._check is not None:  # no batch before the objects are known unchanged
+            check, self._check = self._check, None
+            self._pipeline.stats.request_started()  # the wait counts in the epoch's wall time
+            try:
+                check.wait()
+            except BaseException:
+                self._pipeline.shutdown()
+                raise
         return self._pipeline.next()
 
     def __len__(self) -> int:

@@ -6,14 +6,16 @@ Python pipeline's remote reader: no per-batch URL routing, cache lookups or lock
 
 The guarantee that replaces the per-read ETag check on this path: at the start of every epoch
 (``iter(loader)``) each object is asked for its size and version once (HEAD requests, several at
-a time); an object that differs from what the source opened raises ``ObjectChangedError``
-before any batch of that epoch. During the epoch batches come from the entries, whose names
-hold the opened version (``cache.py``): a batch never mixes two versions, and an object
-replaced mid-epoch is read as it was at the epoch's start and refused at the next one.
+a time, on a thread while the loader reads its first batches ahead); an object that differs
+from what the source opened raises ``ObjectChangedError`` from the epoch's first ``next()``,
+before any batch is delivered. During the epoch batches come from the entries, whose names hold
+the opened version (``cache.py``): a batch never mixes two versions, and an object replaced
+mid-epoch is read as it was at the epoch's start and refused at the next one.
 """
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import config
@@ -22,17 +24,15 @@ from .errors import ObjectChangedError
 from .objects import RemoteObject
 from .url import is_url, parse
 
-__all__ = ["cached_entries", "check_unchanged", "local_paths", "CACHE_PATH_NOTE"]
+__all__ = ["start_epoch", "cached_entries", "check_unchanged", "EpochCheck", "local_paths", "CACHE_PATH_NOTE"]
 
 #: what ``loader.io`` / ``stats().io`` say about remote objects on this path
 CACHE_PATH_NOTE = "every object whole in the shard cache and unchanged at the epoch's start: read as local files"
 
 
 def cached_entries(objects: list[RemoteObject]) -> dict[str, str] | None:
-    """URL -> cache entry for each of a source's ``objects``, once all are whole in their caches
-    and the server still has the versions the source opened; None where any is not cached (the
-    epoch then reads remotely, each read checked). Raises ``ObjectChangedError`` for a replaced one."""
-    objects = list({o.url: o for o in objects}.values())
+    """URL -> cache entry for each of a source's ``objects`` where all are whole in their
+    caches (marked recently used), else None (the epoch then reads remotely, each read checked)."""
     entries = {}
     for obj in objects:
         cache = obj.cache()
@@ -40,9 +40,39 @@ def cached_entries(objects: list[RemoteObject]) -> dict[str, str] | None:
         if path is None:
             return None
         entries[obj.url] = path
-    check_unchanged(objects)
-    count(cache_epochs=1)
     return entries
+
+
+class EpochCheck:
+    """``check_unchanged`` of a cached epoch's objects on a thread; ``wait`` re-raises its error."""
+
+    def __init__(self, objects: list[RemoteObject]):
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(objects,), name="fastload-remote-check", daemon=True)
+        self._thread.start()
+
+    def _run(self, objects) -> None:
+        try:
+            check_unchanged(objects)
+        except BaseException as exc:
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def start_epoch(objects: list[RemoteObject]) -> tuple[dict[str, str] | None, EpochCheck | None]:
+    """``(entries, check)`` for an epoch over a source's ``objects``: where all are cached, their
+    entries and the running check of their versions (wait on it before the first batch); else
+    ``(None, None)``."""
+    objects = list({o.url: o for o in objects}.values())
+    entries = cached_entries(objects)
+    if entries is None:
+        return None, None
+    count(cache_epochs=1)
+    return entries, EpochCheck(objects)
 
 
 def check_unchanged(objects: list[RemoteObject]) -> None:
@@ -56,7 +86,7 @@ def check_unchanged(objects: list[RemoteObject]) -> None:
         if threads == 1:
             found = [client.head(parse(o.url)) for o in objects]
         else:
-            with ThreadPoolExecutor(threads, thread_name_prefix="fastload-remote-check") as pool:
+            with ThreadPoolExecutor(threads, thread_name_prefix="fastload-remote-check-pool") as pool:
                 found = list(pool.map(lambda o: client.head(parse(o.url)), objects))
     finally:
         client.close()
