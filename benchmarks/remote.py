@@ -42,7 +42,7 @@ dominates only epochs as short as this benchmark's (a 512 MiB epoch is ~4 ms at 
 Targets (issue 22): fastload's best >= 1.5x boto3's best at each latency (uncapped); >= 80%
 of the cap (capped); the cache-hit epoch at the local file path's rate (>= 0.9x).
 
-    python benchmarks/remote.py               # ~2-3 min (1 GiB object)
+    python benchmarks/remote.py               # ~3-4 min (1 GiB object)
     python benchmarks/remote.py --quick       # 256 MiB, smaller grid
     python benchmarks/remote.py --cpu-smoke   # tiny: code paths only (tests)
 

@@ -265,6 +265,9 @@ def test_cache_hit_epoch_gives_the_local_files_batches_on_the_local_path(data, s
     assert local_stats.path == "native loop -> cpu"
     assert stats.io.startswith(local_stats.io.split(";")[0])  # the local file's read path...
     assert stats.io.endswith(f"remote objects: {CACHE_PATH_NOTE}")  # ...with what it reads
+    loader = DataLoader(cached, batch_size=64)
+    assert f"shard cache {cache_dir}: {CACHE_PATH_NOTE}" in str(loader.io)  # said before the first batch
+    loader.close()
     assert set(stats.io_bytes) == set(local_stats.io_bytes) and sum(stats.io_bytes.values()) == sum(
         local_stats.io_bytes.values()
     )

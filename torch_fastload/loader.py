@@ -11,6 +11,7 @@ where samples come from, ``stager.py`` stages one batch into a pinned slot and s
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import inspect
 import threading
 import warnings
@@ -26,7 +27,7 @@ from .native import run_native_or_none
 from .pipeline import LIVE_PIPELINES, Pipeline
 from .pool import PinnedPool
 from .remote import urls_of
-from .remote.epoch import start_epoch
+from .remote.epoch import CACHE_PATH_NOTE, start_epoch
 from .resources import LoaderResources, ResourceSettings
 from .stats import StatsSnapshot
 
@@ -242,7 +243,12 @@ class DataLoader(TorchDataLoader):
     @property
     def io(self) -> fio.IoPath:
         """The file-read path in effect (gds, kvikio-compat, engine-posix, ...) and why."""
-        return self.resources.io
+        path = self.resources.io
+        caches = sorted({o.cache_dir for o in urls_of(self.dataset) if o.cache_dir})
+        if caches:  # the epochs that will read the entries as local files (stats().path says which did)
+            note = f"; shard cache {', '.join(caches)}: {CACHE_PATH_NOTE} on the native loop where it runs"
+            path = dataclasses.replace(path, remote=path.remote + note)
+        return path
 
     @property
     def pool(self) -> PinnedPool | None:
