@@ -296,7 +296,9 @@ def test_an_object_replaced_between_cached_epochs_is_refused_at_the_next_epochs_
         assert loader.stats().path.endswith("(remote objects from the shard cache)")
         with pytest.raises(ObjectChangedError, match="shard-") as info:
             next(iter(loader))  # the epoch's first batch waits for the check of its objects
-        assert "re-open the dataset" in str(info.value) and "cached copy is not read" in str(info.value)
+        assert "re-open the dataset" in str(info.value) and "no batch of its cached copy is delivered" in str(
+            info.value
+        )
         loader.close()
     finally:
         shutil.rmtree(data / "data" / "pack-cached")

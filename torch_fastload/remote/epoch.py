@@ -68,7 +68,7 @@ def start_epoch(objects: list[RemoteObject]) -> tuple[dict[str, str] | None, Epo
     entries and the running check of their versions (wait on it before the first batch); else
     ``(None, None)``."""
     objects = list({o.url: o for o in objects}.values())
-    entries = cached_entries(objects)
+    entries = cached_entries(objects) if objects else None
     if entries is None:
         return None, None
     count(cache_epochs=1)
@@ -95,7 +95,8 @@ def check_unchanged(objects: list[RemoteObject]) -> None:
             raise ObjectChangedError(
                 obj.display,
                 f"the object changed since it was opened ({obj.size} bytes, version {obj.version}; now {size} "
-                f"bytes, version {version}); its cached copy is not read; re-open the dataset to read the new one",
+                f"bytes, version {version}); no batch of its cached copy is delivered; "
+                "re-open the dataset to read the new one",
             )
 
 
