@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -379,7 +380,8 @@ def libraries_here(args, report: dict) -> list:
 
 
 def measure(server, args, report: dict, libraries: list, device) -> None:
-    """The cap, the grids at every latency, the loader epochs: into ``report``."""
+    """The cap, the loader epochs, the capped then the uncapped grids at every latency: into
+    ``report`` as they come (a run stopped early keeps what it measured)."""
     size, url = args.size, f"s3://{BUCKET}/{KEY}"
     cells = {
         "fastload": lambda c, s: fastload_cell(url, size, c, s, args.min_seconds),
@@ -391,6 +393,7 @@ def measure(server, args, report: dict, libraries: list, device) -> None:
         rate, _ = boto3_cell(server.endpoint, size, 64, 16 * MiB, max(0.5, args.min_seconds))
         report["boto3_uncapped_gbps"] = rate
         log(f"  uncapped loopback: {rate:.3f} GB/s (boto3 64 x 16 MiB)")
+    report["epochs"] = loader_epochs(server, args.dir, args, device)
     total = len(libraries) * len(args.latencies) * len(args.concurrency) * len(args.sizes)
     uncapped = [c for c in args.concurrency if c >= args.uncapped_from] or args.concurrency[-1:]
     if not args.skip_uncapped:
@@ -407,7 +410,10 @@ def measure(server, args, report: dict, libraries: list, device) -> None:
                 result = grid(f"{lib}/nocap", cells[lib], lat, server, args, bar, uncapped)
                 report["uncapped"].setdefault(lib, {})[str(lat)] = result
     bar.close()
-    report["epochs"] = loader_epochs(server, args.dir, args, device)
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
 
 
 def main(argv=None) -> int:
@@ -434,10 +440,11 @@ def main(argv=None) -> int:
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
     with LoopbackServer(args.dir) as server, config.override(s3_endpoint_url=server.endpoint):
         remote.reset()
+        signal.signal(signal.SIGTERM, _stop)  # timeout(1): what was measured is still reported
         try:
             measure(server, args, report, libraries, device)
-        except Exception as exc:
-            report["failures"].append(error_text(exc))
+        except (Exception, KeyboardInterrupt) as exc:
+            report["failures"].append(error_text(exc) or type(exc).__name__)
             traceback.print_exc()
     report["verdicts"] = [{"check": c, "pass": p, "value": v} for c, p, v in verdicts(report)]
     report["seconds"] = time.perf_counter() - started

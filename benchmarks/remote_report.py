@@ -18,6 +18,8 @@ def plot(report: dict, path: Path) -> None:
     panels = [
         (lib, lat) for lat in report["latencies"] for lib in report["grids"] if report["grids"][lib].get(str(lat))
     ]
+    if not panels:
+        return
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
     top = max((v or 0) for lib, lat in panels for row in report["grids"][lib][str(lat)]["gbps"] for v in row) or 1
     for ax, (lib, lat) in zip(axes[0], panels):
@@ -37,10 +39,12 @@ def plot(report: dict, path: Path) -> None:
 
 def verdicts(report: dict) -> list:
     out = []
-    grids, cap = report["grids"], report["cap_bps"] / 1e9
+    grids, cap = report["grids"], report.get("cap_bps", 0) / 1e9
     uncapped = report.get("uncapped", {})
     for lat in report["latencies"]:
-        ours = grids["fastload"][str(lat)]["best"]["gbps"]
+        if not cap or str(lat) not in grids["fastload"]:  # a run stopped before this latency's grids
+            continue
+        ours = grids["fastload"][str(lat)]["best"]["gbps"] or 0.0
         base = grids.get("boto3", {}).get(str(lat), {}).get("best", {}).get("gbps")
         free = best_of(uncapped, "fastload", lat)
         free_base = best_of(uncapped, "boto3", lat)
