@@ -29,7 +29,6 @@ import torch_fastload
 from torch_fastload._benchutil import Study, cpu_seconds, fmt, log, parse_study, study_parser, sync, table
 from torch_fastload.sources import ImageFolder, PackedImageFolder
 from torch_fastload.vision import TrainTransform
-from torch_fastload.vision.cpu import torchvision_ops
 from torch_fastload.vision.sample_data import make_image_folder
 
 
