@@ -36,6 +36,7 @@ from .errors import LoaderShutdownError, capture, wrap
 from .fetch import InThreadSource
 from .pipeline import LIVE_PIPELINES, STAGE_THREADS
 from .remote.epoch import CACHE_PATH_NOTE, local_paths
+from .remote.url import is_url
 from .resources import LoaderResources
 from .resume import EpochProgress
 from .sources.protocol import FileRows, MemoryRows, NativeLayout, Records, SourceHooks
@@ -60,12 +61,8 @@ DEBUG_JITTER_US = 0
 DMA_MIN_ROW_BYTES = 16 << 10
 
 
-def native_layout(
-    loader, source, hooks: SourceHooks, resources: LoaderResources, cached: dict | None = None
-) -> NativeLayout | None:
-    """The layout the C++ loop can run this iterator on, or None (the Python pipeline runs it).
-    A source of remote objects runs here only on an epoch that reads them all from the shard
-    cache: ``cached`` maps each URL to its entry (``remote.epoch``)."""
+def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources) -> NativeLayout | None:
+    """The layout the C++ loop can run this iterator on, or None (the Python pipeline runs it)."""
     if resources.settings.native == "off" or not engine.available() or not isinstance(source, InThreadSource):
         return None
     if hooks.batch is None or hooks.finish is not None or loader.batch_size is None:
@@ -77,9 +74,7 @@ def native_layout(
             return None
         return NativeLayout(tuple(MemoryRows(t) for t in tensors), list)
     layout = hooks.native() if hooks.native is not None else None
-    if layout is not None and resources.settings.remote:
-        layout = _cache_layout(layout, cached)
-    if layout is None:
+    if layout is None or (resources.settings.remote and _names_urls(layout)):
         return None  # uncached s3:// and http(s):// objects: the Python pipeline's remote reader
     if any(not isinstance(f, MemoryRows) for f in layout.fields):
         io = resources.io
@@ -89,8 +84,15 @@ def native_layout(
     return layout
 
 
-def _cache_layout(layout: NativeLayout, cached: dict | None) -> NativeLayout | None:
+def _names_urls(layout: NativeLayout) -> bool:
+    paths = [p for f in layout.fields for p in ([f.path] if isinstance(f, FileRows) else getattr(f, "paths", []))]
+    return any(is_url(p) for p in paths)
+
+
+def _cache_layout(layout: NativeLayout | None, cached: dict | None) -> NativeLayout | None:
     """``layout`` with its URLs replaced by their shard cache entries; None where one has none."""
+    if layout is None:
+        return None
     fields = []
     for f in layout.fields:
         if isinstance(f, FileRows):
@@ -394,9 +396,13 @@ class NativePipeline:
 
 
 def run_native_or_none(loader, source, progress, resources, hooks, cached: dict | None = None):
-    """A ``NativePipeline`` where the loop can run this iterator, else None (``cached``: see
-    ``native_layout``)."""
-    layout = native_layout(loader, source, hooks, resources, cached)
+    """A ``NativePipeline`` where the loop can run this iterator, else None. A source of remote
+    objects runs here only on an epoch that reads them all from the shard cache: ``cached`` maps
+    each URL to its entry (``remote/epoch.py``), and the layout names those instead."""
+    if resources.settings.remote and hooks.native is not None:
+        planned = hooks.native
+        hooks = dataclasses.replace(hooks, native=lambda: _cache_layout(planned(), cached))
+    layout = native_layout(loader, source, hooks, resources)
     if layout is None:
         return None
     try:
