@@ -187,7 +187,15 @@ def test_remote_cpu_smoke(tmp_path):
         cells = [v for row in grids[lib]["0.01"]["gbps"] for v in row]
         assert cells and all(v is not None and v > 0 for v in cells), (lib, cells)
     assert report["cap_bps"] > 0 and report["epochs"]["cache_gbps"] > 0
-    assert set(report["epochs"]["cache_io"]) == {"remote-cache"}  # the second epoch never left the cache
+    epochs = report["epochs"]
+    assert epochs["cache_path"].endswith("(remote objects from the shard cache)"), epochs["cache_path"]
+    assert set(epochs["cache_io"]) == set(epochs["local_io"])  # cache hits read like the local file
+    assert sum(epochs["cache_io"].values()) == sum(epochs["local_io"].values())
+    for lib in ("fastload", "boto3"):  # the uncapped grids: the 1.5x verdict is judged on them
+        assert report["uncapped"][lib]["0.01"]["best"]["gbps"] > 0
+    checks = {v["check"]: v for v in report["verdicts"]}
+    assert checks["fastload >= 1.5x boto3's best (10 ms, uncapped)"]["pass"] is not None
+    assert "no cap: each library's best GB/s" in res.stdout
     assert report["verdicts"] and (out / "remote.png").is_file()
     assert "total time" in res.stdout
 

@@ -29,6 +29,7 @@ from torch_fastload.remote import (
     RemoteTimeoutError,
 )
 from torch_fastload.remote.cache import ShardCache
+from torch_fastload.remote.epoch import CACHE_PATH_NOTE
 from torch_fastload.remote.loopback import LoopbackServer
 from torch_fastload.remote.reader import plan_requests
 from torch_fastload.sources import RecordFormatError
@@ -236,18 +237,71 @@ def test_cache_hit_epoch_reads_local_copies(data, server, tmp_path):
     while len(ShardCache(cache_dir, 1 << 40).entries()) < len(dataset.shard_paths) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(ShardCache(cache_dir, 1 << 40).entries()) == len(dataset.shard_paths)
-    requests = server.stats()["requests"]
+    before = server.stats()
     second = list(loader)
     stats = loader.stats()
     loader.close()
-    assert server.stats()["requests"] == requests  # nothing asked of the server
-    assert set(stats.io_bytes) == {"remote-cache"}
-    assert stats.io_bytes["remote-cache"] == int(dataset.index[:, 2].sum())
+    after = server.stats()
+    assert after["bytes"] == before["bytes"]  # no body read from the server
+    assert after["requests"] == before["requests"] + len(dataset.shard_paths)  # one HEAD per object
+    assert stats.path == "native loop -> cpu (remote objects from the shard cache)"
+    assert set(stats.io_bytes) <= {"engine-posix", "mapped"}
+    assert sum(stats.io_bytes.values()) == int(dataset.index[:, 2].sum())
     for a, b in zip(first, second):
         assert torch.equal(a.data, b.data)
     # the sample path reads the cache too, and every source does through the loader
     assert bytes(dataset[5][0].numpy()) == bytes(RecordDataset(local(data)("pack"))[5][0].numpy())
     check_every_source(local(data), url(server), cache_dir=cache_dir)
+
+
+def test_cache_hit_epoch_gives_the_local_files_batches_on_the_local_path(data, server, tmp_path):
+    cache_dir = str(tmp_path / "cache")
+    remote.cache_objects([url(server)("x.npy"), url(server)("y.npy")], cache_dir)
+    cached = ArrayDataset(url(server)("x.npy"), url(server)("y.npy"), cache_dir=cache_dir)
+    ours, stats = batches(cached, batch_size=64, shuffle=True)
+    theirs, local_stats = batches(ArrayDataset(local(data)("x.npy"), local(data)("y.npy")), batch_size=64, shuffle=True)
+    assert_same(ours, theirs, "cached arrays")
+    assert stats.path == "native loop -> cpu (remote objects from the shard cache)"
+    assert local_stats.path == "native loop -> cpu"
+    assert stats.io.startswith(local_stats.io.split(";")[0])  # the local file's read path...
+    assert stats.io.endswith(f"remote objects: {CACHE_PATH_NOTE}")  # ...with what it reads
+    loader = DataLoader(cached, batch_size=64)
+    assert f"shard cache {cache_dir}: {CACHE_PATH_NOTE}" in str(loader.io)  # said before the first batch
+    loader.close()
+    assert set(stats.io_bytes) == set(local_stats.io_bytes) and sum(stats.io_bytes.values()) == sum(
+        local_stats.io_bytes.values()
+    )
+
+
+def test_an_object_replaced_between_cached_epochs_is_refused_at_the_next_epochs_start(data, server, tmp_path):
+    """Cached epochs check each object once, at the epoch's start: a replacement during an
+    epoch leaves that epoch on the version it started with, and the next one raises."""
+    shutil.copytree(data / "data" / "pack", data / "data" / "pack-cached")
+    try:
+        cache_dir = str(tmp_path / "cache")
+        dataset = RecordDataset(url(server)("pack-cached"), cache_dir=cache_dir)
+        remote.cache_objects(dataset.shard_paths, cache_dir)
+        old = [bytes(dataset[i][0].numpy()) for i in range(len(dataset))]
+        loader = DataLoader(dataset, batch_size=20, shuffle=True, device="cpu", prefetch=1)
+        delivered = 0
+        for batch in loader:
+            assert all(bytes(r.numpy()) in old for r in batch.split())  # every record: the opened version
+            delivered += 1
+            if delivered == 2:  # replace every shard with different bytes of the same size
+                for shard in sorted((data / "data" / "pack-cached").glob("shard-*.bin")):
+                    fresh = shard.with_suffix(".new")
+                    fresh.write_bytes(bytes(255 - b for b in shard.read_bytes()))
+                    os.replace(fresh, shard)
+        assert delivered == -(-len(dataset) // 20)
+        assert loader.stats().path.endswith("(remote objects from the shard cache)")
+        with pytest.raises(ObjectChangedError, match="shard-") as info:
+            next(iter(loader))  # the epoch's first batch waits for the check of its objects
+        assert "re-open the dataset" in str(info.value) and "no batch of its cached copy is delivered" in str(
+            info.value
+        )
+        loader.close()
+    finally:
+        shutil.rmtree(data / "data" / "pack-cached")
 
 
 def test_cache_evicts_least_recently_used_and_skips_objects_over_the_limit(server, tmp_path):
@@ -362,6 +416,29 @@ def test_urls_read_into_gpu_memory(data, server):
         assert_same(list(loader), list(theirs), name)
         loader.close()
         theirs.close()
+
+
+@pytest.mark.cuda
+def test_cache_hit_epochs_on_the_gpu_take_the_local_files_path(data, server, tmp_path):
+    cache_dir = str(tmp_path / "cache")
+    names = ("x.npy", "y.npy")
+    remote.cache_objects([url(server)(n) for n in names], cache_dir)
+    runs = {}
+    for kind, dataset in (
+        ("cache", ArrayDataset(*(url(server)(n) for n in names), cache_dir=cache_dir)),
+        ("local", ArrayDataset(*(local(data)(n) for n in names))),
+    ):
+        loader = DataLoader(
+            dataset, batch_size=64, shuffle=True, device="cuda", generator=torch.Generator().manual_seed(3)
+        )
+        list(loader)  # the first epoch maps the page-cache-resident files
+        loader.stats(reset=True)
+        runs[kind] = ([[t.cpu() for t in b] for b in loader], loader.stats())
+        loader.close()
+    (ours, stats), (theirs, local_stats) = runs["cache"], runs["local"]
+    assert_same(ours, theirs, "cached arrays on cuda")
+    assert stats.path == f"{local_stats.path} (remote objects from the shard cache)"
+    assert set(stats.io_bytes) == set(local_stats.io_bytes)
 
 
 def test_no_thread_outlives_a_closed_loader(server):

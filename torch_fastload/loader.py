@@ -11,6 +11,7 @@ where samples come from, ``stager.py`` stages one batch into a pinned slot and s
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import inspect
 import threading
 import warnings
@@ -28,6 +29,7 @@ from .native import run_native_or_none
 from .pipeline import LIVE_PIPELINES, Pipeline
 from .pool import PinnedPool
 from .remote import urls_of
+from .remote.epoch import CACHE_PATH_NOTE, start_epoch
 from .resources import LoaderResources, ResourceSettings
 from .resume_check import check_state
 from .sources.protocol import hooks_of
@@ -202,16 +204,19 @@ class DataLoader(TorchDataLoader[T_co]):
         if self.persistent_workers and self.num_workers > 0:
             for pipeline in list(self._pipelines):  # the torch iterator is shared: stop its reader
                 pipeline.shutdown()
+        # every object cached: the epoch reads the entries as local files, the objects' versions
+        # checked meanwhile (the first next() waits for that)
+        cached, check = start_epoch(urls_of(self.dataset)) if self.resources.settings.remote else (None, None)
         state = self._pending_resume
         source, progress = _resume.begin_epoch(self, state, lambda: make_source(self))
         self._pending_resume = None  # only once the epoch began: a failed iter() can be retried
         self._progress = progress
         hooks = source_hooks(self, source)
-        pipeline = run_native_or_none(self, source, progress, self.resources, hooks)
+        pipeline = run_native_or_none(self, source, progress, self.resources, hooks, cached)
         if pipeline is None:
             pipeline = Pipeline(self, source, progress, self.resources, hooks)
         self._pipelines.add(pipeline)
-        return _FastloadIter(pipeline)
+        return _FastloadIter(pipeline, check)
 
     @property
     def _index_sampler(self):
@@ -248,7 +253,12 @@ class DataLoader(TorchDataLoader[T_co]):
     @property
     def io(self) -> fio.IoPath:
         """The file-read path in effect (gds, kvikio-compat, engine-posix, ...) and why."""
-        return self.resources.io
+        path = self.resources.io
+        caches = sorted({o.cache_dir for o in urls_of(self.dataset) if o.cache_dir})
+        if caches:  # the epochs that will read the entries as local files (stats().path says which did)
+            note = f"; shard cache {', '.join(caches)}: {CACHE_PATH_NOTE} on the native loop where it runs"
+            path = dataclasses.replace(path, remote=path.remote + note)
+        return path
 
     @property
     def pool(self) -> PinnedPool | None:
@@ -281,7 +291,7 @@ class _FastloadIter:
     with torch, the IterableDataset length warning is raised by the ``next()`` that passes the
     reported length, on the caller's thread."""
 
-    def __init__(self, pipeline: Pipeline):
+    def __init__(self, pipeline: Pipeline, check=None):
         self._pipeline = pipeline
         progress = pipeline.progress
         self._num_yielded = progress.prefix + len(progress.extra)  # a resumed epoch counts on
@@ -291,11 +301,20 @@ class _FastloadIter:
         self._IterableDataset_len_called = (
             loader._IterableDataset_len_called if isinstance(loader.dataset, IterableDataset) else None
         )
+        self._check = check  # a cached epoch's check of its objects (remote/epoch.py)
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._check is not None:  # no batch before the objects are known unchanged
+            check, self._check = self._check, None
+            self._pipeline.stats.request_started()  # the wait counts in the epoch's wall time
+            try:
+                check.wait()
+            except BaseException:
+                self._pipeline.shutdown()
+                raise
         batch = self._pipeline.next()
         self._num_yielded += 1
         if self._IterableDataset_len_called is not None and self._num_yielded > self._IterableDataset_len_called:

@@ -20,6 +20,7 @@ and shutdown behave as on the Python pipeline; ``config.native = 'off'`` selects
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -34,6 +35,8 @@ from . import config, engine, fileio, uva
 from .errors import LoaderShutdownError, capture, wrap
 from .fetch import InThreadSource
 from .pipeline import LIVE_PIPELINES, STAGE_THREADS
+from .remote.epoch import CACHE_PATH_NOTE, local_paths
+from .remote.url import is_url
 from .resources import LoaderResources
 from .resume import EpochProgress
 from .sources.protocol import FileRows, MemoryRows, NativeLayout, Records, SourceHooks
@@ -82,14 +85,37 @@ def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources
             return None
         return NativeLayout(tuple(MemoryRows(t) for t in tensors), list)
     layout = hooks.native() if hooks.native is not None else None
-    if layout is None or resources.settings.remote:
-        return None  # s3:// and http(s):// objects: the Python pipeline's remote reader
+    if layout is None or (resources.settings.remote and _names_urls(layout)):
+        return None  # uncached s3:// and http(s):// objects: the Python pipeline's remote reader
     if any(not isinstance(f, MemoryRows) for f in layout.fields):
         io = resources.io
         usable = io.mode in ("engine-posix", "engine-odirect") and (resources.device.type == "cpu" or io.ring_chunks)
         if not usable:
             return None  # kvikio / GDS / pinned modes: the Python pipeline's readers
     return layout
+
+
+def _names_urls(layout: NativeLayout) -> bool:
+    paths = [p for f in layout.fields for p in ([f.path] if isinstance(f, FileRows) else getattr(f, "paths", []))]
+    return any(is_url(p) for p in paths)
+
+
+def _cache_layout(layout: NativeLayout | None, cached: dict | None) -> NativeLayout | None:
+    """``layout`` with its URLs replaced by their shard cache entries; None where one has none."""
+    if layout is None:
+        return None
+    fields = []
+    for f in layout.fields:
+        if isinstance(f, FileRows):
+            paths = local_paths([f.path], cached)
+            f = dataclasses.replace(f, path=paths[0]) if paths else None
+        elif isinstance(f, Records):
+            paths = local_paths(f.paths, cached)
+            f = dataclasses.replace(f, paths=paths) if paths else None
+        if f is None:
+            return None
+        fields.append(f)
+    return dataclasses.replace(layout, fields=tuple(fields))
 
 
 @dataclass
@@ -177,6 +203,9 @@ class NativePipeline:
         if not records:
             self._row_layouts = {}
         self.stats.path = f"native loop -> {self.device}"
+        if io is not None and resources.settings.remote:  # every URL is read from its cache entry
+            self.stats.path += " (remote objects from the shard cache)"
+            io = dataclasses.replace(io, remote=CACHE_PATH_NOTE)
         if self._paths:
             self.stats.set_io(str(io) if io is not None else "")
         LIVE_PIPELINES.add(self)
@@ -434,8 +463,13 @@ class _FilePins:
             raise changed from cause
 
 
-def run_native_or_none(loader, source, progress, resources, hooks):
-    """A ``NativePipeline`` where the loop can run this iterator, else None."""
+def run_native_or_none(loader, source, progress, resources, hooks, cached: dict | None = None):
+    """A ``NativePipeline`` where the loop can run this iterator, else None. A source of remote
+    objects runs here only on an epoch that reads them all from the shard cache: ``cached`` maps
+    each URL to its entry (``remote/epoch.py``), and the layout names those instead."""
+    if resources.settings.remote and hooks.native is not None:
+        planned = hooks.native
+        hooks = dataclasses.replace(hooks, native=lambda: _cache_layout(planned(), cached))
     layout = native_layout(loader, source, hooks, resources)
     if layout is None:
         return None

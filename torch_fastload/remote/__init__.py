@@ -6,8 +6,8 @@ Sources take URLs where they take paths (``ArrayDataset("s3://b/x.npy")``,
 ``RemoteReader``: many concurrent range requests of a configured size, retried with backoff
 and jitter, each answer checked against the object's size and version recorded at open.
 ``remote_backend='kvikio'`` uses kvikio's ``RemoteFile`` instead (CUDA hosts). With a
-``cache_dir`` whole objects are kept on local disk (LRU, atomic) and later epochs read them
-as local files.
+``cache_dir`` whole objects are kept on local disk (LRU, atomic); an epoch that starts with
+all of them cached checks each once (HEAD) and reads the entries as local files.
 
     url.py        URLs, endpoints, the AWS credential chain, SigV4 signing
     client.py     one request: keep-alive connections, retries, checked answers
@@ -15,6 +15,7 @@ as local files.
     reader.py     the concurrent range reader used by io.py and FeatureStore
     pool.py       its request threads (batch reads before cache fills)
     cache.py      the on-disk shard cache
+    epoch.py      epochs whose objects are all cached: checked at the start, read as local files
     kvikio_backend.py   kvikio's RemoteFile as the backend
     sweep.py      ``doctor --url``: concurrency x request size, recommended setting
     loopback.py   a loopback object server (latency, bandwidth cap, faults) for tests and benchmarks

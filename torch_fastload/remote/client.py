@@ -50,7 +50,8 @@ _counters_lock = threading.Lock()
 
 def counters() -> dict:
     """Process-wide counts: ``requests`` (attempts), ``retries``, ``bytes`` (received bodies),
-    ``timeouts``, ``cache_hits`` / ``cache_fills`` / ``cache_bytes`` (the shard cache)."""
+    ``timeouts``, ``cache_hits`` / ``cache_fills`` / ``cache_bytes`` (the shard cache),
+    ``cache_epochs`` (epochs read from cache entries as local files)."""
     with _counters_lock:
         return dict(_counters)
 

@@ -11,8 +11,9 @@ failed request cancels the batch's queued ones, waits for those in flight and ra
 partly filled batch is returned.
 
 Objects opened with a shard cache (``cache_dir``) are read from it once cached, through the
-local read path (the C++ engine: a cache-hit epoch reads like local files); a miss schedules
-the whole object for a background fill while the batch reads its ranges remotely.
+local read path; a miss schedules the whole object for a background fill while the batch reads
+its ranges remotely. (An epoch that starts with every object cached does not come here: the
+loader runs it on the cache entries as local files, ``epoch.py``.)
 
 ``remote_backend='kvikio'`` reads with kvikio's ``RemoteFile`` (its own thread pool and
 retries; it needs libcuda), checking each object's version with a HEAD after the batch.
