@@ -174,6 +174,8 @@ def peer_runs(train_dir, args) -> dict:
     for name, (peer, output, make) in makers.items():
         try:
             peers.require(peer, args.device)
+            if name == "spdl-nvjpeg" and samples:
+                peers.check_spdl_nvjpeg(samples[0][0], args.device)
             out[name] = (make, output)
         except peers.PeerUnavailable as why:
             log(f"-- {name}: {why}")

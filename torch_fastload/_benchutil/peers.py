@@ -336,6 +336,22 @@ def spdl_image_loader(
     return SpdlLoader(samples, batch, build, device)
 
 
+def check_spdl_nvjpeg(path: str, device: torch.device) -> None:
+    """SPDL's PyPI wheels may be built without nvJPEG: one decode says so, as a 'not available'
+    row rather than a pipeline whose every stage fails."""
+    import spdl.io
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        spdl.io.load_image_batch_nvjpeg(
+            [path], device_config=spdl.io.cuda_config(device_index=index), width=224, height=224, pix_fmt="rgb"
+        )
+    except RuntimeError as exc:
+        if "not built with nvjpeg" in str(exc).lower():
+            raise PeerUnavailable(f"SPDL {status('spdl').version}: {exc} (its PyPI wheel)") from None
+        # any other refusal is this file's (the pipeline runs on the files nvJPEG takes)
+
+
 # -- torchdata -------------------------------------------------------------------------------
 
 
