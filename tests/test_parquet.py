@@ -289,6 +289,62 @@ def test_shuffle_is_by_row_group_then_within_a_window(tmp_path):
     assert plain.tolist() == list(range(1000))
 
 
+def test_first_seen_groups_is_the_order_row_groups_are_first_read():
+    from torch_fastload.sources.parquet_sampler import first_seen_groups
+
+    rng = np.random.default_rng(0)
+    starts = np.concatenate(([0], np.cumsum(rng.integers(1, 50, 40))))
+    for _ in range(50):
+        rows = rng.permutation(int(starts[-1]))[: rng.integers(0, starts[-1])]
+        rows = np.sort(rows) if rng.random() < 0.5 else rows
+        groups = np.searchsorted(starts, rows, side="right") - 1
+        _, first = np.unique(groups, return_index=True)  # every row sorted: the slow reference
+        assert first_seen_groups(starts, rows).tolist() == groups[np.sort(first)].tolist()
+
+
+def _settled(cache) -> None:
+    """Wait (no time limit asserted) until the cache has no decode running."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with cache.lock:
+            if all(f.done() for f in cache.entries.values()):
+                time.sleep(0.05)  # a finished decode's callback may still start the next one
+                if all(f.done() for f in cache.entries.values()):
+                    return
+        time.sleep(0.01)
+    raise AssertionError("decodes still running after 60 s")
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_decode_runs_ahead_of_the_batches_in_the_samplers_order(tmp_path, shuffle):
+    """After one batch, row groups keep decoding in the order the sampler reads them (the old
+    read-ahead started ``threads`` row groups and waited for the next batch to ask for more)."""
+    path = write(pa.table({"x": pa.array(np.arange(4000))}), tmp_path / "t.parquet", row_group_size=100)
+    dataset = ParquetDataset(path, threads=2)
+    sampler = ParquetSampler(dataset, shuffle=shuffle, seed=3, shuffle_rows=100)
+    batch = next(iter(sampler.batches(100)))
+    dataset.__fastload_batch__(batch)
+    cache = dataset._reader()
+    _settled(cache)
+    assert list(cache.entries) == dataset._schedule.tolist()  # all 40 row groups, in read order
+    dataset.close()
+
+
+def test_read_ahead_holds_at_most_half_the_cache(tmp_path):
+    path = write(pa.table({"x": pa.array(np.arange(4000))}), tmp_path / "t.parquet", row_group_size=100)
+    group_bytes = pq.read_table(path).slice(0, 100).nbytes
+    dataset = ParquetDataset(path, threads=2, cache_bytes=8 * group_bytes)
+    dataset.__fastload_batch__(np.arange(100))
+    cache = dataset._reader()
+    _settled(cache)
+    ahead = [g for g in cache.entries if g != 0]
+    assert 2 <= len(ahead) <= 4 and ahead == list(range(1, len(ahead) + 1))  # the next ones, bounded
+    assert_matches_read_table(dataset, pq.read_table(path))  # what was cached is what is read
+    dataset.close()
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
 def test_ranks_read_every_row_once_balanced_by_rows(tmp_path, world):
     tables = [pa.table({"x": pa.array(np.arange(k * 1000, k * 1000 + n))}) for k, n in enumerate([430, 170, 999])]

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
-from .parquet_decode import READ_MODES, RowGroupCache, columns_to_tensors
+from .parquet_decode import AHEAD_MAX, READ_MODES, RowGroupCache, columns_to_tensors
 from .parquet_plan import expand_paths, open_plan
 from .parquet_sampler import ParquetBatchSampler, ParquetSampler
 
@@ -135,12 +135,12 @@ class ParquetDataset(Dataset):
         return self._cache
 
     def _ahead(self, groups: np.ndarray) -> list:
-        """Row groups to start decoding now: the next ones the sampler will read."""
+        """The row groups the sampler reads after ``groups``, in order (decoded ahead)."""
         if self._schedule is not None:
             last = max((self._position.get(int(g), -1) for g in groups), default=-1)
-            return self._schedule[last + 1 : last + 1 + self.threads].tolist()
+            return self._schedule[last + 1 : last + 1 + AHEAD_MAX].tolist()
         top = int(groups.max()) + 1
-        return list(range(top, min(top + self.threads, len(self.plan.row_groups))))
+        return list(range(top, min(top + AHEAD_MAX, len(self.plan.row_groups))))
 
     def read_table(self, indices) -> pa.Table:
         """Rows ``indices`` (in that order) as an Arrow table of the selected columns."""

@@ -24,10 +24,11 @@ import torch
 from ..errors import ParquetDecodeError, ParquetError, ParquetFormatError
 from .parquet_plan import ColumnSpec, ParquetPlan, RowGroup
 
-__all__ = ["RowGroupCache", "columns_to_tensors", "READ_MODES"]
+__all__ = ["RowGroupCache", "columns_to_tensors", "READ_MODES", "AHEAD_MAX"]
 
 READ_MODES = ("pyarrow", "pread")
 _OPEN_FILES_PER_THREAD = 4
+AHEAD_MAX = 256  # row groups of the sampler's order the read-ahead looks at
 
 
 class _SpanFile:
@@ -79,6 +80,14 @@ class RowGroupCache:
         self.names = [c.name for c in plan.columns]
         self.entries: OrderedDict = OrderedDict()  # index -> Future of (table, nbytes)
         self.held = 0
+        self.running = 0  # decodes submitted and not finished
+        self.decoded = [0, 0]  # row groups decoded, their bytes: the read-ahead's size estimate
+        self.upcoming: list = []  # the row groups the sampler reads next, in order
+        leaves = max(1, sum(len(plan.leaves[0][name]) for name in self.names)) if plan.leaves else 1
+        # enough row groups at once that every thread has a column chunk, and no more: with
+        # pyarrow's column threads on, row groups then finish in the order they are read
+        self.at_once = max(2, -(-self.threads // leaves)) if arrow_threads else self.threads
+        self.at_once = min(self.at_once, self.threads)
         self.lock = threading.RLock()  # a decode that is already done runs its callback at once
         self.local = threading.local()
         self.pool: ThreadPoolExecutor | None = None
@@ -164,18 +173,37 @@ class RowGroupCache:
             self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fastload-parquet")
         future = self.pool.submit(self._decode, index)
         self.entries[index] = future
+        self.running += 1
         future.add_done_callback(lambda f, i=index: self._account(i, f))
         return future
 
     def _account(self, index: int, future: Future) -> None:
-        if future.cancelled() or future.exception() is not None:
-            with self.lock:
+        with self.lock:
+            self.running -= 1
+            if future.cancelled() or future.exception() is not None:
                 if self.entries.get(index) is future:
                     del self.entries[index]  # an error is raised to its batch, then retried
-            return
-        with self.lock:
-            self.held += future.result()[1]
+                return
+            nbytes = future.result()[1]
+            self.held += nbytes
+            self.decoded[0] += 1
+            self.decoded[1] += nbytes
             self._evict(keep=index)
+            self._read_ahead()
+
+    def _read_ahead(self) -> None:
+        """Start decoding the next row groups the sampler reads (lock held), as decodes finish:
+        the decode threads run ahead of the batches, never waiting for a batch to be asked
+        for, and hold at most half the cache in row groups decoded and not yet read."""
+        if self.pool is None or not self.upcoming:
+            return
+        mean = self.decoded[1] / self.decoded[0] if self.decoded[0] else 0
+        limit = max(self.at_once, int(self.cache_bytes // 2 // mean)) if mean else self.at_once
+        for ahead, index in enumerate(self.upcoming):
+            if ahead >= limit or self.running >= self.at_once:
+                break
+            if index not in self.entries:
+                self._start(index)
 
     def _evict(self, keep: int) -> None:
         while self.held > self.cache_bytes and len(self.entries) > 1:
@@ -190,13 +218,12 @@ class RowGroupCache:
                 self.held -= future.result()[1]
 
     def get(self, indices, ahead=()) -> list:
-        """Tables of row groups ``indices`` (decoded in parallel), starting ``ahead`` too."""
+        """Tables of row groups ``indices`` (decoded in parallel); ``ahead``: the row groups
+        read after them, in order, decoded ahead as decode threads free up."""
         with self.lock:
             futures = [self._start(i) for i in indices]
-            for i in ahead:
-                if len(self.entries) >= 2 * self.threads + len(indices) and i not in self.entries:
-                    break
-                self._start(i)
+            self.upcoming = list(ahead)
+            self._read_ahead()
         return [f.result()[0] for f in futures]
 
     def close(self) -> None:
@@ -204,6 +231,7 @@ class RowGroupCache:
             pool, self.pool = self.pool, None
             self.entries.clear()
             self.held = 0
+            self.upcoming = []
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
