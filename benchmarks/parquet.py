@@ -77,13 +77,16 @@ def fastload_run(path: Path, args, *, shuffle=False, cold=False, batch_rows=None
     sync(args.device)
     started = time.perf_counter()
     nbytes = batches = 0
+    first = None
     sink = []
     for batch in loader:
         nbytes += batch_bytes(batch)
         batches += 1
         sink = sink[-3:] + [next(iter(batch.values())).view(-1)[-1:].float()]
+        first = first or time.perf_counter() - started
     sync(args.device)
     seconds = time.perf_counter() - started
+    stats = loader.stats()
     dataset.close()
     del loader, sink
     gc.collect()
@@ -94,6 +97,12 @@ def fastload_run(path: Path, args, *, shuffle=False, cold=False, batch_rows=None
         "batches": batches,
         "resident_before": resident,
         "decode_s_per_batch": seconds / max(1, batches),
+        "first_batch_s": first,
+        # where a batch's time goes: fetch (the dataset's batch, waits for decode included),
+        # stage (into the pinned slot), copy (to the device); and the pool's set-up
+        "stage_ms_per_batch": {k: 1e3 * v / max(1, batches) for k, v in stats.stage_s.items() if v},
+        "pool_mib": stats.pool_bytes / MiB,
+        "pool_regrows": stats.pool_regrows,
     }
 
 
@@ -255,9 +264,13 @@ def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool
     cell["over_read_table"] = cell["read_table"]["seconds"] / cell["fastload"]["seconds"]
     if "torch" in cell:
         cell["over_torch"] = cell["torch"]["seconds"] / cell["fastload"]["seconds"]
+    run = cell["fastload"]
     log(
-        f"  {name:<40} fastload {cell['fastload']['gbps']:6.2f} GB/s ({cell['fastload']['file_gbit']:6.1f} Gbps file)"
+        f"  {name:<40} fastload {run['gbps']:6.2f} GB/s ({run['file_gbit']:6.1f} Gbps file)"
         f"  read_table {cell['read_table']['gbps']:6.2f} GB/s  x{cell['over_read_table']:.2f}"
+        f"  [first batch {1e3 * (run['first_batch_s'] or 0):.0f} ms; ms/batch "
+        + " ".join(f"{k} {v:.2f}" for k, v in run["stage_ms_per_batch"].items())
+        + f"; pool {run['pool_mib']:.0f} MiB, regrows {run['pool_regrows']}]"
     )
     return cell
 

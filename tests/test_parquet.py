@@ -332,6 +332,24 @@ def test_decode_runs_ahead_of_the_batches_in_the_samplers_order(tmp_path, shuffl
     dataset.close()
 
 
+def test_shuffled_batches_gathered_column_by_column_in_parallel_equal_read_table(tmp_path):
+    """Batches of 5000 shuffled rows take the parallel per-column gather; every type and the
+    nulls come out as pyarrow's own take of the same rows."""
+    table = every_type(12000, seed=5)
+    path = write(table, tmp_path / "t.parquet", row_group_size=3000)
+    dataset = ParquetDataset(path, threads=4)
+    sampler = ParquetSampler(dataset, seed=2, shuffle_rows=6000)
+    reference = pq.read_table(path)
+    for rows in sampler.batches(5000):
+        batch = dataset.__fastload_batch__(rows)
+        taken = reference.take(pa.array(rows))
+        for spec in dataset.plan.columns:
+            for key, want in expected(taken, spec.name, spec.masked).items():
+                assert torch.equal(batch[key], want), key
+    assert dataset._reader().gather_pool is not None  # the parallel gather ran
+    dataset.close()
+
+
 def test_read_ahead_holds_at_most_half_the_cache(tmp_path):
     path = write(pa.table({"x": pa.array(np.arange(4000))}), tmp_path / "t.parquet", row_group_size=100)
     group_bytes = pq.read_table(path).slice(0, 100).nbytes

@@ -161,7 +161,7 @@ class ParquetDataset(Dataset):
         base = np.zeros(len(self.plan.row_groups), dtype=np.int64)
         base[unique] = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
         local = index - (self.plan.starts[:-1] - base)[groups]
-        return table.take(pa.array(local)), file
+        return self._reader().take(table, local), file
 
     def _range(self, first: int, n: int) -> tuple[pa.Table, int]:
         """Rows ``first .. first + n - 1`` (in order): slices of the row groups, no gather."""

@@ -29,6 +29,7 @@ __all__ = ["RowGroupCache", "columns_to_tensors", "READ_MODES", "AHEAD_MAX"]
 READ_MODES = ("pyarrow", "pread")
 _OPEN_FILES_PER_THREAD = 4
 AHEAD_MAX = 256  # row groups of the sampler's order the read-ahead looks at
+_PARALLEL_TAKE_ROWS = 4096  # smaller gathers are not worth a thread hand-off
 
 
 class _SpanFile:
@@ -84,13 +85,14 @@ class RowGroupCache:
         self.decoded = [0, 0]  # row groups decoded, their bytes: the read-ahead's size estimate
         self.upcoming: list = []  # the row groups the sampler reads next, in order
         leaves = max(1, sum(len(plan.leaves[0][name]) for name in self.names)) if plan.leaves else 1
-        # enough row groups at once that every thread has a column chunk, and no more: with
-        # pyarrow's column threads on, row groups then finish in the order they are read
-        self.at_once = max(2, -(-self.threads // leaves)) if arrow_threads else self.threads
+        # enough row groups at once that every thread has about two column chunks, and no more:
+        # with pyarrow's column threads on, row groups then finish in the order they are read
+        self.at_once = max(2, -(-2 * self.threads // leaves)) if arrow_threads else self.threads
         self.at_once = min(self.at_once, self.threads)
         self.lock = threading.RLock()  # a decode that is already done runs its callback at once
         self.local = threading.local()
         self.pool: ThreadPoolExecutor | None = None
+        self.gather_pool: ThreadPoolExecutor | None = None  # not the decode pool: no queueing behind read-ahead
 
     def _file(self, f: int) -> pq.ParquetFile:
         """This thread's ParquetFile of file ``f`` (readers are not shared between threads); a
@@ -226,14 +228,32 @@ class RowGroupCache:
             self._read_ahead()
         return [f.result()[0] for f in futures]
 
+    def take(self, table: pa.Table, rows: np.ndarray) -> pa.Table:
+        """Rows ``rows`` of ``table``, its columns gathered in parallel (pyarrow's take runs one
+        column after another, without the GIL): a shuffled batch's gather was a serial step on
+        the fetch thread as long as the decode of its rows."""
+        indices = pa.array(rows)
+        if table.num_columns < 2 or len(rows) < _PARALLEL_TAKE_ROWS or self.threads < 2:
+            return table.take(indices)
+        with self.lock:
+            if self.gather_pool is None:
+                workers = min(self.threads, table.num_columns)
+                self.gather_pool = ThreadPoolExecutor(workers, thread_name_prefix="fastload-parquet-take")
+            pool = self.gather_pool
+        columns = list(pool.map(lambda column: column.take(indices), table.columns))
+        return pa.Table.from_arrays(columns, schema=table.schema)
+
     def close(self) -> None:
         with self.lock:
+            gather, self.gather_pool = self.gather_pool, None
             pool, self.pool = self.pool, None
             self.entries.clear()
             self.held = 0
             self.upcoming = []
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        if gather is not None:
+            gather.shutdown(wait=True)
 
 
 # -- Arrow -> tensors ----------------------------------------------------------------------
