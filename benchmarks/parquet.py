@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from parquet_data import PROFILE_TYPES, write_alert, write_profile  # noqa: E402
+from parquet_data import PROFILE_TYPES, write_alert, write_all, write_profile  # noqa: E402
 from parquet_report import plot, tables  # noqa: E402
 
 from torch_fastload import DataLoader  # noqa: E402
@@ -66,13 +66,13 @@ def batch_bytes(batch: dict) -> int:
     return sum(t.numel() * t.element_size() for t in batch.values())
 
 
-def fastload_run(path: Path, args, *, shuffle=False, cold=False, batch_rows=None, **options) -> dict:
+def fastload_run(path: Path, args, *, shuffle=False, seed=0, cold=False, batch_rows=None, **options) -> dict:
     """One epoch of ParquetDataset -> device; the consumer touches every batch on the device."""
     if cold:
         drop_page_cache(path)
     resident = residency_of([path])
     dataset = ParquetDataset(path, **options)
-    sampler = ParquetSampler(dataset, shuffle=shuffle, seed=0)
+    sampler = ParquetSampler(dataset, shuffle=shuffle, seed=seed)
     loader = DataLoader(dataset, batch_sampler=sampler.batches(batch_rows or args.batch_rows), device=args.device)
     sync(args.device)
     started = time.perf_counter()
@@ -244,6 +244,13 @@ def torch_run(path: Path, args) -> dict:
     return {"cells": cells, "best": best, "sampled_rows": most, "extrapolated_s": total / best["rows_per_s"]}
 
 
+def batch_rows_of(args, rows: int, nbytes: int) -> int:
+    """--batch-rows, or more rows where that is under --batch-mib of decoded data: 64Ki rows of
+    one int64 column are 512 KiB, a batch that measures the loader's per-batch cost, not Parquet."""
+    per_row = max(1.0, nbytes / max(1, rows))
+    return max(args.batch_rows, int(args.batch_mib * MiB / per_row))
+
+
 def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool) -> dict:
     """Every way of reading one file, hot (and the fastload row of the first file cold too)."""
     warm_page_cache([path])
@@ -253,8 +260,9 @@ def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool
     cell["read_table_h2d"] = read_table_h2d(
         path, args.device, cell["read_table"]["use_threads"], cell["read_table"]["buffer_bytes"]
     )
-    cell["fastload"] = fastload_run(path, args)
-    cell["fastload_shuffled"] = fastload_run(path, args, shuffle=True)
+    cell["batch_rows"] = batch_rows_of(args, rows, cell["read_table"]["nbytes"])
+    cell["fastload"] = fastload_run(path, args, batch_rows=cell["batch_rows"])
+    cell["fastload_shuffled"] = fastload_run(path, args, shuffle=True, batch_rows=cell["batch_rows"])
     cell["decoded_bytes"] = cell["fastload"]["gbps"] * cell["fastload"]["seconds"] * 1e9
     if torch_baseline:
         run = study.attempt(f"torch {name}", torch_run, path, args)
@@ -321,7 +329,8 @@ def overlap(args, path: Path) -> dict | None:
     if args.device.type != "cuda":
         return None
     rows = max(1024, args.batch_rows // 4)  # enough batches in one epoch of the file
-    decode = fastload_run(path, args, batch_rows=rows)["decode_s_per_batch"]
+    # the decode of the batches the step is fed: the same shuffled order (a gather per batch)
+    decode = fastload_run(path, args, shuffle=True, seed=1, batch_rows=rows)["decode_s_per_batch"]
     a = torch.randn(4096, 4096, device=args.device, dtype=torch.bfloat16)
     gemm = gemm_seconds(a, a, warmup=5)
     gemms = max(1, int(np.ceil(1.2 * decode / gemm)))
@@ -333,7 +342,7 @@ def overlap(args, path: Path) -> dict | None:
         return x.view(-1)[0].float() + next(iter(batch.values())).view(-1)[-1:].float()
 
     dataset = ParquetDataset(path)
-    sampler = ParquetSampler(dataset, seed=1)
+    sampler = ParquetSampler(dataset, shuffle=True, seed=1)
     loader = DataLoader(dataset, batch_sampler=sampler.batches(rows), device=args.device)
     warmup = 4
     steps = min(args.overlap_steps, len(loader) - warmup)
@@ -394,12 +403,26 @@ def verdicts(study: Study) -> None:
         study.figure(f"{c['name']}_over_read_table".replace(" ", "_"), c["over_read_table"])
 
 
+def profile_cells(args) -> list:
+    """(size, type, run length, cardinality) of every profile file (the larger sizes: run length
+    1 only, to fit the run's time)."""
+    return [
+        (size, kind, run_length, cardinality)
+        for size in args.profile_sizes
+        for kind in PROFILE_TYPES
+        for run_length in ((1, 32) if size == args.profile_sizes[0] else (1,))
+        for cardinality in (0, 1000)
+    ]
+
+
 def main(argv=None) -> int:
     p = study_parser(__doc__, Path(__file__).resolve().parent / "out")
     p.add_argument("--dir", type=Path, help="data directory [OUT/data]")
     p.add_argument("--alert-rows", type=positive_int_list, help="alert table rows [240000,1000000,2000000,4000000]")
     p.add_argument("--profile-sizes", type=size_list, help="decoded bytes of each profile file [64M,512M]")
     p.add_argument("--batch-rows", type=int, help="rows a batch [65536]")
+    p.add_argument("--batch-mib", type=float, help="at least this many MiB of decoded data a batch [16]")
+    p.add_argument("--prepare-workers", type=int, help="processes writing the data files [8]")
     p.add_argument("--threads", type=positive_int_list, help="grid: decode threads [1,4,8,16]")
     p.add_argument("--row-group-rows", type=int_list, help="grid: row group rows [16384,131072,1048576]")
     p.add_argument("--grid-rows", type=int, help="grid: the alert table's rows [2000000]")
@@ -413,6 +436,8 @@ def main(argv=None) -> int:
         alert_rows=([240_000, 1_000_000, 2_000_000, 4_000_000], [240_000, 1_000_000], [6000]),
         profile_sizes=([64 * MiB, 512 * MiB], [64 * MiB], [MiB // 4]),
         batch_rows=(65536, 65536, 1024),
+        batch_mib=(16.0, 16.0, 0.25),
+        prepare_workers=(8, 8, 1),
         threads=([1, 4, 8, 16], [4, 16], [1, 2]),
         row_group_rows=([16384, 131072, 1048576], [131072], [1024, 4096]),
         grid_rows=(2_000_000, 1_000_000, 6000),
@@ -424,6 +449,14 @@ def main(argv=None) -> int:
     study = Study("parquet", args, "Parquet -> tensors vs pyarrow.read_table and a torch DataLoader")
     rg = 131072 if args.scale != "cpu" else 1024
     study["alert"], study["profiles"], study["skipped"] = [], [], []
+    write_all(
+        args.dir,
+        [(rows, ("snappy", "none"), rg) for rows in args.alert_rows]
+        + [(args.grid_rows, ("snappy",), rows) for rows in args.row_group_rows],
+        [(kind, size, run, card, "snappy") for size, kind, run, card in profile_cells(args)],
+        args.prepare_workers,
+    )
+    log(f"data ready under {args.dir} after {time.perf_counter() - study.began:.0f} s")
     for rows in args.alert_rows:
         for compression in ("snappy", "none"):
             path = write_alert(args.dir, rows, compression, rg)
@@ -437,19 +470,18 @@ def main(argv=None) -> int:
     study["grid"] = study.attempt("threads x row groups", thread_grid, args) or []
     study["overlap"] = study.attempt("overlap", overlap, args, mid)
     study.save()
-    for size in args.profile_sizes:
-        for kind in PROFILE_TYPES:
-            for run_length in (1, 32) if size == args.profile_sizes[0] else (1,):
-                for cardinality in (0, 1000):
-                    name = f"{kind} {size >> 20}MiB run{run_length} card{cardinality or 'inf'}"
-                    if args.budget_s is not None and time.perf_counter() - study.began > args.budget_s:
-                        study["skipped"].append(name)  # said in the output: the run's time was spent
-                        continue
-                    path = write_profile(args.dir, kind, size, run_length, cardinality, "snappy")
-                    cell = study.attempt(name, compare_file, study, args, path, name, False)
-                    if cell:
-                        study["profiles"].append(cell)
-                    study.save()
+    log(f"alert tables, read modes, grid and overlap done after {time.perf_counter() - study.began:.0f} s")
+    for size, kind, run_length, cardinality in profile_cells(args):
+        name = f"{kind} {size >> 20}MiB run{run_length} card{cardinality or 'inf'}"
+        if args.budget_s is not None and time.perf_counter() - study.began > args.budget_s:
+            study["skipped"].append(name)  # said in the output: the run's time was spent
+            continue
+        path = write_profile(args.dir, kind, size, run_length, cardinality, "snappy")
+        cell = study.attempt(name, compare_file, study, args, path, name, False)
+        if cell:
+            study["profiles"].append(cell)
+        study.save()
+    log(f"profile suite done after {time.perf_counter() - study.began:.0f} s")
     verdicts(study)
     return study.finish(*tables(study), plot=plot if study["alert"] else None)
 

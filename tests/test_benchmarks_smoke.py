@@ -220,6 +220,11 @@ def test_parquet(tmp_path):
     assert modes == {(m, cold) for m in ("pyarrow", "pread", "read_table") for cold in (False, True)}
     assert all(c["resident_before"] == 0.0 for c in data["read_modes"] if c["cold"])  # really dropped
     assert {c["threads"] for c in data["grid"]} == {1, 2} and "threads x row-group size" in res.stdout
+    # batches of at least --batch-mib: an int64 profile file's are more rows than the alert's
+    by_name = {c["name"]: c for c in cells}
+    assert by_name["int 0MiB run1 cardinf"]["batch_rows"] > by_name["alert 6K snappy"]["batch_rows"] >= 1024
+    assert all(c["fastload"]["stage_ms_per_batch"].get("fetch", 0) > 0 for c in cells)  # where time goes
+    assert "data ready under" in res.stdout and "profile suite done after" in res.stdout
 
 
 def _benchmark_module(script: str):
