@@ -350,6 +350,23 @@ def test_shuffled_batches_gathered_column_by_column_in_parallel_equal_read_table
     dataset.close()
 
 
+def test_a_full_cache_drops_row_groups_already_read_before_those_decoded_ahead(tmp_path):
+    path = write(pa.table({"x": pa.array(np.arange(4000))}), tmp_path / "t.parquet", row_group_size=100)
+    group_bytes = pq.read_table(path).slice(0, 100).nbytes
+    dataset = ParquetDataset(path, threads=2, cache_bytes=6 * group_bytes)
+    cache = dataset._reader()
+    for b in range(0, 80):  # two batches a row group
+        k = b // 2
+        batch = dataset.__fastload_batch__(np.arange(b * 50, (b + 1) * 50))
+        assert torch.equal(batch["x"], torch.arange(b * 50, (b + 1) * 50))
+        _settled(cache)
+        assert cache.held <= 6 * group_bytes
+        if k < 38:  # the row group being read and the next ones stay decoded; the ones read go
+            assert {k, k + 1, k + 2} <= set(cache.entries), (b, list(cache.entries))
+    assert cache.decoded[0] == 40  # none decoded twice
+    dataset.close()
+
+
 def test_read_ahead_holds_at_most_half_the_cache(tmp_path):
     path = write(pa.table({"x": pa.array(np.arange(4000))}), tmp_path / "t.parquet", row_group_size=100)
     group_bytes = pq.read_table(path).slice(0, 100).nbytes

@@ -135,11 +135,12 @@ class ParquetDataset(Dataset):
         return self._cache
 
     def _ahead(self, groups: np.ndarray) -> list:
-        """The row groups the sampler reads after ``groups``, in order (decoded ahead)."""
+        """The row groups the sampler reads from the last of ``groups`` on, in order (decoded
+        ahead; that last one is the next batch's first more often than not)."""
         if self._schedule is not None:
-            last = max((self._position.get(int(g), -1) for g in groups), default=-1)
-            return self._schedule[last + 1 : last + 1 + AHEAD_MAX].tolist()
-        top = int(groups.max()) + 1
+            last = max((self._position.get(int(g), 0) for g in groups), default=0)
+            return self._schedule[last : last + AHEAD_MAX].tolist()
+        top = int(groups.max())
         return list(range(top, min(top + AHEAD_MAX, len(self.plan.row_groups))))
 
     def read_table(self, indices) -> pa.Table:

@@ -204,18 +204,32 @@ class RowGroupCache:
         for ahead, index in enumerate(self.upcoming):
             if ahead >= limit or self.running >= self.at_once:
                 break
+            if index in self.entries:
+                continue
+            if mean:
+                room = int((self.running + 1) * mean)
+                self._evict(keep=-1, room=room, behind_only=True)  # row groups read already
+                if self.held + room > self.cache_bytes:
+                    break  # it would only push out a row group decoded ahead, to be decoded again
             if index not in self.entries:
                 self._start(index)
 
-    def _evict(self, keep: int) -> None:
-        while self.held > self.cache_bytes and len(self.entries) > 1:
-            oldest = next(iter(self.entries))
-            if oldest == keep:
-                break
-            future = self.entries[oldest]
-            if not future.done():
-                break
-            del self.entries[oldest]
+    def _evict(self, keep: int, room: int = 0, behind_only: bool = False) -> None:
+        """Drop decoded row groups until the cache fits (with ``room`` bytes to spare), least
+        recently read first; those the sampler reads next (decoded ahead, not read yet) go
+        last, the furthest ahead first (never with ``behind_only``)."""
+        if self.held + room <= self.cache_bytes:
+            return
+        upcoming = set(self.upcoming)
+        behind = [i for i in self.entries if i not in upcoming]
+        ahead = [] if behind_only else [i for i in reversed(self.upcoming) if i in self.entries]
+        for index in behind + ahead:
+            if self.held + room <= self.cache_bytes or len(self.entries) <= 1:
+                return
+            future = self.entries[index]
+            if index == keep or not future.done():
+                continue
+            del self.entries[index]
             if future.exception() is None:
                 self.held -= future.result()[1]
 
