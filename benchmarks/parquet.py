@@ -298,6 +298,13 @@ def read_modes(args, path: Path) -> list:
                     f" {run['gbps']:6.2f} GB/s  {run['file_gbit']:6.1f} Gbps"
                     f" (resident {fmt(run['resident_before'], '.0%')})"
                 )
+    for at_once in (None, os.cpu_count()):  # ordered row groups (default) vs all threads' worth at once
+        warm_page_cache([path])
+        run = fastload_run(path, args, row_groups_at_once=at_once)
+        cells.append(
+            {"read_mode": "pyarrow", "arrow_threads": True, "cold": False, "at_once": at_once or "auto", **run}
+        )
+        log(f"  row groups at once {at_once or 'auto':<5} hot {run['gbps']:6.2f} GB/s  {run['file_gbit']:6.1f} Gbps")
     for cold in (False, True):  # the baseline on the same page cache
         drop_page_cache(path) if cold else warm_page_cache([path])
         resident = residency_of([path])

@@ -52,11 +52,17 @@ def tables(study: Study) -> list:
         out.append(f"skipped for --budget-s {study.args.budget_s:.0f}: " + ", ".join(study["skipped"]))
     if study["read_modes"]:
         rows = [
-            [c["read_mode"], c["arrow_threads"], "cold" if c["cold"] else "hot", fmt(c["resident_before"], ".0%")]
-            + [fmt(c["gbps"]), fmt(c["file_gbit"], ".1f")]
+            [
+                c["read_mode"],
+                c["arrow_threads"],
+                c.get("at_once", "-" if c["read_mode"] == "read_table" else "auto"),
+                "cold" if c["cold"] else "hot",
+            ]
+            + [fmt(c["resident_before"], ".0%"), fmt(c["gbps"]), fmt(c["file_gbit"], ".1f")]
             for c in study["read_modes"]
         ]
-        out.append(table(["read_mode", "arrow threads", "cache", "resident", "GB/s", "Gbps file"], rows, "read paths"))
+        heads = ["read_mode", "arrow threads", "row groups at once", "cache", "resident", "GB/s", "Gbps file"]
+        out.append(table(heads, rows, "read paths"))
     if study["grid"]:
         threads = sorted({c["threads"] for c in study["grid"]})
         groups = sorted({c["row_group_rows"] for c in study["grid"]})

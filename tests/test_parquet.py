@@ -367,6 +367,15 @@ def test_a_full_cache_drops_row_groups_already_read_before_those_decoded_ahead(t
     dataset.close()
 
 
+def test_row_groups_at_once_give_every_thread_column_chunks(tmp_path):
+    one = write(pa.table({"x": pa.array(np.arange(400))}), tmp_path / "one.parquet", row_group_size=100)
+    wide = write(pa.table({f"c{k}": pa.array(np.arange(400)) for k in range(8)}), tmp_path / "w.parquet")
+    assert ParquetDataset(one, threads=4)._reader().at_once == 4  # one column: a row group a thread
+    assert ParquetDataset(wide, threads=16)._reader().at_once == 4  # 8 columns: two chunks a thread
+    assert ParquetDataset(wide, threads=16, arrow_threads=False)._reader().at_once == 16
+    assert ParquetDataset(wide, threads=16, row_groups_at_once=1)._reader().at_once == 1
+
+
 def test_read_ahead_holds_at_most_half_the_cache(tmp_path):
     path = write(pa.table({"x": pa.array(np.arange(4000))}), tmp_path / "t.parquet", row_group_size=100)
     group_bytes = pq.read_table(path).slice(0, 100).nbytes

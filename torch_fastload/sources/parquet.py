@@ -52,13 +52,15 @@ class ParquetDataset(Dataset):
     """Rows of one or more Parquet files (a file, a list, a directory or a glob).
 
     ``columns``: the columns read (all by default). ``dictionary_columns``: string columns
-    delivered as codes + a per-batch dictionary. ``threads``: row groups decoded at once
-    (default: the CPU count). ``read_mode``: ``"pyarrow"`` (pyarrow reads the file) or
+    delivered as codes + a per-batch dictionary. ``threads``: decode threads (default: the
+    CPU count). ``read_mode``: ``"pyarrow"`` (pyarrow reads the file) or
     ``"pread"`` (one pread per row group, decoded from memory). ``cache_bytes``: decoded row
     groups kept (a shuffle window must fit; order rows with ``ParquetSampler``: a uniform
     shuffle such as ``shuffle=True`` touches every row group in every batch).
     ``arrow_threads``: each row group's columns are also decoded in parallel on pyarrow's CPU
     pool (small files have few row groups). Footers are read and checked here, once.
+    ``row_groups_at_once``: row groups decoding at the same time (default: enough to give
+    each thread about two column chunks, so they finish in the order they are read).
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class ParquetDataset(Dataset):
         read_mode: str = "pyarrow",
         cache_bytes: int = 1 << 30,
         arrow_threads: bool = True,
+        row_groups_at_once: int | None = None,
     ):
         if masks not in ("auto", "always", "never"):
             raise ValueError(f"masks must be 'auto', 'always' or 'never', got {masks!r}")
@@ -85,6 +88,7 @@ class ParquetDataset(Dataset):
         self.read_mode = read_mode
         self.cache_bytes = cache_bytes
         self.arrow_threads = arrow_threads
+        self.row_groups_at_once = row_groups_at_once
         self._cache: RowGroupCache | None = None
         self._schedule: np.ndarray | None = None  # row groups in the order the sampler reads them
         self._position: dict = {}
@@ -131,7 +135,9 @@ class ParquetDataset(Dataset):
 
     def _reader(self) -> RowGroupCache:
         if self._cache is None:
-            self._cache = RowGroupCache(self.plan, self.threads, self.read_mode, self.cache_bytes, self.arrow_threads)
+            self._cache = RowGroupCache(
+                self.plan, self.threads, self.read_mode, self.cache_bytes, self.arrow_threads, self.row_groups_at_once
+            )
         return self._cache
 
     def _ahead(self, groups: np.ndarray) -> list:

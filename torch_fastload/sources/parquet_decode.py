@@ -70,7 +70,15 @@ class RowGroupCache:
     """Decoded row groups (``pa.Table`` of the selected columns) by plan index, LRU-bounded by
     bytes; a row group asked for while it decodes is waited for, not decoded twice."""
 
-    def __init__(self, plan: ParquetPlan, threads: int, read_mode: str, cache_bytes: int, arrow_threads: bool = True):
+    def __init__(
+        self,
+        plan: ParquetPlan,
+        threads: int,
+        read_mode: str,
+        cache_bytes: int,
+        arrow_threads: bool = True,
+        at_once: int | None = None,
+    ):
         if read_mode not in READ_MODES:
             raise ValueError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
         self.plan = plan
@@ -88,7 +96,7 @@ class RowGroupCache:
         # enough row groups at once that every thread has about two column chunks, and no more:
         # with pyarrow's column threads on, row groups then finish in the order they are read
         self.at_once = max(2, -(-2 * self.threads // leaves)) if arrow_threads else self.threads
-        self.at_once = min(self.at_once, self.threads)
+        self.at_once = min(at_once or self.at_once, self.threads)
         self.lock = threading.RLock()  # a decode that is already done runs its callback at once
         self.local = threading.local()
         self.pool: ThreadPoolExecutor | None = None
