@@ -540,6 +540,32 @@ def test_corrupt_page_fails_its_own_batch_naming_row_group_and_column(tmp_path, 
     assert "row group 4" in str(info.value) and "'b'" in str(info.value)
 
 
+def test_a_row_group_that_fails_ahead_is_not_decoded_again_until_its_batch(tmp_path):
+    table = pa.table({"a": pa.array(np.arange(1000)), "b": pa.array([f"s{i}" for i in range(1000)])})
+    path = write(table, tmp_path / "t.parquet", compression="none", row_group_size=100)
+    _corrupt_page(path, "b", 2)
+    dataset = ParquetDataset(path, threads=2)
+    cache = dataset._reader()
+    tries: dict = {}
+    decode = cache._decode
+
+    def counted(index):
+        tries[index] = tries.get(index, 0) + 1
+        return decode(index)
+
+    cache._decode = counted
+    for k in range(2):
+        assert torch.equal(
+            dataset.__fastload_batch__(np.arange(k * 100, (k + 1) * 100))["a"], torch.arange(k * 100, (k + 1) * 100)
+        )
+        _settled(cache)
+    assert tries[2] == 1 and max(tries) > 2  # tried once ahead; the read-ahead went on past it
+    with pytest.raises(ParquetDecodeError) as info:
+        dataset.__fastload_batch__(np.arange(200, 300))
+    assert info.value.row_group == 2 and tries[2] == 2  # its own batch tries again and raises
+    dataset.close()
+
+
 def test_file_rewritten_after_open_is_a_typed_batch_error(tmp_path):
     path = write(every_type(300), tmp_path / "t.parquet")
     dataset = ParquetDataset(path)

@@ -92,6 +92,7 @@ class RowGroupCache:
         self.running = 0  # decodes submitted and not finished
         self.decoded = [0, 0]  # row groups decoded, their bytes: the read-ahead's size estimate
         self.upcoming: list = []  # the row groups the sampler reads next, in order
+        self.failed: set = set()  # row groups whose decode raised: retried only by their batch
         leaves = max(1, sum(len(plan.leaves[0][name]) for name in self.names)) if plan.leaves else 1
         # enough row groups at once that every thread has about two column chunks, and no more:
         # with pyarrow's column threads on, row groups then finish in the order they are read
@@ -193,6 +194,7 @@ class RowGroupCache:
             if future.cancelled() or future.exception() is not None:
                 if self.entries.get(index) is future:
                     del self.entries[index]  # an error is raised to its batch, then retried
+                self.failed.add(index)
                 return
             nbytes = future.result()[1]
             self.held += nbytes
@@ -212,7 +214,7 @@ class RowGroupCache:
         for ahead, index in enumerate(self.upcoming):
             if ahead >= limit or self.running >= self.at_once:
                 break
-            if index in self.entries:
+            if index in self.entries or index in self.failed:
                 continue
             if mean:
                 room = int((self.running + 1) * mean)
