@@ -197,6 +197,7 @@ class RowGroupCache:
                 self.failed.add(index)
                 return
             nbytes = future.result()[1]
+            self.failed.discard(index)  # its batch tried again, and it decoded this time
             self.held += nbytes
             self.decoded[0] += 1
             self.decoded[1] += nbytes
@@ -274,6 +275,7 @@ class RowGroupCache:
             self.entries.clear()
             self.held = 0
             self.upcoming = []
+            self.failed = set()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         if gather is not None:
