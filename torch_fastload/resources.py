@@ -2,7 +2,7 @@
 
 Each iterator's pipeline is handed the loader's ``LoaderResources``: the copy engine (the
 loader's CUDA stream), the staging copier (memcpy threads), the pinned slot pool, the file
-readers (``io.py``) and the statistics. Building them once matters: pinning memory costs
+readers (``readers.py``) and the statistics. Building them once matters: pinning memory costs
 ~1 GB/s when allocated fresh, so the pool is allocated once, sized by the first batch (or a
 source's bound), and only re-made when a batch outgrows it (``oversize='grow'``).
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import config
+from . import config, readers
 from . import io as fio
 from .errors import BatchTooLargeError, PoolError
 from .pool import PinnedPool
@@ -66,8 +66,8 @@ class LoaderResources:
         self._copier: ParallelCopier | None = None
         self._pool: PinnedPool | None = None
         self._io_path: fio.IoPath | None = None
-        self._file_reader: fio.Reader | None = None
-        self._slot_reader: fio.Reader | None = None
+        self._file_reader: readers.Reader | None = None
+        self._slot_reader: readers.Reader | None = None
         self._registered: dict = {}  # data_ptr -> (bytes, the tensor, kept alive while registered)
 
     @property
@@ -104,16 +104,16 @@ class LoaderResources:
             )
         return self._io_path
 
-    def file_reader(self) -> fio.Reader:
+    def file_reader(self) -> readers.Reader:
         """The reader of ``io``: file fields into the slot, or straight into device memory."""
         with self._lock:
             if self._file_reader is None:
                 path = self._io_locked()
-                self._file_reader = fio.make_reader(path)
+                self._file_reader = readers.make_reader(path)
                 self.stats.set_io(str(path))
             return self._file_reader
 
-    def slot_reader(self) -> fio.Reader:
+    def slot_reader(self) -> readers.Reader:
         """A reader into host slots, for sources that finish batches themselves (image decode
         reads the encoded bytes on the host: nvJPEG takes host bitstreams)."""
         with self._lock:
@@ -123,7 +123,7 @@ class LoaderResources:
                 path = fio.select(mode, "cpu", s.o_direct, s.io_threads, s.io_task_size, 0, remote=s.remote)
                 why = f"{path.why}; the source decodes from host memory (nvJPEG takes host bitstreams)"
                 path = dataclasses.replace(path, why=why)
-                self._slot_reader = fio.make_reader(path)
+                self._slot_reader = readers.make_reader(path)
                 self.stats.set_io(str(path))
             return self._slot_reader
 

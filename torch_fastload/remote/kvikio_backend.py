@@ -87,11 +87,11 @@ class KvikioRemote:
         )
 
     def read(self, host: np.ndarray, objects, file_index, offsets, lengths, dst_offsets) -> None:
-        from .. import io
+        from .. import readers
 
         futures, error = [], None
         try:
-            for fi, off, n, at in zip(*io.coalesce(file_index, offsets, lengths, dst_offsets)):
+            for fi, off, n, at in zip(*readers.coalesce(file_index, offsets, lengths, dst_offsets)):
                 view = host[at : at + n]
                 futures.append((objects[fi], int(n), self._file(objects[fi]).pread(view, int(n), int(off))))
         except Exception as exc:

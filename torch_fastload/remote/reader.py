@@ -195,9 +195,9 @@ class RemoteReader:
         if self._kvikio is not None and priority == BATCH:
             self._kvikio.read(host, objects, file_index, offsets, lengths, dst_offsets)
             return
-        from .. import io  # io imports this package
+        from .. import readers  # readers imports this package
 
-        ranges = io.coalesce(file_index, offsets, lengths, dst_offsets)
+        ranges = readers.coalesce(file_index, offsets, lengths, dst_offsets)
         locs = [parse(o.url) for o in objects]
         futures = []
         try:
