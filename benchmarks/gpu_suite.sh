@@ -17,7 +17,8 @@
 # default 540 s, is skipped and says so): build 0 (built) to 60; pinned 40; overlap 60; bench 45;
 # files 150 (writes 7 GiB once); features 40; images 90 (writes 11k JPEGs once); train 120 (four
 # fresh example processes); ddp 30 (writes 4 GiB once). About 9 min in all.
-# kvikio is not on the GPU machine: carry its wheels (../shared/scripts/gpu-wheels.sh) in .whl/.
+# kvikio is not on an offline GPU machine: download its wheels elsewhere (pip download kvikio-cu13
+# libkvikio-cu13 rapids-logger --python-version 3.12 --only-binary=:all: -d .whl) and carry .whl/.
 set -uo pipefail
 mode=${1:-full}
 parts=${2:-all}
