@@ -421,10 +421,8 @@ def test_killed_overwrite_leaves_the_old_pack(tmp_path):
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
 def test_overwrite_replaces_the_pack_and_keeps_other_entries(tmp_path, monkeypatch, exchange):
-    from torch_fastload import packing
-
     if not exchange:
-        monkeypatch.setattr(packing, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(fileio, "exchange_paths", lambda a, b: False)
     root = tmp_path / "pack"
     old_pack(root)
     (root / "NOTES.md").write_text("kept")

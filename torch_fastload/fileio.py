@@ -12,13 +12,17 @@ the ``next()`` whose batch read it, never rows of another file.
 
 Writers (``pack``, benchmark JSON) create their temporary files with ``mkstemp`` in the target
 directory and rename them into place (``write_atomic``): a symlink planted at a predictable
-name never redirects the write.
+name never redirects the write. Whole directories built beside their target (a pack, the sample
+image set) replace it with ``replace_dir``; ``process_alive`` tells the staging leftovers of a
+killed process from those of a live one.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import shutil
 import socket
 import stat
 import tempfile
@@ -38,6 +42,9 @@ __all__ = [
     "check_pins",
     "crc32",
     "write_atomic",
+    "replace_dir",
+    "exchange_paths",
+    "process_alive",
 ]
 
 
@@ -184,3 +191,44 @@ def write_atomic(path, write, mode: str = "w") -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def replace_dir(new: str, target: str, aside_prefix: str) -> None:
+    """Put the finished directory ``new`` where the existing ``target`` is: the two are exchanged
+    in one step where the kernel can (``exchange_paths``), else ``target`` is first moved into a
+    private directory (``mkdtemp(prefix=aside_prefix)`` beside it); the old one is removed last,
+    so a killed process never leaves ``target`` missing or half written."""
+    if exchange_paths(new, target):
+        shutil.rmtree(new, ignore_errors=True)  # now the old one
+        return
+    old = tempfile.mkdtemp(prefix=aside_prefix, dir=os.path.dirname(os.path.abspath(target)))
+    os.rename(target, os.path.join(old, "previous"))
+    os.rename(new, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def exchange_paths(a: str, b: str) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.ENOTSUP):
+        return False  # the file system (or the kernel) cannot exchange: the two-rename fallback
+    raise OSError(err, os.strerror(err), b)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

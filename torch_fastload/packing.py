@@ -15,7 +15,6 @@ its hidden ``.<name>.packing-*`` directory behind, never a half-written pack at 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import errno
 import json
 import os
@@ -169,29 +168,7 @@ def _move_into_place(building: str, out_dir: str, overwrite: bool) -> None:
     for name in os.listdir(out_dir):
         if not _is_pack_file(name):
             os.rename(os.path.join(out_dir, name), os.path.join(building, name))
-    if _exchange(building, out_dir):
-        shutil.rmtree(building, ignore_errors=True)  # now the old pack
-        return
-    old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=os.path.dirname(out_dir))
-    os.rename(out_dir, os.path.join(old, "pack"))
-    os.rename(building, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.ENOTSUP):
-        return False  # the file system (or the kernel) cannot exchange: the two-rename fallback
-    raise OSError(err, os.strerror(err), b)
+    fileio.replace_dir(building, out_dir, aside_prefix=f".{os.path.basename(out_dir)}.old-")
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import fileio
 from .client import count
 
 __all__ = ["ShardCache", "cache_for"]
@@ -42,16 +43,6 @@ def cache_for(directory: str, limit: int) -> ShardCache:
         if cache is None:
             cache = _caches[key] = ShardCache(*key)
         return cache
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ShardCache:
@@ -149,7 +140,7 @@ class ShardCache:
         with os.scandir(self.directory) as it:
             for entry in it:
                 match = _PARTIAL.fullmatch(entry.name)
-                if match and not _alive(int(match.group(1))):
+                if match and not fileio.process_alive(int(match.group(1))):
                     try:
                         os.unlink(entry.path)
                     except OSError:

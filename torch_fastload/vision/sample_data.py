@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .. import fileio
+
 __all__ = ["make_image_folder", "PHOTOS"]
 
 PHOTOS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "photos")
@@ -174,29 +176,16 @@ def _remove_abandoned(parent: str, name: str) -> None:
         if not entry.startswith(prefix):
             continue
         pid = entry[len(prefix) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not fileio.process_alive(int(pid)):
             shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _swap_into_place(staging: str, root: str) -> None:
     """Rename the finished folder to ``root``; an earlier folder there is moved aside, then removed."""
-    old = None
     if os.path.exists(root):
-        old = tempfile.mkdtemp(prefix=_staging_prefix(root) + f"{os.getpid()}-old-", dir=os.path.dirname(root))
-        os.rename(root, os.path.join(old, "previous"))
-    os.rename(staging, root)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        fileio.replace_dir(staging, root, aside_prefix=_staging_prefix(root) + f"{os.getpid()}-old-")
+    else:
+        os.rename(staging, root)  # raises where another process put its set there meanwhile
 
 
 def _generate(
