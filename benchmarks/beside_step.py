@@ -206,13 +206,37 @@ def loader_rate(make, batches: int) -> float:
     return batches / (time.perf_counter() - started)
 
 
+LINK_ONLY = "raw pinned H2D of a batch beside (no loader)"
+
+
+def _link_busy_batches(resident, args, device):
+    """Ready device-resident batches, each handed out with a pinned copy of one batch enqueued
+    on a side stream: the link's own cost to the launching thread (the baseline a loader can at
+    best match, as it moves the same bytes)."""
+    batch_bytes = args.batch_size * args.row_kib * 1024
+    src = torch.empty(batch_bytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(batch_bytes, dtype=torch.uint8, device=device)
+    side = torch.cuda.Stream(device)
+    done = None
+    for i in range(10**9):
+        if done is not None:
+            done.synchronize()  # one copy in flight, as a loader keeps the link busy, not queued deep
+        with torch.cuda.stream(side):
+            dst.copy_(src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+        yield resident[i % len(resident)]
+
+
 def study_launches(data, args, device) -> dict:
     """For each loader: K launches a batch, K such that the launches take as long as the loader
     needs per batch at its full rate; the thread's launch rate beside the loader over its rate
     with the same K taking ready device-resident batches (the baseline, measured alternately)."""
     resident = [data["tensor"][i * args.batch_size : (i + 1) * args.batch_size].to(device) for i in range(4)]
     out = {"alone": {}, "beside": {}, "ratio": {}, "kernels_per_batch": {}, "next_ms": {}}
-    for name, make in selected(feeds(data, args.batch_size, device), args.only).items():
+    candidates = {LINK_ONLY: lambda: _link_busy_batches(resident, args, device)}
+    candidates.update(selected(feeds(data, args.batch_size, device), args.only))
+    for name, make in candidates.items():
         rate = loader_rate(make, max(20, args.steps // 2))
         kernels = max(1, round(launches_per_second(2000, 10, device)[0] / rate))
         alone, beside, waits = [], [], []
@@ -259,9 +283,14 @@ def main(argv=None) -> int:
         if name != "device-resident":
             study.figure(f"gemm_step_vs_resident:{name}", ratio)
             study.verdict(f"GEMM step fed by {name} <= 1.05x device-resident", ratio <= 1.05, f"{ratio:.3f}x")
+    link = launches["ratio"].get(LINK_ONLY)
     for name, ratio in launches["ratio"].items():
         study.figure(f"launch_rate_vs_alone:{name}", ratio)
+        if name == LINK_ONLY:
+            continue
         study.verdict(f"launch-bound thread beside {name} >= 0.95x alone", ratio >= 0.95, f"{ratio:.3f}x")
+        if link:
+            study.figure(f"launch_rate_vs_link_only:{name}", ratio / link)
     return study.finish(gemm_table(gemm), launch_table(launches), plot=plot)
 
 

@@ -78,6 +78,24 @@ void bind_native_loop(py::module_& m) {
           py::arg("home") = 0,
           "Register a batch; returns [output bytes, (offset, bytes) per field...] or [-1] (take() raises\n"
           "why). With out_bytes >= 0 it also starts into `out` (a layout known from row_layout).")
+      .def(
+          "submit_fields",
+          [](tfl::NativeLoop& loop, int64_t position, const I64Array& indices, const I64Array& outs,
+             const I64Array& capacities, uint64_t home) {
+            std::vector<int64_t> v = to_vector(indices, "indices");
+            return loop.submit_fields(position, std::move(v), to_vector(outs, "outs"),
+                                      to_vector(capacities, "capacities"), home);
+          },
+          py::arg("position"), py::arg("indices"), py::arg("outs"), py::arg("capacities"), py::arg("home") = 0,
+          "submit() and start into one buffer per output field (addresses `outs`, sizes `capacities`).")
+      .def(
+          "start_fields",
+          [](tfl::NativeLoop& loop, int64_t position, const I64Array& outs, const I64Array& capacities,
+             uint64_t home) {
+            loop.start_fields(position, to_vector(outs, "outs"), to_vector(capacities, "capacities"), home);
+          },
+          py::arg("position"), py::arg("outs"), py::arg("capacities"), py::arg("home") = 0,
+          "start() with one buffer per output field.")
       .def("row_layout", &tfl::NativeLoop::row_layout, py::arg("n"),
            "The layout of any batch of n samples (fields of fixed-size rows only).")
       .def("start", &tfl::NativeLoop::start, py::arg("position"), py::arg("out"), py::arg("out_bytes"),

@@ -139,6 +139,14 @@ std::vector<int64_t> NativeLoop::submit(int64_t position, std::vector<int64_t> i
   return layout;
 }
 
+std::vector<int64_t> NativeLoop::submit_fields(int64_t position, std::vector<int64_t> indices,
+                                               const std::vector<int64_t>& outs, const std::vector<int64_t>& capacities,
+                                               uintptr_t home) {
+  std::vector<int64_t> layout = submit(position, std::move(indices));
+  if (layout[0] >= 0) start_fields(position, outs, capacities, home);
+  return layout;
+}
+
 std::vector<int64_t> NativeLoop::row_layout(int64_t n) const {
   for (const LoopField& f : cfg_.fields)
     if (f.kind == LoopField::kRecords) throw Error(Error::kInvalid, "records have no layout before their indices");
@@ -148,19 +156,60 @@ std::vector<int64_t> NativeLoop::row_layout(int64_t n) const {
 void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes, uintptr_t home) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = jobs_.find(position);
-    if (it == jobs_.end() || it->second.started || it->second.done)
-      throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was not submitted or already started");
-    Job& job = it->second;
+    Job& job = startable(position);
     if (out_bytes < job.layout[0] || (out == 0 && job.layout[0] > 0))
       throw Error(Error::kInvalid, "the output buffer of batch " + std::to_string(position) + " holds " +
                                        std::to_string(out_bytes) + " bytes, the batch needs " +
                                        std::to_string(job.layout[0]));
-    job.out = out, job.out_bytes = out_bytes, job.home = home, job.started = true;
-    queue_.push_back(position);
-    if (idle_workers_ == 0) return;  // a busy worker takes it from the queue next
+    job.at.assign(job.layout.size() / 2, 0);
+    for (size_t o = 0; o < job.at.size(); ++o) job.at[o] = job.layout[1 + 2 * o];
+    job.out = out, job.out_bytes = out_bytes;
+    if (!enqueue(job, home)) return;
   }
   work_cv_.notify_one();
+}
+
+void NativeLoop::start_fields(int64_t position, const std::vector<int64_t>& outs,
+                              const std::vector<int64_t>& capacities, uintptr_t home) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Job& job = startable(position);
+    const size_t fields = job.layout.size() / 2;
+    if (outs.size() != fields || capacities.size() != fields)
+      throw Error(Error::kInvalid, "batch " + std::to_string(position) + " has " + std::to_string(fields) +
+                                       " output fields, got " + std::to_string(outs.size()) + " buffers");
+    // The read paths address one span: its base is the lowest buffer, each field an offset in it.
+    int64_t low = -1, high = 0;
+    for (size_t o = 0; o < fields; ++o) {
+      const int64_t bytes = job.layout[2 + 2 * o];
+      if (capacities[o] < bytes || (outs[o] == 0 && bytes > 0))
+        throw Error(Error::kInvalid, "output field " + std::to_string(o) + " of batch " + std::to_string(position) +
+                                         " holds " + std::to_string(capacities[o]) + " bytes, it needs " +
+                                         std::to_string(bytes));
+      if (bytes == 0) continue;
+      low = low < 0 ? outs[o] : std::min(low, outs[o]);
+      high = std::max(high, outs[o] + bytes);
+    }
+    if (low < 0) low = high = 0;
+    job.at.assign(fields, 0);
+    for (size_t o = 0; o < fields; ++o) job.at[o] = job.layout[2 + 2 * o] > 0 ? outs[o] - low : 0;
+    job.out = static_cast<uintptr_t>(low), job.out_bytes = high - low;
+    if (!enqueue(job, home)) return;
+  }
+  work_cv_.notify_one();
+}
+
+NativeLoop::Job& NativeLoop::startable(int64_t position) {  // under mu_
+  auto it = jobs_.find(position);
+  if (it == jobs_.end() || it->second.started || it->second.done)
+    throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was not submitted or already started");
+  return it->second;
+}
+
+bool NativeLoop::enqueue(Job& job, uintptr_t home) {  // under mu_; true if a worker needs a notify
+  job.home = home, job.started = true;
+  queue_.push_back(job.position);
+  return idle_workers_ > 0;  // a busy worker takes it from the queue next
 }
 
 // -- workers -------------------------------------------------------------------------------
@@ -210,6 +259,7 @@ void NativeLoop::run(Job& job) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.batches += 1;
   stats_.samples += static_cast<int64_t>(job.indices.size());
+  if (cfg_.cuda) harvest_timings(false);  // here, not in take(): the consumer's thread makes no extra calls
 }
 
 int64_t NativeLoop::gather_rows(const LoopField& f, const std::vector<int64_t>& indices, char* dst) const {
@@ -235,7 +285,7 @@ NativeLoop::Ranges NativeLoop::file_ranges(const Job& job) const {
   Ranges r;
   size_t o = 0;  // output field
   for (const LoopField& f : cfg_.fields) {
-    const int64_t at = job.layout[1 + 2 * o++];
+    const int64_t at = job.at[o++];
     if (f.kind == LoopField::kFileRows) {
       for (size_t k = 0; k < job.indices.size(); ++k) {
         r.file_index.push_back(f.file);
@@ -275,9 +325,9 @@ void NativeLoop::run_host(Job& job) {
   int64_t memory = 0;
   size_t o = 0;  // output field
   for (const LoopField& f : cfg_.fields) {
-    const int64_t at = job.layout[1 + 2 * o++];
+    const int64_t at = job.at[o++];
     if (f.kind == LoopField::kMemoryRows) memory += gather_rows(f, job.indices, out + at);
-    if (f.kind == LoopField::kRecords) record_offsets(f, job.indices, out + job.layout[1 + 2 * o++]);
+    if (f.kind == LoopField::kRecords) record_offsets(f, job.indices, out + job.at[o++]);
   }
   const double staged = since(t0);
   Ranges r = file_ranges(job);
@@ -323,10 +373,10 @@ void NativeLoop::run_cuda(Job& job) {
   int64_t host_bytes = 0;
   size_t o = 0;  // output field
   for (const LoopField& f : cfg_.fields) {
-    const int64_t at = job.layout[1 + 2 * o], bytes = job.layout[2 + 2 * o];
+    const int64_t at = job.at[o], bytes = job.layout[2 + 2 * o];
     ++o;
     if (f.kind == LoopField::kRecords) {  // its slab comes from files, its offsets from here
-      const int64_t offsets_at = job.layout[1 + 2 * o], offsets_bytes = job.layout[2 + 2 * o];
+      const int64_t offsets_at = job.at[o], offsets_bytes = job.layout[2 + 2 * o];
       ++o;
       host_bytes = align_up(host_bytes, kAlign);
       parts.push_back({host_bytes, offsets_at, offsets_bytes});
@@ -425,7 +475,7 @@ int64_t NativeLoop::copy_registered_rows(const Job& job) {
   std::vector<size_t> sizes;
   size_t o = 0;
   for (const LoopField& f : cfg_.fields) {
-    const int64_t at = job.layout[1 + 2 * o];
+    const int64_t at = job.at[o];
     o += f.kind == LoopField::kRecords ? 2 : 1;
     if (f.kind != LoopField::kMemoryRows || !f.dma) continue;
     for (size_t k = 0; k < job.indices.size(); ++k) {
@@ -550,7 +600,6 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
   std::lock_guard<std::mutex> lock(mu_);
   recycle(job.ready, false);
   timings_.emplace_back(job.timing_start, job.timing_end);
-  harvest_timings(false);
   return true;
 }
 

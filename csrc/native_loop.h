@@ -100,6 +100,13 @@ class NativeLoop {
   // caller allocated on `home` (the consumer's stream, a CUstream; the copies first wait for
   // that stream's work up to now, so a block it freed is not written early), or host memory.
   void start(int64_t position, uintptr_t out, int64_t out_bytes, uintptr_t home);
+  // As start(), with one buffer per output field (outs[k] holding capacities[k] bytes, each
+  // allocated on `home`): the fields become independent tensors with no views to build.
+  void start_fields(int64_t position, const std::vector<int64_t>& outs, const std::vector<int64_t>& capacities,
+                    uintptr_t home);
+  // submit() then start_fields() where the indices were valid.
+  std::vector<int64_t> submit_fields(int64_t position, std::vector<int64_t> indices, const std::vector<int64_t>& outs,
+                                     const std::vector<int64_t>& capacities, uintptr_t home);
   // Waits up to timeout_s for batch `position`; false if it is not staged by then. Else hands
   // it over: `consumer` (a CUstream) waits on its copies, unless they already completed (then
   // no stream call is made: one blocks while the stream's queue is full), and forgets it;
@@ -118,8 +125,9 @@ class NativeLoop {
     int64_t position = 0;
     std::vector<int64_t> indices;
     std::vector<int64_t> layout;  // layout_of: [total, (offset, bytes) per output field]
-    uintptr_t out = 0;
+    uintptr_t out = 0;       // the span the output fields lie in (one buffer, or the lowest of several)
     int64_t out_bytes = 0;
+    std::vector<int64_t> at;  // each output field's offset from `out`
     uintptr_t home = 0;  // the stream `out` was allocated on
     bool started = false, done = false;
     std::exception_ptr error;
@@ -135,6 +143,8 @@ class NativeLoop {
   struct Ranges;  // a batch's file ranges (native_loop.cpp)
 
   std::vector<int64_t> layout_of(const std::vector<int64_t>& indices) const;
+  Job& startable(int64_t position);
+  bool enqueue(Job& job, uintptr_t home);
   void worker_loop();
   void run(Job& job);
   void run_host(Job& job);

@@ -296,3 +296,52 @@ def test_every_sample_exactly_once_in_order_when_batches_finish_out_of_order(pre
         if i == 5:
             break
     assert sorted(torch.cat([b[0] for b in loader]).tolist()) == list(range(600))
+
+
+def test_each_field_of_a_batch_is_its_own_tensor():
+    """torch's collate gives independent tensors: keeping the labels must not keep the images'
+    memory alive (the loop used to hand out views of one buffer)."""
+    data = TensorDataset(torch.randn(40, 3, 8), torch.arange(40))
+    x, y = next(iter(DataLoader(data, batch_size=8, device="cpu")))
+    assert x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+    assert x.untyped_storage().nbytes() == x.nbytes and y.untyped_storage().nbytes() == y.nbytes
+
+
+def test_loop_checks_each_field_buffer():
+    from torch_fastload import _C
+
+    values = torch.arange(10, dtype=torch.int64)
+    loop = _C.NativeLoop(
+        [
+            (0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False),
+            (0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False),
+        ],
+        [],
+        False,
+        0,
+        0,
+        0,
+        0,
+        1,
+        1,
+        1,
+        1 << 20,
+        False,
+        False,
+        None,
+        0,
+        1 << 16,
+        1,
+    )
+    a, b = torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="output field 1 of batch 0 holds 16 bytes, it needs 24"):
+        loop.submit_fields(0, np.array([1, 2, 3]), [a.data_ptr(), b.data_ptr()], [24, 16])
+    with pytest.raises(ValueError, match="has 2 output fields, got 1 buffers"):
+        loop.start_fields(0, [a.data_ptr()], [24])
+    loop.start_fields(0, [b.data_ptr(), a.data_ptr()], [24, 24])  # any order in memory
+    assert loop.take(0, 0, 5.0)
+    assert a.tolist() == [1, 2, 3] and b.tolist() == [1, 2, 3]
+    assert loop.submit_fields(1, [4, 11], [a.data_ptr(), b.data_ptr()], [24, 24]) == [-1]
+    with pytest.raises(IndexError, match="index 11 is out"):
+        loop.take(1, 0, 0.0)
+    assert loop.stop(1.0, True)

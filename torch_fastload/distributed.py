@@ -20,6 +20,8 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler
 from torch.utils.data.distributed import DistributedSampler  # re-exported: the loader resumes it
 
+from .sampling import OrderBatches
+
 __all__ = ["DistributedSampler", "shard_indices", "world"]
 
 
@@ -78,23 +80,13 @@ def shard_indices(
     return _shard(length, num_replicas, rank, seed, epoch, shuffle, drop_last, start).tolist()
 
 
-class ShardBatches:
+class ShardBatches(OrderBatches):
     """``BatchSampler(DistributedSampler)``'s batches, sliced lazily from one tensor: the
     epoch's first batch costs a ``randperm``, not the Python list of the whole epoch that
     the sampler builds first (~1.5 ms an epoch edge at 44k samples on the GPU machine)."""
 
     def __init__(self, indices: torch.Tensor, batch_size: int, drop_last: bool):
-        self.indices = indices
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-
-    def __len__(self) -> int:
-        n = self.indices.numel()
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def __iter__(self):
-        for position in range(0, len(self) * self.batch_size, self.batch_size):
-            yield self.indices[position : position + self.batch_size].tolist()
+        super().__init__(indices, indices.numel(), batch_size, drop_last)
 
 
 def sampler_batches(

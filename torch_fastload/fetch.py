@@ -39,6 +39,7 @@ import torch.utils.data as tud
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind, _SingleProcessDataLoaderIter
 
 from .resume import BatchKey, EpochProgress, _KeyScope
+from .sampling import OrderPass
 from .sources.protocol import SourceHooks, hooks_of
 from .staging import deferred_collate, gather_rows
 
@@ -341,7 +342,15 @@ class Fetcher:
 
 def _first_pulled(indices):
     """``indices`` with the first item already drawn (on the calling thread: see NOTE [determinism]).
-    A sampler that raises is raised by the first ``next()``, as torch does."""
+    A sampler that raises is raised by the first ``next()``, as torch does. A pass of batches
+    drawn in bulk (``sampling.OrderPass``) makes its draws instead, and stays itself (the native
+    loop reads it as arrays)."""
+    if isinstance(indices, OrderPass):
+        try:
+            indices.draw()
+        except Exception as exc:
+            return _raising(exc)
+        return indices
     try:
         first = next(indices)
     except StopIteration:

@@ -6,10 +6,11 @@ every one of those GIL holds delays the step. Where a loader's batches are plann
 ``TensorDataset`` with the default collate, or a source with ``__fastload_native__``:
 ``ArrayDataset``, ``RecordDataset``), an iterator runs on ``_C.NativeLoop`` instead:
 
-- ``next()`` on the training thread pulls the next batch's indices from the sampler, allocates
-  its output on the loader's copy stream and submits it (a few microseconds), then takes the
-  oldest batch: the consumer's stream waits on its copies' event, and views of the output
-  buffer become the batch;
+- ``next()`` on the training thread takes the oldest batch (the consumer's stream waits on its
+  copies' event; its output tensors, one per field, become the batch), then pulls the next
+  batch's indices (an int64 slice of the epoch's order where torch's sampler is drawn in bulk,
+  ``sampling.py``), allocates its output tensors on the consumer's stream and submits them in
+  one call: ~70 us of host time a batch inside a real training loop on the H200 host;
 - the loop's C++ workers validate the indices, gather in-memory rows into a pinned slot, read
   file rows and records through the pinned ring or straight out of registered page cache, enqueue
   the H2D copies and record the batch's event, all without the GIL.
@@ -39,6 +40,7 @@ from .remote.epoch import CACHE_PATH_NOTE, local_paths
 from .remote.url import is_url
 from .resources import LoaderResources
 from .resume import EpochProgress
+from .sampling import OrderPass
 from .sources.protocol import FileRows, MemoryRows, NativeLayout, Records, SourceHooks
 
 __all__ = ["native_layout", "NativePipeline"]
@@ -126,7 +128,7 @@ class _Batch:
     number: int
     samples: int
     layout: list
-    out: torch.Tensor | None
+    out: list | None  # one tensor per output field
     home: int | None = None  # the stream ``out`` was allocated on
     indices: Any = None  # the samples (which of many pinned shards the batch read)
 
@@ -163,8 +165,8 @@ class NativePipeline:
         self._exhausted = False
         self._fatal = None
         self._synced: dict = {}
-        self._row_layouts: dict | None = None  # batch size -> layout, where it does not depend on indices
-        self._view_plans: dict = {}  # batch size -> _view_plan, for the same fixed-size rows
+        self._plans: dict | None = None  # batch size -> (layout, output plan), where indices do not change it
+        self._requested = False
         self._device_index = (
             (self.device.index if self.device.index is not None else torch.cuda.current_device()) if self.cuda else 0
         )
@@ -201,7 +203,8 @@ class NativePipeline:
         )
         self._map_files(resources)
         if not records:
-            self._row_layouts = {}
+            self._plans = {}
+        self._index_arrays = _index_arrays(source)
         self.stats.path = f"native loop -> {self.device}"
         if io is not None and resources.settings.remote:  # every URL is read from its cache entry
             self.stats.path += " (remote objects from the shard cache)"
@@ -286,13 +289,13 @@ class NativePipeline:
 
     # -- the training thread's side -----------------------------------------------------------
     def _fill(self, stream: int = 0) -> None:
-        """Submit batches until ``depth`` are in flight: indices from the sampler and an output
-        on ``stream`` (the training loop's, as ``.to(device, non_blocking=True)`` would allocate
-        it, so handing it over needs no record_stream; the loop's copies first wait for that
-        stream's work up to the allocation)."""
+        """Submit batches until ``depth`` are in flight: indices from the sampler and one output
+        tensor per field on ``stream`` (the training loop's, as ``.to(device, non_blocking=True)``
+        would allocate it, so handing it over needs no record_stream; the loop's copies first
+        wait for that stream's work up to the allocation)."""
         while not self._exhausted and self._fatal is None and len(self._inflight) < self.depth:
             try:
-                indices = self.source._next_index()
+                indices = next(self._index_arrays) if self._index_arrays is not None else self.source._next_index()
             except StopIteration:
                 self._exhausted = True
                 return
@@ -301,29 +304,51 @@ class NativePipeline:
                 return
             position, self._next_position = self._next_position, self._next_position + 1
             number = self.progress.next_number()
-            known = self._row_layouts.get(len(indices)) if self._row_layouts is not None else None
-            if known is None and self._row_layouts is not None:
-                known = self._row_layouts[len(indices)] = self.loop.row_layout(len(indices))
-            out = None
-            if known is not None:  # allocate first, submit and start in one call
-                out = self._allocate(known[0])
-                layout = self.loop.submit(position, indices, out.data_ptr() if known[0] else 0, known[0], stream)
-            else:  # records: the size depends on the indices
+            n = len(indices)
+            plan = self._plans.get(n) if self._plans is not None else None
+            if plan is None and self._plans is not None:  # fixed-size rows: one plan per batch size
+                layout = self.loop.row_layout(n)
+                plan = self._plans[n] = (layout, self._output_plan(n, layout))
+            if plan is not None:  # allocate first, submit and start in one call
+                layout, shapes = plan
+                outs = self._allocate(shapes)
+                got = self.loop.submit_fields(position, indices, [t.data_ptr() for t in outs], shapes[1], stream)
+                if got[0] < 0:
+                    layout, outs = got, None
+            else:  # records: the sizes depend on the indices
                 layout = self.loop.submit(position, indices)
+                outs = None
                 if layout[0] >= 0:
-                    out = self._allocate(layout[0])
-                    self.loop.start(position, out.data_ptr() if layout[0] else 0, layout[0], stream)
-            self._inflight.append(_Batch(position, number, len(indices), layout, out, stream, indices))
+                    shapes = self._output_plan(n, layout)
+                    outs = self._allocate(shapes)
+                    self.loop.start_fields(position, [t.data_ptr() for t in outs], shapes[1], stream)
+            self._inflight.append(_Batch(position, number, n, layout, outs, stream, indices))
 
-    def _allocate(self, nbytes: int) -> torch.Tensor:
+    def _output_plan(self, n: int, layout) -> tuple[list, list]:
+        """``([(shape, dtype) per output field], [bytes per output field])`` of an n-sample batch."""
+        fields, sizes = [], []
+        for k, spec in enumerate(self._specs):
+            nbytes = layout[2 + 2 * k]
+            fields.append(((nbytes,), torch.uint8) if spec is None else ((n + spec[2], *spec[1]), spec[0]))
+            sizes.append(nbytes)
+        return fields, sizes
+
+    def _allocate(self, shapes: tuple[list, list]) -> list:
+        """The batch's output tensors: each field is its own tensor, as torch's collate makes
+        them (keeping one field, say the labels, does not keep the others' memory alive)."""
         if not self.cuda:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin_output)
-        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            return [torch.empty(shape, dtype=dtype, pin_memory=self._pin_output) for shape, dtype in shapes[0]]
+        device = self.device
+        return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes[0]]
 
     def next(self) -> Any:
         if self.finished:
             raise StopIteration
-        started = self.stats.request_started()
+        stats = self.stats
+        started = time.perf_counter()
+        if not self._requested:
+            self._requested = True
+            stats.request_started()
         if not self._inflight:
             if self._fatal is not None:
                 self.shutdown()
@@ -332,28 +357,36 @@ class NativePipeline:
             self.shutdown(wait_for_copies=False)
             raise StopIteration
         batch = self._inflight.popleft()
-        stream = self._consumer_stream()
+        stream = _raw_current_stream(self._device_index) if self.cuda else 0
         try:
             try:
-                self._take(batch.position, stream)
+                if not self.loop.take(batch.position, stream, self.poll):  # not staged yet: wait
+                    self._take(batch.position, stream)
             except Exception as exc:  # a file that changed explains a short or out-of-range read
-                self._pins.check(batch.indices, exc)
+                if self._pins.active:
+                    self._pins.check(batch.indices, exc)
                 raise
-            self._pins.check(batch.indices)  # after the read: a file replaced before or during it
+            if self._pins.active:
+                self._pins.check(batch.indices)  # after the read: a file replaced before or during it
         except Exception as exc:
             self.progress.yielded(batch.number, 0)  # a failed batch is spent too: it is raised
-            self.stats.add_error()
+            stats.add_error()
             self._fill(stream)
             wrap(exc, "native stage/copy", batch.number).reraise()
-        self.stats.mark("next:take", batch.number, started)
+        tracing = stats.trace is not None
+        if tracing:
+            stats.mark("next:take", batch.number, started)
         if stream != batch.home:  # the loop switched streams since it was allocated
-            batch.out.record_stream(torch.cuda.current_stream(self.device))
-        result = self.build(self._views(batch))
+            current = torch.cuda.current_stream(self.device)
+            for t in batch.out:
+                t.record_stream(current)
+        result = self.build(batch.out)
         self.progress.yielded(batch.number, batch.samples)
         filling = time.perf_counter()
         self._fill(stream)
-        self.stats.mark("next:fill", batch.number, filling)
-        self.stats.delivered(started, batch.samples, self._payload(batch), batch.number)
+        if tracing:
+            stats.mark("next:fill", batch.number, filling)
+        stats.delivered(started, batch.samples, self._payload(batch), batch.number)
         if self.on_delivered is not None:
             self.on_delivered(self.device, time.perf_counter() - started)
         return result
@@ -373,26 +406,6 @@ class NativePipeline:
         if not self.cuda:
             return 0
         return _raw_current_stream(self._device_index)
-
-    def _views(self, batch: _Batch) -> list:
-        """The batch's fields as views of its one output buffer."""
-        plan = self._view_plans.get(batch.samples) if self._row_layouts is not None else None
-        if plan is None:
-            plan = self._view_plan(batch.samples, batch.layout)
-            if self._row_layouts is not None:  # fixed-size rows: the same plan every batch of n
-                self._view_plans[batch.samples] = plan
-        out = batch.out
-        return [out[at:end] if dtype is None else out[at:end].view(dtype).view(shape) for at, end, dtype, shape in plan]
-
-    def _view_plan(self, n: int, layout) -> list:
-        """``[(start, end, dtype or None, shape)]`` of every field of an n-sample batch."""
-        plan = []
-        for k, spec in enumerate(self._specs):
-            at, nbytes = layout[1 + 2 * k], layout[2 + 2 * k]
-            plan.append(
-                (at, at + nbytes, None, None) if spec is None else (at, at + nbytes, spec[0], (n + spec[2], *spec[1]))
-            )
-        return plan
 
     @staticmethod
     def _payload(batch: _Batch) -> int:
@@ -435,6 +448,13 @@ class NativePipeline:
         LIVE_PIPELINES.discard(self)
 
 
+def _index_arrays(source):
+    """The rest of the epoch's index batches as int64 arrays where torch's sampler is drawn in
+    bulk (``sampling.OrderPass``), else None (the source's sampler hands out lists)."""
+    indices = getattr(source, "_sampler_iter", None)
+    return indices.arrays() if isinstance(indices, OrderPass) else None
+
+
 class _FilePins:
     """The files of a layout as its source opened them (``fileio.FileIdentity``), checked after
     each batch's read: the row files and the shards the batch's records lie in."""
@@ -447,6 +467,7 @@ class _FilePins:
                 self.files.append((f.path, f.pin))
             elif isinstance(f, Records) and f.pins is not None:
                 self.records.append((f.index, list(zip(f.paths, f.pins))))
+        self.active = bool(self.files or self.records)
 
     def check(self, indices, cause: BaseException | None = None) -> None:
         if not (self.files or self.records):

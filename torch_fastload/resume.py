@@ -28,6 +28,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from .distributed import exact_sampler_batches, sampler_batches, shard_indices
 from .errors import FastloadError
+from .sampling import bulk_batches
 
 __all__ = [
     "ResumeError",
@@ -317,6 +318,8 @@ def begin_epoch(loader, state: dict | None, make_source) -> tuple[Any, EpochProg
         batches = resumed_batches(loader, state, progress)
         if batches is None and progress.discard_prefix == 0:
             batches = exact_sampler_batches(loader)
+            if batches is None:
+                batches = bulk_batches(loader)
         loader._epoch_index_sampler = batches
         source = make_source()
     except BaseException:  # a checkpoint's epoch did not begin: every generator is as the user had it
