@@ -192,6 +192,12 @@ class _EncodedImageSource(Dataset):
                 )
             return decoder
 
+    def __fastload_requested__(self, device: torch.device) -> None:
+        """The training loop asked for a batch: a route trial marks where its GPU is."""
+        decoder = self._decoders.get(torch.device(device))
+        if decoder is not None:
+            decoder.requested()
+
     def __fastload_delivered__(self, device: torch.device, waited: float) -> None:
         """The loader handed a batch to the training loop, which waited ``waited`` s for it: a
         route trial times it."""

@@ -81,6 +81,7 @@ from .settings import (
     TRIAL_WARMUP,
     TRIAL_WINDOW,
 )
+from .step_probe import GpuStepProbe
 
 __all__ = ["ImageDecodeError", "BatchDecoder", "Decoded", "probe", "route", "decode_cpu", "FORMATS", "PROBE_COLUMNS"]
 
@@ -205,7 +206,13 @@ class BatchDecoder:
         # "auto": the run's first batches try every JPEG on the C++ decoder, then nvJPEG if the
         # training loop waited for them
         self.trial = (
-            RouteTrial(warmup=TRIAL_WARMUP, settle=TRIAL_SETTLE, window=TRIAL_WINDOW, on_choice=_log_choice)
+            RouteTrial(
+                warmup=TRIAL_WARMUP,
+                settle=TRIAL_SETTLE,
+                window=TRIAL_WINDOW,
+                on_choice=_log_choice,
+                steps=GpuStepProbe(self.device),
+            )
             if share == "auto" and native and cpus >= CORES_FOR_A_TRIAL
             else None
         )
@@ -233,6 +240,12 @@ class BatchDecoder:
                 self.cpu_threads, thread_name_prefix="fastload-decode", initializer=lower_priority
             )
         return self._pool
+
+    def requested(self) -> None:
+        """The training loop asked for a batch (its step's work is queued): a route trial marks it
+        on the loop's stream."""
+        if self.trial is not None:
+            self.trial.requested()
 
     def delivered(self, waited: float) -> None:
         """The loader handed a batch to the training loop, which waited ``waited`` s for it: a
