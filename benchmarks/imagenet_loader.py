@@ -12,7 +12,11 @@ Runs (batch --batch, shuffled, RandomResizedCrop 224 + flip + normalize, batches
   fastload-folder-bf16-cl  bf16 channels_last output (what the training example feeds)
   fastload-folder-BACKEND  (--decode-backends) fastload-folder with every JPEG the GPU takes on
                            that GPU decode backend (cpu_decode_share=0): torchvision, nvimgcodec;
-                           'cpu' for every JPEG on the C++ decoder (cpu_decode_share=1)
+                           'cpu' for every JPEG on the C++ decoder (cpu_decode_share=1); 'steal'
+                           for nvJPEG and the C++ decoder splitting each batch (as DALI's mixed
+                           decoder splits it between the hardware decoder and its CPU threads);
+                           the output --route-output (fp32 NCHW, or bf16 channels_last beside
+                           DALI's fp16 NHWC)
   gpu-decode-BACKEND       the ceiling: that backend alone on batches from pinned memory
 Peers (optional; "not installed" where the package is absent; _benchutil/peers.py builds them):
   dali                     DALI's ResNet-50 example pipeline: readers.file, image_random_crop on
@@ -236,6 +240,8 @@ def route_settings(name: str) -> dict:
     backend = name.rsplit("-", 1)[-1] if name.startswith("fastload-folder-") else None
     if backend == "cpu":
         return {"cpu_decode_share": 1.0}
+    if backend == "steal":
+        return {"cpu_decode_share": "steal"}
     if backend in ("torchvision", "nvimgcodec"):
         return {"cpu_decode_share": 0.0, "decode_backend": backend}
     return {}
@@ -271,7 +277,13 @@ def main(argv=None) -> int:
         "--decode-backends",
         default="",
         help="also compare these decode routes, comma-separated: torchvision, nvimgcodec (GPU decode backends), "
-        "cpu (every JPEG on the C++ decoder)",
+        "cpu (every JPEG on the C++ decoder), steal (nvJPEG and the C++ decoder split each batch)",
+    )
+    p.add_argument(
+        "--route-output",
+        choices=("fp32", "bf16-cl"),
+        default="fp32",
+        help="the output of the --decode-backends rows: fp32 NCHW, or bf16 channels_last [fp32]",
     )
     p.add_argument("--runs", default="", help="only these runs, comma-separated names (default: all)")
     p.add_argument(
@@ -310,10 +322,13 @@ def main(argv=None) -> int:
         **peer_runs(train_dir, args),
     }
     backends = [b for b in args.decode_backends.split(",") if b]
+    route_transform, route_output = (
+        (bf16, "bf16 NCHW channels_last") if args.route_output == "bf16-cl" else (None, "fp32 NCHW")
+    )
     for backend in backends:
         runs[f"fastload-folder-{backend}"] = (
-            lambda: fastload(ImageFolder(train_dir, TrainTransform(), seed=0)),
-            "fp32 NCHW",
+            lambda: fastload(ImageFolder(train_dir, route_transform or TrainTransform(), seed=0)),
+            route_output,
         )
     wanted = set(args.runs.split(",")) if args.runs else None
     study["peers"] = peers.all_status()

@@ -60,12 +60,16 @@ def test_file_loader(tmp_path):
 
 
 def test_imagenet_loader(tmp_path):
-    res, out = run_study("imagenet_loader.py", tmp_path, "--dir", str(tmp_path / "images"), "--decode-backends", "cpu")
+    res, out = run_study(
+        "imagenet_loader.py", tmp_path, "--dir", str(tmp_path / "images"), "--decode-backends", "cpu,steal"
+    )
     data = report(out, "imagenet_loader")
     names = {r["name"] for r in data["runs"]}
     assert {"torch", "fastload-folder", "fastload-packed", "fastload-folder-bf16-cl", "fastload-folder-cpu"} <= names
     cpu_route = next(r for r in data["runs"] if r["name"] == "fastload-folder-cpu")
     assert cpu_route["settings"] == {"cpu_decode_share": 1.0}
+    steal = next(r for r in data["runs"] if r["name"] == "fastload-folder-steal")
+    assert steal["settings"] == {"cpu_decode_share": "steal"} and steal["output"] == "fp32 NCHW"
     assert all(r["images_per_s"] > 0 and r["cores"] >= 0 for r in data["runs"])
     fastload = next(r for r in data["runs"] if r["name"] == "fastload-folder")
     assert fastload["decoded"].get("cpu:png", 0) >= 1  # the PNG named .JPEG was routed and counted
