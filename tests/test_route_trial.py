@@ -185,3 +185,35 @@ def _cycles_per_ms() -> float:
     end.record()
     end.synchronize()
     return 10_000_000 / start.elapsed_time(end)
+
+
+def test_the_default_decoder_probes_the_step_and_the_source_passes_next_calls_on(monkeypatch, tmp_path):
+    """BatchDecoder's trial carries a GpuStepProbe (nothing touches the GPU until a timed
+    window), and ImageFolder hands next()'s entry to its decoder's trial."""
+    import torch_fastload
+    from torch_fastload.sources import ImageFolder
+    from torch_fastload.vision import decode
+
+    monkeypatch.setattr(decode, "_native_jpeg", lambda: True)
+    monkeypatch.setattr(torch_fastload.config, "cpus_per_process", lambda: 16)
+    decoder = decode.BatchDecoder("cuda")
+    assert isinstance(decoder.trial.steps, GpuStepProbe) and decoder.trial.steps.device.type == "cuda"
+    decoder.requested()  # outside a timed window: no mark, no CUDA call
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.jpg").write_bytes(b"\xff\xd8\xff\xd9")
+    folder = ImageFolder(tmp_path)
+    seen = []
+
+    class Decoder:
+        def requested(self):
+            seen.append("requested")
+
+        def delivered(self, waited):
+            seen.append("delivered")
+
+    folder._decoders[torch.device("cuda", 0)] = Decoder()
+    folder.__fastload_requested__(torch.device("cuda", 0))
+    folder.__fastload_delivered__("cuda:0", 0.0)
+    folder.__fastload_requested__(torch.device("cuda", 1))  # no decoder there: nothing
+    assert seen == ["requested", "delivered"]
