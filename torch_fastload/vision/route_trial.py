@@ -37,8 +37,8 @@ class RouteTrial:
     GPU was still busy with the step when the loop asked for the next batch (``steps``, a
     ``step_probe.GpuStepProbe``: its median caught-up ratio below ``caught_up``), that candidate
     is kept at once: the step ran at the GPU's pace. Without a probe (or too few events passed)
-    the loop's wait alone decides, as before. Otherwise it must beat the others by ``margin`` to stay. The
-    later route is timed right after a switch, with its own start-up inside its window (the
+    the loop's wait alone decides, as before. Otherwise it must beat the others by ``margin`` to
+    stay. The later route is timed right after a switch, with its own start-up inside its window (the
     first nvJPEG decodes set up its buffers), and a CPU route that makes the loop wait is near
     its limit. On the H100, ResNet-18's CPU route timed 34.6 ms a batch against nvJPEG's 35.3,
     then ran 39.0 ms a step, where nvJPEG alone ran 29.1.
