@@ -1117,3 +1117,22 @@ def test_gpu_skip_and_error_paths(gpu_folder, tmp_path):
     total = sum(len(y) for _, y in loader)
     assert total == len(loader.dataset) - 1 and loader.stats().decoded["skipped"] == 1
     del victim
+
+
+def test_encoded_slices_and_pinned_places_are_made_when_asked():
+    """The batch's per-image byte slices and pinned places are views made on demand, the same
+    bytes as slicing the slab and the buffer by hand."""
+    from torch_fastload.vision.decode import EncodedSlices
+    from torch_fastload.vision.pinned import Place
+
+    data = torch.arange(100, dtype=torch.int64).to(torch.uint8)
+    offsets = np.array([0, 10, 10, 45, 100])
+    slices = EncodedSlices(data, offsets)
+    assert len(slices) == 4 and [s.tolist() for s in (slices[i] for i in range(4))] == [
+        data[a:b].tolist() for a, b in zip(offsets, offsets[1:])
+    ]
+    buffer = torch.arange(200, dtype=torch.int64).to(torch.uint8)
+    place = Place(12, (3, 4, 5), buffer)
+    assert place.end == 72 and place.view.shape == (3, 4, 5)
+    assert place.view.data_ptr() == buffer[12:].data_ptr() and torch.equal(place.view.flatten(), buffer[12:72])
+    assert Place(0, (3, 0, 5), buffer).view is None  # the probe gave no size
