@@ -188,7 +188,8 @@ class BatchDecoder:
 
     ``cpu_share`` (default: the ``cpu_decode_share`` option, ``"auto"``) splits the images nvJPEG
     could take between nvJPEG and the CPU. ``"auto"``: the first batches go to the C++ decoder
-    (libjpeg-turbo, GIL released), and it keeps them all if the training loop hardly waited;
+    (libjpeg-turbo, GIL released), and it keeps them all if the training loop hardly waited and
+    its step ran at the GPU's pace;
     otherwise nvJPEG is timed too and the faster route kept (``route_trial.py``; ``self.trial``
     holds the measurements). ``"steal"``: work stealing,
     nvJPEG claiming chunks from the front of the batch while the C++ decoder's threads take
@@ -220,7 +221,7 @@ class BatchDecoder:
         # "steal": nvJPEG and the C++ decoder split every batch by work stealing
         self.work_stealing = share == "steal" and native
         # "auto": the run's first batches try every JPEG on the C++ decoder, then nvJPEG if the
-        # training loop waited for them
+        # training loop waited for them or its step was not at the GPU's pace (step_probe.py)
         self.trial = (
             RouteTrial(
                 warmup=TRIAL_WARMUP,

@@ -30,7 +30,8 @@ GPU_MAX_PIXELS = 8192 * 8192
 # cpu_decode_share="auto" (the default, route_trial.py): the first TRIAL_WARMUP batches go to
 # the CPU untimed (a model's first steps are slow: cuDNN autotuning, compilation); then each
 # route decodes TRIAL_SETTLE batches untimed and at least TRIAL_WINDOW + 1 timed ones. The CPU
-# route is kept at once if the loop waited less than TRIAL_KEEP_UP of its step for it, else it
+# route is kept at once if the loop waited less than TRIAL_KEEP_UP of its step for it (and the
+# step ran at its GPU's pace: TRIAL_CAUGHT_UP below), else it
 # must be TRIAL_MARGIN faster than nvJPEG to stay (H100: ResNet-18's CPU route timed 2% faster,
 # then ran 34% slower a step).
 TRIAL_WARMUP, TRIAL_SETTLE, TRIAL_WINDOW = 8, 4, 10
