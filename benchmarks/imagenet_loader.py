@@ -12,7 +12,11 @@ Runs (batch --batch, shuffled, RandomResizedCrop 224 + flip + normalize, batches
   fastload-folder-bf16-cl  bf16 channels_last output (what the training example feeds)
   fastload-folder-BACKEND  (--decode-backends) fastload-folder with every JPEG the GPU takes on
                            that GPU decode backend (cpu_decode_share=0): torchvision, nvimgcodec;
-                           'cpu' for every JPEG on the C++ decoder (cpu_decode_share=1)
+                           'cpu' for every JPEG on the C++ decoder (cpu_decode_share=1); 'steal'
+                           for nvJPEG and the C++ decoder splitting each batch (as DALI's mixed
+                           decoder splits it between the hardware decoder and its CPU threads);
+                           the output --route-output (fp32 NCHW, or bf16 channels_last beside
+                           DALI's fp16 NHWC)
   gpu-decode-BACKEND       the ceiling: that backend alone on batches from pinned memory
 Peers (optional; "not installed" where the package is absent; _benchutil/peers.py builds them):
   dali                     DALI's ResNet-50 example pipeline: readers.file, image_random_crop on
@@ -46,10 +50,40 @@ from torch_fastload.vision import TrainTransform
 from torch_fastload.vision.sample_data import make_image_folder
 
 
-def timed_epochs(loader, epochs: int, device: torch.device, limit: int = 0) -> dict:
-    """One untimed epoch (page cache, decoders, kernels warm), then ``epochs`` timed; best kept."""
+def route_trials(loader) -> list:
+    """The route trials of a fastload image loader's decoders (none for the other loaders)."""
+    trials = getattr(getattr(loader, "dataset", None), "route_trials", None)
+    return list(trials().values()) if trials is not None else []
+
+
+def past_route_trial(loader, device: torch.device, max_epochs: int = 4) -> dict | None:
+    """Untimed epochs until every route trial of the loader chose (its windows time the CPU route
+    first, then nvJPEG: not the steady state a timed epoch measures); None without a trial."""
+    extra = 0
+    while route_trials(loader) and any(t.choice is None for t in route_trials(loader)) and extra < max_epochs:
+        for _ in loader:
+            pass
+        extra += 1
+    sync(device)
+    return trial_seen(loader, untimed_epochs_after_the_first=extra)
+
+
+def trial_seen(loader, **extra) -> dict | None:
+    """What the loader's route trials chose and saw (None without a trial)."""
+    trials = route_trials(loader)
+    if not trials:
+        return None
+    return {**extra, "chosen": [t.choice for t in trials], "seen": [t.describe() for t in trials]}
+
+
+def timed_epochs(loader, epochs: int, device: torch.device, limit: int = 0, past_trial: bool = True) -> dict:
+    """One untimed epoch (page cache, decoders, kernels warm), more until the route trial chose
+    (``past_trial``), then ``epochs`` timed; best kept."""
     results = []
+    trial = None
     for epoch in range(epochs + 1):
+        if epoch == 1 and past_trial:
+            trial = past_route_trial(loader, device)
         sync(device)
         cpu0, t0, images = cpu_seconds(), time.perf_counter(), 0
         for i, (x, y) in enumerate(loader):
@@ -71,6 +105,7 @@ def timed_epochs(loader, epochs: int, device: torch.device, limit: int = 0) -> d
     best = max(results, key=lambda r: r["images_per_s"])
     return {
         "epochs": results,
+        "route_trial": trial if trial is not None else trial_seen(loader, timed_inside=True),
         **{k: best[k] for k in ("images_per_s", "cores")},
         "cores_per_1000": best["cores"] / (best["images_per_s"] / 1000),
     }
@@ -205,6 +240,8 @@ def route_settings(name: str) -> dict:
     backend = name.rsplit("-", 1)[-1] if name.startswith("fastload-folder-") else None
     if backend == "cpu":
         return {"cpu_decode_share": 1.0}
+    if backend == "steal":
+        return {"cpu_decode_share": "steal"}
     if backend in ("torchvision", "nvimgcodec"):
         return {"cpu_decode_share": 0.0, "decode_backend": backend}
     return {}
@@ -240,9 +277,21 @@ def main(argv=None) -> int:
         "--decode-backends",
         default="",
         help="also compare these decode routes, comma-separated: torchvision, nvimgcodec (GPU decode backends), "
-        "cpu (every JPEG on the C++ decoder)",
+        "cpu (every JPEG on the C++ decoder), steal (nvJPEG and the C++ decoder split each batch)",
+    )
+    p.add_argument(
+        "--route-output",
+        choices=("fp32", "bf16-cl"),
+        default="fp32",
+        help="the output of the --decode-backends rows: fp32 NCHW, or bf16 channels_last [fp32]",
     )
     p.add_argument("--runs", default="", help="only these runs, comma-separated names (default: all)")
+    p.add_argument(
+        "--timed-trial",
+        action="store_true",
+        help="time right after one untimed epoch, even where the route trial (cpu_decode_share='auto') "
+        "has not chosen yet (before 2026-11-26: its windows fell in short runs' timed epochs)",
+    )
     args = parse_study(
         p,
         argv,
@@ -273,10 +322,13 @@ def main(argv=None) -> int:
         **peer_runs(train_dir, args),
     }
     backends = [b for b in args.decode_backends.split(",") if b]
+    route_transform, route_output = (
+        (bf16, "bf16 NCHW channels_last") if args.route_output == "bf16-cl" else (None, "fp32 NCHW")
+    )
     for backend in backends:
         runs[f"fastload-folder-{backend}"] = (
-            lambda: fastload(ImageFolder(train_dir, TrainTransform(), seed=0)),
-            "fp32 NCHW",
+            lambda: fastload(ImageFolder(train_dir, route_transform or TrainTransform(), seed=0)),
+            route_output,
         )
     wanted = set(args.runs.split(",")) if args.runs else None
     study["peers"] = peers.all_status()
@@ -293,7 +345,9 @@ def main(argv=None) -> int:
             loader = study.attempt(name, make)
             limit = args.torch_batches if name == "torch" else 0
             result = (
-                None if loader is None else study.attempt(name, timed_epochs, loader, args.epochs, args.device, limit)
+                None
+                if loader is None
+                else study.attempt(name, timed_epochs, loader, args.epochs, args.device, limit, not args.timed_trial)
             )
         if result and settings:
             result["settings"] = settings
@@ -306,6 +360,8 @@ def main(argv=None) -> int:
                 f"   {result['images_per_s']:,.0f} images/s, {result['cores']:.1f} CPU cores, "
                 f"decoded {result.get('decoded', '-')}"
             )
+            if result.get("route_trial"):
+                log(f"   route trial: {result['route_trial']}")
     for backend in [b for b in backends if b != "cpu"] or ["torchvision"]:
         name = f"gpu-decode-{backend}"
         if cuda and (wanted is None or name in wanted):

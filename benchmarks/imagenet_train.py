@@ -6,7 +6,8 @@ Each configuration is a fresh examples/imagenet.py process on the same generated
 (--classes x --per-class real-photo JPEGs, page cache hot after the first run), bf16 autocast,
 channels_last, batch --batch, SGD. Throughput counts the steps after the first --warmup-steps,
 epoch boundaries included, validation excluded; the warm-up covers fastload's one-time route
-trial (cpu_decode_share="auto" times the C++ CPU decoder, then nvJPEG if the loop waited), so
+trial (cpu_decode_share="auto" times the C++ CPU decoder, then nvJPEG if the loop waited or
+its step was not at the GPU's pace), so
 3 epochs x 39 steps leave 72 steady steps.
   synthetic          one batch kept on the GPU: the model's step with no input pipeline
   fastload           torch_fastload ImageFolder with its defaults

@@ -60,16 +60,66 @@ def test_file_loader(tmp_path):
 
 
 def test_imagenet_loader(tmp_path):
-    res, out = run_study("imagenet_loader.py", tmp_path, "--dir", str(tmp_path / "images"), "--decode-backends", "cpu")
+    res, out = run_study(
+        "imagenet_loader.py", tmp_path, "--dir", str(tmp_path / "images"), "--decode-backends", "cpu,steal"
+    )
     data = report(out, "imagenet_loader")
     names = {r["name"] for r in data["runs"]}
     assert {"torch", "fastload-folder", "fastload-packed", "fastload-folder-bf16-cl", "fastload-folder-cpu"} <= names
     cpu_route = next(r for r in data["runs"] if r["name"] == "fastload-folder-cpu")
     assert cpu_route["settings"] == {"cpu_decode_share": 1.0}
+    steal = next(r for r in data["runs"] if r["name"] == "fastload-folder-steal")
+    assert steal["settings"] == {"cpu_decode_share": "steal"} and steal["output"] == "fp32 NCHW"
     assert all(r["images_per_s"] > 0 and r["cores"] >= 0 for r in data["runs"])
     fastload = next(r for r in data["runs"] if r["name"] == "fastload-folder")
     assert fastload["decoded"].get("cpu:png", 0) >= 1  # the PNG named .JPEG was routed and counted
+    assert fastload["route_trial"] is None  # no route trial off the GPU
     assert "vs torch" in res.stdout
+
+
+def test_imagenet_loader_times_past_the_route_trial():
+    """The timed epochs start once the route trial chose: untimed epochs until then (a trial
+    choosing in its 3rd epoch is run 2 more untimed); with --timed-trial (negative control) the
+    first timed epoch still holds the trial's windows, and the result says so."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("imagenet_loader", REPO / "benchmarks" / "imagenet_loader.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    class Trial:
+        choice = None
+
+        def describe(self):
+            return "seen"
+
+    class Folder:
+        def __init__(self):
+            self.trial = Trial()
+
+        def route_trials(self):
+            return {"cuda:0": self.trial}
+
+    class Loader:
+        def __init__(self):
+            self.dataset, self.epochs = Folder(), 0
+
+        def __iter__(self):
+            self.epochs += 1
+            if self.epochs == 3:
+                self.dataset.trial.choice = 0.0
+            yield torch.zeros(2, 3), torch.zeros(2)
+
+    cpu = torch.device("cpu")
+    loader = Loader()
+    result = bench.timed_epochs(loader, 1, cpu)
+    assert result["route_trial"] == {"untimed_epochs_after_the_first": 2, "chosen": [0.0], "seen": ["seen"]}
+    assert loader.epochs == 4
+    loader = Loader()
+    result = bench.timed_epochs(loader, 1, cpu, past_trial=False)
+    assert loader.epochs == 2 and result["route_trial"] == {"timed_inside": True, "chosen": [None], "seen": ["seen"]}
 
 
 def test_imagenet_train(tmp_path):

@@ -64,3 +64,13 @@ def test_delivered_hook_runs_for_every_batch_source_with_the_wait(records):
     batches = list(DataLoader(records, batch_size=10, device="cpu"))
     assert len(seen) == len(batches) == 4
     assert all(device == "cpu" and waited >= 0 for device, waited in seen)
+
+
+def test_requested_hook_runs_before_each_delivery(records):
+    """next() calls the requested hook as it is entered, then the delivered hook: in turn."""
+    seen = []
+    records.__fastload_requested__ = lambda device: seen.append("requested")
+    records.__fastload_delivered__ = lambda device, waited: seen.append("delivered")
+    batches = list(DataLoader(records, batch_size=10, device="cpu"))
+    assert seen[: 2 * len(batches)] == ["requested", "delivered"] * len(batches)
+    assert seen[2 * len(batches) :] == ["requested"]  # the call that ends the epoch

@@ -261,7 +261,8 @@ OPTIONS: dict[str, Option] = {
             _share_or_word,
             "share of each batch's GPU-decodable JPEGs decoded on the CPU instead of nvJPEG (DALI's "
             "hw_decoder_load turned around; 1: all of them); 'auto': from the 9th batch ~15 time every JPEG "
-            "on the C++ decoder, which keeps them if the training loop waited < 10% of its step; else ~15 "
+            "on the C++ decoder, which keeps them if the training loop waited < 10% of its step at its GPU's "
+            "pace; else ~15 "
             "more time nvJPEG and the CPU must be 5% faster to stay (nvJPEG alone below 8 CPUs per process); "
             "'steal': both split each batch by work stealing. RESULTS.md",
         ),

@@ -153,6 +153,7 @@ class NativePipeline:
         self.cuda = self.device.type == "cuda"
         self.build = layout.build
         self.on_delivered = hooks.delivered
+        self.on_requested = hooks.requested
         self.stats = resources.stats
         self.timeout = loader.timeout
         self.stop = threading.Event()
@@ -349,6 +350,8 @@ class NativePipeline:
         if not self._requested:
             self._requested = True
             stats.request_started()
+        if self.on_requested is not None:
+            self.on_requested(self.device)
         if not self._inflight:
             if self._fatal is not None:
                 self.shutdown()

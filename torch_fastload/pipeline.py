@@ -116,6 +116,7 @@ class Pipeline:
             copy_threads=WORKER_COPY_THREADS if self.fetcher.uses_workers else None,
         )
         self.on_delivered = hooks.delivered
+        self.on_requested = hooks.requested
         self.engine = resources.engine
         self.stats = resources.stats
         self.stats.path = (
@@ -221,6 +222,8 @@ class Pipeline:
             raise StopIteration
         self.read_ahead.grant()  # NOTE [read-ahead] in fetch.py
         started = self.stats.request_started()
+        if self.on_requested is not None:
+            self.on_requested(self.device)
         number, item = self._next_ready()
         self.stats.mark("next:ready", number, started)
         if item is END:

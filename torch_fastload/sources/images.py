@@ -192,6 +192,18 @@ class _EncodedImageSource(Dataset):
                 )
             return decoder
 
+    def route_trials(self) -> dict:
+        """Device -> its decoder's route trial (``cpu_decode_share="auto"``), where one runs: a
+        benchmark times past it (``trial.choice`` set), and ``trial.describe()`` says what it saw."""
+        with self._lock:
+            return {device: d.trial for device, d in self._decoders.items() if d.trial is not None}
+
+    def __fastload_requested__(self, device: torch.device) -> None:
+        """The training loop asked for a batch: a route trial marks where its GPU is."""
+        decoder = self._decoders.get(torch.device(device))
+        if decoder is not None:
+            decoder.requested()
+
     def __fastload_delivered__(self, device: torch.device, waited: float) -> None:
         """The loader handed a batch to the training loop, which waited ``waited`` s for it: a
         route trial times it."""

@@ -33,6 +33,11 @@ loader looks them up once per iterator (``hooks_of``); a dataset without
     loop waited for it (the image decoders' route trial times the loop with it). It runs on the
     training thread: keep it to a few microseconds.
 
+``__fastload_requested__(device)`` (optional)
+    Called by ``next()`` as it is entered, on the training thread (the image decoders' route
+    trial records a CUDA event there, to see whether the GPU is still running the step). Keep
+    it to a few microseconds.
+
 ``__fastload_native__() -> NativeLayout | None`` (optional)
     Where every batch is rows of fixed size (in memory or in files) or records listed in an
     in-memory table, the source can describe that layout once instead of per batch: the loader
@@ -135,6 +140,7 @@ class SourceHooks:
     finish: Callable[[Any, torch.device, dict], Any] | None = None
     slot_bytes: Callable[[int], int] | None = None
     delivered: Callable[[torch.device, float], None] | None = None
+    requested: Callable[[torch.device], None] | None = None
     native: Callable[[], NativeLayout | None] | None = None
     collate: Callable[[list], Any] | None = None
 
@@ -146,6 +152,7 @@ def hooks_of(dataset: Any) -> SourceHooks:
         finish=getattr(dataset, "__fastload_finish__", None),
         slot_bytes=getattr(dataset, "__fastload_slot_bytes__", None),
         delivered=getattr(dataset, "__fastload_delivered__", None),
+        requested=getattr(dataset, "__fastload_requested__", None),
         native=getattr(dataset, "__fastload_native__", None),
         collate=getattr(dataset, "__fastload_collate__", None),
     )

@@ -81,6 +81,7 @@ from .settings import (
     TRIAL_WARMUP,
     TRIAL_WINDOW,
 )
+from .step_probe import GpuStepProbe
 
 __all__ = ["ImageDecodeError", "BatchDecoder", "Decoded", "probe", "route", "decode_cpu", "FORMATS", "PROBE_COLUMNS"]
 
@@ -126,13 +127,29 @@ class Decoded:
     geometry: object  # transforms.Geometry of the kept images; None without ``crop``
 
 
+class EncodedSlices:
+    """Image ``i``'s encoded bytes, ``data[offsets[i]:offsets[i + 1]]``, made when asked: the C++
+    decoder reads the slab by offset, so on the CPU route most images never need a tensor of
+    their own (256 slices were ~0.5 ms of a stage thread's Python a batch)."""
+
+    def __init__(self, data: torch.Tensor, offsets: np.ndarray):
+        self.data = data
+        self.offsets = offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+
 @dataclass
 class BatchRoute:
     """Where each image of a batch goes (``BatchDecoder._route``)."""
 
     info: np.ndarray  # probe rows
     routes: list  # per image: 'nvjpeg', 'cpu:<reason>', 'error:<reason>'
-    slices: list  # per image: its encoded bytes (a view of the batch's data)
+    slices: EncodedSlices  # per image: its encoded bytes (a view of the batch's data)
     geometry: object  # the transform's geometry drawn from the probed sizes, or None
     failed: dict  # position -> Refusal: what the probe already refused
     gpu: list  # positions nvJPEG decodes alone
@@ -171,7 +188,8 @@ class BatchDecoder:
 
     ``cpu_share`` (default: the ``cpu_decode_share`` option, ``"auto"``) splits the images nvJPEG
     could take between nvJPEG and the CPU. ``"auto"``: the first batches go to the C++ decoder
-    (libjpeg-turbo, GIL released), and it keeps them all if the training loop hardly waited;
+    (libjpeg-turbo, GIL released), and it keeps them all if the training loop hardly waited and
+    its step ran at the GPU's pace;
     otherwise nvJPEG is timed too and the faster route kept (``route_trial.py``; ``self.trial``
     holds the measurements). ``"steal"``: work stealing,
     nvJPEG claiming chunks from the front of the batch while the C++ decoder's threads take
@@ -203,9 +221,15 @@ class BatchDecoder:
         # "steal": nvJPEG and the C++ decoder split every batch by work stealing
         self.work_stealing = share == "steal" and native
         # "auto": the run's first batches try every JPEG on the C++ decoder, then nvJPEG if the
-        # training loop waited for them
+        # training loop waited for them or its step was not at the GPU's pace (step_probe.py)
         self.trial = (
-            RouteTrial(warmup=TRIAL_WARMUP, settle=TRIAL_SETTLE, window=TRIAL_WINDOW, on_choice=_log_choice)
+            RouteTrial(
+                warmup=TRIAL_WARMUP,
+                settle=TRIAL_SETTLE,
+                window=TRIAL_WINDOW,
+                on_choice=_log_choice,
+                steps=GpuStepProbe(self.device),
+            )
             if share == "auto" and native and cpus >= CORES_FOR_A_TRIAL
             else None
         )
@@ -233,6 +257,12 @@ class BatchDecoder:
                 self.cpu_threads, thread_name_prefix="fastload-decode", initializer=lower_priority
             )
         return self._pool
+
+    def requested(self) -> None:
+        """The training loop asked for a batch (its step's work is queued): a route trial marks it
+        on the loop's stream."""
+        if self.trial is not None:
+            self.trial.requested()
 
     def delivered(self, waited: float) -> None:
         """The loader handed a batch to the training loop, which waited ``waited`` s for it: a
@@ -275,7 +305,7 @@ class BatchDecoder:
         info = probe(view, offsets)
         routes = route(info, self.device, self.gpu_max_pixels, self.max_pixels)
         geometry = crop(info[:, 1].copy(), info[:, 2].copy()) if crop is not None else None
-        slices = [data[int(offsets[i]) : int(offsets[i + 1])] for i in range(len(routes))]
+        slices = EncodedSlices(data, offsets)
         failed = {i: refusal_of(info[i], self.max_pixels) for i, r in enumerate(routes) if r.startswith("error:")}
         gpu, steal = self._share_out(routes, cpu_share)
         cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]

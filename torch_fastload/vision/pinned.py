@@ -21,15 +21,24 @@ __all__ = ["Place", "PinnedPlaces", "PinnedBuffers"]
 
 @dataclass
 class Place:
-    """One image's ``(3, H, W)`` place in the buffer: bytes ``[start, end)``."""
+    """One image's ``(3, H, W)`` place in ``buffer``: bytes ``[start, end)``."""
 
     start: int
     shape: tuple  # (3, height, width): the probed size, or a region of it
-    view: torch.Tensor | None  # the place as a (3, H, W) tensor; None where the probe gave no size
+    buffer: torch.Tensor  # the pinned buffer it lies in
 
     @property
     def end(self) -> int:
-        return self.start + int(np.prod(self.shape))
+        channels, height, width = self.shape
+        return self.start + channels * height * width
+
+    @property
+    def view(self) -> torch.Tensor | None:
+        """The place as a ``(3, H, W)`` tensor, made when asked: the C++ decoder writes by offset,
+        so only Python decodes need one; None where the probe gave no size."""
+        if not (self.shape[1] and self.shape[2]):
+            return None
+        return self.buffer[self.start : self.end].view(self.shape)
 
 
 @dataclass
@@ -80,10 +89,5 @@ class PinnedBuffers:
             buffer = local.buffers[turn] = torch.empty(
                 max(total, PINNED_BUFFER_BYTES), dtype=torch.uint8, pin_memory=True
             )
-        places = {
-            i: Place(
-                start, shape, buffer[start : start + int(np.prod(shape))].view(shape) if shape[1] and shape[2] else None
-            )
-            for i, start, shape in layout
-        }
+        places = {i: Place(start, shape, buffer) for i, start, shape in layout}
         return PinnedPlaces(buffer, places, turn, total, local.events)

@@ -9,7 +9,10 @@ the GPU and the cores, so ``cpu_decode_share="auto"`` measures on the run's firs
 The CPU route goes first: it leaves the GPU to the step, and a process that has used nvJPEG
 keeps paying for it. On the H100, all-CPU decode after an nvJPEG trial ran 69-74 ms a ResNet-50
 step, against 66-68 ms from the start. So if the training loop hardly waited for CPU-decoded
-batches, nvJPEG is never tried.
+batches, nvJPEG is never tried. But only if the step ran at its GPU's pace (``step_probe.py``):
+a step limited by its host thread (decode threads beside it) does not make the loop wait
+either, and a route that frees the CPU may speed it up. On an H200 that shortcut kept the CPU
+route for ResNet-18 at 59.7 ms a batch against DALI's 26.6 ms step.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import time
 from collections.abc import Sequence
 from typing import Callable
 
-from .settings import TRIAL_KEEP_UP, TRIAL_MARGIN, TRIAL_SETTLE, TRIAL_WARMUP, TRIAL_WINDOW
+from .settings import TRIAL_CAUGHT_UP, TRIAL_KEEP_UP, TRIAL_MARGIN, TRIAL_SETTLE, TRIAL_WARMUP, TRIAL_WINDOW
+from .step_probe import DELIVERED, REQUESTED, StepReading
 
 __all__ = ["RouteTrial"]
 
@@ -29,9 +33,12 @@ class RouteTrial:
     (a model's first steps are slow: cuDNN autotuning, compilation), then each candidate in turn
     for ``settle`` batches and at least ``window`` more that are timed (until the loop has taken
     ``window`` batches in them too), then the faster one for good. If
-    the loop waited less than ``keep_up`` of its step for the first candidate's batches, that
-    candidate is kept at once. Otherwise it must beat the others by ``margin`` to stay. The
-    later route is timed right after a switch, with its own start-up inside its window (the
+    the loop waited less than ``keep_up`` of its step for the first candidate's batches, and the
+    GPU was still busy with the step when the loop asked for the next batch (``steps``, a
+    ``step_probe.GpuStepProbe``: its median caught-up ratio below ``caught_up``), that candidate
+    is kept at once: the step ran at the GPU's pace. Without a probe (or too few events passed)
+    the loop's wait alone decides, as before. Otherwise it must beat the others by ``margin`` to
+    stay. The later route is timed right after a switch, with its own start-up inside its window (the
     first nvJPEG decodes set up its buffers), and a CPU route that makes the loop wait is near
     its limit. On the H100, ResNet-18's CPU route timed 34.6 ms a batch against nvJPEG's 35.3,
     then ran 39.0 ms a step, where nvJPEG alone ran 29.1.
@@ -57,6 +64,8 @@ class RouteTrial:
         margin: float = TRIAL_MARGIN,
         clock: Callable[[], float] = time.perf_counter,
         on_choice: Callable[[RouteTrial], None] | None = None,
+        steps=None,
+        caught_up: float = TRIAL_CAUGHT_UP,
     ):
         if len(candidates) < 2 or warmup < 0 or settle < 0 or window < 3:
             raise ValueError("a route trial needs two candidates, warmup >= 0, settle >= 0 and window >= 3")
@@ -68,9 +77,12 @@ class RouteTrial:
         self.margin = float(margin)
         self.clock = clock
         self.on_choice = on_choice
+        self.steps = steps  # marks next()'s entry and return on the GPU (step_probe.GpuStepProbe)
+        self.caught_up = float(caught_up)
         self.periods: dict[float, float] = {}  # candidate -> seconds a batch (the slower clock)
         self.clocks: dict[float, tuple[float, float | None]] = {}  # candidate -> (decodes, deliveries)
         self.waited: dict[float, float] = {}  # candidate -> the loop's wait for a batch, share of its period
+        self.gpu: dict[float, StepReading | None] = {}  # candidate -> the steps seen from the GPU
         self.choice: float | None = None
         self._lock = threading.Lock()
         self._calls = 0
@@ -112,10 +124,12 @@ class RouteTrial:
         self.periods[share] = max(decodes, deliveries or 0.0)
         waits = sorted(self._waits)[:-1]  # the mean wait without the longest (an epoch's first batch)
         self.waited[share] = sum(waits) / len(waits) / self.periods[share] if waits else 1.0
+        gpu = self.gpu[share] = self.steps.take() if self.steps is not None else None
         self._starts, self._deliveries, self._waits = [], [], []
         self._position = 0
-        if self._turn == 0 and self.waited[share] < self.keep_up:
-            self.choice = share  # the loop hardly waits: no other route can do better
+        at_gpu_pace = gpu is None or gpu.caught_up < self.caught_up
+        if self._turn == 0 and self.waited[share] < self.keep_up and at_gpu_pace:
+            self.choice = share  # the loop hardly waits at the GPU's pace: no other route can do better
         elif self._turn == len(self.candidates) - 1:
             first = self.candidates[0]
             others = min(self.candidates[1:], key=lambda c: self.periods[c])
@@ -123,6 +137,14 @@ class RouteTrial:
         else:
             self._turn += 1
         return self.choice is not None
+
+    def requested(self) -> None:
+        """The training loop asked for a batch now (its step's work is queued): on its thread."""
+        if self.choice is not None or self.steps is None:
+            return
+        with self._lock:
+            if self._starts:
+                self.steps.mark(REQUESTED)
 
     def consumed(self, waited: float = 0.0) -> None:
         """The loader handed a batch to the training loop now; the loop waited ``waited`` s."""
@@ -132,6 +154,8 @@ class RouteTrial:
             if self._starts:  # inside a timed window
                 self._deliveries.append(self.clock())
                 self._waits.append(waited)
+                if self.steps is not None:
+                    self.steps.mark(DELIVERED)
 
     def describe(self) -> str:
         parts = []
@@ -142,12 +166,19 @@ class RouteTrial:
                     f"; decodes {decodes * 1e3:.1f}, deliveries "
                     + (f"{deliveries * 1e3:.1f}" if deliveries is not None else "untimed")
                     + f", loop waited {100 * self.waited[c]:.0f}%"
+                    + _gpu_seen(self.gpu.get(c))
                 )
                 parts.append(f"{self.periods[c] * 1e3:.1f} ms a batch {_NAMES.get(c, f'at share {c:g}')}{seen}")
         return ", ".join(parts)
 
 
 _NAMES = {0.0: "with nvJPEG", 1.0: "with every JPEG on the CPU"}
+
+
+def _gpu_seen(reading: StepReading | None) -> str:
+    if reading is None:
+        return ""
+    return f", GPU {reading.gpu_step * 1e3:.1f} ms a step, caught up {100 * reading.caught_up:.0f}%"
 
 
 def _median_two_gap(times: list[float]) -> float:

@@ -13,6 +13,7 @@ __all__ = [
     "TRIAL_WINDOW",
     "TRIAL_KEEP_UP",
     "TRIAL_MARGIN",
+    "TRIAL_CAUGHT_UP",
     "CORES_FOR_A_TRIAL",
     "CORES_LEFT_TO_THE_STEP",
     "CPU_THREADS_BESIDE_NVJPEG",
@@ -29,12 +30,18 @@ GPU_MAX_PIXELS = 8192 * 8192
 # cpu_decode_share="auto" (the default, route_trial.py): the first TRIAL_WARMUP batches go to
 # the CPU untimed (a model's first steps are slow: cuDNN autotuning, compilation); then each
 # route decodes TRIAL_SETTLE batches untimed and at least TRIAL_WINDOW + 1 timed ones. The CPU
-# route is kept at once if the loop waited less than TRIAL_KEEP_UP of its step for it, else it
+# route is kept at once if the loop waited less than TRIAL_KEEP_UP of its step for it (and the
+# step ran at its GPU's pace: TRIAL_CAUGHT_UP below), else it
 # must be TRIAL_MARGIN faster than nvJPEG to stay (H100: ResNet-18's CPU route timed 2% faster,
 # then ran 34% slower a step).
 TRIAL_WARMUP, TRIAL_SETTLE, TRIAL_WINDOW = 8, 4, 10
 TRIAL_KEEP_UP = 0.1
 TRIAL_MARGIN = 0.05
+# ... and kept at once only if the step ran at its GPU's pace: the GPU still busy with the step
+# when the loop asked for its next batch (step_probe.py: the GPU's gap inside next() over the
+# host's, median over the window, below this). A step limited by its host thread (H200,
+# ResNet-18: 59.7 ms a batch on the CPU route, DALI's step 26.6) has the GPU waiting: ~1.
+TRIAL_CAUGHT_UP = 0.5
 # A process with fewer CPUs than this keeps nvJPEG without a trial: its CPU route cannot feed a GPU.
 CORES_FOR_A_TRIAL = 8
 # Cores the CPU decode threads leave when every JPEG may go to the CPU: the training thread and

@@ -1,0 +1,219 @@
+"""The route trial's keep-up shortcut judged by the step's own pace (vision/step_probe.py).
+
+A loader and a training loop are simulated on a fake clock, with the GPU's stream beside the
+host: each step queues ``gpu_ms`` of GPU work in ``host_ms`` of host time, and the host cannot
+finish queueing a step before the GPU finished the one before (CUDA's launch queue holds about
+a step). The probe's events are placed where that GPU would pass them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from torch_fastload.vision.route_trial import RouteTrial
+from torch_fastload.vision.settings import TRIAL_CAUGHT_UP
+from torch_fastload.vision.step_probe import DELIVERED, REQUESTED, GpuStepProbe, StepReading, read_marks
+
+NEXT_MS = 0.1  # next()'s own host time (the H200's main job: 154 us)
+
+
+class SimulatedProbe:
+    """``GpuStepProbe`` on the simulation: each mark at ``at = (gpu seconds, host seconds)``;
+    ``take()`` reads the marks the simulated GPU has passed by the fake clock."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.at = (0.0, 0.0)
+        self._marks = []
+
+    def mark(self, kind):
+        self._marks.append((kind, *self.at))
+
+    def take(self):
+        marks, self._marks = self._marks, []
+        passed = []
+        for mark in marks:
+            if mark[1] > self.clock[0]:
+                break
+            passed.append(mark)
+        return read_marks(passed)
+
+
+def simulated_run(decode_ms: dict, host_ms: dict, gpu_ms: dict, depth=4, probe=True) -> RouteTrial:
+    """The trial once it chose, over a loader whose decodes take ``decode_ms[share]`` (up to
+    ``depth`` batches ahead of the loop) and a loop whose steps take ``host_ms[share]`` on the
+    host and ``gpu_ms[share]`` on the GPU while that route decodes. ``probe=False``: the rule
+    before the probe (the loop's wait alone)."""
+    clock = [0.0]
+    steps = SimulatedProbe(clock) if probe else None
+    trial = RouteTrial(warmup=8, settle=4, window=10, clock=lambda: clock[0], steps=steps)
+    ready: list[float] = []
+    taken: list[float] = []
+    decode_free = loop_free = gpu_free = 0.0
+    share = 1.0
+    while trial.choice is None:
+        blocked = len(ready) >= depth and len(taken) <= len(ready) - depth
+        start = None if blocked else max(decode_free, taken[len(ready) - depth] if len(ready) >= depth else 0.0)
+        take = max(loop_free, ready[len(taken)]) + NEXT_MS / 1e3 if len(taken) < len(ready) else None
+        if take is not None and (start is None or take < start):
+            clock[0] = take
+            taken.append(take)
+            asked_gpu = max(loop_free, gpu_free)  # the GPU passes next()'s entry once the step ran
+            if steps is not None:
+                steps.at = (asked_gpu, loop_free)
+            trial.requested()
+            handed_gpu = max(take, asked_gpu)
+            if steps is not None:
+                steps.at = (handed_gpu, take)
+            trial.consumed(max(0.0, take - loop_free - NEXT_MS / 1e3))
+            loop_free = max(take + host_ms[share] / 1e3, gpu_free)  # the launch queue: about a step ahead
+            gpu_free = max(handed_gpu + gpu_ms[share] / 1e3, loop_free)
+        else:
+            clock[0] = start
+            share = trial.next_share()
+            decode_free = start + decode_ms[share] / 1e3
+            ready.append(decode_free)
+    return trial
+
+
+# H200, ResNet-18 (benchmarks/JOURNAL.md, 2026-11-26): the CPU route's decode threads slowed the
+# step's host thread to ~56 ms, its GPU work is ~22 ms; nvJPEG's decodes leave the host alone.
+SLOWED = dict(decode_ms={0.0: 20.0, 1.0: 50.0}, host_ms={0.0: 20.0, 1.0: 56.0}, gpu_ms={0.0: 24.0, 1.0: 21.5})
+# H100, ResNet-50: a 66 ms GPU step queued in 15 ms; nvJPEG's GPU work slows it to 71.
+RESNET50 = dict(decode_ms={0.0: 20.0, 1.0: 40.0}, host_ms={0.0: 15.0, 1.0: 15.0}, gpu_ms={0.0: 71.0, 1.0: 66.0})
+
+
+def test_a_step_slowed_on_its_host_thread_gets_nvjpeg_timed_too():
+    """The loop hardly waits for the CPU route (the step itself is slow), yet the GPU had caught
+    up at every hand-off: nvJPEG is timed and kept. The old rule (the loop's wait alone,
+    negative control) keeps the CPU route at 56 ms a batch."""
+    old = simulated_run(**SLOWED, probe=False)
+    assert old.choice == 1.0 and list(old.periods) == [1.0] and old.waited[1.0] < 0.1
+    assert old.periods[1.0] == pytest.approx(0.056, rel=0.03)
+    trial = simulated_run(**SLOWED)
+    assert trial.waited[1.0] < 0.1 and trial.gpu[1.0].caught_up > 0.9  # the shortcut's old reason still held
+    # the GPU time between next() calls is the slowed pace itself: beside the period it tells nothing
+    assert trial.gpu[1.0].gpu_step == pytest.approx(trial.periods[1.0], rel=0.03)
+    assert trial.choice == 0.0 and trial.periods[0.0] == pytest.approx(0.024, rel=0.05)
+    assert "caught up 100%" in trial.describe()
+
+
+def test_a_step_at_its_gpus_pace_keeps_the_cpu_route_without_trying_nvjpeg():
+    """ResNet-50: the GPU is still busy with the step at every hand-off and the loop never
+    waits: the CPU route is kept at once, as before the probe, and nvJPEG never starts."""
+    trial = simulated_run(**RESNET50)
+    assert trial.choice == 1.0 and list(trial.periods) == [1.0]
+    assert trial.gpu[1.0].caught_up < 0.1 and trial.gpu[1.0].gpu_step == pytest.approx(0.066, rel=0.02)
+    assert trial.periods[1.0] == pytest.approx(0.066, rel=0.02)
+    assert simulated_run(**RESNET50, probe=False).choice == 1.0
+
+
+def test_a_loop_that_waits_times_both_routes_whatever_the_gpu_says():
+    """A small model the CPU route cannot feed: the loop waits, so nvJPEG is timed (as before)."""
+    trial = simulated_run({0.0: 15.0, 1.0: 38.0}, {0.0: 10.0, 1.0: 10.0}, {0.0: 22.0, 1.0: 20.0})
+    assert trial.waited[1.0] > 0.3 and trial.choice == 0.0 and set(trial.periods) == {0.0, 1.0}
+
+
+def test_read_marks_tells_a_busy_gpu_from_one_that_waited():
+    busy, waited = [], []
+    for k in range(5):  # the GPU passes next()'s markers 40 ms after the host set them, both at once
+        t = 0.05 * k
+        busy += [(REQUESTED, t + 0.040, t), (DELIVERED, t + 0.040, t + 0.0002)]
+        waited += [(REQUESTED, t, t), (DELIVERED, t + 0.003, t + 0.003)]  # the loop waited 3 ms
+    seen = read_marks(busy)
+    assert seen.caught_up == pytest.approx(0.0) and seen.gpu_step == pytest.approx(0.050)
+    seen = read_marks(waited)
+    assert seen.caught_up == pytest.approx(1.0) and seen.gpu_step == pytest.approx(0.047)
+    assert read_marks(waited[:4]) is None  # too few spans to judge
+    assert isinstance(seen, StepReading) and TRIAL_CAUGHT_UP == 0.5
+
+
+def test_a_trial_without_probe_data_falls_back_to_the_loops_wait():
+    """A probe whose events the GPU had not passed by the window's end (None): the rule before."""
+
+    class Blind:
+        def mark(self, kind):
+            pass
+
+        def take(self):
+            return None
+
+    now = [0.0]
+    trial = RouteTrial(warmup=0, settle=0, window=5, clock=lambda: now[0], steps=Blind())
+    while trial.choice is None:
+        trial.next_share()
+        trial.requested()
+        trial.consumed(waited=0.0)
+        now[0] += 0.03
+    assert trial.choice == 1.0 and trial.gpu[1.0] is None
+
+
+@pytest.mark.cuda
+def test_gpu_step_probe_on_the_gpu_sees_a_busy_stream_and_an_idle_one():
+    """Real events: a 30 ms GPU sleep queued before next()'s entry keeps the GPU busy through
+    the 2 ms next() (caught up ~0); with the host sleeping instead, the GPU waits (~1)."""
+    device = torch.device("cuda")
+    torch.cuda._sleep(1000)
+    torch.cuda.synchronize()
+    cycles_per_ms = _cycles_per_ms()
+
+    def run(gpu_busy: bool) -> StepReading:
+        probe = GpuStepProbe(device)
+        for _ in range(5):
+            if gpu_busy:
+                torch.cuda._sleep(int(30 * cycles_per_ms))
+            else:
+                time.sleep(0.030)
+            probe.mark(REQUESTED)
+            time.sleep(0.002)
+            probe.mark(DELIVERED)
+        torch.cuda.synchronize()
+        return probe.take()
+
+    busy, idle = run(True), run(False)
+    assert busy.caught_up < TRIAL_CAUGHT_UP < idle.caught_up
+    assert busy.gpu_step > 0.015 and idle.gpu_step > 0.015
+
+
+def _cycles_per_ms() -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return 10_000_000 / start.elapsed_time(end)
+
+
+def test_the_default_decoder_probes_the_step_and_the_source_passes_next_calls_on(monkeypatch, tmp_path):
+    """BatchDecoder's trial carries a GpuStepProbe (nothing touches the GPU until a timed
+    window), and ImageFolder hands next()'s entry to its decoder's trial."""
+    import torch_fastload
+    from torch_fastload.sources import ImageFolder
+    from torch_fastload.vision import decode
+
+    monkeypatch.setattr(decode, "_native_jpeg", lambda: True)
+    monkeypatch.setattr(torch_fastload.config, "cpus_per_process", lambda: 16)
+    decoder = decode.BatchDecoder("cuda")
+    assert isinstance(decoder.trial.steps, GpuStepProbe) and decoder.trial.steps.device.type == "cuda"
+    decoder.requested()  # outside a timed window: no mark, no CUDA call
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.jpg").write_bytes(b"\xff\xd8\xff\xd9")
+    folder = ImageFolder(tmp_path)
+    seen = []
+
+    class Decoder:
+        def requested(self):
+            seen.append("requested")
+
+        def delivered(self, waited):
+            seen.append("delivered")
+
+    folder._decoders[torch.device("cuda", 0)] = Decoder()
+    folder.__fastload_requested__(torch.device("cuda", 0))
+    folder.__fastload_delivered__("cuda:0", 0.0)
+    folder.__fastload_requested__(torch.device("cuda", 1))  # no decoder there: nothing
+    assert seen == ["requested", "delivered"]
