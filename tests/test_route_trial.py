@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from torch_fastload.vision import route_trial
 from torch_fastload.vision.route_trial import RouteTrial
 from torch_fastload.vision.settings import TRIAL_CAUGHT_UP
 from torch_fastload.vision.step_probe import DELIVERED, REQUESTED, GpuStepProbe, StepReading, read_marks
@@ -217,3 +218,58 @@ def test_the_default_decoder_probes_the_step_and_the_source_passes_next_calls_on
     folder.__fastload_delivered__("cuda:0", 0.0)
     folder.__fastload_requested__(torch.device("cuda", 1))  # no decoder there: nothing
     assert seen == ["requested", "delivered"]
+
+
+def _split_run(decode_ms, step_ms: float, split=True, depth=4) -> RouteTrial:
+    """A loader whose decode of a batch at CPU share s takes ``decode_ms(s)``, beside a loop whose
+    step takes ``step_ms``; the trial once it chose."""
+    clock = [0.0]
+    trial = RouteTrial(warmup=8, settle=4, window=10, clock=lambda: clock[0], split=split)
+    ready: list[float] = []
+    taken: list[float] = []
+    decode_free = loop_free = 0.0
+    while trial.choice is None:
+        blocked = len(ready) >= depth and len(taken) <= len(ready) - depth
+        start = None if blocked else max(decode_free, taken[len(ready) - depth] if len(ready) >= depth else 0.0)
+        take = max(loop_free, ready[len(taken)]) if len(taken) < len(ready) else None
+        if take is not None and (start is None or take < start):
+            clock[0] = take
+            taken.append(take)
+            trial.consumed(take - loop_free)
+            loop_free = take + step_ms / 1e3
+        else:
+            clock[0] = start
+            decode_free = start + decode_ms(trial.next_share()) / 1e3
+            ready.append(decode_free)
+    return trial
+
+
+def test_neither_route_feeding_the_loop_times_both_at_once_split_by_their_rates():
+    """H200 ResNet-18: the CPU route ran 29.7 ms a batch and nvJPEG 28.9 beside a 19.5 ms step;
+    the loop waited for both. Splitting each batch in the ratio of their rates (49% on the CPU)
+    is timed third and kept. Without the split (negative control) nvJPEG stays at ~29 ms."""
+
+    def decode(share):  # both decoders at once, each on its part of the batch
+        return max(share * 29.7, (1 - share) * 28.9) + 1.0
+
+    trial = _split_run(decode, 19.5)
+    share = route_trial.split_share(29.7 + 1.0, 28.9 + 1.0)
+    assert share == pytest.approx(0.49, abs=0.01)
+    assert list(trial.periods) == [1.0, 0.0, share] and trial.choice == share
+    assert trial.periods[share] == pytest.approx(0.0195, rel=0.05)
+    assert "at share 0.49" in trial.describe()
+    old = _split_run(decode, 19.5, split=False)
+    assert old.choice == 0.0 and old.periods[0.0] == pytest.approx(0.0299, rel=0.03)
+
+
+def test_a_split_slower_than_nvjpeg_alone_is_not_kept_and_a_cpu_that_keeps_up_skips_it():
+    trial = _split_run(lambda s: {1.0: 40.0, 0.0: 25.0}.get(s, 45.0), 10.0)  # the two decoders collide
+    assert len(trial.periods) == 3 and trial.choice == 0.0
+    trial = _split_run(lambda s: {1.0: 40.0, 0.0: 20.0}.get(s, 15.0), 66.0)  # ResNet-50: the CPU keeps up
+    assert trial.choice == 1.0 and list(trial.periods) == [1.0]
+
+
+def test_split_share_balances_the_two_rates():
+    assert route_trial.split_share(30.0, 30.0) == 0.5
+    assert route_trial.split_share(60.0, 20.0) == 0.25
+    assert route_trial.split_share(1.0, 100.0) == 0.9 and route_trial.split_share(100.0, 1.0) == 0.1

@@ -229,6 +229,7 @@ class BatchDecoder:
                 window=TRIAL_WINDOW,
                 on_choice=_log_choice,
                 steps=GpuStepProbe(self.device),
+                split=True,
             )
             if share == "auto" and native and cpus >= CORES_FOR_A_TRIAL
             else None
@@ -523,6 +524,10 @@ def default_cpu_threads(share: float, cpus: int) -> int:
 def _log_choice(trial: RouteTrial) -> None:
     log.info(
         "torch_fastload: cpu_decode_share='auto' decodes %s from now on (%s)",
-        "every JPEG on the CPU" if trial.choice == 1 else "with nvJPEG",
+        "every JPEG on the CPU"
+        if trial.choice == 1
+        else "with nvJPEG"
+        if trial.choice == 0
+        else f"{trial.choice:.0%} of each batch's JPEGs on the CPU, the rest with nvJPEG",
         trial.describe(),
     )

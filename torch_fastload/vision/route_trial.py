@@ -66,6 +66,7 @@ class RouteTrial:
         on_choice: Callable[[RouteTrial], None] | None = None,
         steps=None,
         caught_up: float = TRIAL_CAUGHT_UP,
+        split: bool = False,
     ):
         if len(candidates) < 2 or warmup < 0 or settle < 0 or window < 3:
             raise ValueError("a route trial needs two candidates, warmup >= 0, settle >= 0 and window >= 3")
@@ -79,6 +80,9 @@ class RouteTrial:
         self.on_choice = on_choice
         self.steps = steps  # marks next()'s entry and return on the GPU (step_probe.GpuStepProbe)
         self.caught_up = float(caught_up)
+        # Neither route kept the loop fed: both decode at once, each batch split in the ratio of
+        # their rates, timed as a third candidate (``split_share``)
+        self.split = bool(split) and self.candidates == [1.0, 0.0]
         self.periods: dict[float, float] = {}  # candidate -> seconds a batch (the slower clock)
         self.clocks: dict[float, tuple[float, float | None]] = {}  # candidate -> (decodes, deliveries)
         self.waited: dict[float, float] = {}  # candidate -> the loop's wait for a batch, share of its period
@@ -130,6 +134,9 @@ class RouteTrial:
         at_gpu_pace = gpu is None or gpu.caught_up < self.caught_up
         if self._turn == 0 and self.waited[share] < self.keep_up and at_gpu_pace:
             self.choice = share  # the loop hardly waits at the GPU's pace: no other route can do better
+        elif self._turn == len(self.candidates) - 1 and self._split_next():
+            self.candidates.append(split_share(self.periods[1.0], self.periods[0.0]))
+            self._turn += 1
         elif self._turn == len(self.candidates) - 1:
             first = self.candidates[0]
             others = min(self.candidates[1:], key=lambda c: self.periods[c])
@@ -137,6 +144,10 @@ class RouteTrial:
         else:
             self._turn += 1
         return self.choice is not None
+
+    def _split_next(self) -> bool:
+        """Whether the split is timed next: both routes alone made the loop wait (lock held)."""
+        return self.split and len(self.candidates) == 2 and all(self.waited[c] >= self.keep_up for c in self.candidates)
 
     def requested(self) -> None:
         """The training loop asked for a batch now (its step's work is queued): on its thread."""
@@ -173,6 +184,13 @@ class RouteTrial:
 
 
 _NAMES = {0.0: "with nvJPEG", 1.0: "with every JPEG on the CPU"}
+
+
+def split_share(cpu_period: float, gpu_period: float) -> float:
+    """The CPU share of each batch that would keep both decoders equally busy, were they
+    independent: s * cpu = (1 - s) * gpu. Rounded to a percent, within [0.1, 0.9]."""
+    share = gpu_period / (cpu_period + gpu_period) if cpu_period + gpu_period > 0 else 0.5
+    return round(min(0.9, max(0.1, share)), 2)
 
 
 def _gpu_seen(reading: StepReading | None) -> str:
