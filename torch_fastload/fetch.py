@@ -214,7 +214,7 @@ def source_hooks(loader, source) -> SourceHooks:
     read = batch_reader(loader) if isinstance(source, InThreadSource) else None
     if read is None:
         return SourceHooks(slot_bytes=bound)
-    return SourceHooks(read, hooks.finish, bound, hooks.delivered, hooks.native)
+    return SourceHooks(read, hooks.finish, bound, hooks.delivered, hooks.native, direct_cpu=hooks.direct_cpu)
 
 
 class Fetcher:

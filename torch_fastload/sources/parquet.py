@@ -64,6 +64,8 @@ class ParquetDataset(Dataset):
     each thread about two column chunks, so they finish in the order they are read).
     """
 
+    __fastload_direct_cpu__ = True  # a CPU batch is copied once from Arrow's buffers, no slot
+
     def __init__(
         self,
         source,
