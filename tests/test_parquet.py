@@ -244,7 +244,7 @@ def test_loader_batches_cut_across_row_groups_and_equal_torch_per_row(tmp_path):
 
 
 @pytest.mark.parametrize("batch_size", [70, 250])
-def test_in_order_batches_across_row_groups_are_copied_once_and_equal_read_table(tmp_path, batch_size):
+def test_in_order_batches_across_row_groups_are_copied_once_and_equal_read_table(tmp_path, batch_size, device="cpu"):
     table = every_type(1000)
     path = write(table, tmp_path / "t.parquet", row_group_size=96)
     dataset = ParquetDataset(path, threads=2)
@@ -252,13 +252,15 @@ def test_in_order_batches_across_row_groups_are_copied_once_and_equal_read_table
     plans = dataset.__fastload_batch__(np.arange(90, 90 + batch_size))  # across 2+ row groups
     assert isinstance(plans["i64"], PendingConcat) and isinstance(plans["name"], PendingConcat)
     assert plans["name__offsets"].dtype == torch.int64 and plans["i64"].shape == (batch_size,)
-    ours = list(DataLoader(dataset, batch_size=batch_size, device="cpu"))
+    ours = list(DataLoader(dataset, batch_size=batch_size, device=device))
     assert len(ours) == -(-1000 // batch_size)
     for k, batch in enumerate(ours):
         rows = reference.slice(k * batch_size, batch_size)
         for spec in dataset.plan.columns:
             for key, want in expected(rows, spec.name, spec.masked).items():
-                assert batch[key].dtype == want.dtype and torch.equal(batch[key], want), (k, key)
+                got = batch[key]
+                assert got.device.type == device and got.dtype == want.dtype, (k, key)
+                assert torch.equal(got.cpu(), want), (k, key)
     dataset.close()
 
 
@@ -635,6 +637,11 @@ def test_gpu_batches_equal_the_cpu_batches(tmp_path):
     for a, b in zip(gpu, cpu):
         assert all(t.device.type == "cuda" for t in a.values())
         assert_same(a, b)
+
+
+@pytest.mark.cuda
+def test_gpu_in_order_batches_across_row_groups_equal_read_table(tmp_path):
+    test_in_order_batches_across_row_groups_are_copied_once_and_equal_read_table(tmp_path, 70, device="cuda")
 
 
 def test_readme_example_as_a_user_runs_it(tmp_path):
