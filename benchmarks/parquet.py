@@ -447,6 +447,7 @@ def main(argv=None) -> int:
     p.add_argument("--dir", type=Path, help="data directory [OUT/data]")
     p.add_argument("--alert-rows", type=positive_int_list, help="alert table rows [240000,1000000,2000000,4000000]")
     p.add_argument("--profile-sizes", type=size_list, help="decoded bytes of each profile file [64M,512M]")
+    p.add_argument("--alert-row-group-rows", type=int, help="alert table: rows a row group [131072; CPU: 1024]")
     p.add_argument("--batch-rows", type=int, help="rows a batch [65536]")
     p.add_argument("--batch-mib", type=float, help="at least this many MiB of decoded data a batch [16]")
     p.add_argument("--prepare-workers", type=int, help="processes writing the data files [8]")
@@ -462,6 +463,7 @@ def main(argv=None) -> int:
         argv,
         alert_rows=([240_000, 1_000_000, 2_000_000, 4_000_000], [240_000, 1_000_000], [6000]),
         profile_sizes=([64 * MiB, 512 * MiB], [64 * MiB], [MiB // 4]),
+        alert_row_group_rows=(131072, 131072, 1024),
         batch_rows=(65536, 65536, 1024),
         batch_mib=(16.0, 16.0, 0.25),
         prepare_workers=(8, 8, 1),
@@ -474,7 +476,7 @@ def main(argv=None) -> int:
     args.dir = args.dir or args.out / "data"
     args.dir.mkdir(parents=True, exist_ok=True)
     study = Study("parquet", args, "Parquet -> tensors vs pyarrow.read_table and a torch DataLoader")
-    rg = 131072 if args.scale != "cpu" else 1024
+    rg = args.alert_row_group_rows
     study["alert"], study["profiles"], study["skipped"] = [], [], []
     write_all(
         args.dir,

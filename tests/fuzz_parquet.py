@@ -87,7 +87,7 @@ def main() -> int:
                 dataset = ParquetDataset(path, threads=2, read_mode=rng.choice(["pyarrow", "pread"]))
                 try:
                     for start in range(0, len(dataset), 256):
-                        dataset.__fastload_batch__(range(start, min(start + 256, len(dataset))))
+                        dataset.batch(range(start, min(start + 256, len(dataset))))
                 finally:
                     dataset.close()
                 result = "read"

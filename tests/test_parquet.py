@@ -19,6 +19,7 @@ from test_loader import assert_same
 from torch_fastload import DataLoader
 from torch_fastload.errors import ParquetDecodeError, ParquetError, ParquetFormatError, ParquetSchemaError
 from torch_fastload.sources import ParquetDataset, ParquetSampler
+from torch_fastload.staging import PendingConcat
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,7 +99,7 @@ def expected(table: pa.Table, column: str, masked: bool) -> dict:
 
 
 def assert_matches_read_table(dataset: ParquetDataset, reference: pa.Table) -> None:
-    batch = dataset.__fastload_batch__(range(len(dataset)))
+    batch = dataset.batch(range(len(dataset)))
     want = {}
     for spec in dataset.plan.columns:
         want.update(expected(reference, spec.name, spec.masked))
@@ -152,12 +153,12 @@ def test_every_type_equals_read_table(tmp_path, writer, compression):
 def test_read_modes_threads_and_projection_agree(tmp_path, read_mode):
     table = every_type(700)
     path = write(table, tmp_path / "t.parquet", row_group_size=50)
-    reference = ParquetDataset(path, threads=1).__fastload_batch__(np.arange(700)[::-1])
+    reference = ParquetDataset(path, threads=1).batch(np.arange(700)[::-1])
     dataset = ParquetDataset(path, threads=4, read_mode=read_mode, cache_bytes=1)  # evicts as it goes
-    assert_same(dataset.__fastload_batch__(np.arange(700)[::-1]), reference)
+    assert_same(dataset.batch(np.arange(700)[::-1]), reference)
     projected = ParquetDataset(path, columns=["name", "f32"], read_mode=read_mode)
     assert projected.keys() == ["name", "name__offsets", "name__valid", "f32"]
-    batch = projected.__fastload_batch__(range(700))
+    batch = projected.batch(range(700))
     assert torch.equal(batch["f32"], torch.tensor(table.column("f32").to_numpy()))
 
 
@@ -179,7 +180,7 @@ def test_many_files_hold_few_descriptors(tmp_path):
         )
     before = len(os.listdir("/proc/self/fd"))
     dataset = ParquetDataset(tmp_path, threads=2)
-    batch = dataset.__fastload_batch__(np.arange(1200)[::-1])
+    batch = dataset.batch(np.arange(1200)[::-1])
     assert batch["x"].tolist() == list(range(1199, -1, -1))
     assert len(os.listdir("/proc/self/fd")) - before <= 2 * 4 + 2  # a few open per decode thread
     dataset.close()
@@ -195,7 +196,7 @@ def test_column_names_with_dots_and_nested_neighbours(tmp_path):
     )
     path = write(table, tmp_path / "t.parquet")
     dataset = ParquetDataset(path, columns=["a.b", "emb.x"])
-    batch = dataset.__fastload_batch__([1, 0])
+    batch = dataset.batch([1, 0])
     assert batch["a.b"].tolist() == [20, 10] and batch["emb.x"].tolist() == [[3.0, 4.0], [1.0, 2.0]]
     assert len(dataset.plan.row_groups[0].chunks["a.b"]) == 1
 
@@ -219,7 +220,7 @@ def test_dictionary_columns_give_codes_and_a_dictionary(tmp_path):
     table = every_type(400)
     path = write(table, tmp_path / "t.parquet")
     dataset = ParquetDataset(path, columns=["name"], dictionary_columns=["name"])
-    batch = dataset.__fastload_batch__(range(400))
+    batch = dataset.batch(range(400))
     words = [
         bytes(batch["name__dictionary"][a:b].numpy()).decode()
         for a, b in zip(batch["name__dictionary_offsets"][:-1], batch["name__dictionary_offsets"][1:])
@@ -240,6 +241,27 @@ def test_loader_batches_cut_across_row_groups_and_equal_torch_per_row(tmp_path):
     assert_same(ours, theirs)
     rows = torch.cat([b["i64"] for b in ours])
     assert sorted(rows.tolist()) == sorted(table.column("i64").to_pylist())  # every row once
+
+
+@pytest.mark.parametrize("batch_size", [70, 250])
+def test_in_order_batches_across_row_groups_are_copied_once_and_equal_read_table(tmp_path, batch_size, device="cpu"):
+    table = every_type(1000)
+    path = write(table, tmp_path / "t.parquet", row_group_size=96)
+    dataset = ParquetDataset(path, threads=2)
+    reference = pq.read_table(path)
+    plans = dataset.__fastload_batch__(np.arange(90, 90 + batch_size))  # across 2+ row groups
+    assert isinstance(plans["i64"], PendingConcat) and isinstance(plans["name"], PendingConcat)
+    assert plans["name__offsets"].dtype == torch.int64 and plans["i64"].shape == (batch_size,)
+    ours = list(DataLoader(dataset, batch_size=batch_size, device=device))
+    assert len(ours) == -(-1000 // batch_size)
+    for k, batch in enumerate(ours):
+        rows = reference.slice(k * batch_size, batch_size)
+        for spec in dataset.plan.columns:
+            for key, want in expected(rows, spec.name, spec.masked).items():
+                got = batch[key]
+                assert got.device.type == device and got.dtype == want.dtype, (k, key)
+                assert torch.equal(got.cpu(), want), (k, key)
+    dataset.close()
 
 
 def test_batch_sampler_gives_the_same_batches_without_per_row_python(tmp_path):
@@ -325,7 +347,7 @@ def test_decode_runs_ahead_of_the_batches_in_the_samplers_order(tmp_path, shuffl
     dataset = ParquetDataset(path, threads=2)
     sampler = ParquetSampler(dataset, shuffle=shuffle, seed=3, shuffle_rows=100)
     batch = next(iter(sampler.batches(100)))
-    dataset.__fastload_batch__(batch)
+    dataset.batch(batch)
     cache = dataset._reader()
     _settled(cache)
     assert list(cache.entries) == dataset._schedule.tolist()  # all 40 row groups, in read order
@@ -341,7 +363,7 @@ def test_shuffled_batches_gathered_column_by_column_in_parallel_equal_read_table
     sampler = ParquetSampler(dataset, seed=2, shuffle_rows=6000)
     reference = pq.read_table(path)
     for rows in sampler.batches(5000):
-        batch = dataset.__fastload_batch__(rows)
+        batch = dataset.batch(rows)
         taken = reference.take(pa.array(rows))
         for spec in dataset.plan.columns:
             for key, want in expected(taken, spec.name, spec.masked).items():
@@ -357,7 +379,7 @@ def test_a_full_cache_drops_row_groups_already_read_before_those_decoded_ahead(t
     cache = dataset._reader()
     for b in range(0, 80):  # two batches a row group
         k = b // 2
-        batch = dataset.__fastload_batch__(np.arange(b * 50, (b + 1) * 50))
+        batch = dataset.batch(np.arange(b * 50, (b + 1) * 50))
         assert torch.equal(batch["x"], torch.arange(b * 50, (b + 1) * 50))
         _settled(cache)
         assert cache.held <= 6 * group_bytes
@@ -380,7 +402,7 @@ def test_read_ahead_holds_at_most_half_the_cache(tmp_path):
     path = write(pa.table({"x": pa.array(np.arange(4000))}), tmp_path / "t.parquet", row_group_size=100)
     group_bytes = pq.read_table(path).slice(0, 100).nbytes
     dataset = ParquetDataset(path, threads=2, cache_bytes=8 * group_bytes)
-    dataset.__fastload_batch__(np.arange(100))
+    dataset.batch(np.arange(100))
     cache = dataset._reader()
     _settled(cache)
     ahead = [g for g in cache.entries if g != 0]
@@ -555,13 +577,11 @@ def test_a_row_group_that_fails_ahead_is_not_decoded_again_until_its_batch(tmp_p
 
     cache._decode = counted
     for k in range(2):
-        assert torch.equal(
-            dataset.__fastload_batch__(np.arange(k * 100, (k + 1) * 100))["a"], torch.arange(k * 100, (k + 1) * 100)
-        )
+        assert torch.equal(dataset.batch(np.arange(k * 100, (k + 1) * 100))["a"], torch.arange(k * 100, (k + 1) * 100))
         _settled(cache)
     assert tries[2] == 1 and max(tries) > 2  # tried once ahead; the read-ahead went on past it
     with pytest.raises(ParquetDecodeError) as info:
-        dataset.__fastload_batch__(np.arange(200, 300))
+        dataset.batch(np.arange(200, 300))
     assert info.value.row_group == 2 and tries[2] == 2  # its own batch tries again and raises
     dataset.close()
 
@@ -572,7 +592,7 @@ def test_file_rewritten_after_open_is_a_typed_batch_error(tmp_path):
     with open(path, "ab") as f:
         f.write(b"more rows being appended")
     with pytest.raises(ParquetFormatError, match="still being written"):
-        dataset.__fastload_batch__(range(10))
+        dataset.batch(range(10))
 
 
 def test_nulls_the_statistics_did_not_report_are_an_error_not_garbage(tmp_path):
@@ -581,7 +601,7 @@ def test_nulls_the_statistics_did_not_report_are_an_error_not_garbage(tmp_path):
     pq.write_table(table, path, write_statistics=False)
     assert ParquetDataset(path).keys() == ["x", "x__valid"]  # no statistics: a mask
     with pytest.raises(ParquetDecodeError, match="nulls"):
-        ParquetDataset(path, masks="never").__fastload_batch__(range(3))
+        ParquetDataset(path, masks="never").batch(range(3))
 
 
 def test_fuzzed_footer_and_page_bytes_never_crash_the_process(tmp_path):
@@ -617,6 +637,11 @@ def test_gpu_batches_equal_the_cpu_batches(tmp_path):
     for a, b in zip(gpu, cpu):
         assert all(t.device.type == "cuda" for t in a.values())
         assert_same(a, b)
+
+
+@pytest.mark.cuda
+def test_gpu_in_order_batches_across_row_groups_equal_read_table(tmp_path):
+    test_in_order_batches_across_row_groups_are_copied_once_and_equal_read_table(tmp_path, 70, device="cuda")
 
 
 def test_readme_example_as_a_user_runs_it(tmp_path):

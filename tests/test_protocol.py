@@ -9,7 +9,7 @@ import torch
 from torch_fastload import DataLoader
 from torch_fastload.sources import ArrayDataset, ImageFolder
 from torch_fastload.sources.protocol import BatchSource, FinishingSource, hooks_of
-from torch_fastload.staging import PendingRead
+from torch_fastload.staging import PendingConcat, PendingRead
 
 
 class FixedRecords(torch.utils.data.Dataset):  # README.md: N records of 4 KiB in one file
@@ -74,3 +74,39 @@ def test_requested_hook_runs_before_each_delivery(records):
     batches = list(DataLoader(records, batch_size=10, device="cpu"))
     assert seen[: 2 * len(batches)] == ["requested", "delivered"] * len(batches)
     assert seen[2 * len(batches) :] == ["requested"]  # the call that ends the epoch
+
+
+class InMemory(torch.utils.data.Dataset):
+    """A batch source of in-memory columns: one plain tensor and one joined from two chunks."""
+
+    def __init__(self, direct: bool):
+        self.values = torch.arange(100, dtype=torch.int64)
+        if direct:
+            self.__fastload_direct_cpu__ = True
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        return {"x": self.values[i], "y": self.values[i] * 2}
+
+    def __fastload_batch__(self, indices):
+        index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        half = len(index) // 2
+        y = self.values[index] * 2
+        return {"x": self.values[index], "y": PendingConcat([y[:half], y[half:]])}
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_direct_cpu_sources_are_copied_once_into_their_batch_without_a_slot(direct):
+    source = InMemory(direct)
+    loader = DataLoader(source, batch_size=16, device="cpu")
+    batches = list(loader)
+    assert [b["x"].tolist() for b in batches] == [list(range(k, min(k + 16, 100))) for k in range(0, 100, 16)]
+    assert all(torch.equal(b["y"], 2 * b["x"]) for b in batches)
+    assert hooks_of(source).direct_cpu is direct
+    assert (loader.pool is None) is direct  # no pageable slot pool: the batch is the only copy
+    assert ("copied once" in loader.stats().path) is direct
+    assert batches[0]["x"].data_ptr() != source.values.data_ptr()  # never the source's memory
+    batches[0]["x"].fill_(-1)
+    assert int(source.values[0]) == 0

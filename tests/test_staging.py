@@ -5,7 +5,15 @@ import torch
 from torch.utils.data import default_collate
 
 from torch_fastload import staging
-from torch_fastload.staging import ALIGN, ParallelCopier, PendingStack, deferred_collate, plan_batch
+from torch_fastload.staging import (
+    ALIGN,
+    ParallelCopier,
+    PendingConcat,
+    PendingStack,
+    deferred_collate,
+    materialize,
+    plan_batch,
+)
 
 
 @pytest.fixture(params=["native", "numpy"])
@@ -73,3 +81,21 @@ def test_deferred_collate_has_default_collate_structure():
 def test_unstackable_samples_fall_back_to_torch_errors():
     with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
         deferred_collate([torch.zeros(2), torch.zeros(3)])
+
+
+def test_pending_concat_is_written_back_to_back_like_torch_cat(copier_factory):
+    pieces = [torch.randn(300_001, 2), torch.randn(0, 2), torch.randn(64, 2)[::2], torch.randn(5, 2)]
+    batch = {"x": PendingConcat(pieces), "n": torch.arange(3)}
+    assert batch["x"].shape == (300_038, 2)
+    plan = plan_batch(batch)
+    flat = torch.full((plan.total_bytes,), 0xAB, dtype=torch.uint8)
+    copier = copier_factory(2)
+    copier.copy_into(flat, plan.copy_list())
+    out = plan.unpack(flat, lambda tensor: tensor)
+    assert torch.equal(out["x"], torch.cat(pieces)) and torch.equal(out["n"], torch.arange(3))
+    assert torch.equal(materialize(batch)["x"], torch.cat(pieces))
+    copier.close()
+    with pytest.raises(ValueError, match="differ in dtype"):
+        PendingConcat([torch.zeros(2), torch.zeros(2, dtype=torch.int32)])
+    with pytest.raises(ValueError, match="at least one"):
+        PendingConcat([])

@@ -215,7 +215,9 @@ def source_hooks(loader, source) -> SourceHooks:
     read = batch_reader(loader) if isinstance(source, InThreadSource) else None
     if read is None:
         return SourceHooks(slot_bytes=bound)
-    return SourceHooks(read, hooks.finish, bound, hooks.delivered, hooks.requested, hooks.native)
+    return SourceHooks(
+        read, hooks.finish, bound, hooks.delivered, hooks.requested, hooks.native, direct_cpu=hooks.direct_cpu
+    )
 
 
 class Fetcher:

@@ -114,14 +114,18 @@ class Pipeline:
             slot_bytes_bound=bound,
             consumer=torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None,
             copy_threads=WORKER_COPY_THREADS if self.fetcher.uses_workers else None,
+            direct_cpu=hooks.direct_cpu,
         )
         self.on_delivered = hooks.delivered
         self.on_requested = hooks.requested
         self.engine = resources.engine
         self.stats = resources.stats
-        self.stats.path = (
-            f"pinned-pool -> {self.device}" if self.device.type == "cuda" else "cpu (pageable slots, no pinning)"
-        )
+        if self.device.type == "cuda":
+            self.stats.path = f"pinned-pool -> {self.device}"
+        elif self.stager.direct_cpu:
+            self.stats.path = "cpu (copied once, straight into each batch)"
+        else:
+            self.stats.path = "cpu (pageable slots, no pinning)"
         self._lock = threading.Lock()
         self.finished = False
         self._reorder: dict = {}  # staged batches that arrived ahead of their turn, by position

@@ -49,6 +49,7 @@ class BatchStager:
         slot_bytes_bound: Callable[[], int] | None = None,
         consumer=None,
         copy_threads: int | None = None,
+        direct_cpu: bool = False,
     ):
         self.resources = resources
         self.collated = collated
@@ -58,6 +59,7 @@ class BatchStager:
         self.slot_bytes_bound = slot_bytes_bound
         self.consumer = consumer  # the training loop's stream, where batches are allocated
         self.copy_threads = copy_threads  # memcpy threads per batch (None: the copier's own)
+        self.direct_cpu = direct_cpu and not resources.engine.is_cuda  # the source's __fastload_direct_cpu__
         self.engine = resources.engine
         self.copier = resources.copier
         self.stats = resources.stats
@@ -125,6 +127,8 @@ class BatchStager:
         # zero-byte reads (rows of shape (0,): an (N, 0) .npy) have nothing to read and need no slot
         reads = [(offset, src) for offset, src in items if isinstance(src, PendingRead) and src.lengths.any()]
         items = [(offset, src) for offset, src in items if not isinstance(src, PendingRead) or src.lengths.any()]
+        if self.direct_cpu and not reads:
+            return self._stage_direct(plan, items)
         reader = self.resources.file_reader() if reads else None
         to_device = reader is not None and reader.path.to_device
         if to_device:  # file fields go straight to the device; the slot holds the rest, packed
@@ -171,6 +175,19 @@ class BatchStager:
         copy.moved = moved
         on_stream = plan.payload_bytes if not to_device or reader.copies_on_stream else sum(n for _, _, n in copies)
         self.resources.copy_timer.add(copy, on_stream)
+        return StagedBatch(copy, plan.samples, plan.payload_bytes)
+
+    def _stage_direct(self, plan, items: list) -> StagedBatch:
+        """The CPU device, a source with ``__fastload_direct_cpu__``: its in-memory fields are
+        copied once, straight into the batch's own memory. Through a slot they were copied
+        twice (into the slot, then out of it into fresh memory): the slot is there for the
+        pinned device copy, and a CPU batch has none."""
+        started = time.perf_counter()
+        flat = torch.empty(plan.total_bytes, dtype=torch.uint8, pin_memory=self.engine.pin_cpu_output)
+        staged = self.copier.copy_into(flat, items, self.copy_threads)
+        self.stats.add_stage("stage", time.perf_counter() - started, staged)
+        copy = InFlightCopy(flat, plan.unpack(flat, lambda tensor: tensor), None, None)
+        self.resources.copy_timer.add(copy, 0)
         return StagedBatch(copy, plan.samples, plan.payload_bytes)
 
 

@@ -28,6 +28,8 @@ __all__ = [
     "PendingStack",
     "PendingGather",
     "PendingRead",
+    "PendingConcat",
+    "materialize",
     "gather_rows",
     "deferred_collate",
     "map_batch",
@@ -70,6 +72,29 @@ class PendingGather(Pending):
         self.index = index
         self.shape = (len(index),) + tuple(source.shape[1:])
         self.dtype = source.dtype
+
+
+class PendingConcat(Pending):
+    """CPU tensors written back to back into a slot, as ``torch.cat`` would join them: a field
+    whose rows come from several in-memory chunks (Arrow row groups) is copied once, never
+    joined in pageable memory first."""
+
+    __slots__ = ("tensors",)
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        if not tensors:
+            raise ValueError("a PendingConcat needs at least one tensor")
+        first = tensors[0]
+        if any(t.dtype != first.dtype or t.shape[1:] != first.shape[1:] or t.device.type != "cpu" for t in tensors):
+            raise ValueError("the tensors of a PendingConcat differ in dtype, row shape or device")
+        self.tensors = list(tensors)
+        self.shape = (sum(len(t) for t in tensors),) + tuple(first.shape[1:])
+        self.dtype = first.dtype
+
+
+def materialize(batch: Any) -> Any:
+    """``batch`` with its ``PendingConcat`` fields joined into plain tensors (outside the loader)."""
+    return map_batch(lambda f: torch.cat(f.tensors) if isinstance(f, PendingConcat) else f, batch)
 
 
 class PendingRead(Pending):
@@ -218,6 +243,11 @@ class StagingPlan:
             if isinstance(leaf.source, PendingStack):
                 row = leaf.nbytes // max(1, len(leaf.source.tensors))
                 items.extend((leaf.offset + i * row, sample) for i, sample in enumerate(leaf.source.tensors))
+            elif isinstance(leaf.source, PendingConcat):
+                offset = leaf.offset
+                for piece in leaf.source.tensors:
+                    items.append((offset, piece))
+                    offset += _nbytes(piece.shape, piece.dtype)
             else:
                 items.append((leaf.offset, leaf.source))
         return items

@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
+from ..staging import materialize
 from .parquet_decode import AHEAD_MAX, READ_MODES, RowGroupCache, columns_to_tensors
 from .parquet_plan import expand_paths, open_plan
 from .parquet_sampler import ParquetBatchSampler, ParquetSampler
@@ -62,6 +63,8 @@ class ParquetDataset(Dataset):
     ``row_groups_at_once``: row groups decoding at the same time (default: enough to give
     each thread about two column chunks, so they finish in the order they are read).
     """
+
+    __fastload_direct_cpu__ = True  # a CPU batch is copied once from Arrow's buffers, no slot
 
     def __init__(
         self,
@@ -179,8 +182,13 @@ class ParquetDataset(Dataset):
         return table.slice(first - int(self.plan.starts[lo]), n), self.plan.row_groups[int(lo)].file
 
     # -- the protocol -------------------------------------------------------------------
+    def batch(self, indices) -> dict:
+        """The batch dict of rows ``indices`` as plain CPU tensors (what the loader delivers)."""
+        return materialize(self.__fastload_batch__(indices))
+
     def __fastload_batch__(self, indices) -> dict:
-        """The batch dict of rows ``indices``: decoded whole, no per-row Python."""
+        """The batch dict of rows ``indices``: decoded whole, no per-row Python. A column whose
+        rows span row groups is a ``PendingConcat`` of their buffers (``batch()`` joins it)."""
         index = self._check(indices)
         if not len(index):
             return self.collate([])
@@ -197,7 +205,7 @@ class ParquetDataset(Dataset):
     def __getitem__(self, i) -> dict:
         """Row ``i``: numbers as 0-d tensors, strings/lists as 1-D tensors of their bytes/values,
         fixed-size lists as 1-D, masks as 0-d bool (torch's DataLoader: ``collate_fn=dataset.collate``)."""
-        batch = self.__fastload_batch__([i])
+        batch = self.batch([i])
         row = {}
         for c in self.plan.columns:
             name = c.name

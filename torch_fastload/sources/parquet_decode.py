@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ..errors import ParquetDecodeError, ParquetError, ParquetFormatError
+from ..staging import PendingConcat
 from .parquet_plan import ColumnSpec, ParquetPlan, RowGroup
 
 __all__ = ["RowGroupCache", "columns_to_tensors", "READ_MODES", "AHEAD_MAX"]
@@ -333,35 +334,71 @@ def _bytes(arr: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def columns_to_tensors(path: str, specs: list, table: pa.Table) -> dict:
-    """The batch dict of ``table`` (module docstring of ``parquet.py`` names the keys)."""
+    """The batch dict of ``table`` (module docstring of ``parquet.py`` names the keys). A column
+    of several chunks (a batch across row groups) is not joined here: its values are a
+    ``PendingConcat`` of the chunks' buffers, which the stager copies once, into the slot."""
     out = {}
     for spec, column in zip(specs, table.columns):
-        arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-        if pa.types.is_dictionary(arr.type):
-            arr = arr.dictionary_decode()
-        if arr.null_count and not spec.masked:
-            raise ParquetDecodeError(
-                path, "holds nulls that its statistics did not report; open with masks='always'", column=spec.name
-            )
-        name = spec.name
-        if spec.kind == "fixed":
-            out[name] = _fixed(spec, arr)
-        elif spec.kind == "bool":
-            out[name] = torch.from_numpy(arr.fill_null(False).to_numpy(zero_copy_only=False))
-        elif spec.kind == "decimal":
-            words = np.frombuffer(arr.buffers()[1], dtype=np.int64).reshape(-1, 2)
-            out[name] = _tensor(_zero_nulls(words[arr.offset : arr.offset + len(arr), 0], arr))
-        elif spec.kind == "bytes":
-            out[name], out[name + "__offsets"] = _bytes(arr)
-        elif spec.kind == "dictionary":
-            encoded = pc.dictionary_encode(arr)
-            codes = encoded.indices.fill_null(-1) if encoded.indices.null_count else encoded.indices
-            out[name] = _tensor(codes.to_numpy().astype(np.int32, copy=False))
-            out[name + "__dictionary"], out[name + "__dictionary_offsets"] = _bytes(encoded.dictionary)
-        elif spec.kind in ("list", "fixed_list"):
-            _list_tensors(path, spec, arr, out)
-        if spec.masked:
-            out[name + "__valid"] = torch.from_numpy(_validity(arr))
+        chunks = [chunk for chunk in column.chunks if len(chunk)] or column.chunks[:1]
+        if spec.kind == "dictionary" and len(chunks) > 1:
+            chunks = [column.combine_chunks()]  # one dictionary for the whole batch
+        if not chunks:
+            chunks = [pa.array([], type=column.type)]
+        parts = [_array_tensors(path, spec, arr) for arr in chunks]
+        out.update(parts[0] if len(parts) == 1 else _join(parts))
+    return out
+
+
+def _join(parts: list) -> dict:
+    """The tensors of one column's chunks as one field each: values as a ``PendingConcat``,
+    offsets rebased onto one another, masks joined (n bytes). numpy, not torch: torch's
+    intra-op threads spin against the decode threads on these small joins (ms each)."""
+    out = {}
+    for key in parts[0]:
+        pieces = [part[key] for part in parts]
+        if key.endswith("__offsets"):
+            joined = np.empty(sum(len(p) - 1 for p in pieces) + 1, dtype=np.int64)
+            joined[0], start = 0, 1
+            for piece in pieces:
+                values = piece.numpy()[1:]
+                np.add(values, joined[start - 1], out=joined[start : start + len(values)])
+                start += len(values)
+            out[key] = torch.from_numpy(joined)
+        elif key.endswith("__valid"):
+            out[key] = torch.from_numpy(np.concatenate([p.numpy() for p in pieces]))
+        else:
+            out[key] = PendingConcat(pieces)
+    return out
+
+
+def _array_tensors(path: str, spec: ColumnSpec, arr: pa.Array) -> dict:
+    """The tensors of one Arrow array (a chunk of a column)."""
+    out = {}
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if arr.null_count and not spec.masked:
+        raise ParquetDecodeError(
+            path, "holds nulls that its statistics did not report; open with masks='always'", column=spec.name
+        )
+    name = spec.name
+    if spec.kind == "fixed":
+        out[name] = _fixed(spec, arr)
+    elif spec.kind == "bool":
+        out[name] = torch.from_numpy(arr.fill_null(False).to_numpy(zero_copy_only=False))
+    elif spec.kind == "decimal":
+        words = np.frombuffer(arr.buffers()[1], dtype=np.int64).reshape(-1, 2)
+        out[name] = _tensor(_zero_nulls(words[arr.offset : arr.offset + len(arr), 0], arr))
+    elif spec.kind == "bytes":
+        out[name], out[name + "__offsets"] = _bytes(arr)
+    elif spec.kind == "dictionary":
+        encoded = pc.dictionary_encode(arr)
+        codes = encoded.indices.fill_null(-1) if encoded.indices.null_count else encoded.indices
+        out[name] = _tensor(codes.to_numpy().astype(np.int32, copy=False))
+        out[name + "__dictionary"], out[name + "__dictionary_offsets"] = _bytes(encoded.dictionary)
+    elif spec.kind in ("list", "fixed_list"):
+        _list_tensors(path, spec, arr, out)
+    if spec.masked:
+        out[name + "__valid"] = torch.from_numpy(_validity(arr))
     return out
 
 

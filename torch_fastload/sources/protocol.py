@@ -28,6 +28,13 @@ loader looks them up once per iterator (``hooks_of``); a dataset without
     An upper bound of one batch's slot bytes, so a source of variable-size batches (packed
     records, images) sizes the pinned pool once instead of growing it batch by batch.
 
+``__fastload_direct_cpu__`` (optional attribute, True)
+    On the CPU device, the batch's in-memory fields (plain tensors and ``Pending`` fields other
+    than ``PendingRead``) are copied once, straight into the batch's own memory, with no
+    pageable slot in between (a slot is the pinned side of a device copy; through one, a CPU
+    batch is copied twice). No slot pool is made for such batches, so ``slot_bytes`` and
+    ``oversize`` do not apply to them. Batches with file reads still go through a slot.
+
 ``__fastload_delivered__(device, waited_seconds)`` (optional)
     Called by ``next()`` after each batch is handed to the training loop, with how long the
     loop waited for it (the image decoders' route trial times the loop with it). It runs on the
@@ -143,6 +150,7 @@ class SourceHooks:
     requested: Callable[[torch.device], None] | None = None
     native: Callable[[], NativeLayout | None] | None = None
     collate: Callable[[list], Any] | None = None
+    direct_cpu: bool = False
 
 
 def hooks_of(dataset: Any) -> SourceHooks:
@@ -155,4 +163,5 @@ def hooks_of(dataset: Any) -> SourceHooks:
         requested=getattr(dataset, "__fastload_requested__", None),
         native=getattr(dataset, "__fastload_native__", None),
         collate=getattr(dataset, "__fastload_collate__", None),
+        direct_cpu=getattr(dataset, "__fastload_direct_cpu__", False) is True,
     )
