@@ -77,6 +77,10 @@ def feeds(data: dict, batch_size: int, device: torch.device) -> dict:
 
     return {
         "TensorDataset (C++ loop, copy engines)": with_config(lambda: DataLoader(tensors, **common), memory_rows="dma"),
+        "TensorDataset (C++ loop, default: auto)": lambda: DataLoader(tensors, **common),
+        "TensorDataset (C++ loop, gather kernel)": with_config(
+            lambda: DataLoader(tensors, **common), memory_rows="kernel"
+        ),
         "TensorDataset (C++ loop, CPU gather)": with_config(
             lambda: DataLoader(tensors, **common), memory_rows="gather"
         ),

@@ -30,7 +30,7 @@ std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<s
                                            int workers, int copy_threads, int io_threads, int64_t task_size,
                                            bool o_direct, bool nontemporal, tfl::DeviceStager* ring,
                                            uint64_t gather_function, int piece_bytes, int blocks,
-                                           bool unsafe_slot_reuse, int debug_jitter_us) {
+                                           bool unsafe_slot_reuse, int debug_jitter_us, bool memory_rows_kernel) {
   tfl::LoopConfig cfg;
   for (const py::handle item : fields) cfg.fields.push_back(field_of(py::reinterpret_borrow<py::tuple>(item)));
   cfg.paths = std::move(paths);
@@ -40,6 +40,7 @@ std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<s
   cfg.gather_function = gather_function, cfg.piece_bytes = piece_bytes, cfg.blocks = blocks;
   cfg.unsafe_slot_reuse = unsafe_slot_reuse;
   cfg.debug_jitter_us = debug_jitter_us;
+  cfg.memory_rows_kernel = memory_rows_kernel && gather_function != 0;
   return std::make_unique<tfl::NativeLoop>(std::move(cfg));
 }
 
@@ -66,7 +67,8 @@ void bind_native_loop(py::module_& m) {
            py::arg("slots"), py::arg("slot_bytes"), py::arg("num_slots"), py::arg("workers"), py::arg("copy_threads"),
            py::arg("io_threads"), py::arg("task_size"), py::arg("o_direct"), py::arg("nontemporal"),
            py::arg("ring").none(true), py::arg("gather_function"), py::arg("piece_bytes"), py::arg("blocks"),
-           py::arg("unsafe_slot_reuse") = false, py::arg("debug_jitter_us") = 0, py::keep_alive<1, 15>())
+           py::arg("unsafe_slot_reuse") = false, py::arg("debug_jitter_us") = 0, py::arg("memory_rows_kernel") = false,
+           py::keep_alive<1, 15>())
       .def(
           "submit",
           [](tfl::NativeLoop& loop, int64_t position, const I64Array& indices, uint64_t out, int64_t out_bytes,
@@ -105,6 +107,10 @@ void bind_native_loop(py::module_& m) {
            py::call_guard<py::gil_scoped_release>(),
            "Wait up to `timeout` s for the batch; False if not staged. Else the consumer stream waits on\n"
            "its copies (unless already done) and the batch is forgotten; raises its error.")
+      .def("set_rows_kernel", &tfl::NativeLoop::set_rows_kernel, py::arg("on"),
+           "Registered in-memory rows of batches started from now on go by the gather kernel (True) or the\n"
+           "copy engines (False); True needs memory_rows_kernel.")
+      .def_property_readonly("rows_kernel", &tfl::NativeLoop::rows_kernel)
       .def("set_mapped", &tfl::NativeLoop::set_mapped, py::arg("file"), py::arg("mapped").none(true),
            py::keep_alive<1, 3>(), "Copy this file's ranges out of its registered mapping from now on.")
       .def("stop", &tfl::NativeLoop::stop, py::arg("timeout"), py::arg("wait_for_copies"),

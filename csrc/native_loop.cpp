@@ -207,7 +207,7 @@ NativeLoop::Job& NativeLoop::startable(int64_t position) {  // under mu_
 }
 
 bool NativeLoop::enqueue(Job& job, uintptr_t home) {  // under mu_; true if a worker needs a notify
-  job.home = home, job.started = true;
+  job.home = home, job.started = true, job.rows_kernel = rows_kernel_.load();
   queue_.push_back(job.position);
   return idle_workers_ > 0;  // a busy worker takes it from the queue next
 }
@@ -387,6 +387,17 @@ void NativeLoop::run_cuda(Job& job) {
       host_bytes += bytes;
     }
   }
+  // Registered rows moved by the gather kernel: its table of ranges in the slot too.
+  int64_t table_at = -1;
+  if (cfg_.memory_rows_kernel && job.rows_kernel) {
+    int64_t rows = 0;
+    for (const LoopField& f : cfg_.fields)
+      if (f.kind == LoopField::kMemoryRows && f.dma) rows += static_cast<int64_t>(job.indices.size());
+    if (rows > 0) {
+      table_at = host_bytes = align_up(host_bytes, kAlign);
+      host_bytes += 3 * rows * int64_t(sizeof(int64_t));
+    }
+  }
   if (host_bytes > 0 && host_bytes > cfg_.slot_bytes)
     throw Error(Error::kInvalid, "batch " + std::to_string(job.position) + " needs " + std::to_string(host_bytes) +
                                      " bytes of pinned slot, slots hold " + std::to_string(cfg_.slot_bytes));
@@ -420,7 +431,7 @@ void NativeLoop::run_cuda(Job& job) {
       cuda::check(cu.memcpy_htod_async(out + static_cast<cuda::DevicePtr>(p.out_at), slots_[slot].host + p.slot_at,
                                        static_cast<size_t>(p.bytes), stream),
                   "cuMemcpyHtoDAsync (pinned slot -> device)");
-    dma = copy_registered_rows(job);
+    dma = table_at >= 0 ? gather_registered_rows(job, slots_[slot].host + table_at) : copy_registered_rows(job);
     Ranges r = file_ranges(job);
     if (!r.offsets.empty()) std::tie(mapped, ring) = read_to_device(job, r);
     cuda::check(cu.event_record(job.ready, stream), "cuEventRecord");
@@ -488,6 +499,42 @@ int64_t NativeLoop::copy_registered_rows(const Job& job) {
     }
   }
   return dma_copies(dsts, srcs, sizes, cfg_.stream);
+}
+
+int64_t NativeLoop::gather_registered_rows(const Job& job, char* table) {
+  const auto& cu = cuda::api();
+  const auto stream = reinterpret_cast<cuda::Stream>(cfg_.stream);
+  int64_t total = 0;
+  size_t o = 0;
+  for (const LoopField& f : cfg_.fields) {
+    const int64_t at = job.at[o];
+    o += f.kind == LoopField::kRecords ? 2 : 1;
+    if (f.kind != LoopField::kMemoryRows || !f.dma || job.indices.empty()) continue;
+    // one launch a field: (offsets, lengths, destination offsets) of its rows, n int64 each,
+    // in pinned host memory the kernel reads through UVA (the slot, reused after the event)
+    const int64_t n = static_cast<int64_t>(job.indices.size());
+    auto* offsets = reinterpret_cast<long long*>(table);
+    long long *lengths = offsets + n, *dst_offsets = offsets + 2 * n;
+    table += 3 * n * int64_t(sizeof(int64_t));
+    for (int64_t k = 0; k < n; ++k) {
+      offsets[k] = job.indices[static_cast<size_t>(k)] * f.row_bytes;
+      lengths[k] = f.row_bytes;
+      dst_offsets[k] = at + k * f.row_bytes;
+    }
+    const void* src = reinterpret_cast<const void*>(f.memory);
+    unsigned long long dst = static_cast<unsigned long long>(job.out);
+    int piece = cfg_.piece_bytes;
+    int ranges = static_cast<int>(n);
+    int pieces_per_range = static_cast<int>((f.row_bytes + piece - 1) / piece);
+    void* params[] = {&src, &dst, &offsets, &lengths, &dst_offsets, &piece, &ranges, &pieces_per_range};
+    const int64_t items = n * pieces_per_range;
+    const auto grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, cfg_.blocks)));
+    cuda::check(cu.launch_kernel(reinterpret_cast<cuda::Function>(cfg_.gather_function), grid, 1, 1, 256, 1, 1, 0,
+                                 stream, params, nullptr),
+                "cuLaunchKernel (gather of registered in-memory rows)");
+    total += n * f.row_bytes;
+  }
+  return total;
 }
 
 // -- slots and events ---------------------------------------------------------------------

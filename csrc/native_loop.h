@@ -63,6 +63,7 @@ struct LoopConfig {
   bool nontemporal = true;
   DeviceStager* ring = nullptr;  // file ranges -> device through the pinned ring (CUDA)
   uintptr_t gather_function = 0;  // the mapped-file gather kernel (uva.py), 0: DMA copies
+  bool memory_rows_kernel = false;  // the slot holds a gather table: registered rows may go by that kernel
   int piece_bytes = 64 << 10;
   int blocks = 32;
   bool unsafe_slot_reuse = false;  // tests only: skip the wait for a slot's last copy (a negative control)
@@ -112,6 +113,10 @@ class NativeLoop {
   // no stream call is made: one blocks while the stream's queue is full), and forgets it;
   // rethrows the batch's error.
   bool take(int64_t position, uintptr_t consumer, double timeout_s);
+  // Whether batches started from now on move registered in-memory rows by the gather kernel
+  // (needs cfg.memory_rows_kernel) or by the copy engines.
+  void set_rows_kernel(bool on) { rows_kernel_.store(on && cfg_.memory_rows_kernel); }
+  bool rows_kernel() const { return rows_kernel_.load(); }
   // A file's registered mapping (or null): its ranges are then copied out of the page cache.
   void set_mapped(int32_t file, const MappedFile* mapped);
   // Stops the workers (jobs not started are dropped) and joins them (each finishes the job in
@@ -130,6 +135,7 @@ class NativeLoop {
     std::vector<int64_t> at;  // each output field's offset from `out`
     uintptr_t home = 0;  // the stream `out` was allocated on
     bool started = false, done = false;
+    bool rows_kernel = false;  // registered rows by the gather kernel (rows_kernel_ at its start)
     std::exception_ptr error;
     cuda::Event ready = nullptr;                          // recorded after the batch's copies
     cuda::Event timing_start = nullptr, timing_end = nullptr;  // the H2D copies, for stats
@@ -155,6 +161,8 @@ class NativeLoop {
   std::pair<int64_t, int64_t> read_to_device(Job& job, Ranges& ranges);
   // In-memory rows of registered (pinned) tensors straight into the output by the copy engines.
   int64_t copy_registered_rows(const Job& job);
+  // The same rows moved by the gather kernel (cfg_.memory_rows_kernel), its table written at `table`.
+  int64_t gather_registered_rows(const Job& job, char* table);
   int64_t gather_rows(const LoopField& f, const std::vector<int64_t>& indices, char* dst) const;
   size_t acquire_slot();
   void release_slot(size_t slot, cuda::Event after);
@@ -166,6 +174,7 @@ class NativeLoop {
   int owner_ = ::getpid();  // the process whose threads these are (see stop())
   cuda::Context ctx_ = nullptr;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> rows_kernel_{false};
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_, slot_cv_;
   std::map<int64_t, Job> jobs_;

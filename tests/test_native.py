@@ -16,6 +16,7 @@ import torch_fastload
 import torch_fastload.errors
 from torch_fastload import ArrayDataset, DataLoader, RecordDataset, pack
 from torch_fastload.native import NativePipeline
+from torch_fastload.vision.step_probe import StepReading
 
 
 def batches(loader):
@@ -345,3 +346,51 @@ def test_loop_checks_each_field_buffer():
     with pytest.raises(IndexError, match="index 11 is out"):
         loop.take(1, 0, 0.0)
     assert loop.stop(1.0, True)
+
+
+class _FakeLoop:
+    def __init__(self):
+        self.kernel = []
+
+    def set_rows_kernel(self, on):
+        self.kernel.append(on)
+
+
+class _FakeProbe:
+    def __init__(self, readings):
+        self.readings, self.marks = list(readings), 0
+
+    def mark(self, kind):
+        self.marks += 1
+
+    def take(self):
+        return self.readings.pop(0)
+
+
+@pytest.mark.parametrize(
+    "readings,kernel",
+    [
+        ([StepReading(0.002, 0.93)], True),  # the GPU waited for the host: a launch-bound step
+        ([StepReading(0.050, 0.04)], False),  # the GPU was busy: its SMs are the step's
+        ([None, StepReading(0.002, 0.8)], True),  # too few passed marks: one more window
+        ([None] * 4, False),  # never a reading: the copy engines stay
+    ],
+)
+def test_rows_route_choice_follows_where_the_gpu_is_at_next(readings, kernel):
+    from types import SimpleNamespace
+
+    from torch_fastload.native import RowsRouteChoice
+
+    loop, resources, stats = _FakeLoop(), SimpleNamespace(rows_route=None), SimpleNamespace(path="native loop")
+    choice = RowsRouteChoice.__new__(RowsRouteChoice)
+    choice.loop, choice.resources, choice.stats, choice.batches, choice.windows = loop, resources, stats, 0, 0
+    choice.probe = _FakeProbe(readings)
+    done, batches = False, 0
+    while not done:
+        choice.requested()
+        done = choice.delivered()
+        batches += 1
+    assert loop.kernel == [kernel] and resources.rows_route == ("kernel" if kernel else "dma")
+    assert batches == RowsRouteChoice.WARMUP + len(readings) * RowsRouteChoice.WINDOW
+    assert choice.probe.marks == 2 * len(readings) * RowsRouteChoice.WINDOW  # only inside the windows
+    assert ("gather kernel" if kernel else "copy engines") in stats.path

@@ -37,6 +37,51 @@ def test_tensor_dataset_on_the_loop_equals_torch_and_the_python_pipeline(width):
         assert torch.equal(b[0].cpu(), c[0])
 
 
+@pytest.mark.parametrize("width", [4096, 12345])  # 16 KiB rows; 49,380-byte rows (not 16-byte multiples)
+def test_registered_rows_by_the_gather_kernel_equal_torch_every_epoch(width):
+    """memory_rows='kernel': the dataset's registered rows read by the gather kernel, its table
+    in the slot; batches equal torch's over three epochs (slots reused: a table rewritten too
+    early would send wrong rows)."""
+    data = rows_dataset(n=200, width=width)
+    kwargs = dict(batch_size=16, shuffle=True)
+    theirs = [
+        list(torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(e), **kwargs)) for e in range(3)
+    ]
+    with torch_fastload.config.override(memory_rows="kernel"):
+        for epoch in range(3):
+            loader = DataLoader(data, generator=torch.Generator().manual_seed(epoch), prefetch=6, **kwargs)
+            ours = list(loader)
+            assert loader.stats().io_bytes.get("registered-memory", 0) == len(data) * width * 4
+            for a, c in zip(ours, theirs[epoch], strict=True):
+                assert torch.equal(a[0].cpu(), c[0]) and torch.equal(a[1].cpu(), c[1])
+            loader.close()
+
+
+def test_auto_rows_route_chooses_once_and_later_epochs_keep_it():
+    """memory_rows='auto' (the default): the copy engines while the first batches are watched,
+    then the chosen route; every batch equals torch's across the switch, and the loader's next
+    epoch starts on the choice."""
+    data = rows_dataset(n=800, width=4096)
+    kwargs = dict(batch_size=8, shuffle=True)
+    theirs = list(torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(3), **kwargs))
+    loader = DataLoader(data, generator=torch.Generator().manual_seed(3), **kwargs)
+    x = torch.zeros(1, device="cuda")
+    ours = []
+    for batch in loader:
+        for _ in range(50):  # a launch-bound step
+            x.add_(1)
+        ours.append(batch)
+    assert loader.resources.rows_route in ("kernel", "dma"), loader.stats().path
+    assert "registered rows:" in loader.stats().path
+    for a, c in zip(ours, theirs, strict=True):
+        assert torch.equal(a[0].cpu(), c[0]) and torch.equal(a[1].cpu(), c[1])
+    it = iter(loader)
+    assert it._pipeline._copy_route is None and it._pipeline.loop.rows_kernel == (
+        loader.resources.rows_route == "kernel"
+    )
+    it.close()
+
+
 @pytest.mark.parametrize("mapped_copy,map_budget", [("kernel", "25%"), ("dma", "25%"), ("kernel", 0)])
 def test_file_sources_on_the_loop_equal_torch(tmp_path, mapped_copy, map_budget):
     rng = np.random.default_rng(0)

@@ -315,11 +315,13 @@ OPTIONS: dict[str, Option] = {
         ),
         Option(
             "memory_rows",
-            "dma",
-            _choice("dma", "gather"),
+            "auto",
+            _choice("auto", "dma", "kernel", "gather"),
             "rows of in-memory datasets (TensorDataset) of 16 KiB and more reach the GPU by the copy engines "
-            "out of the dataset's own pages, registered with CUDA within map_budget ('dma'), or are gathered by "
-            "CPU threads into a pinned slot first ('gather')",
+            "out of the dataset's own pages, registered with CUDA within map_budget ('dma'), by the gather "
+            "kernel reading those pages on a few SMs ('kernel': one launch a batch, for launch-bound steps), "
+            "or are gathered by CPU threads into a pinned slot first ('gather'); 'auto': the copy engines, "
+            "switched to the kernel after the first ~30 batches if the step left its GPU waiting for the host",
         ),
         Option(
             "remote_concurrency",

@@ -173,13 +173,20 @@ class NativePipeline:
         )
         self._pin_output = self.device.type == "cpu" and resources.settings.pin_cpu_output
         self.engine = resources.engine
+        # registered in-memory rows moved by the gather kernel (a few SMs) instead of the copy
+        # engines, whose per-row DMA submissions hold the driver beside a launch-bound step
+        self._memory_rows_kernel = (
+            self.cuda and resources.settings.memory_rows in ("kernel", "auto") and uva.available()
+        )
+        self._dma_rows = False  # a field of registered rows (set by _describe)
         tensor_dataset = isinstance(loader.dataset, tud.TensorDataset)
         fields, self._paths, self._specs, self._keep, host_row_bytes, records = self._describe(layout, tensor_dataset)
         self._pins = _FilePins(layout)
         self._slots = self._lease_slots(loader.batch_size, host_row_bytes, records)
         io = resources.io if self._paths else None
         ring = resources.file_reader().stager if (io is not None and self.cuda) else None
-        gather = self._gather_function() if ring is not None else 0
+        rows_kernel = self._memory_rows_kernel
+        gather = self._gather_function(rows_kernel) if (ring is not None or rows_kernel) else 0
         pool, slots = self._slots if self._slots else (None, [])
         self.loop = engine._require().NativeLoop(
             fields,
@@ -201,8 +208,10 @@ class NativePipeline:
             uva.blocks(),
             UNSAFE_SLOT_REUSE,
             DEBUG_JITTER_US,
+            rows_kernel and gather != 0,
         )
         self._map_files(resources)
+        self._copy_route = self._choose_rows_route(rows_kernel and gather != 0)
         if not records:
             self._plans = {}
         self._index_arrays = _index_arrays(source)
@@ -231,13 +240,15 @@ class NativePipeline:
                 dma = (
                     self.cuda
                     and row_bytes >= DMA_MIN_ROW_BYTES
-                    and self.resources.settings.memory_rows == "dma"
+                    and self.resources.settings.memory_rows in ("auto", "dma", "kernel")
                     and self.resources.register_host(t)
                 )
+                self._dma_rows = self._dma_rows or bool(dma)
                 fields.append((_MEMORY_ROWS, len(t), row_bytes, t.data_ptr(), -1, 0, 0, message, dma))
                 specs.append((t.dtype, tuple(t.shape[1:]), 0))
                 keep.append(t)
-                host_row_bytes += 0 if dma else row_bytes
+                # a row the gather kernel moves costs its (offset, length, destination) in the slot
+                host_row_bytes += (24 if self._memory_rows_kernel else 0) if dma else row_bytes
             elif isinstance(f, FileRows):
                 row_bytes = int(np.prod(f.row_shape, dtype=np.int64)) * f.dtype.itemsize
                 paths.append(f.path)
@@ -272,8 +283,21 @@ class NativePipeline:
             raise _PoolBusy
         return pool, slots
 
-    def _gather_function(self) -> int:
-        if self.resources.settings.mapped_copy == "kernel" and uva.available():
+    def _choose_rows_route(self, capable: bool) -> RowsRouteChoice | None:
+        """How registered in-memory rows reach the GPU: 'kernel', 'dma', or with 'auto' the
+        choice an earlier epoch of this loader made, else a ``RowsRouteChoice`` that makes it
+        on this epoch's first batches (copy engines meanwhile)."""
+        mode = self.resources.settings.memory_rows
+        if not (capable and self._dma_rows) or mode not in ("kernel", "auto"):
+            return None
+        chosen = self.resources.rows_route if mode == "auto" else "kernel"
+        if chosen is not None:
+            self.loop.set_rows_kernel(chosen == "kernel")
+            return None
+        return RowsRouteChoice(self.loop, self.device, self.resources, self.stats)
+
+    def _gather_function(self, rows_kernel: bool = False) -> int:
+        if (rows_kernel or self.resources.settings.mapped_copy == "kernel") and uva.available():
             return int(uva.kernel_handle(self.device))
         return 0  # the copy engines: one cuMemcpyBatchAsync a batch
 
@@ -352,6 +376,8 @@ class NativePipeline:
             stats.request_started()
         if self.on_requested is not None:
             self.on_requested(self.device)
+        if self._copy_route is not None:
+            self._copy_route.requested()
         if not self._inflight:
             if self._fatal is not None:
                 self.shutdown()
@@ -392,6 +418,8 @@ class NativePipeline:
         stats.delivered(started, batch.samples, self._payload(batch), batch.number)
         if self.on_delivered is not None:
             self.on_delivered(self.device, time.perf_counter() - started)
+        if self._copy_route is not None and self._copy_route.delivered():
+            self._copy_route = None
         return result
 
     def _take(self, position: int, stream: int) -> None:
@@ -456,6 +484,54 @@ def _index_arrays(source):
     bulk (``sampling.OrderPass``), else None (the source's sampler hands out lists)."""
     indices = getattr(source, "_sampler_iter", None)
     return indices.arrays() if isinstance(indices, OrderPass) else None
+
+
+class RowsRouteChoice:
+    """``memory_rows='auto'``: whether registered in-memory rows reach the GPU by the copy engines
+    or by the gather kernel, from where the GPU is when the loop asks for a batch
+    (``vision/step_probe.py``). A step that leaves its GPU waiting for the host (launch-bound:
+    small models) loses more to the copy engines' per-row DMA submissions beside its launches
+    than to a few SMs it does not use (H100 launch-bound thread: 0.80x alone with copy engines,
+    0.88x with the kernel, 0.90x beside a bare pinned copy); a step that keeps its GPU busy
+    loses its SMs to the kernel (bf16 GEMM step: 1.37x against 1.55x). The copy engines run
+    while ``WINDOW`` batches after ``WARMUP`` are observed; the choice holds for the loader's
+    later epochs."""
+
+    WARMUP, WINDOW, HOST_BOUND, ATTEMPTS = 8, 24, 0.5, 4
+
+    def __init__(self, loop, device, resources, stats):
+        from .vision.step_probe import GpuStepProbe
+
+        self.loop, self.resources, self.stats = loop, resources, stats
+        self.probe = GpuStepProbe(device)
+        self.batches = self.windows = 0
+        loop.set_rows_kernel(False)
+
+    def _watching(self) -> bool:
+        return self.WARMUP <= self.batches < self.WARMUP + self.WINDOW
+
+    def requested(self) -> None:
+        if self._watching():
+            self.probe.mark("requested")
+
+    def delivered(self) -> bool:
+        """Count a batch handed over; True once the route is chosen (the caller drops this)."""
+        if self._watching():
+            self.probe.mark("delivered")
+        self.batches += 1
+        if self.batches < self.WARMUP + self.WINDOW:
+            return False
+        reading = self.probe.take()
+        self.windows += 1
+        if reading is None and self.windows < self.ATTEMPTS:
+            self.batches = self.WARMUP  # too few marks the GPU had passed: watch another window
+            return False
+        kernel = reading is not None and reading.caught_up >= self.HOST_BOUND
+        self.loop.set_rows_kernel(kernel)
+        self.resources.rows_route = "kernel" if kernel else "dma"
+        seen = f"the GPU had caught up {reading.caught_up:.0%} at next()" if reading else "no reading"
+        self.stats.path += f" (registered rows: {'gather kernel' if kernel else 'copy engines'}, {seen})"
+        return True
 
 
 class _FilePins:

@@ -49,7 +49,7 @@ class ResourceSettings:
     # config-only options, read when the loader is made (like every option): see config.py
     native: str = "auto"
     mapped_copy: str = "kernel"
-    memory_rows: str = "dma"
+    memory_rows: str = "auto"
     nontemporal: bool = True
     remote: bool = False  # the dataset reads s3:// or http(s):// objects (loader.io says how)
 
@@ -69,6 +69,7 @@ class LoaderResources:
         self._file_reader: readers.Reader | None = None
         self._slot_reader: readers.Reader | None = None
         self._registered: dict = {}  # data_ptr -> (bytes, the tensor, kept alive while registered)
+        self.rows_route: str | None = None  # memory_rows='auto': what native.RowsRouteChoice chose
 
     @property
     def device(self) -> torch.device:
