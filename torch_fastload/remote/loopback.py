@@ -12,7 +12,7 @@ does not share a GIL with it. ``LoopbackServer`` starts one and drives it::
         server.control(fail=3)            # the next 3 requests answer 503
         server.control(stall=1, stall_seconds=5)   # the next request waits 5 s before answering
         server.control(ignore_range=True) # ranges answered with the whole object (HTTP 200)
-        server.stats()                    # requests, failed, stalled, ...
+        server.stats()                    # requests, failed, stalled, in_flight_seconds, ...
 
 Latency is added before each answer; the bandwidth cap paces every body through one shared
 token bucket. An object replaced on disk (``os.replace``) gets a new ETag; an answer in
@@ -43,7 +43,19 @@ class _State:
         self.switches = {"latency": latency, "bandwidth": bandwidth, "fail": 0, "fail_status": 503}
         self.switches.update(stall=0, stall_seconds=0.0, ignore_range=False, reset=0, refuse_head=False)
         self.stats = {"requests": 0, "failed": 0, "stalled": 0, "reset": 0, "bytes": 0}
+        # requests being answered (from the request line to the last byte handed to the kernel):
+        # now, the most at once, and their integral over time (its change over an interval,
+        # divided by the interval, is the mean number in flight: what a client kept busy)
+        self.stats.update(in_flight=0, in_flight_max=0, in_flight_seconds=0.0)
+        self._since = time.monotonic()
         self.sent_until = 0.0  # the token bucket: when the bytes sent so far may have left
+
+    def in_flight(self, delta: int) -> None:
+        now = time.monotonic()
+        self.stats["in_flight_seconds"] += self.stats["in_flight"] * (now - self._since)
+        self._since = now
+        self.stats["in_flight"] += delta
+        self.stats["in_flight_max"] = max(self.stats["in_flight_max"], self.stats["in_flight"])
 
     async def pace(self, nbytes: int) -> None:
         rate = self.switches["bandwidth"]
@@ -126,6 +138,23 @@ async def _serve_object(state: _State, method: str, target: str, headers: dict, 
         state.stats["bytes"] += end - start
 
 
+async def _answer(state: _State, method: str, target: str, headers: dict, writer) -> None:
+    if state.switches["latency"] > 0:
+        await asyncio.sleep(state.switches["latency"])
+    if state.take("stall"):
+        await asyncio.sleep(state.switches["stall_seconds"])
+    if state.take("fail"):
+        status = int(state.switches["fail_status"])
+        writer.write(_error(status, "SlowDown" if status == 503 else "InternalError"))
+    elif method == "HEAD" and state.switches["refuse_head"]:  # as S3 does for a GET-presigned URL
+        writer.write(_error(403, "SignatureDoesNotMatch"))
+    elif method in ("GET", "HEAD"):
+        await _serve_object(state, method, target, headers, writer)
+    else:
+        writer.write(_error(405, "MethodNotAllowed"))
+    await writer.drain()
+
+
 async def _handle(state: _State, reader, writer) -> None:
     try:
         while True:
@@ -143,25 +172,17 @@ async def _handle(state: _State, reader, writer) -> None:
             body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
             if target.startswith("/__control__"):
                 state.switches.update(json.loads(body or b"{}"))
+                state.in_flight(0)  # the integral up to now
                 reply = json.dumps({"switches": state.switches, "stats": state.stats}).encode()
                 writer.write(_head(200, {"Content-Length": len(reply)}) + reply)
                 await writer.drain()
                 continue
             state.stats["requests"] += 1
-            if state.switches["latency"] > 0:
-                await asyncio.sleep(state.switches["latency"])
-            if state.take("stall"):
-                await asyncio.sleep(state.switches["stall_seconds"])
-            if state.take("fail"):
-                status = int(state.switches["fail_status"])
-                writer.write(_error(status, "SlowDown" if status == 503 else "InternalError"))
-            elif method == "HEAD" and state.switches["refuse_head"]:  # as S3 does for a GET-presigned URL
-                writer.write(_error(403, "SignatureDoesNotMatch"))
-            elif method in ("GET", "HEAD"):
-                await _serve_object(state, method, target, headers, writer)
-            else:
-                writer.write(_error(405, "MethodNotAllowed"))
-            await writer.drain()
+            state.in_flight(1)
+            try:
+                await _answer(state, method, target, headers, writer)
+            finally:
+                state.in_flight(-1)
     except (ConnectionError, asyncio.IncompleteReadError):
         pass
     finally:
