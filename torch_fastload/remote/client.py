@@ -74,8 +74,60 @@ class _Retryable(Exception):
         super().__init__(text)
 
 
+#: bytes a body's reading thread lets arrive before it wakes (SO_RCVLOWAT): with many requests
+#: in flight each wake-up (a GIL hand-off and a context switch) costs more than the copy of a
+#: few KiB that a wake per arriving segment would bring
+#: (0: http.client's buffered reads, as before)
+WAKE_BYTES = 1 << 20
+
+
+class _Response(http.client.HTTPResponse):
+    """Keeps its socket: a range body is received straight into its destination."""
+
+    def __init__(self, sock, *args, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        self.sock = sock
+
+    def read_body_into(self, view: memoryview) -> None:
+        """Exactly ``len(view)`` body bytes into ``view``: what the header read buffered, then
+        ``recv_into`` the rest, each wait for at least ``WAKE_BYTES`` (or what is left)."""
+        length = len(view)
+        # no declared length, or a connection closed after this answer (its socket is closed,
+        # only the buffered file still reads it): read through the file until the bytes are there
+        if self.length is None or self.chunked or self.will_close or WAKE_BYTES <= 0:
+            got = 0
+            while got < length:
+                n = self.readinto(view[got:])
+                if not n:
+                    raise http.client.IncompleteRead(b"", length - got)
+                got += n
+            return
+        if length != self.length or self.fp is None:
+            raise http.client.HTTPException(f"a {length}-byte body was expected, {self.length} declared")
+        got = self.readinto(view[: len(self.fp.peek(1)[:length])])  # the bytes buffered with the headers
+        plain = WAKE_BYTES > 1 and not isinstance(self.sock, ssl.SSLSocket)
+        try:
+            while got < length:
+                if plain:  # below a quarter of the receive buffer: the kernel then leaves the window alone
+                    room = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+                    self.sock.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, min(WAKE_BYTES, room, length - got))
+                    )
+                n = self.sock.recv_into(view[got:])
+                if not n:
+                    raise http.client.IncompleteRead(b"", length - got)
+                got += n
+        finally:
+            if plain:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+        self.length = 0
+        self.close()  # done: the connection takes the next request
+
+
 class _HTTPConnection(http.client.HTTPConnection):
     """With TCP_NODELAY (set on every reconnect): a request is one small write, never held back."""
+
+    response_class = _Response
 
     def connect(self):
         super().connect()
@@ -83,6 +135,8 @@ class _HTTPConnection(http.client.HTTPConnection):
 
 
 class _HTTPSConnection(http.client.HTTPSConnection):
+    response_class = _Response
+
     def connect(self):
         super().connect()
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -253,12 +307,7 @@ class Client:
             if response.status not in (200, 206):
                 _status_error(response, loc)
             _check_range(response, loc, size, version, offset, length)
-            got = 0
-            while got < length:
-                n = response.readinto(view[got:])
-                if not n:
-                    raise http.client.IncompleteRead(b"", length - got)
-                got += n
+            response.read_body_into(view)
             count(bytes=length)
 
         self.request("GET", loc, headers, handle, f"GET bytes {offset}-{offset + length - 1}")

@@ -42,7 +42,7 @@ class _State:
         self.root = os.path.realpath(root)
         self.switches = {"latency": latency, "bandwidth": bandwidth, "fail": 0, "fail_status": 503}
         self.switches.update(stall=0, stall_seconds=0.0, ignore_range=False, reset=0, refuse_head=False)
-        self.stats = {"requests": 0, "failed": 0, "stalled": 0, "reset": 0, "bytes": 0}
+        self.stats = {"connections": 0, "requests": 0, "failed": 0, "stalled": 0, "reset": 0, "bytes": 0}
         # requests being answered (from the request line to the last byte handed to the kernel):
         # now, the most at once, and their integral over time (its change over an interval,
         # divided by the interval, is the mean number in flight: what a client kept busy)
@@ -156,6 +156,7 @@ async def _answer(state: _State, method: str, target: str, headers: dict, writer
 
 
 async def _handle(state: _State, reader, writer) -> None:
+    served = 0  # object requests on this connection (control requests not counted)
     try:
         while True:
             line = await reader.readline()
@@ -178,6 +179,8 @@ async def _handle(state: _State, reader, writer) -> None:
                 await writer.drain()
                 continue
             state.stats["requests"] += 1
+            state.stats["connections"] += not served
+            served += 1
             state.in_flight(1)
             try:
                 await _answer(state, method, target, headers, writer)

@@ -1,0 +1,60 @@
+"""The HTTP client's range reads against the loopback server: bodies received straight into
+their destination keep the connection for the next request and leave the socket as found."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+from torch_fastload.remote.client import Client
+from torch_fastload.remote.loopback import LoopbackServer
+from torch_fastload.remote.url import parse
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("objects")
+    payload = np.random.default_rng(3).integers(0, 256, 6 * MiB + 123, dtype=np.uint8)
+    (root / "blob.bin").write_bytes(payload.tobytes())
+    with LoopbackServer(root) as server:
+        yield server, payload
+
+
+def test_large_ranges_arrive_exact_on_one_kept_connection(served):
+    server, payload = served
+    loc = parse(server.url("blob.bin"))
+    client = Client(timeout=10, retries=0)
+    before = server.stats()
+    spans = [(0, 3 * MiB), (3 * MiB, 3 * MiB + 123), (17, 5 * MiB + 1), (len(payload) - 1, 1), (1, 64)]
+    try:
+        for offset, length in spans:
+            out = np.zeros(length, dtype=np.uint8)
+            client.read_range(loc, len(payload), None, offset, out)
+            np.testing.assert_array_equal(out, payload[offset : offset + length])
+        (conn,) = client._local.conns.values()
+        assert conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1  # headers never wait for more
+    finally:
+        client.close()
+    after = server.stats()
+    assert after["requests"] - before["requests"] == len(spans)
+    assert after["connections"] - before["connections"] == 1  # every answer read to its end: reused
+
+
+def test_server_counts_requests_in_flight(served):
+    server, payload = served
+    loc = parse(server.url("blob.bin"))
+    client = Client(timeout=10, retries=0)
+    server.control(latency=0.05)
+    try:
+        before = server.stats()
+        client.read_range(loc, len(payload), None, 0, np.zeros(MiB, dtype=np.uint8))
+        after = server.stats()
+    finally:
+        server.control(latency=0)
+        client.close()
+    assert after["in_flight"] == 0 and after["in_flight_max"] >= 1
+    assert after["in_flight_seconds"] - before["in_flight_seconds"] >= 0.05  # one request, its latency at least
