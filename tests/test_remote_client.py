@@ -3,12 +3,14 @@ their destination keep the connection for the next request and leave the socket 
 
 from __future__ import annotations
 
+import os
 import socket
 
 import numpy as np
 import pytest
 
 from torch_fastload.remote.client import Client
+from torch_fastload.remote.errors import RemoteReadError
 from torch_fastload.remote.loopback import LoopbackServer
 from torch_fastload.remote.url import parse
 
@@ -58,3 +60,38 @@ def test_server_counts_requests_in_flight(served):
         client.close()
     assert after["in_flight"] == 0 and after["in_flight_max"] >= 1
     assert after["in_flight_seconds"] - before["in_flight_seconds"] >= 0.05  # one request, its latency at least
+
+
+def test_a_server_of_several_processes_shares_its_switches_and_counts(tmp_path):
+    payload = np.random.default_rng(5).integers(0, 256, 2 * MiB, dtype=np.uint8)
+    (tmp_path / "blob.bin").write_bytes(payload.tobytes())
+    with LoopbackServer(tmp_path, processes=3) as server:
+        server.control(fail=2)
+        clients = [Client(timeout=10, retries=0) for _ in range(6)]  # one connection each
+        loc, failed = parse(server.url("blob.bin")), 0
+        try:
+            for client in clients:
+                out = np.zeros(MiB, dtype=np.uint8)
+                try:
+                    client.read_range(loc, len(payload), None, 7, out)
+                except RemoteReadError:
+                    failed += 1
+                    continue
+                np.testing.assert_array_equal(out, payload[7 : 7 + MiB])
+        finally:
+            for client in clients:
+                client.close()
+        stats, pid = server.stats(), server.process.pid
+        assert failed == 2 and stats["failed"] == 2  # the two 503s, whichever process answered
+        assert stats["requests"] == 6 and stats["connections"] == 6 and stats["bytes"] == 4 * MiB
+        children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == pid]
+        assert len(children) == 2
+    assert not any(os.path.exists(f"/proc/{p}") and _parent(p) == pid for p in children)  # ended with it
+
+
+def _parent(pid) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
