@@ -8,8 +8,10 @@ random object (--size) path-style (``/bucket/key``: boto3 talks to it as S3). Ev
 what this machine's loopback moves uncapped with the reader at 64 x 16 MiB, measured first, so
 the cap, not the CPU, is the limit).
 
-Per latency, a concurrency x request-size grid (GB/s, decimal; client CPU seconds per GB; and
-the server process's busy cores, to tell a client limit from a server one) of:
+The server runs --server-processes event loops (a quarter of the cores) on one listener, so
+it is not the wall the clients share. Per latency, a concurrency x request-size grid (GB/s,
+decimal; client CPU seconds per GB; the server's busy cores, to tell a client limit from a
+server one; the mean requests in flight the server saw, what the client kept busy) of:
   fastload   RemoteReader(concurrency, request_size).read of consecutive spans of
              2 x concurrency x request_size bytes (capped at the object) into one buffer, from
              s3://bench/object.bin, SigV4-signed like boto3's (the server ignores signatures)
@@ -17,7 +19,9 @@ the server process's busy cores, to tell a client limit from a server one) of:
              `concurrency` threads (one client, max_pool_connections=concurrency), each body
              copied into the same buffer; the baseline is its best cell
   kvikio     kvikio RemoteFile.pread (num_threads x task_size) where it runs (CUDA hosts)
-Each cell reads for --min-seconds after a warm-up that opens its connections. Both libraries
+Each cell reads for --min-seconds after a warm-up that opens its connections, into one
+destination buffer written beforehand (no first-touch page faults in any cell); the libraries
+take each cell in turns. Both libraries
 are also timed uncapped at 0 ms (64 x 16 MiB): what each moves through this CPU at most.
 
 The same grids again with no cap, at each latency, from --uncapped-from requests in flight up
@@ -137,8 +141,20 @@ def timed_spans(read, size: int, span: int, min_seconds: float) -> tuple[float, 
             return moved / elapsed / 1e9, (time.process_time() - cpu) / (moved / 1e9)
 
 
+_DESTINATION: list = []
+
+
+def destination(size: int) -> np.ndarray:
+    """One buffer, written once, for every cell of every library: no cell pays the first-touch
+    page faults of a fresh 1 GiB destination (a fault per 4 KiB page: a large share of a
+    0.5 s cell, and a different one for each library's way of writing)."""
+    if not _DESTINATION or _DESTINATION[0].size != size:
+        _DESTINATION[:] = [np.ones(size, dtype=np.uint8)]
+    return _DESTINATION[0]
+
+
 def fastload_cell(url: str, size: int, concurrency: int, request_size: int, min_seconds: float, backend="http"):
-    buffer = torch.empty(size, dtype=torch.uint8)
+    buffer = torch.from_numpy(destination(size))
     zero = np.zeros(1, dtype=np.int64)
     span = min(size, 2 * concurrency * request_size)
     with remote.RemoteReader(concurrency=concurrency, request_size=request_size, backend=backend) as reader:
@@ -162,7 +178,7 @@ def boto3_cell(endpoint: str, size: int, concurrency: int, request_size: int, mi
         aws_secret_access_key="bench",
         config=Config(max_pool_connections=concurrency, retries={"max_attempts": 3}),
     )
-    buffer = np.empty(size, dtype=np.uint8)
+    buffer = destination(size)
     span = min(size, 2 * concurrency * request_size)
 
     def piece(offset: int, length: int) -> None:
@@ -179,58 +195,67 @@ def boto3_cell(endpoint: str, size: int, concurrency: int, request_size: int, mi
         return timed_spans(read, size, span, min_seconds)
 
 
-def grid(name: str, cell, latency: float, server, args, bar, concurrency=None) -> dict:
-    """One library's concurrency x request-size grid at ``latency`` (errors kept per cell)."""
+def grids(cells: dict, latency: float, server, args, bar, concurrency=None, label: str = "") -> dict:
+    """``{library: result}``: each library's concurrency x request-size grid at ``latency``, the
+    libraries taken in turns cell by cell (a shared machine's slow spell hits all of them, not
+    one library's whole grid); errors kept per cell."""
     server.control(latency=latency)
     concurrency = concurrency or args.concurrency
-    rates, cpu, served = [], [], []
+    keys = ("gbps", "cpu_s_per_gb", "server_cores", "in_flight")
+    out = {lib: {"concurrency": concurrency} | {k: [] for k in keys} for lib in cells}
     for c in concurrency:
-        row, cpu_row, served_row = [], [], []
+        for result in out.values():
+            for k in keys:
+                result[k].append([])
         for s in args.sizes:
-            server_cpu, started = process_cpu(server.process.pid), time.perf_counter()
-            try:
-                rate, per_gb = cell(c, s)
-                cores = (process_cpu(server.process.pid) - server_cpu) / (time.perf_counter() - started)
-                log(
-                    f"  {name:<8} latency {latency * 1e3:>3.0f} ms  {c:>4} x {s / MiB:>3g} MiB  {rate:7.3f} GB/s  "
-                    f"{per_gb:6.2f} CPU s/GB  server {cores:4.2f} cores"
-                )
-            except Exception as exc:
-                rate = per_gb = cores = None
-                log(f"  {name:<8} latency {latency * 1e3:>3.0f} ms  {c:>4} x {s / MiB:>3g} MiB  {error_text(exc)}")
-            row.append(rate)
-            cpu_row.append(per_gb)
-            served_row.append(cores)
-            bar.update()
-        rates.append(row)
-        cpu.append(cpu_row)
-        served.append(served_row)
-    cells = [(v, c, s) for c, row in zip(concurrency, rates) for s, v in zip(args.sizes, row) if v is not None]
-    best = max(cells) if cells else (None, None, None)
-    at = (concurrency.index(best[1]), args.sizes.index(best[2])) if cells else None
-    return {
-        "concurrency": concurrency,
-        "gbps": rates,
-        "cpu_s_per_gb": cpu,
-        "server_cores": served,
-        "best": {
-            "gbps": best[0],
-            "concurrency": best[1],
-            "request_size": best[2],
-            "cpu_s_per_gb": cpu[at[0]][at[1]] if at else None,
-            "server_cores": served[at[0]][at[1]] if at else None,
-        },
-    }
+            for lib, cell in cells.items():
+                measured = measure_cell(f"{lib}{label}", cell, c, s, latency, server)
+                for k, v in zip(keys, measured):
+                    out[lib][k][-1].append(v)
+                bar.update()
+    for result in out.values():
+        found = [(v, i, j) for i, row in enumerate(result["gbps"]) for j, v in enumerate(row) if v is not None]
+        _, i, j = max(found) if found else (None, None, None)
+        result["best"] = {
+            "gbps": result["gbps"][i][j] if found else None,
+            "concurrency": concurrency[i] if found else None,
+            "request_size": args.sizes[j] if found else None,
+        } | {k: result[k][i][j] if found else None for k in keys[1:]}
+    return out
+
+
+def measure_cell(name: str, cell, c: int, s: int, latency: float, server) -> tuple:
+    """``(GB/s, client CPU s/GB, server cores busy, mean requests in flight at the server)``."""
+    server_cpu, started = process_cpu(server.process.pid), time.perf_counter()
+    before = server.stats()["in_flight_seconds"]
+    where = f"  {name:<14} latency {latency * 1e3:>3.0f} ms  {c:>4} x {s / MiB:>3g} MiB"
+    try:
+        rate, per_gb = cell(c, s)
+    except Exception as exc:
+        log(f"{where}  {error_text(exc)}")
+        return None, None, None, None
+    elapsed = time.perf_counter() - started
+    cores = (process_cpu(server.process.pid) - server_cpu) / elapsed
+    in_flight = (server.stats()["in_flight_seconds"] - before) / elapsed
+    log(f"{where}  {rate:7.3f} GB/s  {per_gb:6.2f} CPU s/GB  server {cores:4.2f} cores  {in_flight:5.1f} in flight")
+    return rate, per_gb, cores, in_flight
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) the process ``pid`` has used (Linux /proc; 0 elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+    """CPU seconds (user + system) the process ``pid`` and its children (a server's forked
+    event loops) have used (Linux /proc; 0 elsewhere)."""
+    total = 0.0
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 # --------------------------------------------------------------------------------------------
@@ -348,6 +373,12 @@ def parse_args(argv) -> argparse.Namespace:
         "--uncapped-from", type=int, default=UNCAPPED_FROM, help="fewest requests in flight in the uncapped grids [16]"
     )
     parser.add_argument("--skip-uncapped", action="store_true", help="only the capped grids")
+    parser.add_argument(
+        "--server-processes",
+        type=int,
+        default=max(1, (os.cpu_count() or 1) // 4),
+        help="the loopback server's event loops (processes): enough that it is not the limit [a quarter of the cores]",
+    )
     parser.add_argument("--skip-boto3", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU, code paths only")
@@ -404,14 +435,14 @@ def measure(server, args, report: dict, libraries: list, device) -> None:
         total += len(libraries) * len(args.latencies) * len(uncapped) * len(args.sizes)
     bar = Progress(total, "cells", enabled=not args.no_progress)
     server.control(bandwidth=report["cap_bps"])
+    here = {lib: cells[lib] for lib in libraries}
     for lat in args.latencies:
-        for lib in libraries:
-            report["grids"].setdefault(lib, {})[str(lat)] = grid(lib, cells[lib], lat, server, args, bar)
+        for lib, result in grids(here, lat, server, args, bar).items():
+            report["grids"].setdefault(lib, {})[str(lat)] = result
     if not args.skip_uncapped:
         server.control(bandwidth=0)
         for lat in args.latencies:
-            for lib in libraries:
-                result = grid(f"{lib}/nocap", cells[lib], lat, server, args, bar, uncapped)
+            for lib, result in grids(here, lat, server, args, bar, uncapped, "/nocap").items():
                 report["uncapped"].setdefault(lib, {})[str(lat)] = result
     bar.close()
 
@@ -442,7 +473,11 @@ def main(argv=None) -> int:
     libraries = libraries_here(args, report)
     # fastload signs its requests like boto3 does (the server accepts any signature)
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
-    with LoopbackServer(args.dir) as server, config.override(s3_endpoint_url=server.endpoint):
+    report["server_processes"] = args.server_processes
+    with (
+        LoopbackServer(args.dir, processes=args.server_processes) as server,
+        config.override(s3_endpoint_url=server.endpoint),
+    ):
         remote.reset()
         signal.signal(signal.SIGTERM, _stop)  # timeout(1): what was measured is still reported
         try:

@@ -124,13 +124,14 @@ def print_uncapped_comparison(report: dict) -> None:
         row = [f"{lat * 1e3:.0f} ms"]
         for lib in ("fastload", "boto3", "kvikio"):
             best = best_of(uncapped, lib, lat)
-            served = best.get("server_cores")
+            served, busy = best.get("server_cores"), best.get("in_flight")
             served = f"; {served:.2f}" if served is not None else ""
+            served += f"; {busy:.0f}" if busy is not None else ""
             row.append(f"{best['gbps']:.3f} ({best['cpu_s_per_gb']:.2f}{served})" if best["gbps"] else "-")
         ours, theirs = best_of(uncapped, "fastload", lat), best_of(uncapped, "boto3", lat)
         row.append(f"{ours['gbps'] / theirs['gbps']:.2f}x" if ours["gbps"] and theirs["gbps"] else "-")
         row.append(cpu_ratio(theirs, ours) if theirs["gbps"] else "-")
         rows.append(row)
     headers = ["latency", "fastload", "boto3", "kvikio", "fastload/boto3", "boto3 CPU/GB over ours"]
-    title = "no cap: each library's best GB/s (client CPU s/GB; the server's cores busy there)"
+    title = "no cap: each library's best GB/s (client CPU s/GB; the server's cores busy there; requests in flight)"
     log("\n" + table(headers, rows, title=title))
