@@ -32,7 +32,9 @@ boto3 that reaches 67% of it makes 1.5x impossible for anyone (on the 2-core CPU
 reached 90%): the two floors conflict wherever the cap is the limit. So the 80% floor is judged
 on the capped grids (can the reader fill a constrained link?) and the 1.5x floor on the
 uncapped ones (what each library moves at that latency when the link is not the limit; its CPU
-per GB says what the rate costs). The capped ratio is still printed, for the record. Uncapped,
+per GB says what the rate costs): each library's best uncapped cell is run --repeats times more,
+the libraries in turns, and the medians are compared (a grid's maximum is its luckiest cell).
+The capped ratio is still printed, for the record. Uncapped,
 the loopback itself (server process + kernel copies, the server's busy cores are printed) is
 the next ceiling: on a machine with few free cores both clients reach it at large requests
 (the 2-core CPU machine: ~2 GB/s each at 16 x 16 MiB, fastload at half boto3's CPU per GB), so
@@ -98,9 +100,11 @@ from remote_report import plot, print_report, verdicts  # noqa: E402
 MiB, GiB = 1 << 20, 1 << 30
 BUCKET, KEY, ROWS_KEY = "bench", "object.bin", "rows.npy"
 ROW_FLOATS = 16384  # 64 KiB rows for the loader epochs
-FULL = dict(size=GiB, concurrency=[1, 4, 16, 64, 128], sizes=[MiB, 4 * MiB, 16 * MiB, 64 * MiB], min_seconds=0.5)
-QUICK = dict(size=256 * MiB, concurrency=[4, 16, 64], sizes=[MiB, 4 * MiB, 16 * MiB], min_seconds=0.3)
-SMOKE = dict(size=8 * MiB, concurrency=[1, 4], sizes=[MiB, 4 * MiB], min_seconds=0.05)
+FULL = dict(
+    size=GiB, concurrency=[1, 4, 16, 64, 128], sizes=[MiB, 4 * MiB, 16 * MiB, 64 * MiB], min_seconds=0.5, repeats=3
+)
+QUICK = dict(size=256 * MiB, concurrency=[4, 16, 64], sizes=[MiB, 4 * MiB, 16 * MiB], min_seconds=0.3, repeats=3)
+SMOKE = dict(size=8 * MiB, concurrency=[1, 4], sizes=[MiB, 4 * MiB], min_seconds=0.05, repeats=2)
 UNCAPPED_FROM = 16  # requests in flight from which the uncapped grids start (fewer: latency-bound)
 
 
@@ -222,6 +226,29 @@ def grids(cells: dict, latency: float, server, args, bar, concurrency=None, labe
             "request_size": args.sizes[j] if found else None,
         } | {k: result[k][i][j] if found else None for k in keys[1:]}
     return out
+
+
+def confirm_best(results: dict, cells: dict, latency: float, server, args, bar) -> None:
+    """Each library's best cell of ``results`` again, --repeats times, the libraries in turns:
+    the median (and every value) into its ``best`` as ``gbps_median`` / ``gbps_repeats``. A
+    grid's maximum is the luckiest of many noisy cells; the verdict compares the medians."""
+    server.control(latency=latency)
+    runs: dict = {lib: [] for lib in results}
+    for _ in range(args.repeats):
+        for lib, result in results.items():
+            best = result["best"]
+            if best["gbps"] is not None:
+                c, s = best["concurrency"], best["request_size"]
+                rate, per_gb, _, _ = measure_cell(f"{lib}/best", cells[lib], c, s, latency, server)
+                if rate is not None:
+                    runs[lib].append((rate, per_gb))
+            bar.update()
+    for lib, values in runs.items():
+        if values:
+            best = results[lib]["best"]
+            best["gbps_repeats"] = [v[0] for v in values]
+            best["gbps_median"] = float(np.median([v[0] for v in values]))
+            best["cpu_s_per_gb_median"] = float(np.median([v[1] for v in values]))
 
 
 def measure_cell(name: str, cell, c: int, s: int, latency: float, server) -> tuple:
@@ -374,6 +401,9 @@ def parse_args(argv) -> argparse.Namespace:
     )
     parser.add_argument("--skip-uncapped", action="store_true", help="only the capped grids")
     parser.add_argument(
+        "--repeats", type=int, default=None, help="runs of each library's best uncapped cell, median judged [3]"
+    )
+    parser.add_argument(
         "--server-processes",
         type=int,
         default=max(1, (os.cpu_count() or 1) // 4),
@@ -389,6 +419,7 @@ def parse_args(argv) -> argparse.Namespace:
     args.concurrency = args.concurrency or preset["concurrency"]
     args.sizes = args.sizes or preset["sizes"]
     args.min_seconds = args.min_seconds or preset["min_seconds"]
+    args.repeats = args.repeats or preset["repeats"]
     if args.cpu_smoke:
         args.latencies, args.batch, args.epochs = args.latencies[:1], 32, 1
     return args
@@ -432,7 +463,7 @@ def measure(server, args, report: dict, libraries: list, device) -> None:
     total = len(libraries) * len(args.latencies) * len(args.concurrency) * len(args.sizes)
     uncapped = [c for c in args.concurrency if c >= args.uncapped_from] or args.concurrency[-1:]
     if not args.skip_uncapped:
-        total += len(libraries) * len(args.latencies) * len(uncapped) * len(args.sizes)
+        total += len(libraries) * len(args.latencies) * (len(uncapped) * len(args.sizes) + args.repeats)
     bar = Progress(total, "cells", enabled=not args.no_progress)
     server.control(bandwidth=report["cap_bps"])
     here = {lib: cells[lib] for lib in libraries}
@@ -442,7 +473,9 @@ def measure(server, args, report: dict, libraries: list, device) -> None:
     if not args.skip_uncapped:
         server.control(bandwidth=0)
         for lat in args.latencies:
-            for lib, result in grids(here, lat, server, args, bar, uncapped, "/nocap").items():
+            results = grids(here, lat, server, args, bar, uncapped, "/nocap")
+            confirm_best(results, here, lat, server, args, bar)
+            for lib, result in results.items():
                 report["uncapped"].setdefault(lib, {})[str(lat)] = result
     bar.close()
 
