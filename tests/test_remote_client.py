@@ -95,3 +95,22 @@ def _parent(pid) -> int:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return -1
+
+
+def test_a_slow_body_is_not_a_timeout_while_bytes_keep_coming(served):
+    """Waiting for a large wake-up threshold on a slow link must not turn "fewer bytes than the
+    threshold within remote_timeout" into a timeout: only no byte at all is one."""
+    server, payload = served
+    loc = parse(server.url("blob.bin"))
+    client = Client(timeout=0.5, retries=0)
+    conn = client._connection(loc)
+    conn.connect()  # a large receive buffer: the wake-up threshold is not held down by it
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * MiB)
+    server.control(bandwidth=1.5e6)  # 1.5 MiB takes ~1 s, the 1 MiB threshold ~0.7 s
+    try:
+        out = np.zeros(3 * MiB // 2, dtype=np.uint8)
+        client.read_range(loc, len(payload), None, 5, out)
+        np.testing.assert_array_equal(out, payload[5 : 5 + len(out)])
+    finally:
+        server.control(bandwidth=0)
+        client.close()
