@@ -8,10 +8,13 @@ import socket
 
 import numpy as np
 import pytest
+import torch
 
+from torch_fastload.remote import RemoteReader
 from torch_fastload.remote.client import Client
 from torch_fastload.remote.errors import RemoteReadError
 from torch_fastload.remote.loopback import LoopbackServer
+from torch_fastload.remote.reader import MIN_PIECE, plan_requests
 from torch_fastload.remote.url import parse
 
 MiB = 1 << 20
@@ -114,3 +117,27 @@ def test_a_slow_body_is_not_a_timeout_while_bytes_keep_coming(served):
     finally:
         server.control(bandwidth=0)
         client.close()
+
+
+def test_a_batch_smaller_than_concurrency_x_request_size_is_spread_over_connections():
+    one = [np.array([v]) for v in (0, 0, 16 * MiB, 0)]  # one 16 MiB range
+    assert len(plan_requests(*one, 16 * MiB)) == 1  # no concurrency given: request_size pieces
+    spread = plan_requests(*one, 16 * MiB, 64)
+    assert [r[2] for r in spread] == [MIN_PIECE] * (16 * MiB // MIN_PIECE)  # never below MIN_PIECE
+    assert [r[1] for r in spread] == [r[3] for r in spread] == list(range(0, 16 * MiB, MIN_PIECE))
+    wide = plan_requests(*[np.array([v]) for v in (0, 0, 1 << 30, 0)], 16 * MiB, 16)
+    assert {r[2] for r in wide} == {16 * MiB}  # enough bytes for every connection: request_size stays
+    odd = plan_requests(*[np.array([v]) for v in (0, 5, 40 * MiB + 3, 7)], 16 * MiB, 4)
+    assert [r[2] for r in odd] == [10 * MiB + (64 << 10)] * 3 + [40 * MiB + 3 - 3 * (10 * MiB + (64 << 10))]
+
+
+def test_a_reader_spreads_one_range_over_its_connections(served):
+    server, payload = served
+    before = server.stats()
+    out = torch.zeros(5 * MiB, dtype=torch.uint8)
+    with RemoteReader(concurrency=8, request_size=16 * MiB, backend="http") as reader:
+        zero = np.zeros(1, dtype=np.int64)
+        reader.read(out, [server.url("blob.bin")], zero, np.array([9]), np.array([5 * MiB]), zero)
+    np.testing.assert_array_equal(out.numpy(), payload[9 : 9 + 5 * MiB])
+    after = server.stats()
+    assert after["requests"] - before["requests"] == 1 + 2  # its HEAD at open, then 4 + 1 MiB
