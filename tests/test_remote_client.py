@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from torch_fastload.remote import RemoteReader
+from torch_fastload.remote import client as client_module
 from torch_fastload.remote.client import Client
 from torch_fastload.remote.errors import RemoteReadError
 from torch_fastload.remote.loopback import LoopbackServer
-from torch_fastload.remote.reader import MIN_PIECE, plan_requests
+from torch_fastload.remote.reader import MIN_PIECE, SPREAD, plan_requests
 from torch_fastload.remote.url import parse
 
 MiB = 1 << 20
@@ -100,7 +101,7 @@ def _parent(pid) -> int:
         return -1
 
 
-def test_a_slow_body_is_not_a_timeout_while_bytes_keep_coming(served):
+def test_a_slow_body_is_not_a_timeout_while_bytes_keep_coming(served, monkeypatch):
     """Waiting for a large wake-up threshold on a slow link must not turn "fewer bytes than the
     threshold within remote_timeout" into a timeout: only no byte at all is one."""
     server, payload = served
@@ -109,7 +110,8 @@ def test_a_slow_body_is_not_a_timeout_while_bytes_keep_coming(served):
     conn = client._connection(loc)
     conn.connect()  # a large receive buffer: the wake-up threshold is not held down by it
     conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * MiB)
-    server.control(bandwidth=1.5e6)  # 1.5 MiB takes ~1 s, the 1 MiB threshold ~0.7 s
+    monkeypatch.setattr(client_module, "WAKE_BYTES", MiB)  # above the server's 256 KiB paced sends
+    server.control(bandwidth=1.5e6)  # 1.5 MiB take ~1 s, the 1 MiB threshold ~0.7 s
     try:
         out = np.zeros(3 * MiB // 2, dtype=np.uint8)
         client.read_range(loc, len(payload), None, 5, out)
@@ -127,6 +129,8 @@ def test_a_batch_smaller_than_concurrency_x_request_size_is_spread_over_connecti
     assert [r[1] for r in spread] == [r[3] for r in spread] == list(range(0, 16 * MiB, MIN_PIECE))
     wide = plan_requests(*[np.array([v]) for v in (0, 0, 1 << 30, 0)], 16 * MiB, 16)
     assert {r[2] for r in wide} == {16 * MiB}  # enough bytes for every connection: request_size stays
+    many = plan_requests(*[np.array([v]) for v in (0, 0, 256 * MiB, 0)], 16 * MiB, 64)
+    assert len(many) == SPREAD == 16 and {r[2] for r in many} == {16 * MiB}  # SPREAD requests: not cut to 64
     odd = plan_requests(*[np.array([v]) for v in (0, 5, 40 * MiB + 3, 7)], 16 * MiB, 4)
     assert [r[2] for r in odd] == [10 * MiB + (64 << 10)] * 3 + [40 * MiB + 3 - 3 * (10 * MiB + (64 << 10))]
 
