@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from torch_fastload import config
 from torch_fastload.remote import RemoteReader
-from torch_fastload.remote import client as client_module
 from torch_fastload.remote.client import Client
 from torch_fastload.remote.errors import RemoteReadError
 from torch_fastload.remote.loopback import LoopbackServer
@@ -30,10 +30,11 @@ def served(tmp_path_factory):
         yield server, payload
 
 
-def test_large_ranges_arrive_exact_on_one_kept_connection(served):
+@pytest.mark.parametrize("wake_bytes", [0, 256 << 10])
+def test_large_ranges_arrive_exact_on_one_kept_connection(served, wake_bytes):
     server, payload = served
     loc = parse(server.url("blob.bin"))
-    client = Client(timeout=10, retries=0)
+    client = Client(timeout=10, retries=0, wake_bytes=wake_bytes)  # 0: http.client's reads; else straight in
     before = server.stats()
     spans = [(0, 3 * MiB), (3 * MiB, 3 * MiB + 123), (17, 5 * MiB + 1), (len(payload) - 1, 1), (1, 64)]
     try:
@@ -101,16 +102,15 @@ def _parent(pid) -> int:
         return -1
 
 
-def test_a_slow_body_is_not_a_timeout_while_bytes_keep_coming(served, monkeypatch):
+def test_a_slow_body_is_not_a_timeout_while_bytes_keep_coming(served):
     """Waiting for a large wake-up threshold on a slow link must not turn "fewer bytes than the
     threshold within remote_timeout" into a timeout: only no byte at all is one."""
     server, payload = served
     loc = parse(server.url("blob.bin"))
-    client = Client(timeout=0.5, retries=0)
+    client = Client(timeout=0.5, retries=0, wake_bytes=MiB)  # above the server's 256 KiB paced sends
     conn = client._connection(loc)
     conn.connect()  # a large receive buffer: the wake-up threshold is not held down by it
     conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * MiB)
-    monkeypatch.setattr(client_module, "WAKE_BYTES", MiB)  # above the server's 256 KiB paced sends
     server.control(bandwidth=1.5e6)  # 1.5 MiB take ~1 s, the 1 MiB threshold ~0.7 s
     try:
         out = np.zeros(3 * MiB // 2, dtype=np.uint8)
@@ -145,3 +145,12 @@ def test_a_reader_spreads_one_range_over_its_connections(served):
     np.testing.assert_array_equal(out.numpy(), payload[9 : 9 + 5 * MiB])
     after = server.stats()
     assert after["requests"] - before["requests"] == 1 + 2  # its HEAD at open, then 4 + 1 MiB
+
+
+def test_the_wake_up_threshold_is_an_option_off_by_default():
+    assert Client().wake_bytes == 0
+    with config.override(remote_wake_bytes="256KiB"):
+        assert Client().wake_bytes == 256 << 10
+    with pytest.raises(ValueError, match="remote_wake_bytes"):
+        with config.override(remote_wake_bytes="lots"):
+            pass

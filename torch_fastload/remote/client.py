@@ -74,14 +74,6 @@ class _Retryable(Exception):
         super().__init__(text)
 
 
-#: bytes a body's reading thread lets arrive before it wakes (SO_RCVLOWAT): with many requests
-#: in flight each wake-up (a GIL hand-off and a context switch) costs more than the copy of a
-#: few KiB that a wake per arriving segment would bring. 256 KiB: on the 2-core loopback 1 MiB
-#: saved a little more CPU but was slower where 64 threads took turns on 16 requests
-#: (0: http.client's buffered reads, as before)
-WAKE_BYTES = 256 << 10
-
-
 class _Response(http.client.HTTPResponse):
     """Keeps its socket: a range body is received straight into its destination."""
 
@@ -89,13 +81,15 @@ class _Response(http.client.HTTPResponse):
         super().__init__(sock, *args, **kwargs)
         self.sock = sock
 
-    def read_body_into(self, view: memoryview) -> None:
-        """Exactly ``len(view)`` body bytes into ``view``: what the header read buffered, then
-        ``recv_into`` the rest, each wait for at least ``WAKE_BYTES`` (or what is left)."""
+    def read_body_into(self, view: memoryview, wake_bytes: int) -> None:
+        """Exactly ``len(view)`` body bytes into ``view``: with ``wake_bytes``, what the header
+        read buffered, then ``recv_into`` the rest, each wait for at least ``wake_bytes`` (or
+        what is left): with many requests in flight a wake-up per arriving segment (a GIL
+        hand-off and a context switch) costs more than its copy."""
         length = len(view)
         # no declared length, or a connection closed after this answer (its socket is closed,
         # only the buffered file still reads it): read through the file until the bytes are there
-        if self.length is None or self.chunked or self.will_close or WAKE_BYTES <= 0:
+        if self.length is None or self.chunked or self.will_close or wake_bytes <= 0:
             got = 0
             while got < length:
                 n = self.readinto(view[got:])
@@ -106,13 +100,13 @@ class _Response(http.client.HTTPResponse):
         if length != self.length or self.fp is None:
             raise http.client.HTTPException(f"a {length}-byte body was expected, {self.length} declared")
         got = self.readinto(view[: len(self.fp.peek(1)[:length])])  # the bytes buffered with the headers
-        plain = WAKE_BYTES > 1 and not isinstance(self.sock, ssl.SSLSocket)
+        plain = wake_bytes > 1 and not isinstance(self.sock, ssl.SSLSocket)
         try:
             while got < length:
                 if plain:  # below a quarter of the receive buffer: the kernel then leaves the window alone
                     room = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
                     self.sock.setsockopt(
-                        socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, min(WAKE_BYTES, room, length - got))
+                        socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, min(wake_bytes, room, length - got))
                     )
                 try:
                     n = self.sock.recv_into(view[got:])
@@ -130,7 +124,7 @@ class _Response(http.client.HTTPResponse):
         self.close()  # done: the connection takes the next request
 
     def _arrived(self, view: memoryview) -> int:
-        """The bytes that came during a timed-out wait for ``WAKE_BYTES`` (fewer came): the
+        """The bytes that came during a timed-out wait for ``wake_bytes`` (fewer came): the
         timeout means no byte at all came, as everywhere else."""
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
         try:
@@ -177,8 +171,15 @@ class Client:
     """Requests for objects with retries. One per reader (``close`` aborts its requests in
     flight); the sample path shares one without threads of its own."""
 
-    def __init__(self, timeout: float | None = None, retries: int | None = None, backoff: float | None = None):
+    def __init__(
+        self,
+        timeout: float | None = None,
+        retries: int | None = None,
+        backoff: float | None = None,
+        wake_bytes: int | None = None,
+    ):
         self.timeout = config.resolve("remote_timeout", timeout)
+        self.wake_bytes = config.resolve("remote_wake_bytes", wake_bytes)
         self.retries = config.resolve("remote_retries", retries)
         self.backoff = config.resolve("remote_backoff", backoff)
         self.region = region()
@@ -322,7 +323,7 @@ class Client:
             if response.status not in (200, 206):
                 _status_error(response, loc)
             _check_range(response, loc, size, version, offset, length)
-            response.read_body_into(view)
+            response.read_body_into(view, self.wake_bytes)
             count(bytes=length)
 
         self.request("GET", loc, headers, handle, f"GET bytes {offset}-{offset + length - 1}")
