@@ -8,8 +8,10 @@ random object (--size) path-style (``/bucket/key``: boto3 talks to it as S3). Ev
 what this machine's loopback moves uncapped with the reader at 64 x 16 MiB, measured first, so
 the cap, not the CPU, is the limit).
 
-Per latency, a concurrency x request-size grid (GB/s, decimal; client CPU seconds per GB; and
-the server process's busy cores, to tell a client limit from a server one) of:
+The server runs --server-processes event loops (a quarter of the cores) on one listener, so
+it is not the wall the clients share. Per latency, a concurrency x request-size grid (GB/s,
+decimal; client CPU seconds per GB; the server's busy cores, to tell a client limit from a
+server one; the mean requests in flight the server saw, what the client kept busy) of:
   fastload   RemoteReader(concurrency, request_size).read of consecutive spans of
              2 x concurrency x request_size bytes (capped at the object) into one buffer, from
              s3://bench/object.bin, SigV4-signed like boto3's (the server ignores signatures)
@@ -17,7 +19,9 @@ the server process's busy cores, to tell a client limit from a server one) of:
              `concurrency` threads (one client, max_pool_connections=concurrency), each body
              copied into the same buffer; the baseline is its best cell
   kvikio     kvikio RemoteFile.pread (num_threads x task_size) where it runs (CUDA hosts)
-Each cell reads for --min-seconds after a warm-up that opens its connections. Both libraries
+Each cell reads for --min-seconds after a warm-up that opens its connections, into one
+destination buffer written beforehand (no first-touch page faults in any cell); the libraries
+take each cell in turns. Both libraries
 are also timed uncapped at 0 ms (64 x 16 MiB): what each moves through this CPU at most.
 
 The same grids again with no cap, at each latency, from --uncapped-from requests in flight up
@@ -28,7 +32,9 @@ boto3 that reaches 67% of it makes 1.5x impossible for anyone (on the 2-core CPU
 reached 90%): the two floors conflict wherever the cap is the limit. So the 80% floor is judged
 on the capped grids (can the reader fill a constrained link?) and the 1.5x floor on the
 uncapped ones (what each library moves at that latency when the link is not the limit; its CPU
-per GB says what the rate costs). The capped ratio is still printed, for the record. Uncapped,
+per GB says what the rate costs): each library's best uncapped cell is run --repeats times more,
+the libraries in turns, and the medians are compared (a grid's maximum is its luckiest cell).
+The capped ratio is still printed, for the record. Uncapped,
 the loopback itself (server process + kernel copies, the server's busy cores are printed) is
 the next ceiling: on a machine with few free cores both clients reach it at large requests
 (the 2-core CPU machine: ~2 GB/s each at 16 x 16 MiB, fastload at half boto3's CPU per GB), so
@@ -59,7 +65,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import sys
 import time
@@ -74,7 +79,7 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from torch_fastload import ArrayDataset, DataLoader, config, remote  # noqa: E402
+from torch_fastload import config, remote  # noqa: E402
 from torch_fastload._benchutil import (  # noqa: E402
     Progress,
     error_text,
@@ -89,14 +94,16 @@ from torch_fastload.config import parse_size  # noqa: E402
 from torch_fastload.remote.loopback import LoopbackServer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from remote_epochs import BUCKET, ROW_FLOATS, ROWS_KEY, loader_epochs  # noqa: E402
 from remote_report import plot, print_report, verdicts  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
-BUCKET, KEY, ROWS_KEY = "bench", "object.bin", "rows.npy"
-ROW_FLOATS = 16384  # 64 KiB rows for the loader epochs
-FULL = dict(size=GiB, concurrency=[1, 4, 16, 64, 128], sizes=[MiB, 4 * MiB, 16 * MiB, 64 * MiB], min_seconds=0.5)
-QUICK = dict(size=256 * MiB, concurrency=[4, 16, 64], sizes=[MiB, 4 * MiB, 16 * MiB], min_seconds=0.3)
-SMOKE = dict(size=8 * MiB, concurrency=[1, 4], sizes=[MiB, 4 * MiB], min_seconds=0.05)
+KEY = "object.bin"
+FULL = dict(
+    size=GiB, concurrency=[1, 4, 16, 64, 128], sizes=[MiB, 4 * MiB, 16 * MiB, 64 * MiB], min_seconds=0.5, repeats=3
+)
+QUICK = dict(size=256 * MiB, concurrency=[4, 16, 64], sizes=[MiB, 4 * MiB, 16 * MiB], min_seconds=0.3, repeats=3)
+SMOKE = dict(size=8 * MiB, concurrency=[1, 4], sizes=[MiB, 4 * MiB], min_seconds=0.05, repeats=2)
 UNCAPPED_FROM = 16  # requests in flight from which the uncapped grids start (fewer: latency-bound)
 
 
@@ -137,8 +144,20 @@ def timed_spans(read, size: int, span: int, min_seconds: float) -> tuple[float, 
             return moved / elapsed / 1e9, (time.process_time() - cpu) / (moved / 1e9)
 
 
+_DESTINATION: list = []
+
+
+def destination(size: int) -> np.ndarray:
+    """One buffer, written once, for every cell of every library: no cell pays the first-touch
+    page faults of a fresh 1 GiB destination (a fault per 4 KiB page: a large share of a
+    0.5 s cell, and a different one for each library's way of writing)."""
+    if not _DESTINATION or _DESTINATION[0].size != size:
+        _DESTINATION[:] = [np.ones(size, dtype=np.uint8)]
+    return _DESTINATION[0]
+
+
 def fastload_cell(url: str, size: int, concurrency: int, request_size: int, min_seconds: float, backend="http"):
-    buffer = torch.empty(size, dtype=torch.uint8)
+    buffer = torch.from_numpy(destination(size))
     zero = np.zeros(1, dtype=np.int64)
     span = min(size, 2 * concurrency * request_size)
     with remote.RemoteReader(concurrency=concurrency, request_size=request_size, backend=backend) as reader:
@@ -162,7 +181,7 @@ def boto3_cell(endpoint: str, size: int, concurrency: int, request_size: int, mi
         aws_secret_access_key="bench",
         config=Config(max_pool_connections=concurrency, retries={"max_attempts": 3}),
     )
-    buffer = np.empty(size, dtype=np.uint8)
+    buffer = destination(size)
     span = min(size, 2 * concurrency * request_size)
 
     def piece(offset: int, length: int) -> None:
@@ -179,142 +198,90 @@ def boto3_cell(endpoint: str, size: int, concurrency: int, request_size: int, mi
         return timed_spans(read, size, span, min_seconds)
 
 
-def grid(name: str, cell, latency: float, server, args, bar, concurrency=None) -> dict:
-    """One library's concurrency x request-size grid at ``latency`` (errors kept per cell)."""
+def grids(cells: dict, latency: float, server, args, bar, concurrency=None, label: str = "") -> dict:
+    """``{library: result}``: each library's concurrency x request-size grid at ``latency``, the
+    libraries taken in turns cell by cell (a shared machine's slow spell hits all of them, not
+    one library's whole grid); errors kept per cell."""
     server.control(latency=latency)
     concurrency = concurrency or args.concurrency
-    rates, cpu, served = [], [], []
+    keys = ("gbps", "cpu_s_per_gb", "server_cores", "in_flight")
+    out = {lib: {"concurrency": concurrency} | {k: [] for k in keys} for lib in cells}
     for c in concurrency:
-        row, cpu_row, served_row = [], [], []
+        for result in out.values():
+            for k in keys:
+                result[k].append([])
         for s in args.sizes:
-            server_cpu, started = process_cpu(server.process.pid), time.perf_counter()
-            try:
-                rate, per_gb = cell(c, s)
-                cores = (process_cpu(server.process.pid) - server_cpu) / (time.perf_counter() - started)
-                log(
-                    f"  {name:<8} latency {latency * 1e3:>3.0f} ms  {c:>4} x {s / MiB:>3g} MiB  {rate:7.3f} GB/s  "
-                    f"{per_gb:6.2f} CPU s/GB  server {cores:4.2f} cores"
-                )
-            except Exception as exc:
-                rate = per_gb = cores = None
-                log(f"  {name:<8} latency {latency * 1e3:>3.0f} ms  {c:>4} x {s / MiB:>3g} MiB  {error_text(exc)}")
-            row.append(rate)
-            cpu_row.append(per_gb)
-            served_row.append(cores)
+            for lib, cell in cells.items():
+                measured = measure_cell(f"{lib}{label}", cell, c, s, latency, server)
+                for k, v in zip(keys, measured):
+                    out[lib][k][-1].append(v)
+                bar.update()
+    for result in out.values():
+        found = [(v, i, j) for i, row in enumerate(result["gbps"]) for j, v in enumerate(row) if v is not None]
+        _, i, j = max(found) if found else (None, None, None)
+        result["best"] = {
+            "gbps": result["gbps"][i][j] if found else None,
+            "concurrency": concurrency[i] if found else None,
+            "request_size": args.sizes[j] if found else None,
+        } | {k: result[k][i][j] if found else None for k in keys[1:]}
+    return out
+
+
+def confirm_best(results: dict, cells: dict, latency: float, server, args, bar) -> None:
+    """Each library's best cell of ``results`` again, --repeats times, the libraries in turns:
+    the median (and every value) into its ``best`` as ``gbps_median`` / ``gbps_repeats``. A
+    grid's maximum is the luckiest of many noisy cells; the verdict compares the medians."""
+    server.control(latency=latency)
+    runs: dict = {lib: [] for lib in results}
+    for _ in range(args.repeats):
+        for lib, result in results.items():
+            best = result["best"]
+            if best["gbps"] is not None:
+                c, s = best["concurrency"], best["request_size"]
+                rate, per_gb, _, _ = measure_cell(f"{lib}/best", cells[lib], c, s, latency, server)
+                if rate is not None:
+                    runs[lib].append((rate, per_gb))
             bar.update()
-        rates.append(row)
-        cpu.append(cpu_row)
-        served.append(served_row)
-    cells = [(v, c, s) for c, row in zip(concurrency, rates) for s, v in zip(args.sizes, row) if v is not None]
-    best = max(cells) if cells else (None, None, None)
-    at = (concurrency.index(best[1]), args.sizes.index(best[2])) if cells else None
-    return {
-        "concurrency": concurrency,
-        "gbps": rates,
-        "cpu_s_per_gb": cpu,
-        "server_cores": served,
-        "best": {
-            "gbps": best[0],
-            "concurrency": best[1],
-            "request_size": best[2],
-            "cpu_s_per_gb": cpu[at[0]][at[1]] if at else None,
-            "server_cores": served[at[0]][at[1]] if at else None,
-        },
-    }
+    for lib, values in runs.items():
+        if values:
+            best = results[lib]["best"]
+            best["gbps_repeats"] = [v[0] for v in values]
+            best["gbps_median"] = float(np.median([v[0] for v in values]))
+            best["cpu_s_per_gb_median"] = float(np.median([v[1] for v in values]))
+
+
+def measure_cell(name: str, cell, c: int, s: int, latency: float, server) -> tuple:
+    """``(GB/s, client CPU s/GB, server cores busy, mean requests in flight at the server)``."""
+    server_cpu, started = process_cpu(server.process.pid), time.perf_counter()
+    before = server.stats()["in_flight_seconds"]
+    where = f"  {name:<14} latency {latency * 1e3:>3.0f} ms  {c:>4} x {s / MiB:>3g} MiB"
+    try:
+        rate, per_gb = cell(c, s)
+    except Exception as exc:
+        log(f"{where}  {error_text(exc)}")
+        return None, None, None, None
+    elapsed = time.perf_counter() - started
+    cores = (process_cpu(server.process.pid) - server_cpu) / elapsed
+    in_flight = (server.stats()["in_flight_seconds"] - before) / elapsed
+    log(f"{where}  {rate:7.3f} GB/s  {per_gb:6.2f} CPU s/GB  server {cores:4.2f} cores  {in_flight:5.1f} in flight")
+    return rate, per_gb, cores, in_flight
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) the process ``pid`` has used (Linux /proc; 0 elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-# --------------------------------------------------------------------------------------------
-# loader epochs: remote, cache hit, local
-# --------------------------------------------------------------------------------------------
-def interleaved_epochs(datasets: dict, device, batch: int, epochs: int) -> dict:
-    """``name -> {gbps, steady_gbps, first_s, start_s, io (bytes per path), path, io_path}`` over
-    ``epochs`` epochs of each dataset, taken in turns after a warm-up epoch each (short epochs on
-    a shared machine: turns and sums, not one epoch). ``gbps`` over the stats' wall time (first
-    next() to the last batch); ``steady_gbps`` from the first batch on (what the read path
-    sustains, without the epoch's start); ``first_s``: the mean wait for an epoch's first batch
-    (a cached epoch's check of its objects shows here); ``start_s``: the mean time of iter()."""
-    loaders = {name: DataLoader(ds, batch_size=batch, shuffle=True, device=device) for name, ds in datasets.items()}
-    keys = ("bytes", "wall", "steady_bytes", "steady_wall", "first", "start")
-    totals = {name: dict.fromkeys(keys, 0.0) | {"io": {}} for name in loaders}
-    described = {}
-    try:
-        for epoch in range(epochs + 1):
-            for name, loader in loaders.items():
-                started = time.perf_counter()
-                iterator = iter(loader)
-                begun = time.perf_counter()
-                first = next(iterator)
-                first_s = time.perf_counter() - begun
-                for _ in iterator:
-                    pass
-                stats = loader.stats(reset=True)
-                described[name] = {"path": stats.path, "io_path": stats.io}
-                if not epoch:
-                    continue
-                t = totals[name]
-                t["bytes"] += stats.bytes
-                t["wall"] += stats.wall_s
-                t["steady_bytes"] += stats.bytes - first.numel() * first.element_size()
-                t["steady_wall"] += max(0.0, stats.wall_s - first_s)
-                t["first"] += first_s
-                t["start"] += begun - started
-                for path, n in stats.io_bytes.items():
-                    t["io"][path] = t["io"].get(path, 0) + n
-    finally:
-        for loader in loaders.values():
-            loader.close()
-    return {
-        name: {
-            "gbps": t["bytes"] / t["wall"] / 1e9 if t["wall"] else 0.0,
-            "steady_gbps": t["steady_bytes"] / t["steady_wall"] / 1e9 if t["steady_wall"] else 0.0,
-            "first_s": t["first"] / max(1, epochs),
-            "start_s": t["start"] / max(1, epochs),
-            "io": t["io"],
-            **described[name],
-        }
-        for name, t in totals.items()
-    }
-
-
-def loader_epochs(server, root: Path, args, device) -> dict:
-    server.control(latency=min(args.latencies), bandwidth=0)
-    url = f"s3://{BUCKET}/{ROWS_KEY}"
-    cache_dir = args.dir / "cache"
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    out = {"device": str(device), "rows": ROW_FLOATS * 4, "batch": args.batch, "epochs": args.epochs}
-    measured = interleaved_epochs({"remote": ArrayDataset(url)}, device, args.batch, 1)
-    remote.cache_objects([url], str(cache_dir))
-    datasets = {
-        "cache": ArrayDataset(url, cache_dir=str(cache_dir)),
-        "local": ArrayDataset(str(root / BUCKET / ROWS_KEY)),
-    }
-    measured.update(interleaved_epochs(datasets, device, args.batch, args.epochs))
-    for name, result in measured.items():
-        for key, value in result.items():
-            out[f"{name}_{key}"] = value
-    out["cache_over_local"] = out["cache_steady_gbps"] / out["local_steady_gbps"]
-    out["cache_over_local_whole_epoch"] = out["cache_gbps"] / out["local_gbps"]
-    log(
-        f"  loader epochs on {device}: remote {out['remote_gbps']:.3f} GB/s (latency "
-        f"{min(args.latencies) * 1e3:.0f} ms, uncapped), cache hit {out['cache_steady_gbps']:.3f} GB/s, local file "
-        f"{out['local_steady_gbps']:.3f} GB/s from the first batch on ({args.epochs} epochs each, in turns) -> "
-        f"cache/local {out['cache_over_local']:.2f}x; whole epochs {out['cache_gbps']:.3f} / {out['local_gbps']:.3f} "
-        f"GB/s -> {out['cache_over_local_whole_epoch']:.2f}x; first batch {out['cache_first_s'] * 1e3:.1f} ms "
-        f"(cache hit: waits for the HEAD of its objects) vs {out['local_first_s'] * 1e3:.1f} ms (local)"
-    )
-    for name in ("cache", "local"):
-        log(f"    {name}: {out[f'{name}_path']}; {out[f'{name}_io_path']}")
-    return out
+    """CPU seconds (user + system) the process ``pid`` and its children (a server's forked
+    event loops) have used (Linux /proc; 0 elsewhere)."""
+    total = 0.0
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def measure_cap(server, url: str, size: int, args) -> float:
@@ -348,6 +315,15 @@ def parse_args(argv) -> argparse.Namespace:
         "--uncapped-from", type=int, default=UNCAPPED_FROM, help="fewest requests in flight in the uncapped grids [16]"
     )
     parser.add_argument("--skip-uncapped", action="store_true", help="only the capped grids")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="runs of each library's best uncapped cell, median judged [3]"
+    )
+    parser.add_argument(
+        "--server-processes",
+        type=int,
+        default=max(1, (os.cpu_count() or 1) // 4),
+        help="the loopback server's event loops (processes): enough that it is not the limit [a quarter of the cores]",
+    )
     parser.add_argument("--skip-boto3", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU, code paths only")
@@ -358,6 +334,7 @@ def parse_args(argv) -> argparse.Namespace:
     args.concurrency = args.concurrency or preset["concurrency"]
     args.sizes = args.sizes or preset["sizes"]
     args.min_seconds = args.min_seconds or preset["min_seconds"]
+    args.repeats = args.repeats or preset["repeats"]
     if args.cpu_smoke:
         args.latencies, args.batch, args.epochs = args.latencies[:1], 32, 1
     return args
@@ -401,17 +378,19 @@ def measure(server, args, report: dict, libraries: list, device) -> None:
     total = len(libraries) * len(args.latencies) * len(args.concurrency) * len(args.sizes)
     uncapped = [c for c in args.concurrency if c >= args.uncapped_from] or args.concurrency[-1:]
     if not args.skip_uncapped:
-        total += len(libraries) * len(args.latencies) * len(uncapped) * len(args.sizes)
+        total += len(libraries) * len(args.latencies) * (len(uncapped) * len(args.sizes) + args.repeats)
     bar = Progress(total, "cells", enabled=not args.no_progress)
     server.control(bandwidth=report["cap_bps"])
+    here = {lib: cells[lib] for lib in libraries}
     for lat in args.latencies:
-        for lib in libraries:
-            report["grids"].setdefault(lib, {})[str(lat)] = grid(lib, cells[lib], lat, server, args, bar)
+        for lib, result in grids(here, lat, server, args, bar).items():
+            report["grids"].setdefault(lib, {})[str(lat)] = result
     if not args.skip_uncapped:
         server.control(bandwidth=0)
         for lat in args.latencies:
-            for lib in libraries:
-                result = grid(f"{lib}/nocap", cells[lib], lat, server, args, bar, uncapped)
+            results = grids(here, lat, server, args, bar, uncapped, "/nocap")
+            confirm_best(results, here, lat, server, args, bar)
+            for lib, result in results.items():
                 report["uncapped"].setdefault(lib, {})[str(lat)] = result
     bar.close()
 
@@ -442,7 +421,11 @@ def main(argv=None) -> int:
     libraries = libraries_here(args, report)
     # fastload signs its requests like boto3 does (the server accepts any signature)
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
-    with LoopbackServer(args.dir) as server, config.override(s3_endpoint_url=server.endpoint):
+    report["server_processes"] = args.server_processes
+    with (
+        LoopbackServer(args.dir, processes=args.server_processes) as server,
+        config.override(s3_endpoint_url=server.endpoint),
+    ):
         remote.reset()
         signal.signal(signal.SIGTERM, _stop)  # timeout(1): what was measured is still reported
         try:

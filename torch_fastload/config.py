@@ -81,6 +81,10 @@ def _byte_size(name: str, value: Any) -> int:
     return _positive_int(name, value)
 
 
+def _byte_size_or_zero(name: str, value: Any) -> int:
+    return 0 if value in (0, "0") else _byte_size(name, value)
+
+
 def physical_memory() -> int:
     """Bytes of RAM (0 where unknown)."""
     try:
@@ -345,6 +349,13 @@ OPTIONS: dict[str, Option] = {
             "seconds: retry k waits a random time in [0, remote_backoff * 2**(k-1)], at most 10 s",
         ),
         Option("remote_timeout", 30.0, _positive_float, "seconds a request may wait to connect or for any bytes"),
+        Option(
+            "remote_wake_bytes",
+            0,
+            _byte_size_or_zero,
+            "plain-HTTP bodies: bytes to arrive before a reading thread wakes (SO_RCVLOWAT, at most a quarter of "
+            "its receive buffer), received straight into place; 0: http.client's buffered reads",
+        ),
         Option(
             "remote_backend",
             "auto",
