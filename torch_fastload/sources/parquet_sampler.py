@@ -107,6 +107,41 @@ class ParquetSampler(Sampler[int]):
         """This rank's rows of the epoch, drawn now (on the thread calling ``iter()``): a
         checkpoint's settings are checked and the row groups' order handed to the dataset's
         read-ahead."""
+        order = self.begin_runs()
+        return order.rows() if isinstance(order, RowRuns) else order
+
+    def begin_runs(self) -> RowRuns | np.ndarray:
+        """As ``begin``, but an order whose rows are not permuted within windows comes as
+        ``RowRuns`` (a run per row group, adjacent ones merged): no array of every row. That
+        array (built, searched and checked row by row) cost an 8-byte column's epoch more time
+        than decoding it, all before the first batch."""
+        self._check_resume()
+        runs = self.runs()
+        if runs is None:
+            mine = self.indices()
+            self.dataset._set_schedule(first_seen_groups(self.dataset.plan.starts, mine))
+            return mine
+        self.dataset._set_schedule(runs.groups)
+        return runs
+
+    def runs(self) -> RowRuns | None:
+        """This rank's order as runs of consecutive rows, or None where rows are permuted within
+        windows or the rank is padded (``even``)."""
+        lo, hi = self._bounds()
+        if (self.shuffle and self.shuffle_rows > 1) or len(self) != hi - lo:
+            return None
+        return self.global_runs().part(lo, hi)
+
+    def global_runs(self) -> RowRuns:
+        """Every row of the epoch as row groups in order (before the split among ranks)."""
+        rows = self.dataset.row_group_rows
+        groups = np.arange(len(rows))
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            groups = torch.randperm(len(rows), generator=generator).numpy()
+        return RowRuns(self.dataset.plan.starts[:-1][groups], rows[groups], groups)
+
+    def _check_resume(self) -> None:
         settings = self.settings()
         saved, self.dataset._resume = self.dataset._resume, None
         self.dataset._fetched.clear()
@@ -123,12 +158,10 @@ class ParquetSampler(Sampler[int]):
                     + " (call set_epoch with the checkpoint's epoch; the world size must be the same)"
                 )
         self.dataset._epoch = settings
-        mine = self.indices()
-        self.dataset._set_schedule(first_seen_groups(self.dataset.plan.starts, mine))
-        return mine
 
     def batches(self, batch_size: int, drop_last: bool = False) -> ParquetBatchSampler:
-        """A ``batch_sampler`` over this order whose batches are numpy slices (no per-row Python)."""
+        """A ``batch_sampler`` over this order whose batches are ranges or numpy arrays (no
+        per-row Python)."""
         return ParquetBatchSampler(self, batch_size, drop_last)
 
 
@@ -145,8 +178,10 @@ def first_seen_groups(starts: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 class ParquetBatchSampler(Sampler):
-    """Batches of ``ParquetSampler``'s order as int64 numpy slices: pass as the loader's
-    ``batch_sampler`` (torch's ``BatchSampler`` would build a Python list of every row)."""
+    """Batches of ``ParquetSampler``'s order: pass as the loader's ``batch_sampler`` (torch's
+    ``BatchSampler`` would build a Python list of every row). A batch is a ``range`` where its
+    rows are consecutive in the files (``ParquetDataset`` reads it as slices, with no array of
+    its rows), else an int64 numpy array."""
 
     def __init__(self, sampler: ParquetSampler, batch_size: int, drop_last: bool = False):
         if batch_size <= 0:
@@ -163,6 +198,55 @@ class ParquetBatchSampler(Sampler):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self):
-        rows = self.sampler.begin()
+        order = self.sampler.begin_runs()
         for start in range(0, len(self) * self.batch_size, self.batch_size):
-            yield rows[start : start + self.batch_size]
+            yield order[start : start + self.batch_size]
+
+
+class RowRuns:
+    """An epoch's order as one run of consecutive rows per row group read (``groups``, in
+    order): ``firsts[k] .. firsts[k] + lengths[k] - 1``. ``order[a:b]`` is a batch: a ``range``
+    where it lies in consecutive rows, else the int64 rows of the runs it spans (built for that
+    batch only)."""
+
+    def __init__(self, firsts: np.ndarray, lengths: np.ndarray, groups: np.ndarray):
+        keep = np.asarray(lengths) > 0
+        self.firsts = np.asarray(firsts, dtype=np.int64)[keep]
+        self.lengths = np.asarray(lengths, dtype=np.int64)[keep]
+        self.groups = np.asarray(groups, dtype=np.int64)[keep]
+        self.ends = np.cumsum(self.lengths)  # position in the order just after each run
+        # runs that continue one another are read as one: where each stretch of them ends
+        breaks = np.flatnonzero(self.firsts[1:] != self.firsts[:-1] + self.lengths[:-1])
+        self.stretch_ends = np.append(self.ends[breaks], len(self))
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def part(self, lo: int, hi: int) -> RowRuns:
+        """Positions ``lo .. hi - 1`` of the order (a rank's share)."""
+        starts = self.ends - self.lengths
+        a, b = np.clip(starts, lo, hi), np.clip(self.ends, lo, hi)
+        return RowRuns(self.firsts + (a - starts), b - a, self.groups)
+
+    def __getitem__(self, key: slice):
+        start, stop, step = key.indices(len(self))
+        if step != 1:
+            raise ValueError("RowRuns slices take every row (step 1)")
+        if stop <= start:
+            return np.zeros(0, dtype=np.int64)
+        k = int(np.searchsorted(self.ends, start, side="right"))
+        if stop <= int(self.stretch_ends[np.searchsorted(self.stretch_ends, start, side="right")]):
+            first = int(self.firsts[k]) + start - (int(self.ends[k]) - int(self.lengths[k]))
+            return range(first, first + stop - start)
+        pieces = []
+        while start < stop:
+            end = min(stop, int(self.ends[k]))
+            first = int(self.firsts[k]) + start - (int(self.ends[k]) - int(self.lengths[k]))
+            pieces.append(np.arange(first, first + end - start, dtype=np.int64))
+            start, k = end, k + 1
+        return np.concatenate(pieces)
+
+    def rows(self) -> np.ndarray:
+        """Every row of the order as int64 (per-row ``iter()``)."""
+        rows = self[0 : len(self)]
+        return np.arange(rows.start, rows.stop, dtype=np.int64) if isinstance(rows, range) else rows
