@@ -1,7 +1,8 @@
-"""ParquetSampler orders without a per-row array: an epoch whose rows are not permuted within
-windows is drawn as runs of row groups, and a batch inside consecutive rows is a ``range`` that
-ParquetDataset reads as slices. The per-row order (built, searched and checked row by row)
-had cost an 8-byte column's epoch more than its decode, all before the first batch."""
+"""ParquetSampler orders without a per-row array of the epoch: an epoch whose rows keep their
+file order is drawn as runs of row groups, and a batch inside consecutive rows is a ``range``
+that ParquetDataset reads as slices; a windowed shuffle builds only the windows of the batch
+drawn. The per-row order (built, searched and checked row by row) had cost an 8-byte column's
+epoch more than its decode, all before the first batch."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from test_loader import assert_same
 
 from torch_fastload import DataLoader
 from torch_fastload.sources import ParquetDataset, ParquetSampler
+from torch_fastload.sources.parquet_order import WindowedOrder
 from torch_fastload.sources.parquet_sampler import first_seen_groups
 
 
@@ -76,15 +78,53 @@ def test_row_group_shuffled_batches_equal_the_per_row_order(tmp_path, ranks, bat
     dataset.close()
 
 
-def test_padded_ranks_and_windowed_shuffles_keep_the_per_row_order(tmp_path):
+def test_a_windowed_shuffle_builds_only_the_windows_of_the_batch_drawn(tmp_path, monkeypatch):
+    """Negative control: the old sampler permuted every window of the epoch in ``begin()``."""
     path = _file(tmp_path, rows=1000, row_group_size=96)
     dataset = ParquetDataset(path, threads=2)
-    padded = ParquetSampler(dataset, shuffle=False, num_replicas=3, rank=0, even=True)
-    assert padded.runs() is None and len(padded) == 334
-    assert np.array_equal(np.concatenate(list(padded.batches(100))), padded.indices())
-    windowed = ParquetSampler(dataset, seed=1, shuffle_rows=50)
-    assert windowed.runs() is None
-    assert np.array_equal(np.concatenate(list(windowed.batches(128))), windowed.indices())
+    built = []
+    window = WindowedOrder._window
+    monkeypatch.setattr(WindowedOrder, "_window", lambda self, k: built.append(k) or window(self, k))
+    sampler = ParquetSampler(dataset, seed=1, shuffle_rows=50)
+    first = next(iter(sampler.batches(128)))
+    assert sorted(set(built)) == [0, 1, 2] and len(first) == 128  # positions 0..127 only
+    dataset.close()
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_windowed_shuffles_permute_each_window_and_read_every_row_once(tmp_path, ranks):
+    path = _file(tmp_path, rows=1000, row_group_size=96)
+    dataset = ParquetDataset(path, threads=2)
+    shares = []
+    for rank in range(ranks):
+        sampler = ParquetSampler(dataset, seed=1, shuffle_rows=50, num_replicas=ranks, rank=rank)
+        sampler.set_epoch(3)
+        mine = sampler.indices()
+        assert np.array_equal(np.concatenate(list(sampler.batches(128))), mine)
+        assert np.array_equal(sampler.begin(), mine) and list(sampler) == mine.tolist()
+        shares.append(mine)
+    order = sampler.global_order()
+    assert np.array_equal(np.concatenate(shares), order)
+    in_file_order = sampler.global_runs().rows()
+    for k in range(0, 1000, 50):  # each window holds the rows of its positions, permuted
+        assert sorted(order[k : k + 50].tolist()) == sorted(in_file_order[k : k + 50].tolist())
+    assert not np.array_equal(order, in_file_order) and sorted(order.tolist()) == list(range(1000))
+    sampler.set_epoch(4)
+    assert not np.array_equal(sampler.global_order(), order)  # another epoch, another order
+    dataset.close()
+
+
+def test_padded_ranks_repeat_their_own_first_rows(tmp_path):
+    path = _file(tmp_path, rows=1000, row_group_size=96)
+    dataset = ParquetDataset(path, threads=2)
+    shares = []
+    for rank in range(3):
+        padded = ParquetSampler(dataset, shuffle=False, num_replicas=3, rank=rank, even=True)
+        mine = padded.indices()
+        assert len(mine) == 334 and np.array_equal(np.concatenate(list(padded.batches(100))), mine)
+        shares.append(mine)
+    assert shares[0][-1] == shares[0][0] and shares[1][-1] == shares[1][0]  # 333 rows each, padded
+    assert sorted(set(np.concatenate(shares).tolist())) == list(range(1000))
     dataset.close()
 
 

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from .parquet_order import RowRuns, WindowedOrder
+
 if TYPE_CHECKING:
     from .parquet import ParquetDataset
 
@@ -71,29 +73,33 @@ class ParquetSampler(Sampler[int]):
 
     def global_order(self) -> np.ndarray:
         """Every row of the epoch in order, before the split among ranks (world-size free)."""
+        n = len(self.dataset)
+        return self._windowed(0, n, n).rows()
+
+    def indices(self) -> np.ndarray:
+        """This rank's rows of the epoch, in order."""
+        return self.order().rows()
+
+    def order(self) -> RowRuns | WindowedOrder:
+        """This rank's order, with no array of every row: ``RowRuns`` where rows keep their
+        file order within row groups and no rank is padded, else a ``WindowedOrder``."""
+        lo, hi = self._bounds()
+        if (self.shuffle and self.shuffle_rows > 1) or len(self) != hi - lo:
+            return self._windowed(lo, hi, len(self))
+        return self.global_runs().part(lo, hi)
+
+    def _windowed(self, lo: int, hi: int, length: int) -> WindowedOrder:
+        window = self.shuffle_rows if self.shuffle else 1
+        return WindowedOrder(self.global_runs(), window, self.seed, self.epoch, lo, hi, length)
+
+    def global_runs(self) -> RowRuns:
+        """Every row of the epoch as row groups in order (before the split among ranks)."""
         rows = self.dataset.row_group_rows
         groups = np.arange(len(rows))
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
             groups = torch.randperm(len(rows), generator=generator).numpy()
-        lengths = rows[groups]
-        firsts = self.dataset.plan.starts[:-1][groups]
-        total = int(lengths.sum())
-        order = np.arange(total, dtype=np.int64) + np.repeat(firsts - (np.cumsum(lengths) - lengths), lengths)
-        if self.shuffle and self.shuffle_rows > 1:
-            rng = np.random.default_rng([self.seed & (2**63 - 1), self.epoch])
-            for start in range(0, total, self.shuffle_rows):
-                window = order[start : start + self.shuffle_rows]
-                window[:] = window[rng.permutation(len(window))]
-        return order
-
-    def indices(self) -> np.ndarray:
-        """This rank's rows of the epoch, in order."""
-        lo, hi = self._bounds()
-        mine = self.global_order()[lo:hi]
-        if self.even and len(mine) < len(self):
-            mine = np.concatenate([mine, mine[: len(self) - len(mine)]])
-        return mine
+        return RowRuns(self.dataset.plan.starts[:-1][groups], rows[groups], groups)
 
     def settings(self) -> dict:
         """What decides this rank's order: a resumed epoch must draw with the same."""
@@ -104,42 +110,17 @@ class ParquetSampler(Sampler[int]):
         return iter(self.begin().tolist())
 
     def begin(self) -> np.ndarray:
-        """This rank's rows of the epoch, drawn now (on the thread calling ``iter()``): a
-        checkpoint's settings are checked and the row groups' order handed to the dataset's
-        read-ahead."""
-        order = self.begin_runs()
-        return order.rows() if isinstance(order, RowRuns) else order
+        """This rank's rows of the epoch, drawn now (on the thread calling ``iter()``)."""
+        return self.begin_order().rows()
 
-    def begin_runs(self) -> RowRuns | np.ndarray:
-        """As ``begin``, but an order whose rows are not permuted within windows comes as
-        ``RowRuns`` (a run per row group, adjacent ones merged): no array of every row. That
-        array (built, searched and checked row by row) cost an 8-byte column's epoch more time
-        than decoding it, all before the first batch."""
+    def begin_order(self) -> RowRuns | WindowedOrder:
+        """This rank's order (``order()``), drawn now: a checkpoint's settings are checked and
+        the row groups' order handed to the dataset's read-ahead. No row is worked out here:
+        a batch's rows are, when the batch is drawn."""
         self._check_resume()
-        runs = self.runs()
-        if runs is None:
-            mine = self.indices()
-            self.dataset._set_schedule(first_seen_groups(self.dataset.plan.starts, mine))
-            return mine
-        self.dataset._set_schedule(runs.groups)
-        return runs
-
-    def runs(self) -> RowRuns | None:
-        """This rank's order as runs of consecutive rows, or None where rows are permuted within
-        windows or the rank is padded (``even``)."""
-        lo, hi = self._bounds()
-        if (self.shuffle and self.shuffle_rows > 1) or len(self) != hi - lo:
-            return None
-        return self.global_runs().part(lo, hi)
-
-    def global_runs(self) -> RowRuns:
-        """Every row of the epoch as row groups in order (before the split among ranks)."""
-        rows = self.dataset.row_group_rows
-        groups = np.arange(len(rows))
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            groups = torch.randperm(len(rows), generator=generator).numpy()
-        return RowRuns(self.dataset.plan.starts[:-1][groups], rows[groups], groups)
+        order = self.order()
+        self.dataset._set_schedule(order.groups)
+        return order
 
     def _check_resume(self) -> None:
         settings = self.settings()
@@ -198,55 +179,6 @@ class ParquetBatchSampler(Sampler):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self):
-        order = self.sampler.begin_runs()
+        order = self.sampler.begin_order()
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             yield order[start : start + self.batch_size]
-
-
-class RowRuns:
-    """An epoch's order as one run of consecutive rows per row group read (``groups``, in
-    order): ``firsts[k] .. firsts[k] + lengths[k] - 1``. ``order[a:b]`` is a batch: a ``range``
-    where it lies in consecutive rows, else the int64 rows of the runs it spans (built for that
-    batch only)."""
-
-    def __init__(self, firsts: np.ndarray, lengths: np.ndarray, groups: np.ndarray):
-        keep = np.asarray(lengths) > 0
-        self.firsts = np.asarray(firsts, dtype=np.int64)[keep]
-        self.lengths = np.asarray(lengths, dtype=np.int64)[keep]
-        self.groups = np.asarray(groups, dtype=np.int64)[keep]
-        self.ends = np.cumsum(self.lengths)  # position in the order just after each run
-        # runs that continue one another are read as one: where each stretch of them ends
-        breaks = np.flatnonzero(self.firsts[1:] != self.firsts[:-1] + self.lengths[:-1])
-        self.stretch_ends = np.append(self.ends[breaks], len(self))
-
-    def __len__(self) -> int:
-        return int(self.ends[-1]) if len(self.ends) else 0
-
-    def part(self, lo: int, hi: int) -> RowRuns:
-        """Positions ``lo .. hi - 1`` of the order (a rank's share)."""
-        starts = self.ends - self.lengths
-        a, b = np.clip(starts, lo, hi), np.clip(self.ends, lo, hi)
-        return RowRuns(self.firsts + (a - starts), b - a, self.groups)
-
-    def __getitem__(self, key: slice):
-        start, stop, step = key.indices(len(self))
-        if step != 1:
-            raise ValueError("RowRuns slices take every row (step 1)")
-        if stop <= start:
-            return np.zeros(0, dtype=np.int64)
-        k = int(np.searchsorted(self.ends, start, side="right"))
-        if stop <= int(self.stretch_ends[np.searchsorted(self.stretch_ends, start, side="right")]):
-            first = int(self.firsts[k]) + start - (int(self.ends[k]) - int(self.lengths[k]))
-            return range(first, first + stop - start)
-        pieces = []
-        while start < stop:
-            end = min(stop, int(self.ends[k]))
-            first = int(self.firsts[k]) + start - (int(self.ends[k]) - int(self.lengths[k]))
-            pieces.append(np.arange(first, first + end - start, dtype=np.int64))
-            start, k = end, k + 1
-        return np.concatenate(pieces)
-
-    def rows(self) -> np.ndarray:
-        """Every row of the order as int64 (per-row ``iter()``)."""
-        rows = self[0 : len(self)]
-        return np.arange(rows.start, rows.stop, dtype=np.int64) if isinstance(rows, range) else rows
