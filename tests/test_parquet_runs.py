@@ -52,6 +52,7 @@ def test_an_unshuffled_epoch_is_read_as_ranges_with_no_array_of_every_row(tmp_pa
         rows = reference.slice(300 * k, 300)
         assert torch.equal(batch["x"], torch.from_numpy(rows.column("x").to_numpy()))
         assert torch.equal(batch["y"], torch.from_numpy(rows.column("y").to_numpy()))
+    assert_same(list(torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=dataset.collate)), ours)
     dataset.close()
 
 
