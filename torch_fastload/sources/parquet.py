@@ -126,7 +126,11 @@ class ParquetDataset(Dataset):
                 keys.append(c.name + "__valid")
         return keys
 
-    def _check(self, indices) -> np.ndarray:
+    def _check(self, indices) -> np.ndarray | range:
+        """``indices`` as int64 rows in range (negative ones counted from the end); a ``range``
+        of consecutive rows (``ParquetBatchSampler``'s) stays one: no array of its rows."""
+        if isinstance(indices, range) and indices.step == 1 and (0 <= indices.start <= indices.stop <= len(self)):
+            return indices
         raw = np.asarray(indices, dtype=np.int64).reshape(-1)
         if not len(raw) or (raw.min() >= 0 and raw.max() < len(self)):
             return raw
@@ -156,10 +160,12 @@ class ParquetDataset(Dataset):
         """Rows ``indices`` (in that order) as an Arrow table of the selected columns."""
         return self._table(self._check(indices))[0]
 
-    def _table(self, index: np.ndarray) -> tuple[pa.Table, int]:
+    def _table(self, index: np.ndarray | range) -> tuple[pa.Table, int]:
         """(rows ``index`` as a table, the file of the first one): the batch in Arrow."""
         if not len(index):
             return self.plan.schema.empty_table(), 0
+        if isinstance(index, range):  # consecutive rows (``_check``)
+            return self._range(index.start, len(index))
         first, n = int(index[0]), len(index)
         if int(index[-1]) - first == n - 1 and (n < 3 or bool((index == np.arange(first, first + n)).all())):
             return self._range(first, n)

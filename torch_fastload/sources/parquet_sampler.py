@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from .parquet_order import RowRuns, WindowedOrder
+
 if TYPE_CHECKING:
     from .parquet import ParquetDataset
 
@@ -71,29 +73,33 @@ class ParquetSampler(Sampler[int]):
 
     def global_order(self) -> np.ndarray:
         """Every row of the epoch in order, before the split among ranks (world-size free)."""
+        n = len(self.dataset)
+        return self._windowed(0, n, n).rows()
+
+    def indices(self) -> np.ndarray:
+        """This rank's rows of the epoch, in order."""
+        return self.order().rows()
+
+    def order(self) -> RowRuns | WindowedOrder:
+        """This rank's order, with no array of every row: ``RowRuns`` where rows keep their
+        file order within row groups and no rank is padded, else a ``WindowedOrder``."""
+        lo, hi = self._bounds()
+        if (self.shuffle and self.shuffle_rows > 1) or len(self) != hi - lo:
+            return self._windowed(lo, hi, len(self))
+        return self.global_runs().part(lo, hi)
+
+    def _windowed(self, lo: int, hi: int, length: int) -> WindowedOrder:
+        window = self.shuffle_rows if self.shuffle else 1
+        return WindowedOrder(self.global_runs(), window, self.seed, self.epoch, lo, hi, length)
+
+    def global_runs(self) -> RowRuns:
+        """Every row of the epoch as row groups in order (before the split among ranks)."""
         rows = self.dataset.row_group_rows
         groups = np.arange(len(rows))
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
             groups = torch.randperm(len(rows), generator=generator).numpy()
-        lengths = rows[groups]
-        firsts = self.dataset.plan.starts[:-1][groups]
-        total = int(lengths.sum())
-        order = np.arange(total, dtype=np.int64) + np.repeat(firsts - (np.cumsum(lengths) - lengths), lengths)
-        if self.shuffle and self.shuffle_rows > 1:
-            rng = np.random.default_rng([self.seed & (2**63 - 1), self.epoch])
-            for start in range(0, total, self.shuffle_rows):
-                window = order[start : start + self.shuffle_rows]
-                window[:] = window[rng.permutation(len(window))]
-        return order
-
-    def indices(self) -> np.ndarray:
-        """This rank's rows of the epoch, in order."""
-        lo, hi = self._bounds()
-        mine = self.global_order()[lo:hi]
-        if self.even and len(mine) < len(self):
-            mine = np.concatenate([mine, mine[: len(self) - len(mine)]])
-        return mine
+        return RowRuns(self.dataset.plan.starts[:-1][groups], rows[groups], groups)
 
     def settings(self) -> dict:
         """What decides this rank's order: a resumed epoch must draw with the same."""
@@ -104,9 +110,19 @@ class ParquetSampler(Sampler[int]):
         return iter(self.begin().tolist())
 
     def begin(self) -> np.ndarray:
-        """This rank's rows of the epoch, drawn now (on the thread calling ``iter()``): a
-        checkpoint's settings are checked and the row groups' order handed to the dataset's
-        read-ahead."""
+        """This rank's rows of the epoch, drawn now (on the thread calling ``iter()``)."""
+        return self.begin_order().rows()
+
+    def begin_order(self) -> RowRuns | WindowedOrder:
+        """This rank's order (``order()``), drawn now: a checkpoint's settings are checked and
+        the row groups' order handed to the dataset's read-ahead. No row is worked out here:
+        a batch's rows are, when the batch is drawn."""
+        self._check_resume()
+        order = self.order()
+        self.dataset._set_schedule(order.groups)
+        return order
+
+    def _check_resume(self) -> None:
         settings = self.settings()
         saved, self.dataset._resume = self.dataset._resume, None
         self.dataset._fetched.clear()
@@ -123,12 +139,10 @@ class ParquetSampler(Sampler[int]):
                     + " (call set_epoch with the checkpoint's epoch; the world size must be the same)"
                 )
         self.dataset._epoch = settings
-        mine = self.indices()
-        self.dataset._set_schedule(first_seen_groups(self.dataset.plan.starts, mine))
-        return mine
 
     def batches(self, batch_size: int, drop_last: bool = False) -> ParquetBatchSampler:
-        """A ``batch_sampler`` over this order whose batches are numpy slices (no per-row Python)."""
+        """A ``batch_sampler`` over this order whose batches are ranges or numpy arrays (no
+        per-row Python)."""
         return ParquetBatchSampler(self, batch_size, drop_last)
 
 
@@ -145,8 +159,10 @@ def first_seen_groups(starts: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 class ParquetBatchSampler(Sampler):
-    """Batches of ``ParquetSampler``'s order as int64 numpy slices: pass as the loader's
-    ``batch_sampler`` (torch's ``BatchSampler`` would build a Python list of every row)."""
+    """Batches of ``ParquetSampler``'s order: pass as the loader's ``batch_sampler`` (torch's
+    ``BatchSampler`` would build a Python list of every row). A batch is a ``range`` where its
+    rows are consecutive in the files (``ParquetDataset`` reads it as slices, with no array of
+    its rows), else an int64 numpy array."""
 
     def __init__(self, sampler: ParquetSampler, batch_size: int, drop_last: bool = False):
         if batch_size <= 0:
@@ -163,6 +179,6 @@ class ParquetBatchSampler(Sampler):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self):
-        rows = self.sampler.begin()
+        order = self.sampler.begin_order()
         for start in range(0, len(self) * self.batch_size, self.batch_size):
-            yield rows[start : start + self.batch_size]
+            yield order[start : start + self.batch_size]
