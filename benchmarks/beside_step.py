@@ -118,8 +118,9 @@ class GemmStep:
         return acc
 
 
-def time_steps(batches, step, steps: int, warmup: int = 10) -> float:
-    """Median-free wall time per step over ``steps`` steps after ``warmup`` (host 2 steps ahead)."""
+def time_steps(batches, step, steps: int, warmup: int = 40) -> float:
+    """Median-free wall time per step over ``steps`` steps after ``warmup`` (host 2 steps ahead;
+    the warm-up covers the loader's start and its memory_rows='auto' window)."""
     it = iter(batches)
     done = []
     for i in range(warmup + steps):
@@ -176,6 +177,9 @@ def study_gemm(data, args, device) -> dict:
 
 
 # -- study 2: a launch-bound training thread ---------------------------------------------------
+WARMUP_STEPS = 40  # untimed: past the loader's start and its memory_rows='auto' window (~32 batches)
+
+
 def launches_per_second(kernels: int, steps: int, device, batches=None) -> tuple[float, float]:
     """(launches per second of launching, seconds per batch spent in next()): the thread's own
     launch rate, timed over its launch loops only, so a loader that falls behind (the thread
@@ -183,7 +187,7 @@ def launches_per_second(kernels: int, steps: int, device, batches=None) -> tuple
     x = torch.zeros(1, device=device)
     it = iter(batches) if batches is not None else None
     launching = waiting = 0.0
-    for i in range(steps + 5):
+    for i in range(steps + WARMUP_STEPS):
         t0 = time.perf_counter()
         if it is not None:
             next(it)
@@ -191,7 +195,7 @@ def launches_per_second(kernels: int, steps: int, device, batches=None) -> tuple
         for _ in range(kernels):
             x.add_(1)
         t2 = time.perf_counter()
-        if i >= 5:
+        if i >= WARMUP_STEPS:
             waiting += t1 - t0
             launching += t2 - t1
     torch.cuda.synchronize()

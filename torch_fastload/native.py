@@ -179,6 +179,7 @@ class NativePipeline:
             self.cuda and resources.settings.memory_rows in ("kernel", "auto") and uva.available()
         )
         self._dma_rows = False  # a field of registered rows (set by _describe)
+        self._rows_note = ""  # how they go, where chosen before this iterator
         tensor_dataset = isinstance(loader.dataset, tud.TensorDataset)
         fields, self._paths, self._specs, self._keep, host_row_bytes, records = self._describe(layout, tensor_dataset)
         self._pins = _FilePins(layout)
@@ -215,7 +216,7 @@ class NativePipeline:
         if not records:
             self._plans = {}
         self._index_arrays = _index_arrays(source)
-        self.stats.path = f"native loop -> {self.device}"
+        self.stats.path = f"native loop -> {self.device}{self._rows_note}"
         if io is not None and resources.settings.remote:  # every URL is read from its cache entry
             self.stats.path += " (remote objects from the shard cache)"
             io = dataclasses.replace(io, remote=CACHE_PATH_NOTE)
@@ -293,6 +294,7 @@ class NativePipeline:
         chosen = self.resources.rows_route if mode == "auto" else "kernel"
         if chosen is not None:
             self.loop.set_rows_kernel(chosen == "kernel")
+            self._rows_note = f" (registered rows: {'gather kernel' if chosen == 'kernel' else 'copy engines'})"
             return None
         return RowsRouteChoice(self.loop, self.device, self.resources, self.stats)
 
