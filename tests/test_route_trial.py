@@ -245,8 +245,8 @@ def _split_run(decode_ms, step_ms: float, split=True, depth=4) -> RouteTrial:
 
 
 def test_neither_route_feeding_the_loop_times_both_at_once_split_by_their_rates():
-    """H200 ResNet-18: the CPU route ran 29.7 ms a batch and nvJPEG 28.9 beside a 19.5 ms step;
-    the loop waited for both. Splitting each batch in the ratio of their rates (49% on the CPU)
+    """H200 ResNet-18: the CPU route ran 29.7 ms a batch and nvJPEG 28.9 beside a 19.5 ms step.
+    Splitting each batch in the ratio of their rates (49% on the CPU)
     is timed third and kept. Without the split (negative control) nvJPEG stays at ~29 ms."""
 
     def decode(share):  # both decoders at once, each on its part of the batch
@@ -260,6 +260,26 @@ def test_neither_route_feeding_the_loop_times_both_at_once_split_by_their_rates(
     assert "at share 0.49" in trial.describe()
     old = _split_run(decode, 19.5, split=False)
     assert old.choice == 0.0 and old.periods[0.0] == pytest.approx(0.0299, rel=0.03)
+
+
+def test_a_split_is_timed_even_where_the_loop_hardly_waited_for_nvjpeg():
+    """H200 ResNet-18 again: nvJPEG's decodes slowed the step on its GPU (27.8 ms a batch, the
+    loop waiting 9%); the split is still timed, and kept."""
+    gpu_step = {1.0: 19.5, 0.0: 27.8}
+
+    def decode(share):
+        return max(share * 30.9, (1 - share) * 12.0) + 1.0
+
+    clock = [0.0]
+    trial = RouteTrial(warmup=8, settle=4, window=10, clock=lambda: clock[0], split=True)
+    share = 1.0
+    while trial.choice is None:  # with nvJPEG the loop hardly waits: the step is the pace, slowed by its decodes
+        share = trial.next_share()
+        step = max(19.5, (1 - share) * gpu_step[0.0] if share < 1 else gpu_step[1.0], decode(share))
+        trial.consumed(waited=(0.26 if share == 1.0 else 0.08) * step / 1e3)  # as that run's windows
+        clock[0] += step / 1e3
+    assert len(trial.periods) == 3 and trial.choice not in (0.0, 1.0)
+    assert trial.waited[0.0] < trial.keep_up
 
 
 def test_a_split_slower_than_nvjpeg_alone_is_not_kept_and_a_cpu_that_keeps_up_skips_it():
