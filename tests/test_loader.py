@@ -340,7 +340,8 @@ def test_oversize_error_and_grow():
     out = list(growing)
     assert [b.shape[0] for b in out] == sizes and all(torch.all(b == i) for i, b in enumerate(out))
     stats = growing.stats()
-    assert stats.pool_regrows == 2 and stats.pool_slot_bytes >= 32 * 1024 * 4
+    # two stage threads: the 32-row batch may be staged before the 16-row one grew the pool
+    assert stats.pool_regrows in (1, 2) and stats.pool_slot_bytes >= 32 * 1024 * 4
 
 
 def test_exact_slot_size_from_first_batch():

@@ -372,8 +372,7 @@ class _FakeProbe:
     [
         ([StepReading(0.002, 0.93)], True),  # the GPU waited for the host: a launch-bound step
         ([StepReading(0.050, 0.04)], False),  # the GPU was busy: its SMs are the step's
-        ([None, StepReading(0.002, 0.8)], True),  # too few passed marks: one more window
-        ([None] * 4, False),  # never a reading: the copy engines stay
+        ([None], False),  # the GPU had not reached the window's marks: a GPU-bound step
     ],
 )
 def test_rows_route_choice_follows_where_the_gpu_is_at_next(readings, kernel):
@@ -383,7 +382,7 @@ def test_rows_route_choice_follows_where_the_gpu_is_at_next(readings, kernel):
 
     loop, resources, stats = _FakeLoop(), SimpleNamespace(rows_route=None), SimpleNamespace(path="native loop")
     choice = RowsRouteChoice.__new__(RowsRouteChoice)
-    choice.loop, choice.resources, choice.stats, choice.batches, choice.windows = loop, resources, stats, 0, 0
+    choice.loop, choice.resources, choice.stats, choice.batches = loop, resources, stats, 0
     choice.probe = _FakeProbe(readings)
     done, batches = False, 0
     while not done:
