@@ -292,6 +292,14 @@ def _tensor(values: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(values))
 
 
+def _empty(length: int, numpy_dtype) -> np.ndarray:
+    """A writable array in Arrow's memory pool, which keeps freed pages for the next batch: numpy's
+    fresh arrays of this size are mapped anew by malloc each batch, and their first-touch page
+    faults cost more than the values written into them (most of a batch's fetch)."""
+    dtype = np.dtype(numpy_dtype)
+    return np.frombuffer(pa.allocate_buffer(length * dtype.itemsize), dtype=dtype)
+
+
 def _buffer_view(buf, numpy_dtype, offset: int, length: int) -> np.ndarray:
     if buf is None or length == 0:
         return np.zeros(length, dtype=numpy_dtype)
@@ -322,7 +330,8 @@ def _zero_nulls(values: np.ndarray, arr: pa.Array) -> np.ndarray:
 def _ragged(values: np.ndarray, offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     base = int(offsets[0]) if len(offsets) else 0
     data = _tensor(values[base : int(offsets[-1])] if len(offsets) else values[:0])
-    return data, torch.from_numpy(np.subtract(offsets, base, dtype=np.int64))  # one pass: rebase, widen
+    rebased = np.subtract(offsets, base, out=_empty(len(offsets), np.int64), dtype=np.int64)  # one pass: widen
+    return data, torch.from_numpy(rebased)
 
 
 def _bytes(arr: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,7 +366,7 @@ def _join(parts: list) -> dict:
     for key in parts[0]:
         pieces = [part[key] for part in parts]
         if key.endswith("__offsets"):
-            joined = np.empty(sum(len(p) - 1 for p in pieces) + 1, dtype=np.int64)
+            joined = _empty(sum(len(p) - 1 for p in pieces) + 1, np.int64)
             joined[0], start = 0, 1
             for piece in pieces:
                 values = piece.numpy()[1:]
@@ -420,5 +429,5 @@ def _list_tensors(path: str, spec: ColumnSpec, arr: pa.Array, out: dict) -> None
     else:
         out[spec.name], out[spec.name + "__offsets"] = (
             tensor,
-            torch.from_numpy(np.subtract(offsets, int(offsets[0]), dtype=np.int64)),
+            torch.from_numpy(np.subtract(offsets, int(offsets[0]), out=_empty(len(offsets), np.int64), dtype=np.int64)),
         )
