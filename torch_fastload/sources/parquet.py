@@ -33,6 +33,7 @@ groups, then rows within a bounded window, and shards them across ranks by rows.
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 
 import numpy as np
@@ -99,6 +100,9 @@ class ParquetDataset(Dataset):
         self._resume: dict | None = None  # a checkpoint's, until the next epoch is checked
         self._fetched: deque = deque()  # rows of each batch fetched and not yet delivered
         self._delivered = 0  # rows of this epoch handed to the training loop
+        # where the batches' fetch time went: "rows" (the batch in Arrow: waits for row groups
+        # to decode, gathers) and "tensors" (its columns as tensors); benchmarks/parquet.py
+        self.fetch_seconds = {"rows": 0.0, "tensors": 0.0}
 
     # -- layout -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -198,8 +202,12 @@ class ParquetDataset(Dataset):
         index = self._check(indices)
         if not len(index):
             return self.collate([])
+        started = time.perf_counter()
         table, file = self._table(index)
+        arrow = time.perf_counter()
         batch = columns_to_tensors(self.paths[file], self.plan.columns, table)
+        self.fetch_seconds["rows"] += arrow - started
+        self.fetch_seconds["tensors"] += time.perf_counter() - arrow
         self._fetched.append(len(index))
         return batch
 
