@@ -43,9 +43,10 @@ import torch
 from torch.utils.data import Dataset
 
 from ..staging import materialize
-from .parquet_decode import AHEAD_MAX, READ_MODES, RowGroupCache, columns_to_tensors
+from .parquet_decode import AHEAD_MAX, READ_MODES, RowGroupCache
 from .parquet_plan import expand_paths, open_plan
 from .parquet_sampler import ParquetBatchSampler, ParquetSampler
+from .parquet_tensors import columns_to_tensors, range_tensors
 
 __all__ = ["ParquetDataset", "ParquetSampler", "ParquetBatchSampler"]
 
@@ -164,10 +165,11 @@ class ParquetDataset(Dataset):
         """Rows ``indices`` (in that order) as an Arrow table of the selected columns."""
         return self._table(self._check(indices))[0]
 
-    def _table(self, index: np.ndarray | range) -> tuple[pa.Table, int]:
-        """(rows ``index`` as a table, the file of the first one): the batch in Arrow."""
+    def _table(self, index: np.ndarray | range) -> tuple[pa.Table, int, list | None]:
+        """(rows ``index`` as a table, the file of the first one, and for consecutive rows the
+        spans of ``range_tensors``, else None): the batch in Arrow."""
         if not len(index):
-            return self.plan.schema.empty_table(), 0
+            return self.plan.schema.empty_table(), 0, None
         if isinstance(index, range):  # consecutive rows (``_check``)
             return self._range(index.start, len(index))
         first, n = int(index[0]), len(index)
@@ -176,20 +178,27 @@ class ParquetDataset(Dataset):
         groups = np.searchsorted(self.plan.starts, index, side="right") - 1
         unique = np.flatnonzero(np.bincount(groups, minlength=len(self.plan.row_groups)))
         file = self.plan.row_groups[int(groups[0])].file
-        tables = self._reader().get(unique.tolist(), self._ahead(unique))
+        tables = [decoded.table for decoded in self._reader().get(unique.tolist(), self._ahead(unique))]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         base = np.zeros(len(self.plan.row_groups), dtype=np.int64)
         base[unique] = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
         local = index - (self.plan.starts[:-1] - base)[groups]
-        return self._reader().take(table, local), file
+        return self._reader().take(table, local), file, None
 
-    def _range(self, first: int, n: int) -> tuple[pa.Table, int]:
+    def _range(self, first: int, n: int) -> tuple[pa.Table, int, list]:
         """Rows ``first .. first + n - 1`` (in order): slices of the row groups, no gather."""
         lo, hi = np.searchsorted(self.plan.starts, [first, first + n - 1], side="right") - 1
         groups = list(range(int(lo), int(hi) + 1))
-        tables = self._reader().get(groups, self._ahead(np.asarray(groups)))
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-        return table.slice(first - int(self.plan.starts[lo]), n), self.plan.row_groups[int(lo)].file
+        decoded = self._reader().get(groups, self._ahead(np.asarray(groups)))
+        table = decoded[0].table if len(decoded) == 1 else pa.concat_tables([d.table for d in decoded])
+        start = first - int(self.plan.starts[lo])
+        spans, left = [], n
+        for group in decoded:
+            stop = min(group.table.num_rows, start + left)
+            spans.append((group.columns, start, stop))
+            left -= stop - start
+            start = 0
+        return table.slice(first - int(self.plan.starts[lo]), n), self.plan.row_groups[int(lo)].file, spans
 
     # -- the protocol -------------------------------------------------------------------
     def batch(self, indices) -> dict:
@@ -203,9 +212,12 @@ class ParquetDataset(Dataset):
         if not len(index):
             return self.collate([])
         started = time.perf_counter()
-        table, file = self._table(index)
+        table, file, spans = self._table(index)
         arrow = time.perf_counter()
-        batch = columns_to_tensors(self.paths[file], self.plan.columns, table)
+        if spans is None:
+            batch = columns_to_tensors(self.paths[file], self.plan.columns, table)
+        else:  # consecutive rows: cut from each row group's tensors, made when it was decoded
+            batch = range_tensors(self.paths[file], self.plan.columns, spans, table)
         self.fetch_seconds["rows"] += arrow - started
         self.fetch_seconds["tensors"] += time.perf_counter() - arrow
         self._fetched.append(len(index))
