@@ -193,7 +193,10 @@ def prepare_row_group(specs: list, table: pa.Table) -> tuple[list, int]:
     made beyond the table's own). Runs on the decode thread: the fetch only slices these."""
     columns, extra = [], 0
     for spec, column in zip(specs, table.columns):
-        prepared = _prepare_column(spec, column) if column.num_chunks == 1 else None
+        try:
+            prepared = _prepare_column(spec, column) if column.num_chunks == 1 else None
+        except (pa.ArrowException, ValueError, TypeError, IndexError):
+            prepared = None  # the batches that read it go through Arrow, and raise there, typed
         columns.append(prepared)
         if prepared is not None:
             extra += prepared.valid.nbytes if prepared.valid is not None else 0
