@@ -32,9 +32,10 @@ groups, then rows within a bounded window, and shards them across ranks by rows.
 
 from __future__ import annotations
 
+import heapq
 import os
+import threading
 import time
-from collections import deque
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +43,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
+from ..resume import batch_key
 from ..staging import materialize
 from .parquet_decode import AHEAD_MAX, READ_MODES, RowGroupCache
 from .parquet_plan import expand_paths, open_plan
@@ -49,6 +51,8 @@ from .parquet_sampler import ParquetBatchSampler, ParquetSampler
 from .parquet_tensors import columns_to_tensors, range_tensors
 
 __all__ = ["ParquetDataset", "ParquetSampler", "ParquetBatchSampler"]
+
+_BOOKKEEPING = threading.Lock()  # the cache's creation and the fetched rows, across fetch threads
 
 
 class ParquetDataset(Dataset):
@@ -67,6 +71,7 @@ class ParquetDataset(Dataset):
     """
 
     __fastload_direct_cpu__ = True  # a CPU batch is copied once from Arrow's buffers, no slot
+    __fastload_parallel_batches__ = True  # with fetch_threads > 1, batches wait for decodes together
 
     def __init__(
         self,
@@ -99,7 +104,10 @@ class ParquetDataset(Dataset):
         self._position: dict = {}
         self._epoch: dict | None = None  # the settings of the epoch the sampler last drew
         self._resume: dict | None = None  # a checkpoint's, until the next epoch is checked
-        self._fetched: deque = deque()  # rows of each batch fetched and not yet delivered
+        # (batch number, call, rows) of each batch fetched and not yet delivered: a heap, as
+        # batches fetched on several threads at once finish out of order
+        self._fetched: list = []
+        self._calls = 0
         self._delivered = 0  # rows of this epoch handed to the training loop
         # where the batches' fetch time went: "rows" (the batch in Arrow: waits for row groups
         # to decode, gathers) and "tensors" (its columns as tensors); benchmarks/parquet.py
@@ -147,9 +155,16 @@ class ParquetDataset(Dataset):
 
     def _reader(self) -> RowGroupCache:
         if self._cache is None:
-            self._cache = RowGroupCache(
-                self.plan, self.threads, self.read_mode, self.cache_bytes, self.arrow_threads, self.row_groups_at_once
-            )
+            with _BOOKKEEPING:
+                if self._cache is None:
+                    self._cache = RowGroupCache(
+                        self.plan,
+                        self.threads,
+                        self.read_mode,
+                        self.cache_bytes,
+                        self.arrow_threads,
+                        self.row_groups_at_once,
+                    )
         return self._cache
 
     def _ahead(self, groups: np.ndarray) -> list:
@@ -220,13 +235,17 @@ class ParquetDataset(Dataset):
             batch = range_tensors(self.paths[file], self.plan.columns, spans, table)
         self.fetch_seconds["rows"] += arrow - started
         self.fetch_seconds["tensors"] += time.perf_counter() - arrow
-        self._fetched.append(len(index))
+        key = batch_key()  # None outside the loader: those count first, as they came
+        with _BOOKKEEPING:
+            self._calls += 1
+            heapq.heappush(self._fetched, (key.number if key is not None else -1, self._calls, len(index)))
         return batch
 
     def __fastload_delivered__(self, device, waited_seconds: float) -> None:
         """Counts the rows the loop has received: a checkpoint knows whether its epoch was done."""
-        if self._fetched:
-            self._delivered += self._fetched.popleft()
+        with _BOOKKEEPING:
+            if self._fetched:
+                self._delivered += heapq.heappop(self._fetched)[2]
 
     def __getitem__(self, i) -> dict:
         """Row ``i``: numbers as 0-d tensors, strings/lists as 1-D tensors of their bytes/values,
