@@ -1,5 +1,6 @@
-"""Row groups decoded by pyarrow on a thread pool (the GIL released inside pyarrow), kept in a
-small byte-bounded cache, and Arrow columns turned into tensors with no per-row Python.
+"""Row groups decoded by pyarrow on a thread pool (the GIL released inside pyarrow), each with
+its columns' tensors made there once (``parquet_tensors.prepare_row_group``), kept in a small
+byte-bounded cache.
 
 Two ways to get a row group's bytes (``read_mode``): ``"pyarrow"`` lets pyarrow read the file
 itself (coalesced, pre-buffered reads); ``"pread"`` reads the span of the selected column
