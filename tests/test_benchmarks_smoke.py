@@ -278,6 +278,8 @@ def test_parquet(tmp_path):
     by_name = {c["name"]: c for c in cells}
     assert by_name["int 0MiB run1 cardinf"]["batch_rows"] > by_name["alert 6K snappy"]["batch_rows"] >= 1024
     assert all(c["fastload"]["stage_ms_per_batch"].get("fetch", 0) > 0 for c in cells)  # where time goes
+    assert all(min(c["fastload"]["fetch_ms_per_batch"].values()) > 0 for c in cells)  # and inside the fetch
+    assert "(fetch: rows " in res.stdout
     assert "data ready under" in res.stdout and "profile suite done after" in res.stdout
 
 

@@ -216,7 +216,14 @@ def source_hooks(loader, source) -> SourceHooks:
     if read is None:
         return SourceHooks(slot_bytes=bound)
     return SourceHooks(
-        read, hooks.finish, bound, hooks.delivered, hooks.requested, hooks.native, direct_cpu=hooks.direct_cpu
+        read,
+        hooks.finish,
+        bound,
+        hooks.delivered,
+        hooks.requested,
+        hooks.native,
+        direct_cpu=hooks.direct_cpu,
+        parallel=hooks.parallel,
     )
 
 
@@ -224,7 +231,15 @@ class Fetcher:
     """The fetch thread's batches for one iterator, by the strategy that fits the loader."""
 
     def __init__(
-        self, loader, source, progress: EpochProgress, stop, poll: float, read_ahead: ReadAhead, read_batch=None
+        self,
+        loader,
+        source,
+        progress: EpochProgress,
+        stop,
+        poll: float,
+        read_ahead: ReadAhead,
+        read_batch=None,
+        parallel_batches: bool = False,
     ):
         self.source = source
         self.read_ahead = read_ahead
@@ -234,6 +249,7 @@ class Fetcher:
         self.in_order = getattr(loader, "in_order", True)
         self.fetch_threads = loader.fetch_threads
         self.read_batch = read_batch  # source_hooks(...).batch: whole batches described as reads
+        self.parallel_batches = parallel_batches  # read_batch may run for several batches at once
         self.uses_workers = not isinstance(source, InThreadSource)
         self.sample_threads: list[threading.Thread] = []  # the parallel strategy's, once started
 
@@ -243,6 +259,8 @@ class Fetcher:
         if not isinstance(self.source, InThreadSource):
             return self._from_workers()
         if self.read_batch is not None:
+            if self.fetch_threads > 1 and self.parallel_batches:
+                return self._parallel(self.read_batch)
             return self._in_thread(self.read_batch)
         if self.fetch_threads > 1 and self.source._dataset_kind == _DatasetKind.Map:
             return self._parallel()
@@ -283,10 +301,10 @@ class Fetcher:
                 return  # torch shut its workers down (one died): nothing more will come
             batch = None  # NOTE [held batches] in pipeline.py
 
-    def _parallel(self):
-        """``fetch_threads`` batches fetched at once (map-style datasets); in sampler order, or
-        as they complete with ``in_order=False``."""
-        fetch = self.source._dataset_fetcher.fetch
+    def _parallel(self, fetch=None):
+        """``fetch_threads`` batches fetched at once (map-style datasets, or a batch source's
+        ``fetch`` that allows it); in sampler order, or as they complete with ``in_order=False``."""
+        fetch = fetch or self.source._dataset_fetcher.fetch
         pending: deque = deque()  # (number, future)
         pool = SampleThreads(self.fetch_threads, threading.current_thread().name.replace("fetch", "sample"))
         self.sample_threads = pool.threads

@@ -97,7 +97,9 @@ class Pipeline:
         self.read_ahead = ReadAhead(loader.prefetch, self.stop, self.poll)
         self.fetched: queue.Queue = queue.Queue(maxsize=loader.prefetch + 1)
         self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch + 1)
-        self.fetcher = Fetcher(loader, source, progress, self.stop, self.poll, self.read_ahead, hooks.batch)
+        self.fetcher = Fetcher(
+            loader, source, progress, self.stop, self.poll, self.read_ahead, hooks.batch, hooks.parallel
+        )
         bound = None
         if hooks.slot_bytes is not None:
             batch_size = loader.batch_size

@@ -32,8 +32,10 @@ groups, then rows within a bounded window, and shards them across ranks by rows.
 
 from __future__ import annotations
 
+import heapq
 import os
-from collections import deque
+import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -41,12 +43,16 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
+from ..resume import batch_key
 from ..staging import materialize
-from .parquet_decode import AHEAD_MAX, READ_MODES, RowGroupCache, columns_to_tensors
+from .parquet_decode import AHEAD_MAX, READ_MODES, RowGroupCache
 from .parquet_plan import expand_paths, open_plan
 from .parquet_sampler import ParquetBatchSampler, ParquetSampler
+from .parquet_tensors import columns_to_tensors, range_tensors
 
 __all__ = ["ParquetDataset", "ParquetSampler", "ParquetBatchSampler"]
+
+_BOOKKEEPING = threading.Lock()  # the cache's creation and the fetched rows, across fetch threads
 
 
 class ParquetDataset(Dataset):
@@ -65,6 +71,7 @@ class ParquetDataset(Dataset):
     """
 
     __fastload_direct_cpu__ = True  # a CPU batch is copied once from Arrow's buffers, no slot
+    __fastload_parallel_batches__ = True  # with fetch_threads > 1, batches wait for decodes together
 
     def __init__(
         self,
@@ -97,8 +104,14 @@ class ParquetDataset(Dataset):
         self._position: dict = {}
         self._epoch: dict | None = None  # the settings of the epoch the sampler last drew
         self._resume: dict | None = None  # a checkpoint's, until the next epoch is checked
-        self._fetched: deque = deque()  # rows of each batch fetched and not yet delivered
+        # (batch number, call, rows) of each batch fetched and not yet delivered: a heap, as
+        # batches fetched on several threads at once finish out of order
+        self._fetched: list = []
+        self._calls = 0
         self._delivered = 0  # rows of this epoch handed to the training loop
+        # where the batches' fetch time went: "rows" (the batch in Arrow: waits for row groups
+        # to decode, gathers) and "tensors" (its columns as tensors); benchmarks/parquet.py
+        self.fetch_seconds = {"rows": 0.0, "tensors": 0.0}
 
     # -- layout -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -142,9 +155,16 @@ class ParquetDataset(Dataset):
 
     def _reader(self) -> RowGroupCache:
         if self._cache is None:
-            self._cache = RowGroupCache(
-                self.plan, self.threads, self.read_mode, self.cache_bytes, self.arrow_threads, self.row_groups_at_once
-            )
+            with _BOOKKEEPING:
+                if self._cache is None:
+                    self._cache = RowGroupCache(
+                        self.plan,
+                        self.threads,
+                        self.read_mode,
+                        self.cache_bytes,
+                        self.arrow_threads,
+                        self.row_groups_at_once,
+                    )
         return self._cache
 
     def _ahead(self, groups: np.ndarray) -> list:
@@ -160,10 +180,11 @@ class ParquetDataset(Dataset):
         """Rows ``indices`` (in that order) as an Arrow table of the selected columns."""
         return self._table(self._check(indices))[0]
 
-    def _table(self, index: np.ndarray | range) -> tuple[pa.Table, int]:
-        """(rows ``index`` as a table, the file of the first one): the batch in Arrow."""
+    def _table(self, index: np.ndarray | range) -> tuple[pa.Table, int, list | None]:
+        """(rows ``index`` as a table, the file of the first one, and for consecutive rows the
+        spans of ``range_tensors``, else None): the batch in Arrow."""
         if not len(index):
-            return self.plan.schema.empty_table(), 0
+            return self.plan.schema.empty_table(), 0, None
         if isinstance(index, range):  # consecutive rows (``_check``)
             return self._range(index.start, len(index))
         first, n = int(index[0]), len(index)
@@ -172,20 +193,27 @@ class ParquetDataset(Dataset):
         groups = np.searchsorted(self.plan.starts, index, side="right") - 1
         unique = np.flatnonzero(np.bincount(groups, minlength=len(self.plan.row_groups)))
         file = self.plan.row_groups[int(groups[0])].file
-        tables = self._reader().get(unique.tolist(), self._ahead(unique))
+        tables = [decoded.table for decoded in self._reader().get(unique.tolist(), self._ahead(unique))]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         base = np.zeros(len(self.plan.row_groups), dtype=np.int64)
         base[unique] = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
         local = index - (self.plan.starts[:-1] - base)[groups]
-        return self._reader().take(table, local), file
+        return self._reader().take(table, local), file, None
 
-    def _range(self, first: int, n: int) -> tuple[pa.Table, int]:
+    def _range(self, first: int, n: int) -> tuple[pa.Table, int, list]:
         """Rows ``first .. first + n - 1`` (in order): slices of the row groups, no gather."""
         lo, hi = np.searchsorted(self.plan.starts, [first, first + n - 1], side="right") - 1
         groups = list(range(int(lo), int(hi) + 1))
-        tables = self._reader().get(groups, self._ahead(np.asarray(groups)))
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-        return table.slice(first - int(self.plan.starts[lo]), n), self.plan.row_groups[int(lo)].file
+        decoded = self._reader().get(groups, self._ahead(np.asarray(groups)))
+        table = decoded[0].table if len(decoded) == 1 else pa.concat_tables([d.table for d in decoded])
+        start = first - int(self.plan.starts[lo])
+        spans, left = [], n
+        for group in decoded:
+            stop = min(group.table.num_rows, start + left)
+            spans.append((group.columns, start, stop))
+            left -= stop - start
+            start = 0
+        return table.slice(first - int(self.plan.starts[lo]), n), self.plan.row_groups[int(lo)].file, spans
 
     # -- the protocol -------------------------------------------------------------------
     def batch(self, indices) -> dict:
@@ -198,15 +226,26 @@ class ParquetDataset(Dataset):
         index = self._check(indices)
         if not len(index):
             return self.collate([])
-        table, file = self._table(index)
-        batch = columns_to_tensors(self.paths[file], self.plan.columns, table)
-        self._fetched.append(len(index))
+        started = time.perf_counter()
+        table, file, spans = self._table(index)
+        arrow = time.perf_counter()
+        if spans is None:
+            batch = columns_to_tensors(self.paths[file], self.plan.columns, table)
+        else:  # consecutive rows: cut from each row group's tensors, made when it was decoded
+            batch = range_tensors(self.paths[file], self.plan.columns, spans, table)
+        self.fetch_seconds["rows"] += arrow - started
+        self.fetch_seconds["tensors"] += time.perf_counter() - arrow
+        key = batch_key()  # None outside the loader: those count first, as they came
+        with _BOOKKEEPING:
+            self._calls += 1
+            heapq.heappush(self._fetched, (key.number if key is not None else -1, self._calls, len(index)))
         return batch
 
     def __fastload_delivered__(self, device, waited_seconds: float) -> None:
         """Counts the rows the loop has received: a checkpoint knows whether its epoch was done."""
-        if self._fetched:
-            self._delivered += self._fetched.popleft()
+        with _BOOKKEEPING:
+            if self._fetched:
+                self._delivered += heapq.heappop(self._fetched)[2]
 
     def __getitem__(self, i) -> dict:
         """Row ``i``: numbers as 0-d tensors, strings/lists as 1-D tensors of their bytes/values,

@@ -1,5 +1,6 @@
-"""Row groups decoded by pyarrow on a thread pool (the GIL released inside pyarrow), kept in a
-small byte-bounded cache, and Arrow columns turned into tensors with no per-row Python.
+"""Row groups decoded by pyarrow on a thread pool (the GIL released inside pyarrow), each with
+its columns' tensors made there once (``parquet_tensors.prepare_row_group``), kept in a small
+byte-bounded cache.
 
 Two ways to get a row group's bytes (``read_mode``): ``"pyarrow"`` lets pyarrow read the file
 itself (coalesced, pre-buffered reads); ``"pread"`` reads the span of the selected column
@@ -11,21 +12,19 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 
 from ..errors import ParquetDecodeError, ParquetError, ParquetFormatError
-from ..staging import PendingConcat
-from .parquet_plan import ColumnSpec, ParquetPlan, RowGroup
+from .parquet_plan import ParquetPlan, RowGroup
+from .parquet_tensors import prepare_row_group
 
-__all__ = ["RowGroupCache", "columns_to_tensors", "READ_MODES", "AHEAD_MAX"]
+__all__ = ["RowGroupCache", "DecodedRowGroup", "READ_MODES", "AHEAD_MAX"]
 
 READ_MODES = ("pyarrow", "pread")
 _OPEN_FILES_PER_THREAD = 4
@@ -65,6 +64,15 @@ class _SpanFile:
 
     def close(self):
         self.closed = True
+
+
+class DecodedRowGroup(NamedTuple):
+    """A decoded row group: its table, the bytes it holds, and its columns' tensors made once
+    (``prepare_row_group``) for the batches of consecutive rows cut from it."""
+
+    table: pa.Table
+    nbytes: int
+    columns: list
 
 
 class RowGroupCache:
@@ -116,7 +124,7 @@ class RowGroupCache:
         files[f] = pq.ParquetFile(self.plan.paths[f], metadata=self.plan.metadata[f], pre_buffer=True)
         return files[f]
 
-    def _decode(self, index: int) -> tuple[pa.Table, int]:
+    def _decode(self, index: int) -> DecodedRowGroup:
         group: RowGroup = self.plan.row_groups[index]
         path = self.plan.paths[group.file]
         try:
@@ -140,7 +148,8 @@ class RowGroupCache:
             raise ParquetDecodeError(
                 path, f"decoded {table.num_rows} rows, the footer says {group.rows}", row_group=group.index
             )
-        return table, table.nbytes
+        columns, extra = prepare_row_group(self.plan.columns, table)
+        return DecodedRowGroup(table, table.nbytes + extra, columns)
 
     def _read(self, group: RowGroup, names: list) -> pa.Table:
         """Columns ``names`` of a row group, in that order. They are selected by leaf column
@@ -197,7 +206,7 @@ class RowGroupCache:
                     del self.entries[index]  # an error is raised to its batch, then retried
                 self.failed.add(index)
                 return
-            nbytes = future.result()[1]
+            nbytes = future.result().nbytes
             self.failed.discard(index)  # its batch tried again, and it decoded this time
             self.held += nbytes
             self.decoded[0] += 1
@@ -243,16 +252,16 @@ class RowGroupCache:
                 continue
             del self.entries[index]
             if future.exception() is None:
-                self.held -= future.result()[1]
+                self.held -= future.result().nbytes
 
     def get(self, indices, ahead=()) -> list:
-        """Tables of row groups ``indices`` (decoded in parallel); ``ahead``: the row groups
+        """``DecodedRowGroup`` of row groups ``indices`` (decoded in parallel); ``ahead``: the row groups
         read after them, in order, decoded ahead as decode threads free up."""
         with self.lock:
             futures = [self._start(i) for i in indices]
             self.upcoming = list(ahead)
             self._read_ahead()
-        return [f.result()[0] for f in futures]
+        return [f.result() for f in futures]
 
     def take(self, table: pa.Table, rows: np.ndarray) -> pa.Table:
         """Rows ``rows`` of ``table``, its columns gathered in parallel (pyarrow's take runs one
@@ -281,144 +290,3 @@ class RowGroupCache:
             pool.shutdown(wait=True, cancel_futures=True)
         if gather is not None:
             gather.shutdown(wait=True)
-
-
-# -- Arrow -> tensors ----------------------------------------------------------------------
-def _tensor(values: np.ndarray) -> torch.Tensor:
-    """A tensor over ``values`` without a copy. Arrow's buffers are read-only; the loader only
-    reads them (the stager copies them into the pinned slot)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(np.ascontiguousarray(values))
-
-
-def _buffer_view(buf, numpy_dtype, offset: int, length: int) -> np.ndarray:
-    if buf is None or length == 0:
-        return np.zeros(length, dtype=numpy_dtype)
-    return np.frombuffer(buf, dtype=numpy_dtype)[offset : offset + length]
-
-
-def _validity(arr: pa.Array) -> np.ndarray:
-    if arr.null_count == 0:
-        return np.ones(len(arr), dtype=bool)
-    return arr.is_valid().to_numpy(zero_copy_only=False)
-
-
-def _fixed(spec: ColumnSpec, arr: pa.Array) -> torch.Tensor:
-    values = _buffer_view(arr.buffers()[1], spec.numpy_dtype, arr.offset, len(arr))
-    if spec.numpy_dtype != np.int64 and spec.dtype == torch.int64:
-        values = values.astype(np.int64)
-    return _tensor(_zero_nulls(values, arr))
-
-
-def _zero_nulls(values: np.ndarray, arr: pa.Array) -> np.ndarray:
-    """Zeros where ``arr`` is null (Arrow leaves those values unspecified), in numpy: torch has
-    no masked_fill for its unsigned types."""
-    if not arr.null_count:
-        return values
-    return np.where(_validity(arr), values, values.dtype.type(0))
-
-
-def _ragged(values: np.ndarray, offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    base = int(offsets[0]) if len(offsets) else 0
-    data = _tensor(values[base : int(offsets[-1])] if len(offsets) else values[:0])
-    return data, torch.from_numpy(np.subtract(offsets, base, dtype=np.int64))  # one pass: rebase, widen
-
-
-def _bytes(arr: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
-    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
-    _, offsets_buf, data_buf = arr.buffers()
-    offsets = _buffer_view(offsets_buf, np.int64 if large else np.int32, arr.offset, len(arr) + 1)
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    return _ragged(data, offsets)
-
-
-def columns_to_tensors(path: str, specs: list, table: pa.Table) -> dict:
-    """The batch dict of ``table`` (module docstring of ``parquet.py`` names the keys). A column
-    of several chunks (a batch across row groups) is not joined here: its values are a
-    ``PendingConcat`` of the chunks' buffers, which the stager copies once, into the slot."""
-    out = {}
-    for spec, column in zip(specs, table.columns):
-        chunks = [chunk for chunk in column.chunks if len(chunk)] or column.chunks[:1]
-        if spec.kind == "dictionary" and len(chunks) > 1:
-            chunks = [column.combine_chunks()]  # one dictionary for the whole batch
-        if not chunks:
-            chunks = [pa.array([], type=column.type)]
-        parts = [_array_tensors(path, spec, arr) for arr in chunks]
-        out.update(parts[0] if len(parts) == 1 else _join(parts))
-    return out
-
-
-def _join(parts: list) -> dict:
-    """The tensors of one column's chunks as one field each: values as a ``PendingConcat``,
-    offsets rebased onto one another, masks joined (n bytes). numpy, not torch: torch's
-    intra-op threads spin against the decode threads on these small joins (ms each)."""
-    out = {}
-    for key in parts[0]:
-        pieces = [part[key] for part in parts]
-        if key.endswith("__offsets"):
-            joined = np.empty(sum(len(p) - 1 for p in pieces) + 1, dtype=np.int64)
-            joined[0], start = 0, 1
-            for piece in pieces:
-                values = piece.numpy()[1:]
-                np.add(values, joined[start - 1], out=joined[start : start + len(values)])
-                start += len(values)
-            out[key] = torch.from_numpy(joined)
-        elif key.endswith("__valid"):
-            out[key] = torch.from_numpy(np.concatenate([p.numpy() for p in pieces]))
-        else:
-            out[key] = PendingConcat(pieces)
-    return out
-
-
-def _array_tensors(path: str, spec: ColumnSpec, arr: pa.Array) -> dict:
-    """The tensors of one Arrow array (a chunk of a column)."""
-    out = {}
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_decode()
-    if arr.null_count and not spec.masked:
-        raise ParquetDecodeError(
-            path, "holds nulls that its statistics did not report; open with masks='always'", column=spec.name
-        )
-    name = spec.name
-    if spec.kind == "fixed":
-        out[name] = _fixed(spec, arr)
-    elif spec.kind == "bool":
-        out[name] = torch.from_numpy(arr.fill_null(False).to_numpy(zero_copy_only=False))
-    elif spec.kind == "decimal":
-        words = np.frombuffer(arr.buffers()[1], dtype=np.int64).reshape(-1, 2)
-        out[name] = _tensor(_zero_nulls(words[arr.offset : arr.offset + len(arr), 0], arr))
-    elif spec.kind == "bytes":
-        out[name], out[name + "__offsets"] = _bytes(arr)
-    elif spec.kind == "dictionary":
-        encoded = pc.dictionary_encode(arr)
-        codes = encoded.indices.fill_null(-1) if encoded.indices.null_count else encoded.indices
-        out[name] = _tensor(codes.to_numpy().astype(np.int32, copy=False))
-        out[name + "__dictionary"], out[name + "__dictionary_offsets"] = _bytes(encoded.dictionary)
-    elif spec.kind in ("list", "fixed_list"):
-        _list_tensors(path, spec, arr, out)
-    if spec.masked:
-        out[name + "__valid"] = torch.from_numpy(_validity(arr))
-    return out
-
-
-def _list_tensors(path: str, spec: ColumnSpec, arr: pa.Array, out: dict) -> None:
-    child = arr.values
-    if spec.kind == "fixed_list":
-        k = spec.width
-        values = child.slice(arr.offset * k, len(arr) * k)
-    else:
-        large = pa.types.is_large_list(arr.type)
-        offsets = _buffer_view(arr.buffers()[1], np.int64 if large else np.int32, arr.offset, len(arr) + 1)
-        values = child.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if len(arr) else child.slice(0, 0)
-    if values.null_count:
-        raise ParquetDecodeError(path, "a list holds null elements (no tensor form)", column=spec.name)
-    flat = _buffer_view(values.buffers()[1], spec.numpy_dtype, values.offset, len(values))
-    tensor = _tensor(flat)
-    if spec.kind == "fixed_list":
-        out[spec.name] = tensor.view(len(arr), spec.width)
-    else:
-        out[spec.name], out[spec.name + "__offsets"] = (
-            tensor,
-            torch.from_numpy(np.subtract(offsets, int(offsets[0]), dtype=np.int64)),
-        )

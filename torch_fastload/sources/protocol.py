@@ -35,6 +35,12 @@ loader looks them up once per iterator (``hooks_of``); a dataset without
     batch is copied twice). No slot pool is made for such batches, so ``slot_bytes`` and
     ``oversize`` do not apply to them. Batches with file reads still go through a slot.
 
+``__fastload_parallel_batches__`` (optional attribute, True)
+    ``__fastload_batch__`` may run for several batches at once: with ``fetch_threads > 1`` the
+    loader fetches that many batches concurrently on its sample threads (still delivered in
+    order). For a source whose batch is mostly waits or GIL-free work (the Parquet source
+    waits for row groups to decode); ``resume.batch_key()`` names the batch being fetched.
+
 ``__fastload_delivered__(device, waited_seconds)`` (optional)
     Called by ``next()`` after each batch is handed to the training loop, with how long the
     loop waited for it (the image decoders' route trial times the loop with it). It runs on the
@@ -151,6 +157,7 @@ class SourceHooks:
     native: Callable[[], NativeLayout | None] | None = None
     collate: Callable[[list], Any] | None = None
     direct_cpu: bool = False
+    parallel: bool = False  # __fastload_parallel_batches__
 
 
 def hooks_of(dataset: Any) -> SourceHooks:
@@ -164,4 +171,5 @@ def hooks_of(dataset: Any) -> SourceHooks:
         native=getattr(dataset, "__fastload_native__", None),
         collate=getattr(dataset, "__fastload_collate__", None),
         direct_cpu=getattr(dataset, "__fastload_direct_cpu__", False) is True,
+        parallel=getattr(dataset, "__fastload_parallel_batches__", False) is True,
     )

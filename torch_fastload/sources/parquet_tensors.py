@@ -1,0 +1,290 @@
+"""Arrow columns as the batch's tensors, with no per-row Python.
+
+Two routes: ``columns_to_tensors`` turns any table (a shuffled batch's gathered rows) into
+tensors chunk by chunk; ``prepare_row_group`` makes each decoded row group's tensors and
+numpy views once, on its decode thread, and ``range_tensors`` cuts a batch of consecutive rows
+from them with a slice per row group and one numpy op per ragged column, so the serial fetch
+of an unshuffled batch does no Arrow work per column.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from ..errors import ParquetDecodeError
+from ..staging import PendingConcat
+from .parquet_plan import ColumnSpec
+
+__all__ = ["columns_to_tensors", "prepare_row_group", "range_tensors"]
+
+
+def _tensor(values: np.ndarray) -> torch.Tensor:
+    """A tensor over ``values`` without a copy. Arrow's buffers are read-only; the loader only
+    reads them (the stager copies them into the pinned slot)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(values))
+
+
+def _empty(length: int, numpy_dtype) -> np.ndarray:
+    """A writable array in Arrow's memory pool, which keeps freed pages for the next batch: numpy's
+    fresh arrays of this size are mapped anew by malloc each batch, and their first-touch page
+    faults cost more than the values written into them (most of a batch's fetch)."""
+    dtype = np.dtype(numpy_dtype)
+    return np.frombuffer(pa.allocate_buffer(length * dtype.itemsize), dtype=dtype)
+
+
+def _buffer_view(buf, numpy_dtype, offset: int, length: int) -> np.ndarray:
+    if buf is None or length == 0:
+        return np.zeros(length, dtype=numpy_dtype)
+    return np.frombuffer(buf, dtype=numpy_dtype)[offset : offset + length]
+
+
+def _validity(arr: pa.Array) -> np.ndarray:
+    if arr.null_count == 0:
+        return np.ones(len(arr), dtype=bool)
+    return arr.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _fixed(spec: ColumnSpec, arr: pa.Array) -> torch.Tensor:
+    values = _buffer_view(arr.buffers()[1], spec.numpy_dtype, arr.offset, len(arr))
+    if spec.numpy_dtype != np.int64 and spec.dtype == torch.int64:
+        values = values.astype(np.int64)
+    return _tensor(_zero_nulls(values, arr))
+
+
+def _zero_nulls(values: np.ndarray, arr: pa.Array) -> np.ndarray:
+    """Zeros where ``arr`` is null (Arrow leaves those values unspecified), in numpy: torch has
+    no masked_fill for its unsigned types."""
+    if not arr.null_count:
+        return values
+    return np.where(_validity(arr), values, values.dtype.type(0))
+
+
+def _ragged(values: np.ndarray, offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    base = int(offsets[0]) if len(offsets) else 0
+    data = _tensor(values[base : int(offsets[-1])] if len(offsets) else values[:0])
+    rebased = np.subtract(offsets, base, out=_empty(len(offsets), np.int64), dtype=np.int64)  # one pass: widen
+    return data, torch.from_numpy(rebased)
+
+
+def _bytes(arr: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = _buffer_view(offsets_buf, np.int64 if large else np.int32, arr.offset, len(arr) + 1)
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return _ragged(data, offsets)
+
+
+def columns_to_tensors(path: str, specs: list, table: pa.Table) -> dict:
+    """The batch dict of ``table`` (module docstring of ``parquet.py`` names the keys). A column
+    of several chunks (a batch across row groups) is not joined here: its values are a
+    ``PendingConcat`` of the chunks' buffers, which the stager copies once, into the slot."""
+    out = {}
+    for spec, column in zip(specs, table.columns):
+        out.update(_column_tensors(path, spec, column))
+    return out
+
+
+def _column_tensors(path: str, spec: ColumnSpec, column: pa.ChunkedArray) -> dict:
+    chunks = [chunk for chunk in column.chunks if len(chunk)] or column.chunks[:1]
+    if spec.kind == "dictionary" and len(chunks) > 1:
+        chunks = [column.combine_chunks()]  # one dictionary for the whole batch
+    if not chunks:
+        chunks = [pa.array([], type=column.type)]
+    parts = [_array_tensors(path, spec, arr) for arr in chunks]
+    return parts[0] if len(parts) == 1 else _join(parts)
+
+
+def _join(parts: list) -> dict:
+    """The tensors of one column's chunks as one field each: values as a ``PendingConcat``,
+    offsets rebased onto one another, masks joined (n bytes). numpy, not torch: torch's
+    intra-op threads spin against the decode threads on these small joins (ms each)."""
+    out = {}
+    for key in parts[0]:
+        pieces = [part[key] for part in parts]
+        if key.endswith("__offsets"):
+            joined = _empty(sum(len(p) - 1 for p in pieces) + 1, np.int64)
+            joined[0], start = 0, 1
+            for piece in pieces:
+                values = piece.numpy()[1:]
+                np.add(values, joined[start - 1], out=joined[start : start + len(values)])
+                start += len(values)
+            out[key] = torch.from_numpy(joined)
+        elif key.endswith("__valid"):
+            out[key] = torch.from_numpy(np.concatenate([p.numpy() for p in pieces]))
+        else:
+            out[key] = PendingConcat(pieces)
+    return out
+
+
+def _array_tensors(path: str, spec: ColumnSpec, arr: pa.Array) -> dict:
+    """The tensors of one Arrow array (a chunk of a column)."""
+    out = {}
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if arr.null_count and not spec.masked:
+        raise ParquetDecodeError(
+            path, "holds nulls that its statistics did not report; open with masks='always'", column=spec.name
+        )
+    name = spec.name
+    if spec.kind == "fixed":
+        out[name] = _fixed(spec, arr)
+    elif spec.kind == "bool":
+        out[name] = torch.from_numpy(arr.fill_null(False).to_numpy(zero_copy_only=False))
+    elif spec.kind == "decimal":
+        words = np.frombuffer(arr.buffers()[1], dtype=np.int64).reshape(-1, 2)
+        out[name] = _tensor(_zero_nulls(words[arr.offset : arr.offset + len(arr), 0], arr))
+    elif spec.kind == "bytes":
+        out[name], out[name + "__offsets"] = _bytes(arr)
+    elif spec.kind == "dictionary":
+        encoded = pc.dictionary_encode(arr)
+        codes = encoded.indices.fill_null(-1) if encoded.indices.null_count else encoded.indices
+        out[name] = _tensor(codes.to_numpy().astype(np.int32, copy=False))
+        out[name + "__dictionary"], out[name + "__dictionary_offsets"] = _bytes(encoded.dictionary)
+    elif spec.kind in ("list", "fixed_list"):
+        _list_tensors(path, spec, arr, out)
+    if spec.masked:
+        out[name + "__valid"] = torch.from_numpy(_validity(arr))
+    return out
+
+
+def _list_tensors(path: str, spec: ColumnSpec, arr: pa.Array, out: dict) -> None:
+    child = arr.values
+    if spec.kind == "fixed_list":
+        k = spec.width
+        values = child.slice(arr.offset * k, len(arr) * k)
+    else:
+        large = pa.types.is_large_list(arr.type)
+        offsets = _buffer_view(arr.buffers()[1], np.int64 if large else np.int32, arr.offset, len(arr) + 1)
+        values = child.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if len(arr) else child.slice(0, 0)
+    if values.null_count:
+        raise ParquetDecodeError(path, "a list holds null elements (no tensor form)", column=spec.name)
+    flat = _buffer_view(values.buffers()[1], spec.numpy_dtype, values.offset, len(values))
+    tensor = _tensor(flat)
+    if spec.kind == "fixed_list":
+        out[spec.name] = tensor.view(len(arr), spec.width)
+    else:
+        out[spec.name], out[spec.name + "__offsets"] = (
+            tensor,
+            torch.from_numpy(np.subtract(offsets, int(offsets[0]), out=_empty(len(offsets), np.int64), dtype=np.int64)),
+        )
+
+
+# -- a decoded row group's columns, made once; batches of consecutive rows cut from them ---
+class _Column(NamedTuple):
+    """One column of a decoded row group: ``values`` (rows, or the bytes/list values back to
+    back when ``offsets`` is set: the Arrow offsets, not rebased), ``valid`` (None: no nulls)."""
+
+    values: torch.Tensor
+    offsets: np.ndarray | None
+    valid: np.ndarray | None
+
+
+def prepare_row_group(specs: list, table: pa.Table) -> tuple[list, int]:
+    """(each column of a decoded row group as a ``_Column``, or None where its batches go
+    through Arrow (dictionary columns, several chunks, list values with nulls); the bytes
+    made beyond the table's own). Runs on the decode thread: the fetch only slices these."""
+    columns, extra = [], 0
+    for spec, column in zip(specs, table.columns):
+        try:
+            prepared = _prepare_column(spec, column) if column.num_chunks == 1 else None
+        except (pa.ArrowException, ValueError, TypeError, IndexError):
+            prepared = None  # the batches that read it go through Arrow, and raise there, typed
+        columns.append(prepared)
+        if prepared is not None:
+            extra += prepared.valid.nbytes if prepared.valid is not None else 0
+            extra += prepared.values.nbytes if spec.kind == "bool" else 0
+    return columns, extra
+
+
+def _prepare_column(spec: ColumnSpec, column: pa.ChunkedArray) -> _Column | None:
+    arr = column.chunk(0)
+    if spec.kind == "dictionary":
+        return None  # a dictionary of each batch's own values: pyarrow encodes the batch's rows
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    valid = _validity(arr) if arr.null_count else None
+    offsets = None
+    if spec.kind == "fixed":
+        values = _fixed(spec, arr)
+    elif spec.kind == "bool":
+        values = torch.from_numpy(arr.fill_null(False).to_numpy(zero_copy_only=False))
+    elif spec.kind == "decimal":
+        words = np.frombuffer(arr.buffers()[1], dtype=np.int64).reshape(-1, 2)
+        values = _tensor(_zero_nulls(words[arr.offset : arr.offset + len(arr), 0], arr))
+    elif spec.kind == "bytes":
+        large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+        _, offsets_buf, data_buf = arr.buffers()
+        offsets = _buffer_view(offsets_buf, np.int64 if large else np.int32, arr.offset, len(arr) + 1)
+        values = _tensor(np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8))
+    elif spec.kind in ("list", "fixed_list"):
+        child = arr.values
+        if child.null_count:
+            return None  # raised by the batches whose rows hold them (Arrow's route)
+        flat = _tensor(_buffer_view(child.buffers()[1], spec.numpy_dtype, child.offset, len(child)))
+        if spec.kind == "fixed_list":
+            k = spec.width
+            values = flat[arr.offset * k : (arr.offset + len(arr)) * k].view(len(arr), k)
+        else:
+            large = pa.types.is_large_list(arr.type)
+            offsets = _buffer_view(arr.buffers()[1], np.int64 if large else np.int32, arr.offset, len(arr) + 1)
+            values = flat
+    else:
+        return None
+    return _Column(values, offsets, valid)
+
+
+def range_tensors(path: str, specs: list, spans: list, table: pa.Table) -> dict:
+    """The batch dict of consecutive rows: ``spans`` is (prepared columns of a row group, first
+    row, end row) for each row group they span, in order; ``table`` the same rows in Arrow, for
+    the columns not prepared. Same keys and values as ``columns_to_tensors(table)``."""
+    out = {}
+    for j, spec in enumerate(specs):
+        parts = [(columns[j], start, stop) for columns, start, stop in spans if stop > start]
+        if not parts or any(column is None for column, _, _ in parts):
+            out.update(_column_tensors(path, spec, table.column(j)))
+            continue
+        name = spec.name
+        for column, start, stop in parts:
+            if column.valid is not None and not spec.masked and not column.valid[start:stop].all():
+                raise ParquetDecodeError(
+                    path, "holds nulls that its statistics did not report; open with masks='always'", column=name
+                )
+        if parts[0][0].offsets is None:
+            pieces = [column.values[start:stop] for column, start, stop in parts]
+            out[name] = pieces[0] if len(pieces) == 1 else PendingConcat(pieces)
+        else:
+            pieces, offsets = _ragged_range(parts)
+            out[name] = pieces[0] if len(pieces) == 1 else PendingConcat(pieces)
+            out[name + "__offsets"] = offsets
+        if spec.masked:
+            masks = [
+                column.valid[start:stop] if column.valid is not None else np.ones(stop - start, dtype=bool)
+                for column, start, stop in parts
+            ]
+            out[name + "__valid"] = torch.from_numpy(np.concatenate(masks))
+    return out
+
+
+def _ragged_range(parts: list) -> tuple[list, torch.Tensor]:
+    """The values of each row group's rows, and their offsets rebased onto one another and
+    widened to int64: one numpy op a row group."""
+    rows = sum(stop - start for _, start, stop in parts)
+    offsets = _empty(rows + 1, np.int64)
+    offsets[0], pieces, at = 0, [], 0
+    for column, start, stop in parts:
+        low, high = int(column.offsets[start]), int(column.offsets[stop])
+        pieces.append(column.values[low:high])
+        shift = low - int(offsets[at])
+        np.subtract(
+            column.offsets[start + 1 : stop + 1], shift, out=offsets[at + 1 : at + 1 + stop - start], dtype=np.int64
+        )
+        at += stop - start
+    return pieces, torch.from_numpy(offsets)
