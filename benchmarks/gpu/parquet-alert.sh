@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 21: the alert table's per-batch fetch (the variants decide fetch_threads for Parquet). Run from the repo root:
+#   bash benchmarks/gpu/parquet-alert.sh          (logs + JSON under $OUT; ~5-7 min on an H100/H200)
+# 1. build; 2. the Parquet CUDA tests; 3. benchmarks/parquet.py on the alert table only
+# (1M, 2M, 4M rows; profile files skipped by --budget-s; small grid); its log line per file now
+# ends with "(fetch: rows R tensors T)": R = waiting for the batch's row groups to decode (and
+# gathers), T = building its tensors (was most of the fetch at main 68af35b?);
+# 4. variants on alert 4M none / 1M snappy: default, fetch_threads 2 and 3 (batches fetched at
+# once, new on this branch), GIL switch interval 0.1 ms, 8 row groups decoding at once; 5. the Parquet CPU tests if time is left.
+set -uo pipefail
+OUT=${OUT:-out/parquet-alert}
+DATA=${DATA:-/tmp/fastload-parquet}
+mkdir -p "$OUT" "$DATA"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+start=$SECONDS
+python3 -c "import pyarrow, torch; print('pyarrow', pyarrow.__version__, 'torch', torch.__version__)" | tee "$OUT/versions.txt"
+timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+echo "built in $((SECONDS - start)) s"
+
+echo "== CUDA tests of the Parquet source =="
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_parquet.py -m cuda 2>&1 | tail -5 | tee "$OUT/pytest_cuda.log"
+
+echo "== benchmark: alert table only =="
+timeout 200 python3 benchmarks/parquet.py --device cuda --out "$OUT" --dir "$DATA" --no-progress \
+    --alert-rows 1000000,2000000,4000000 --profile-sizes 1M --budget-s 1 \
+    --threads 16 --row-group-rows 131072 --grid-rows 1000000 --torch-workers 0 --torch-rows 2000 2>&1 \
+    | tee "$OUT/benchmark.log" | grep -E "alert|read_table|FAIL|PASS|total"
+echo "rc=${PIPESTATUS[0]} benchmark done at $((SECONDS - start)) s"
+
+echo "== variants (second epoch timed, as the benchmark) =="
+timeout 120 python3 - "$DATA" 2>&1 <<'PY' | tee "$OUT/variants.log"
+import sys, types
+from pathlib import Path
+import torch
+sys.path.insert(0, "benchmarks")
+import parquet as B
+from torch_fastload import config
+args = types.SimpleNamespace(device=torch.device("cuda"), batch_rows=65536)
+for name in ("alert-4000000-none-rg131072.parquet", "alert-1000000-snappy-rg131072.parquet"):
+    path = Path(sys.argv[1]) / name
+    if not path.exists():
+        print("missing", path); continue
+    rt = B.read_table_best(path)
+    rows = B.batch_rows_of(types.SimpleNamespace(batch_rows=65536, batch_mib=16.0), B.pq.read_metadata(path).num_rows, rt["nbytes"])
+    for label, options, interval, fetch_threads in (
+            ("default", {}, None, 1), ("fetch_threads=2", {}, None, 2), ("fetch_threads=3", {}, None, 3),
+            ("switchinterval 0.1ms", {}, 1e-4, 1), ("row_groups_at_once=8", {"row_groups_at_once": 8}, None, 1),
+            ("fetch_threads=3 at_once=8", {"row_groups_at_once": 8}, None, 3), ("default again", {}, None, 1)):
+        old = sys.getswitchinterval()
+        if interval: sys.setswitchinterval(interval)
+        with config.override(fetch_threads=fetch_threads):
+            r = B.fastload_run(path, args, batch_rows=rows, **options)
+        sys.setswitchinterval(old)
+        split = " ".join(f"{k} {v:.2f}" for k, v in r["stage_ms_per_batch"].items())
+        inner = " ".join(f"{k} {v:.2f}" for k, v in r["fetch_ms_per_batch"].items())
+        print(f"{name:42s} {label:22s} {r['gbps']:5.2f} GB/s  x{rt['seconds'] / r['seconds']:.2f} read_table ({rt['gbps']:.2f})"
+              f"  ms/batch {split} (fetch: {inner}); first batch {1e3 * r['first_batch_s']:.0f} ms", flush=True)
+PY
+
+left=$((460 - (SECONDS - start)))
+if [ "$left" -gt 40 ]; then
+    echo "== Parquet CPU tests (${left} s left) =="
+    timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_parquet.py tests/test_parquet_runs.py tests/test_parquet_ranges.py -x 2>&1 | tail -4 | tee "$OUT/pytest.log"
+fi
+echo "total $((SECONDS - start)) s"
