@@ -196,29 +196,17 @@ def test_no_python_runs_off_the_calling_thread_in_the_steady_state(arrays):
     assert any(name.startswith(("fastload-fetch", "fastload-stage")) for name in python_threads("off"))
 
 
-def test_loop_rejects_a_buffer_too_small_and_unknown_batches():
+def host_loop(fields):
+    """A NativeLoop on the host (no CUDA, no files, no slots), one worker, over in-memory ``fields``."""
     from torch_fastload import _C
 
+    return _C.NativeLoop(fields, [], False, 0, 0, 0, 0, 1, 1, 1, 1 << 20, False, False, None, 0, 1 << 16, 1)
+
+
+def test_loop_rejects_a_buffer_too_small_and_unknown_batches():
+
     values = torch.arange(10, dtype=torch.int64)
-    loop = _C.NativeLoop(
-        [(0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False)],
-        [],
-        False,
-        0,
-        0,
-        0,
-        0,
-        1,
-        1,
-        1,
-        1 << 20,
-        False,
-        False,
-        None,
-        0,
-        1 << 16,
-        1,
-    )
+    loop = host_loop([(0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False)])
     assert loop.row_layout(3) == [24, 0, 24]
     layout = loop.submit(0, [1, 2, 3])
     assert layout == [24, 0, 24]
@@ -309,31 +297,9 @@ def test_each_field_of_a_batch_is_its_own_tensor():
 
 
 def test_loop_checks_each_field_buffer():
-    from torch_fastload import _C
 
     values = torch.arange(10, dtype=torch.int64)
-    loop = _C.NativeLoop(
-        [
-            (0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False),
-            (0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False),
-        ],
-        [],
-        False,
-        0,
-        0,
-        0,
-        0,
-        1,
-        1,
-        1,
-        1 << 20,
-        False,
-        False,
-        None,
-        0,
-        1 << 16,
-        1,
-    )
+    loop = host_loop([(0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False)] * 2)
     a, b = torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
     with pytest.raises(ValueError, match="output field 1 of batch 0 holds 16 bytes, it needs 24"):
         loop.submit_fields(0, np.array([1, 2, 3]), [a.data_ptr(), b.data_ptr()], [24, 16])
