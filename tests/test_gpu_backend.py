@@ -90,7 +90,7 @@ def fake_nvimgcodec_decoding():
         FakeImage(view, cuda_stream, sample_format) for view in views
     ]
     nv.Decoder = FakeDecoder
-    nv.Backend = lambda kind: kind
+    nv.Backend = lambda kind, load_hint=1.0: kind if load_hint == 1.0 else (kind, load_hint)
     nv.BackendKind = types.SimpleNamespace(HW_GPU_ONLY="hw", GPU_ONLY="cuda")
     FakeDecoder.made = []
     return nv

@@ -90,13 +90,23 @@ class NvImageCodec:
 
     name = "nvimgcodec"
 
-    def __init__(self, device: torch.device, module=None, output: str = "torch", options: str = ""):
+    def __init__(
+        self,
+        device: torch.device,
+        module=None,
+        output: str = "torch",
+        options: str = "",
+        backends: tuple = ("HW_GPU_ONLY", "GPU_ONLY"),
+    ):
         if output not in ("torch", "library"):
             raise ValueError(f"NvImageCodec output must be 'torch' or 'library', not {output!r}")
         self.nv = module if module is not None else _import_nvimgcodec()
         self.device = device
         self.output = output
         self.options = options  # nvImageCodec decoder options, e.g. nvjpeg_hw_decoder:preallocate_batch_size=256
+        # nvImageCodec BackendKind names, each given every image it takes (load_hint 1): the
+        # hardware engines, then the CUDA decoder for the rest; ("HW_GPU_ONLY",) for the engines alone
+        self.backends = tuple(backends)
         nv = self.nv
         self.params = nv.DecodeParams(
             apply_exif_orientation=False,
@@ -115,7 +125,7 @@ class NvImageCodec:
             decoder = self._local.decoder = nv.Decoder(
                 device_id=self.device.index if self.device.index is not None else 0,
                 max_num_cpu_threads=NVIMGCODEC_CPU_THREADS,
-                backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY), nv.Backend(nv.BackendKind.GPU_ONLY)],
+                backends=[nv.Backend(getattr(nv.BackendKind, kind), load_hint=1.0) for kind in self.backends],
                 **extra,
             )
         return decoder

@@ -22,6 +22,7 @@ __all__ = [
     "STEAL_CHUNK_MIN",
     "STEAL_CHUNKS_PER_BATCH",
     "NVIMGCODEC_CPU_THREADS",
+    "ENGINE_BATCH_HINT",
 ]
 
 # ImageFolder's gpu_max_pixels: larger JPEGs go to the CPU ('cpu:huge'), not to nvJPEG.
@@ -63,3 +64,7 @@ STEAL_CHUNKS_PER_BATCH = 8
 # nvImageCodec's decoder: its own CPU threads (bitstream parsing, the hybrid decoder's Huffman
 # stage) beside the loader's decode threads and the training thread.
 NVIMGCODEC_CPU_THREADS = 4
+# The JPEG engines' decoder (jpeg_engines.py) preallocates for batches of this many images
+# (nvImageCodec's nvjpeg_hw_decoder:preallocate_batch_size; DALI passes its batch size); the
+# loader's first batch sets it where it is known.
+ENGINE_BATCH_HINT = 256
