@@ -20,12 +20,38 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Callable
 
 from .settings import TRIAL_CAUGHT_UP, TRIAL_KEEP_UP, TRIAL_MARGIN, TRIAL_SETTLE, TRIAL_WARMUP, TRIAL_WINDOW
 from .step_probe import DELIVERED, REQUESTED, StepReading
 
-__all__ = ["RouteTrial"]
+__all__ = ["RouteTrial", "EngineRoute", "cpu_share_of", "on_engines", "route_name", "split_share"]
+
+
+@dataclass(frozen=True)
+class EngineRoute:
+    """A route whose GPU part goes to the GPU's hardware JPEG engines (jpeg_engines.py) instead of
+    nvJPEG on CUDA cores: ``cpu_share`` of each batch's JPEGs (its last) on the CPU, the rest on
+    the engines. A plain float is the nvJPEG route at that CPU share."""
+
+    cpu_share: float
+
+
+def cpu_share_of(route) -> float:
+    """The share of a batch's GPU-decodable JPEGs that ``route`` decodes on the CPU."""
+    return route.cpu_share if isinstance(route, EngineRoute) else float(route)
+
+
+def on_engines(route) -> bool:
+    """Whether ``route``'s GPU part goes to the hardware JPEG engines."""
+    return isinstance(route, EngineRoute)
+
+
+def route_name(route) -> str:
+    """``route`` in words: 'cpu', 'nvjpeg', 'engines', or 'cpu S + nvjpeg' / 'cpu S + engines'."""
+    share, gpu = cpu_share_of(route), "engines" if on_engines(route) else "nvjpeg"
+    return "cpu" if share == 1 else gpu if share == 0 else f"cpu {share:g} + {gpu}"
 
 
 class RouteTrial:
@@ -52,11 +78,16 @@ class RouteTrial:
     Each clock's estimate is the median of its gaps over two batches. Two stage threads decode
     side by side, so a single gap can be short or long. The median also ignores an epoch
     boundary or a slow step inside the window; a mean does not.
+
+    A candidate is a route: a float, the CPU share with the rest on nvJPEG (1.0: every JPEG on
+    the CPU, 0.0: nvJPEG), or an ``EngineRoute`` (the rest on the JPEG engines). With ``split``,
+    once every route was timed alone, each GPU route is timed once more beside the CPU, each
+    batch split in the ratio of their rates.
     """
 
     def __init__(
         self,
-        candidates: Sequence[float] = (1.0, 0.0),
+        candidates: Sequence = (1.0, 0.0),
         warmup: int = TRIAL_WARMUP,
         settle: int = TRIAL_SETTLE,
         window: int = TRIAL_WINDOW,
@@ -70,7 +101,6 @@ class RouteTrial:
     ):
         if len(candidates) < 2 or warmup < 0 or settle < 0 or window < 3:
             raise ValueError("a route trial needs two candidates, warmup >= 0, settle >= 0 and window >= 3")
-        self.candidates = [float(c) for c in candidates]
         self.warmup = int(warmup)
         self.settle = int(settle)
         self.window = int(window)
@@ -80,14 +110,16 @@ class RouteTrial:
         self.on_choice = on_choice
         self.steps = steps  # marks next()'s entry and return on the GPU (step_probe.GpuStepProbe)
         self.caught_up = float(caught_up)
-        # Both routes timed: both decode at once, each batch split in the ratio of their rates,
-        # timed as a third candidate (``split_share``)
-        self.split = bool(split) and self.candidates == [1.0, 0.0]
-        self.periods: dict[float, float] = {}  # candidate -> seconds a batch (the slower clock)
-        self.clocks: dict[float, tuple[float, float | None]] = {}  # candidate -> (decodes, deliveries)
-        self.waited: dict[float, float] = {}  # candidate -> the loop's wait for a batch, share of its period
-        self.gpu: dict[float, StepReading | None] = {}  # candidate -> the steps seen from the GPU
-        self.choice: float | None = None
+        self.candidates = [c if isinstance(c, EngineRoute) else float(c) for c in candidates]
+        # Every route timed: the CPU and each GPU route at once, each batch split in the ratio of
+        # their rates, timed after them (``split_share``)
+        self.split = bool(split) and self._splittable(self.candidates)
+        self._splits_added = False
+        self.periods: dict = {}  # candidate -> seconds a batch (the slower clock)
+        self.clocks: dict = {}  # candidate -> (decodes, deliveries)
+        self.waited: dict = {}  # candidate -> the loop's wait for a batch, share of its period
+        self.gpu: dict = {}  # candidate -> the steps seen from the GPU
+        self.choice = None  # the route kept (a float or an EngineRoute)
         self._lock = threading.Lock()
         self._calls = 0
         self._turn = 0  # which candidate is being timed
@@ -96,8 +128,9 @@ class RouteTrial:
         self._deliveries: list[float] = []
         self._waits: list[float] = []
 
-    def next_share(self) -> float:
-        """The share for the decode that starts now (thread-safe; one call per batch)."""
+    def next_share(self):
+        """The route for the decode that starts now (thread-safe; one call per batch): a float
+        CPU share (the rest on nvJPEG) or an ``EngineRoute``."""
         with self._lock:
             if self.choice is not None:
                 return self.choice
@@ -135,7 +168,10 @@ class RouteTrial:
         if self._turn == 0 and self.waited[share] < self.keep_up and at_gpu_pace:
             self.choice = share  # the loop hardly waits at the GPU's pace: no other route can do better
         elif self._turn == len(self.candidates) - 1 and self._split_next():
-            self.candidates.append(split_share(self.periods[1.0], self.periods[0.0]))
+            self._splits_added = True
+            for gpu in self.candidates[1:]:
+                share = split_share(self.periods[1.0], self.periods[gpu])
+                self.candidates.append(EngineRoute(share) if on_engines(gpu) else share)
             self._turn += 1
         elif self._turn == len(self.candidates) - 1:
             first = self.candidates[0]
@@ -146,11 +182,29 @@ class RouteTrial:
         return self.choice is not None
 
     def _split_next(self) -> bool:
-        """Whether the split is timed next: both routes were timed, so the CPU route alone did
-        not keep the step at its GPU's pace (lock held). The loop's wait is no test here: with
+        """Whether the splits are timed next: every route was timed alone, so the CPU route alone
+        did not keep the step at its GPU's pace (lock held). The loop's wait is no test here: with
         nvJPEG a step can be slowed on its GPU by the decodes beside it (H200 ResNet-18: 27.8 ms
         a batch against a 19.5 ms step, the loop waiting 9%)."""
-        return self.split and len(self.candidates) == 2
+        return self.split and not self._splits_added
+
+    @staticmethod
+    def _splittable(candidates: list) -> bool:
+        """The CPU route first, then routes that put every GPU-decodable JPEG on a GPU decoder."""
+        return candidates[0] == 1.0 and all(cpu_share_of(c) == 0 for c in candidates[1:])
+
+    def add_candidate(self, route) -> bool:
+        """Time ``route`` too, next after the route timed now (at the earliest right after the CPU
+        route, before nvJPEG: a process that has used nvJPEG keeps paying for it), before any
+        split. True if added; False where it is listed or every route alone was timed (the trial
+        moved on to the splits or chose). The decoder adds the JPEG engines once found usable."""
+        route = route if isinstance(route, EngineRoute) else float(route)
+        with self._lock:
+            if self.choice is not None or self._splits_added or route in self.candidates:
+                return False
+            self.candidates.insert(self._turn + 1, route)
+            self.split = self.split and self._splittable(self.candidates)
+            return True
 
     def requested(self) -> None:
         """The training loop asked for a batch now (its step's work is queued): on its thread."""
@@ -182,11 +236,17 @@ class RouteTrial:
                     + f", loop waited {100 * self.waited[c]:.0f}%"
                     + _gpu_seen(self.gpu.get(c))
                 )
-                parts.append(f"{self.periods[c] * 1e3:.1f} ms a batch {_NAMES.get(c, f'at share {c:g}')}{seen}")
+                parts.append(f"{self.periods[c] * 1e3:.1f} ms a batch {_describe_route(c)}{seen}")
         return ", ".join(parts)
 
 
-_NAMES = {0.0: "with nvJPEG", 1.0: "with every JPEG on the CPU"}
+_NAMES = {0.0: "with nvJPEG", 1.0: "with every JPEG on the CPU", EngineRoute(0.0): "on the JPEG engines"}
+
+
+def _describe_route(route) -> str:
+    if route in _NAMES:
+        return _NAMES[route]
+    return f"at share {cpu_share_of(route):g}" + (" beside the JPEG engines" if on_engines(route) else "")
 
 
 def split_share(cpu_period: float, gpu_period: float) -> float:
