@@ -275,11 +275,13 @@ OPTIONS: dict[str, Option] = {
         Option(
             "decode_backend",
             "auto",
-            _choice("auto", "nvimgcodec", "torchvision"),
+            _choice("auto", "nvimgcodec", "torchvision", "hardware"),
             "the library that decodes JPEGs on the GPU: 'nvimgcodec' (NVIDIA nvImageCodec: batched, the GPU's "
             "hardware JPEG engines; pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg), 'torchvision' (its "
-            "nvJPEG decode_jpeg, deprecated from 0.29), 'auto' (torchvision while it offers nvJPEG, measured faster; "
-            "else nvImageCodec where it imports and decodes)",
+            "nvJPEG decode_jpeg, deprecated from 0.29), 'hardware' (nvImageCodec's hardware JPEG engines alone, "
+            "no CUDA cores: what they refuse goes to the CPU), 'auto' (torchvision while it offers nvJPEG, measured "
+            "faster; else nvImageCodec where it imports and decodes; cpu_decode_share='auto' also times the "
+            "hardware engines where they work)",
         ),
         Option(
             "cpu_decode_threads",

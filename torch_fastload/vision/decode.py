@@ -11,7 +11,9 @@ twin where the engine is not built). The probe routes each image:
   (4-component JPEGs: ImageNet's train set has 22), ``png``/``gif``/``webp``/``bmp`` (a PNG
   named .JPEG: ImageNet has one), ``jpeg-unsupported`` (arithmetic, lossless, 12-bit),
   ``huge`` (above ``gpu_max_pixels``), ``nvjpeg-error`` (nvJPEG refused a file the probe
-  passed), ``device-cpu`` (the loader's device is the CPU);
+  passed), ``device-cpu`` (the loader's device is the CPU); on a route through the GPU's hardware
+  JPEG engines (jpeg_engines.py) also ``progressive`` (they take baseline JPEGs only) and
+  ``engines-refused`` (odd chroma sampling, a size they refuse);
 - an error: empty, truncated (no end-of-image marker: a cut download) or unreadable files, and
   files whose header declares more than ``max_pixels`` (decompression bombs: refused before
   anything is allocated) raise ``ImageDecodeError`` naming the file, or with
@@ -30,6 +32,7 @@ DMAs them itself, so the slab needs no separate host-to-device copy.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,6 +54,7 @@ from .cpu import (
 from .cpu import native_jpeg as _native_jpeg
 from .cpu import native_regions as _native_regions
 from .gpu_backend import gpu_backend
+from .jpeg_engines import ENGINES, jpeg_engines, jpeg_engines_missing
 from .nvjpeg import decode_gpu, front_chunks
 from .pinned import PinnedBuffers, PinnedPlaces
 from .probe import (  # noqa: F401  (re-exported: the probe's names were decode's)
@@ -71,7 +75,8 @@ from .probe import (  # noqa: F401  (re-exported: the probe's names were decode'
     probe,
     probe_python,
 )
-from .route_trial import RouteTrial
+from .route_trial import EngineRoute, RouteTrial, cpu_share_of, on_engines
+from .routing import NATIVE_ROUTES, BatchRoute, Decoded, EncodedSlices, route, share_out
 from .settings import (
     CORES_FOR_A_TRIAL,
     CORES_LEFT_TO_THE_STEP,
@@ -86,84 +91,6 @@ from .step_probe import GpuStepProbe
 __all__ = ["ImageDecodeError", "BatchDecoder", "Decoded", "probe", "route", "decode_cpu", "FORMATS", "PROBE_COLUMNS"]
 
 log = logging.getLogger("torch_fastload")
-
-# 8-bit 1- or 3-component JPEGs the CPU takes from nvJPEG: libjpeg decodes them as torchvision does
-_NATIVE_ROUTES = ("cpu:share", "cpu:huge")
-
-
-def route(info: np.ndarray, device: torch.device, gpu_max_pixels: int, max_pixels: int | None = None) -> list[str]:
-    """Where each probed image is decoded: 'nvjpeg', 'cpu:<reason>' or 'error:<reason>'
-    (``max_pixels``: default the option's)."""
-    limit = config.resolve("max_pixels", max_pixels)
-    routes = []
-    cuda = device.type == "cuda"
-    for row in info.tolist():
-        fmt, height, width, comps, flags, _ = row
-        refusal = refusal_of(row, limit)
-        if refusal is not None:
-            routes.append("error:" + refusal.reason)
-        elif fmt != JPEG:
-            routes.append("cpu:" + FORMATS[fmt])
-        elif not cuda:
-            routes.append("cpu:device-cpu")
-        elif comps == 4 or (flags & ADOBE and comps != 3 and comps != 1):
-            routes.append("cpu:cmyk")
-        elif flags & (ARITHMETIC | LOSSLESS | HIGH_PRECISION) or comps not in (1, 3):
-            routes.append("cpu:jpeg-unsupported")
-        elif height * width > gpu_max_pixels or height == 0 or width == 0:
-            routes.append("cpu:huge" if height * width > gpu_max_pixels else "cpu:jpeg-unsupported")
-        else:
-            routes.append("nvjpeg")
-    return routes
-
-
-@dataclass
-class Decoded:
-    """A decoded batch (``BatchDecoder.decode``)."""
-
-    images: list  # (3, H, W) uint8 on the decoder's device, one per kept position
-    kept: np.ndarray  # int64: the batch positions kept (all unless on_error="skip" dropped some)
-    info: np.ndarray  # the probe rows of the whole batch
-    geometry: object  # transforms.Geometry of the kept images; None without ``crop``
-
-
-class EncodedSlices:
-    """Image ``i``'s encoded bytes, ``data[offsets[i]:offsets[i + 1]]``, made when asked: the C++
-    decoder reads the slab by offset, so on the CPU route most images never need a tensor of
-    their own (256 slices were ~0.5 ms of a stage thread's Python a batch)."""
-
-    def __init__(self, data: torch.Tensor, offsets: np.ndarray):
-        self.data = data
-        self.offsets = offsets
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
-
-
-@dataclass
-class BatchRoute:
-    """Where each image of a batch goes (``BatchDecoder._route``)."""
-
-    info: np.ndarray  # probe rows
-    routes: list  # per image: 'nvjpeg', 'cpu:<reason>', 'error:<reason>'
-    slices: EncodedSlices  # per image: its encoded bytes (a view of the batch's data)
-    geometry: object  # the transform's geometry drawn from the probed sizes, or None
-    failed: dict  # position -> Refusal: what the probe already refused
-    gpu: list  # positions nvJPEG decodes alone
-    steal: list  # positions split between nvJPEG and the C++ decoder by work stealing
-    cpu: list  # positions routed to the CPU
-    native: list  # those of ``cpu`` the C++ batch decoder takes (the rest: Python threads)
-    boxes: np.ndarray  # int64 (N, 4): the part of each image decoded (top, left, height, width)
-
-    @property
-    def laid_out(self) -> list:
-        """The CPU's images in the pinned buffer's order. Work-stealing candidates come last to
-        first: the CPU takes them from the back, so what it decoded is one run of bytes after
-        the other CPU images."""
-        return self.cpu + self.steal[::-1]
 
 
 @dataclass
@@ -218,12 +145,18 @@ class BatchDecoder:
         share = config.resolve("cpu_decode_share", cpu_share)
         cpus = config.cpus_per_process()
         native = self.device.type == "cuda" and _native_jpeg()
+        # nvImageCodec or torchvision's nvJPEG (gpu_backend.py), or the JPEG engines alone
+        # (jpeg_engines.py); chosen at the first GPU decode
+        self.decode_backend = config.resolve("decode_backend", decode_backend)
+        engines_only = self.decode_backend == ENGINES
         # "steal": nvJPEG and the C++ decoder split every batch by work stealing
         self.work_stealing = share == "steal" and native
-        # "auto": the run's first batches try every JPEG on the C++ decoder, then nvJPEG if the
-        # training loop waited for them or its step was not at the GPU's pace (step_probe.py)
+        # "auto": the run's first batches try every JPEG on the C++ decoder, then nvJPEG (and the
+        # JPEG engines where they work) if the training loop waited for them or its step was not
+        # at the GPU's pace (step_probe.py)
         self.trial = (
             RouteTrial(
+                candidates=(1.0, EngineRoute(0.0)) if engines_only else (1.0, 0.0),
                 warmup=TRIAL_WARMUP,
                 settle=TRIAL_SETTLE,
                 window=TRIAL_WINDOW,
@@ -235,6 +168,12 @@ class BatchDecoder:
             else None
         )
         self.cpu_share = share if isinstance(share, float) else 0.0
+        # the route of every batch without a trial: the CPU share, the rest on the GPU decoder
+        self.fixed_route = EngineRoute(self.cpu_share) if engines_only else self.cpu_share
+        # decode_backend='auto': the trial is offered the JPEG engines at the first batch (the
+        # check touches the GPU), where nvImageCodec's hardware decoder works here
+        self._engines_offered = not (self.trial is not None and self.decode_backend == "auto")
+        self._offer_lock = threading.Lock()
         self.cpu_threads = (
             cpu_threads
             or config.resolve("cpu_decode_threads", None)
@@ -242,15 +181,28 @@ class BatchDecoder:
         )
         # the C++ decoder decodes only the rows and columns a crop reads (decode's ``crop``)
         self.decode_regions = bool(config.resolve("cpu_decode_regions", None)) and _native_regions()
-        # nvImageCodec or torchvision's nvJPEG (gpu_backend.py); chosen at the first GPU decode
-        self.decode_backend = config.resolve("decode_backend", decode_backend)
         self._pool: ThreadPoolExecutor | None = None
         self._pinned = PinnedBuffers()  # per stage thread: pinned buffers and their copies' events
         self.seconds = {"probe": 0.0, "nvjpeg": 0.0, "cpu": 0.0}  # host wall time per step (diagnostics)
 
-    def gpu_backend(self):
-        """The library decoding this decoder's GPU JPEGs (``gpu_backend.py``; ``.name`` says which)."""
+    def gpu_backend(self, batch: int | None = None):
+        """The library decoding this decoder's GPU JPEGs off the engine routes (``gpu_backend.py``;
+        ``.name`` says which); the JPEG engines where decode_backend='hardware'."""
+        if self.decode_backend == ENGINES:
+            return jpeg_engines(self.device, batch) if batch else jpeg_engines(self.device)
         return gpu_backend(self.device, self.decode_backend)
+
+    def _offer_engines(self, batch: int) -> None:
+        """The route trial times the JPEG engines too where they decode here (checked once)."""
+        with self._offer_lock:
+            if self._engines_offered:
+                return
+            self._engines_offered = True
+            why = jpeg_engines_missing(self.device, batch)
+        if why is None:
+            self.trial.add_candidate(EngineRoute(0.0))
+        else:
+            log.info("torch_fastload: the route trial leaves out the GPU's JPEG engines: %s", why)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -281,6 +233,8 @@ class BatchDecoder:
         decode), and that image's crop is rebased to the region it returns.
         ``counts`` gains one count per image per route.
         """
+        if not self._engines_offered:
+            self._offer_engines(len(offsets) - 1)
         started = time.perf_counter()
         plan = self._route(data, offsets, crop)
         cpu = self._start_cpu(plan, data, offsets)
@@ -301,36 +255,24 @@ class BatchDecoder:
     # -- route ---------------------------------------------------------------------------------
     def _route(self, data: torch.Tensor, offsets: np.ndarray, crop) -> BatchRoute:
         """Probe every image and decide where it is decoded."""
-        cpu_share = self.trial.next_share() if self.trial is not None else self.cpu_share
+        chosen = self.trial.next_share() if self.trial is not None else self.fixed_route
         view = data.numpy() if data.device.type == "cpu" else data.cpu().numpy()
         info = probe(view, offsets)
-        routes = route(info, self.device, self.gpu_max_pixels, self.max_pixels)
+        routes = route(info, self.device, self.gpu_max_pixels, self.max_pixels, on_engines(chosen))
         geometry = crop(info[:, 1].copy(), info[:, 2].copy()) if crop is not None else None
         slices = EncodedSlices(data, offsets)
         failed = {i: refusal_of(info[i], self.max_pixels) for i, r in enumerate(routes) if r.startswith("error:")}
-        gpu, steal = self._share_out(routes, cpu_share)
+        gpu, steal = share_out(routes, cpu_share_of(chosen), self.work_stealing)
         cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]
         # JPEGs nvJPEG could take go to the C++ batch decoder (one call, no GIL per image), the
         # rest (PNG, CMYK, ...) to Python threads; all beside nvJPEG
         native = (
-            [i for i in cpu if routes[i] in _NATIVE_ROUTES and info[i, 1] and info[i, 2]]
+            [i for i in cpu if routes[i] in NATIVE_ROUTES and info[i, 1] and info[i, 2]]
             if self.device.type == "cuda" and (cpu or steal) and _native_jpeg()
             else []
         )
         boxes = self._boxes(info, geometry, native + steal)
-        return BatchRoute(info, routes, slices, geometry, failed, gpu, steal, cpu, native, boxes)
-
-    def _share_out(self, routes: list, cpu_share: float) -> tuple[list, list]:
-        """``(gpu, steal)``: the images nvJPEG decodes alone, and those it splits with the CPU by
-        work stealing. A fixed share's images (the batch's last ones: the same every time it is
-        decoded) are routed 'cpu:share' in ``routes``."""
-        gpu = [i for i, r in enumerate(routes) if r == "nvjpeg"]
-        if self.work_stealing and len(gpu) > 1:
-            return [], gpu
-        shared = int(round(cpu_share * len(gpu))) if len(gpu) > 1 or cpu_share == 1 else 0
-        for i in gpu[len(gpu) - shared :] if shared else ():
-            routes[i] = "cpu:share"
-        return gpu[: len(gpu) - shared], []
+        return BatchRoute(info, routes, slices, geometry, failed, gpu, steal, cpu, native, boxes, on_engines(chosen))
 
     def _boxes(self, info: np.ndarray, geometry, which: list) -> np.ndarray:
         """int64 ``(N, 4)``: the part of each image decoded (top, left, height, width): the
@@ -434,14 +376,18 @@ class BatchDecoder:
 
     # -- GPU side ------------------------------------------------------------------------------
     def _decode_on_gpu(self, plan: BatchRoute, job, images: list, failed: dict) -> None:
-        """nvJPEG's images, on this (stage) thread: all of ``plan.gpu`` in one call, or chunks
-        claimed from the front of a work-stealing ``job``."""
+        """The GPU's images (nvJPEG's, or the JPEG engines' on an engine route: their one thread
+        decodes the batch while this stage thread waits): all of ``plan.gpu`` in one call, or
+        chunks claimed from the front of a work-stealing ``job``. What the GPU refuses is
+        decoded on the CPU ('cpu:nvjpeg-error', 'cpu:engines-refused')."""
         chunks = front_chunks(job, plan.steal) if job is not None else ([plan.gpu] if plan.gpu else [])
+        refused = "cpu:engines-refused" if plan.engines else "cpu:nvjpeg-error"
         for chunk in chunks:
             encoded = [plan.slices[i] for i in chunk]
-            backend = self.gpu_backend()
-            for i, image in zip(chunk, decode_gpu(encoded, chunk, plan.routes, self.device, self.max_pixels, backend)):
-                if isinstance(image, Refusal):  # refused by nvJPEG and the CPU
+            backend = jpeg_engines(self.device, len(chunk)) if plan.engines else self.gpu_backend()
+            decoded = decode_gpu(encoded, chunk, plan.routes, self.device, self.max_pixels, backend, refused)
+            for i, image in zip(chunk, decoded):
+                if isinstance(image, Refusal):  # refused by the GPU and the CPU
                     failed[i] = image
                 else:
                     images[i] = image
@@ -522,12 +468,12 @@ def default_cpu_threads(share: float, cpus: int) -> int:
 
 
 def _log_choice(trial: RouteTrial) -> None:
-    log.info(
-        "torch_fastload: cpu_decode_share='auto' decodes %s from now on (%s)",
+    share, gpu = cpu_share_of(trial.choice), "on the GPU's JPEG engines" if on_engines(trial.choice) else "with nvJPEG"
+    words = (
         "every JPEG on the CPU"
-        if trial.choice == 1
-        else "with nvJPEG"
-        if trial.choice == 0
-        else f"{trial.choice:.0%} of each batch's JPEGs on the CPU, the rest with nvJPEG",
-        trial.describe(),
+        if share == 1
+        else gpu
+        if share == 0
+        else f"{share:.0%} of each batch's JPEGs on the CPU, the rest {gpu}"
     )
+    log.info("torch_fastload: cpu_decode_share='auto' decodes %s from now on (%s)", words, trial.describe())

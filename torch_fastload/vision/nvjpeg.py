@@ -15,13 +15,22 @@ from .settings import STEAL_CHUNK_MIN, STEAL_CHUNKS_PER_BATCH
 __all__ = ["decode_gpu", "front_chunks"]
 
 
-def decode_gpu(encoded: list, positions: list, routes: list, device: torch.device, max_pixels: int, backend) -> list:
-    """``backend`` (``gpu_backend``) for the whole list; what it refuses on the CPU
-    (``routes[positions[k]]`` becomes 'cpu:nvjpeg-error'; a ``Refusal`` where that fails too)."""
+def decode_gpu(
+    encoded: list,
+    positions: list,
+    routes: list,
+    device: torch.device,
+    max_pixels: int,
+    backend,
+    refused: str = "cpu:nvjpeg-error",
+) -> list:
+    """``backend`` (``gpu_backend``, or ``jpeg_engines``) for the whole list, in order; what it
+    refuses on the CPU (``routes[positions[k]]`` becomes ``refused``; a ``Refusal`` where the CPU
+    fails too): every image comes back, none dropped."""
     out = backend.decode(encoded)
     for k, image in enumerate(out):
         if image is None:
-            routes[positions[k]] = "cpu:nvjpeg-error"
+            routes[positions[k]] = refused
             result = try_decode_cpu(encoded[k], max_pixels=max_pixels)
             out[k] = result.to(device) if isinstance(result, torch.Tensor) else result
     return out
