@@ -11,7 +11,8 @@ Runs (batch --batch, shuffled, RandomResizedCrop 224 + flip + normalize, batches
   fastload-packed          the same from a pack of the folder
   fastload-folder-bf16-cl  bf16 channels_last output (what the training example feeds)
   fastload-folder-BACKEND  (--decode-backends) fastload-folder with every JPEG the GPU takes on
-                           that GPU decode backend (cpu_decode_share=0): torchvision, nvimgcodec;
+                           that GPU decode backend (cpu_decode_share=0): torchvision, nvimgcodec,
+                           hardware (the GPU's JPEG engines alone; progressive JPEGs on the CPU);
                            'cpu' for every JPEG on the C++ decoder (cpu_decode_share=1); 'steal'
                            for nvJPEG and the C++ decoder splitting each batch (as DALI's mixed
                            decoder splits it between the hardware decoder and its CPU threads);
@@ -148,6 +149,7 @@ def gpu_decode_ceiling(train_dir, args, backend_name: str) -> dict:
     on batches of the folder's JPEGs that nvJPEG takes (a CMYK file in a batch would fail the whole
     batch), from pinned memory."""
     from torch_fastload.vision.gpu_backend import gpu_backend
+    from torch_fastload.vision.jpeg_engines import ENGINES, jpeg_engines
 
     blobs = []
     for path in ImageFolder(train_dir, transform=None).paths:
@@ -160,7 +162,9 @@ def gpu_decode_ceiling(train_dir, args, backend_name: str) -> dict:
     bounds = np.cumsum([0] + [len(b) for b in blobs])
     images = [slab[bounds[i] : bounds[i + 1]] for i in range(len(blobs))]
     batches = [images[k : k + args.batch] for k in range(0, len(images), args.batch)]
-    backend = gpu_backend(args.device, backend_name)
+    backend = (
+        jpeg_engines(args.device, args.batch) if backend_name == ENGINES else gpu_backend(args.device, backend_name)
+    )
     for batch in batches[:2]:
         backend.decode(batch)
     sync(args.device)
@@ -242,7 +246,7 @@ def route_settings(name: str) -> dict:
         return {"cpu_decode_share": 1.0}
     if backend == "steal":
         return {"cpu_decode_share": "steal"}
-    if backend in ("torchvision", "nvimgcodec"):
+    if backend in ("torchvision", "nvimgcodec", "hardware"):
         return {"cpu_decode_share": 0.0, "decode_backend": backend}
     return {}
 
@@ -276,7 +280,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--decode-backends",
         default="",
-        help="also compare these decode routes, comma-separated: torchvision, nvimgcodec (GPU decode backends), "
+        help="also compare these decode routes, comma-separated: torchvision, nvimgcodec, hardware (GPU decode "
+        "backends; hardware: the JPEG engines alone), "
         "cpu (every JPEG on the C++ decoder), steal (nvJPEG and the C++ decoder split each batch)",
     )
     p.add_argument(

@@ -6,16 +6,18 @@ Each configuration is a fresh examples/imagenet.py process on the same generated
 (--classes x --per-class real-photo JPEGs, page cache hot after the first run), bf16 autocast,
 channels_last, batch --batch, SGD. Throughput counts the steps after the first --warmup-steps,
 epoch boundaries included, validation excluded; the warm-up covers fastload's one-time route
-trial (cpu_decode_share="auto" times the C++ CPU decoder, then nvJPEG if the loop waited or
-its step was not at the GPU's pace), so
-3 epochs x 39 steps leave 72 steady steps.
+trial (cpu_decode_share="auto" times the C++ CPU decoder, then the JPEG engines where they work
+and nvJPEG if the loop waited or its step was not at the GPU's pace, then each beside the CPU),
+so 3 epochs x 39 steps leave 72 steady steps (a trial with the engines needs ~85 batches: raise
+--epochs and --warmup-steps).
   synthetic          one batch kept on the GPU: the model's step with no input pipeline
   fastload           torch_fastload ImageFolder with its defaults
   fastload-share-S   (--share-too S[:THREADS[:PREFETCH]]) the same with cpu_decode_share=S (0:
                      nvJPEG; 1: every JPEG on the C++ decoder; steal), and cpu_decode_threads /
                      prefetch for that run only
   fastload-ROUTE     (--decode-routes) fastload with every JPEG on one decode route: torchvision
-                     or nvimgcodec (the GPU decode backend, cpu_decode_share=0), cpu (the C++
+                     or nvimgcodec (the GPU decode backend, cpu_decode_share=0), hardware (the
+                     GPU's JPEG engines alone, no SMs: nvImageCodec's HW_GPU_ONLY), cpu (the C++
                      decoder, cpu_decode_share=1)
   torch              torchvision ImageFolder + PIL + DataLoader(num_workers=--workers, pin_memory)
   dali               (when nvidia-dali imports; "not installed" otherwise) DALI's ResNet-50 example
@@ -58,6 +60,7 @@ def variant_settings(spec: str) -> dict:
 DECODE_ROUTES = {
     "torchvision": {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "0", "TORCH_FASTLOAD_DECODE_BACKEND": "torchvision"},
     "nvimgcodec": {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "0", "TORCH_FASTLOAD_DECODE_BACKEND": "nvimgcodec"},
+    "hardware": {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "0", "TORCH_FASTLOAD_DECODE_BACKEND": "hardware"},
     "cpu": {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "1"},
 }
 
@@ -129,7 +132,12 @@ def run_one(args, arch: str, name: str) -> dict:
         f"   {result['train_images_per_s']:,.0f} images/s, step {result['step_ms']:.1f} ms, input wait "
         f"{100 * result['input_wait_fraction']:.1f}%"
         + (f", last val top-1 {result['history'][-1]['top1']:.1f}%" if result["history"] else "")
-        + (f"\n   decode route: {result['decode_route']['measured']}" if result.get("decode_route") else "")
+        + (
+            f"\n   decode route kept: {result['decode_route'].get('route')} after "
+            f"{result['decode_route'].get('trial_batches')} batches ({result['decode_route']['measured']})"
+            if result.get("decode_route")
+            else ""
+        )
     )
     return result
 
@@ -170,7 +178,7 @@ def main(argv=None) -> int:
         "--decode-routes",
         default="",
         help="also run fastload with every JPEG on each of these routes, comma-separated: torchvision, "
-        "nvimgcodec (GPU decode backends), cpu (the C++ decoder)",
+        "nvimgcodec (GPU decode backends), hardware (the GPU's JPEG engines alone), cpu (the C++ decoder)",
     )
     args = parse_study(
         p,

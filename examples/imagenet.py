@@ -60,6 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch_fastload  # noqa: E402
 from torch_fastload.sources import ImageFolder, PackedImageFolder  # noqa: E402
 from torch_fastload.vision import EvalTransform, TrainTransform  # noqa: E402
+from torch_fastload.vision.route_trial import cpu_share_of, on_engines, route_name  # noqa: E402
 from torch_fastload.vision.sample_data import make_image_folder  # noqa: E402
 
 
@@ -648,9 +649,15 @@ def main(argv=None) -> dict:
         result["loader_stats"] = {"decoded": stats.decoded, "wait_fraction": stats.wait_fraction, "io": stats.io}
         trial = train_loader.dataset.decoder(train_loader.device).trial  # cpu_decode_share="auto": the route it kept
         if trial is not None and trial.choice is not None:
-            result["decode_route"] = {"cpu_share": trial.choice, "measured": trial.describe()}
+            result["decode_route"] = {
+                "route": route_name(trial.choice),
+                "cpu_share": cpu_share_of(trial.choice),
+                "gpu": "engines" if on_engines(trial.choice) else "nvjpeg",
+                "trial_batches": trial.batches_to_choose,
+                "measured": trial.describe(),
+            }
             if rank == 0:
-                print(f"decode route: {'every JPEG on the CPU' if trial.choice else 'nvJPEG'} ({trial.describe()})")
+                print(f"decode route: {route_name(trial.choice)} ({trial.describe()})")
     if rank == 0:
         print(
             f"{args.arch} / {args.loader}: {result['train_images_per_s']:,.0f} train images/s "

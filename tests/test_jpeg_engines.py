@@ -207,6 +207,7 @@ def test_the_engines_split_with_the_cpu_is_timed_and_kept_where_it_feeds_the_ste
     engines_split = EngineRoute(split_share(trial.periods[1.0], trial.periods[EngineRoute(0.0)]))
     nvjpeg_split = split_share(trial.periods[1.0], trial.periods[0.0])
     assert list(trial.periods) == [1.0, EngineRoute(0.0), 0.0, engines_split, nvjpeg_split]
+    assert trial.batches_to_choose >= 8 + 5 * (4 + 10)  # the warm-up, then five windows
     assert trial.choice == engines_split and 0.4 < engines_split.cpu_share < 0.5
     assert trial.periods[engines_split] == pytest.approx(STEP_MS / 1e3, rel=0.05)
     assert route_name(trial.choice) == f"cpu {engines_split.cpu_share:g} + engines"

@@ -120,6 +120,7 @@ class RouteTrial:
         self.waited: dict = {}  # candidate -> the loop's wait for a batch, share of its period
         self.gpu: dict = {}  # candidate -> the steps seen from the GPU
         self.choice = None  # the route kept (a float or an EngineRoute)
+        self.batches_to_choose: int | None = None  # batches decoded until the choice (warm-up included)
         self._lock = threading.Lock()
         self._calls = 0
         self._turn = 0  # which candidate is being timed
@@ -149,6 +150,8 @@ class RouteTrial:
                 len(self._deliveries) >= self.window or position >= self.settle + 4 * self.window
             ):
                 chosen = self._close_window(share)
+                if chosen:
+                    self.batches_to_choose = self._calls
         if chosen and self.on_choice is not None:
             self.on_choice(self)
         return share
