@@ -252,3 +252,16 @@ def test_the_engines_decode_like_the_cpu_and_leave_nothing_out(tmp_path):
         assert image.is_cuda and image.shape == cpu.shape, path
         d = (image.cpu().int() - cpu.int()).abs().float()
         assert d.mean() <= 1.5 and (d.numel() >= 16e6 or d.flatten().quantile(0.999) <= 16), path
+
+
+def test_the_self_test_decodes_on_the_engines_and_says_when_they_decode_nothing():
+    """A usable fake passes; a decoder that returns None for everything (no engines: nvImageCodec
+    registers no hardware decoder) is named as such, after a try with the library's own images."""
+    assert jpeg_engines.self_test(fake_engines()) is None
+
+    class NoEngines(FakeDecoder):
+        def decode(self, codes, images=None, params=None, cuda_stream=0, image=None):
+            return [None] * len(codes) if isinstance(codes, list) else None
+
+    engines = fake_engines(NoEngines)
+    assert "no JPEG engines" in jpeg_engines.self_test(engines) and engines.codec.output == "library"

@@ -21,6 +21,7 @@ Usable where nvImageCodec imports with nvJPEG and decodes a test JPEG with the e
 from __future__ import annotations
 
 import io
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,6 +33,8 @@ from .settings import ENGINE_BATCH_HINT
 __all__ = ["JpegEngines", "jpeg_engines", "jpeg_engines_missing", "ENGINES"]
 
 ENGINES = "hardware"  # the decode_backend value, and the backend's name
+
+log = logging.getLogger("torch_fastload")
 
 
 class JpegEngines:
@@ -126,6 +129,11 @@ def self_test(engines: JpegEngines) -> str | None:
     Image.new("RGB", (320, 240), (200, 40, 90)).save(out, format="JPEG", quality=90)
     encoded = torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8)
     image = engines.decode([encoded])[0]
+    if image is None and engines.codec.output == "torch":  # a build that decodes only into its own images
+        engines.codec.output = "library"
+        image = engines.decode([encoded])[0]
+        if image is not None:
+            log.warning("torch_fastload: the JPEG engines decode into nvImageCodec's own images, not torch's")
     if engines.device.type == "cuda":
         torch.cuda.current_stream(engines.device).synchronize()
     if image is None:
