@@ -117,11 +117,12 @@ def test_an_engine_route_sends_progressive_jpegs_to_the_cpu_and_splits_the_rest_
     plan = decoder._route(data, offsets, None)  # probe and plan only: nothing touches the GPU
     assert plan.engines and decoder.fixed_route == EngineRoute(1 / 3)
     assert plan.gpu == [0, 1, 2, 3, 5, 6] and sorted(plan.cpu) == [4, 7, 8, 9]
+    assert [plan.routes[i] for i in plan.gpu] == ["engines"] * 6 and plan.routes[4] == "cpu:progressive"
     if decode._native_jpeg():
         assert sorted(plan.native) == [4, 7, 8, 9]  # the C++ batch decoder takes the progressive one
     assert len(plan.gpu) + len(plan.cpu) == len(blobs)
     nvjpeg = decode.BatchDecoder("cuda:0", cpu_share=1 / 3)._route(data, offsets, None)
-    assert not nvjpeg.engines and 4 in nvjpeg.gpu
+    assert not nvjpeg.engines and 4 in nvjpeg.gpu and nvjpeg.routes[0] == "nvjpeg"
 
 
 def test_decode_backend_hardware_without_engines_says_why():
@@ -244,7 +245,7 @@ def test_the_engines_decode_like_the_cpu_and_leave_nothing_out(tmp_path):
         decoded = [image for images, _ in loader for image in images]
         counts = loader.stats().decoded
     assert ds.decoder(loader.device).gpu_backend().name == "hardware"
-    assert len(decoded) == len(ds) and counts.get("nvjpeg", 0) >= len(ds) - 8
+    assert len(decoded) == len(ds) and counts.get("engines", 0) >= len(ds) - 8 and "nvjpeg" not in counts
     assert counts.get("cpu:progressive", 0) >= 1 and {"cpu:cmyk", "cpu:png"} <= set(counts)
     print("routes on the engines' run:", counts)
     for path, image in zip(ds.paths, decoded):

@@ -13,7 +13,8 @@ twin where the engine is not built). The probe routes each image:
   ``huge`` (above ``gpu_max_pixels``), ``nvjpeg-error`` (nvJPEG refused a file the probe
   passed), ``device-cpu`` (the loader's device is the CPU); on a route through the GPU's hardware
   JPEG engines (jpeg_engines.py) also ``progressive`` (they take baseline JPEGs only) and
-  ``engines-refused`` (odd chroma sampling, a size they refuse);
+  ``engines-refused`` (odd chroma sampling, a size they refuse); what they decode is counted
+  ``engines``;
 - an error: empty, truncated (no end-of-image marker: a cut download) or unreadable files, and
   files whose header declares more than ``max_pixels`` (decompression bombs: refused before
   anything is allocated) raise ``ImageDecodeError`` naming the file, or with
@@ -263,6 +264,8 @@ class BatchDecoder:
         slices = EncodedSlices(data, offsets)
         failed = {i: refusal_of(info[i], self.max_pixels) for i, r in enumerate(routes) if r.startswith("error:")}
         gpu, steal = share_out(routes, cpu_share_of(chosen), self.work_stealing)
+        for i in gpu + steal if on_engines(chosen) else ():
+            routes[i] = "engines"  # counted apart from nvJPEG's in loader.stats().decoded
         cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]
         # JPEGs nvJPEG could take go to the C++ batch decoder (one call, no GIL per image), the
         # rest (PNG, CMYK, ...) to Python threads; all beside nvJPEG
