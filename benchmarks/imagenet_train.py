@@ -8,8 +8,8 @@ channels_last, batch --batch, SGD. Throughput counts the steps after the first -
 epoch boundaries included, validation excluded; the warm-up covers fastload's one-time route
 trial (cpu_decode_share="auto" times the C++ CPU decoder, then the JPEG engines where they work
 and nvJPEG if the loop waited or its step was not at the GPU's pace, then each beside the CPU),
-so 3 epochs x 39 steps leave 72 steady steps (a trial with the engines needs ~85 batches: raise
---epochs and --warmup-steps).
+so 4 epochs x 39 steps leave 56 steady steps after 100 untimed ones (a trial that times the
+JPEG engines too takes ~85 batches: 8 warm-up, five windows of 14+).
   synthetic          one batch kept on the GPU: the model's step with no input pipeline
   fastload           torch_fastload ImageFolder with its defaults
   fastload-share-S   (--share-too S[:THREADS[:PREFETCH]]) the same with cpu_decode_share=S (0:
@@ -166,8 +166,8 @@ def main(argv=None) -> int:
     p.add_argument("--classes", type=int, help="[100; cpu 4]")
     p.add_argument("--per-class", type=int, help="[100; cpu 4]")
     p.add_argument("--batch", type=int, help="[256; cpu 4]")
-    p.add_argument("--epochs", type=int, help="[3; cpu 1]")
-    p.add_argument("--warmup-steps", type=int, help="steps left out of the figures [45; cpu 1]")
+    p.add_argument("--epochs", type=int, help="[4; cpu 1]")
+    p.add_argument("--warmup-steps", type=int, help="steps left out of the figures [100; cpu 1]")
     p.add_argument("--workers", type=int, help="torch DataLoader workers [16; cpu 2]")
     p.add_argument("--archs", help="[resnet50,resnet18; cpu resnet18]")
     p.add_argument("--only", help="ARCH:LOADER,... of the runs to make (a fastload-share run goes with ARCH:fastload)")
@@ -186,8 +186,8 @@ def main(argv=None) -> int:
         classes=(100, 100, 4),
         per_class=(100, 100, 4),
         batch=(256, 256, 4),
-        epochs=(3, 3, 1),
-        warmup_steps=(45, 45, 1),
+        epochs=(4, 4, 1),
+        warmup_steps=(100, 100, 1),
         workers=(16, 16, 2),
         archs=("resnet50,resnet18", "resnet50,resnet18", "resnet18"),
     )

@@ -7,8 +7,8 @@ source benchmarks/gpu/peers-setup.sh
 
 stamp "imagenet_train (ResNet-18 only, repeated)"
 for k in 1 2; do
-timeout $(budget 220) python3 benchmarks/imagenet_train.py --dir "$W/imagenet-sample" --classes "$CLASSES" --per-class "$PER_CLASS" --epochs 3 \
-    --warmup-steps 45 --only ${PEERS_ONLY:-resnet18:synthetic,resnet18:fastload,resnet18:dali} \
+timeout $(budget 220) python3 benchmarks/imagenet_train.py --dir "$W/imagenet-sample" --classes "$CLASSES" --per-class "$PER_CLASS" --epochs 4 \
+    --warmup-steps 100 --only ${PEERS_ONLY:-resnet18:synthetic,resnet18:fastload,resnet18:dali} \
     --out "$W/out$k" --json "$OUT/imagenet_train-$k.json" --no-progress > "$OUT/imagenet_train-$k.log" 2>&1
 echo "rc $?"; grep -v "^\s*$" "$OUT/imagenet_train-$k.log" | grep -E "decode route|^resnet|PASS|FAIL"
 done

@@ -4,7 +4,7 @@
 # carried now under .gpu/wheels/parts/. Reduced sizes so everything ends in <= 8 minutes:
 #   imagenet_loader  40 classes x 100 (4,000 JPEGs), 1 timed epoch, torch stopped after 10 batches
 #   imagenet_train   ResNet-50 (synthetic, fastload, dali) and ResNet-18 (fastload, dali) on the
-#                    same folder, 2 epochs of 15 steps, the first 10 left out (torch: not run)
+#                    same folder, 4 epochs of 39 steps, the first 100 left out (past the route trial; torch: not run)
 #   file_loader      --quick with a 1 GiB .npy, 0.25 GiB of records, torch w16 only
 #   resume_peers     full (seconds)
 # Wheels (peers.tar, 298 MiB): nvidia-dali-cuda130 2.4.0 + nvidia-nvimgcodec-cu13 0.9.0.20,
@@ -25,8 +25,8 @@ timeout $(budget 200) python3 benchmarks/imagenet_loader.py --dir "$W/imagenet-s
 echo "rc $?"; grep -v "^\s*$" "$OUT/imagenet_loader.log" | tail -22
 
 stamp "imagenet_train"
-timeout $(budget 220) python3 benchmarks/imagenet_train.py --dir "$W/imagenet-sample" --classes "$CLASSES" --per-class "$PER_CLASS" --epochs 3 \
-    --warmup-steps 45 --only resnet50:synthetic,resnet50:fastload,resnet50:dali,resnet18:fastload,resnet18:dali \
+timeout $(budget 220) python3 benchmarks/imagenet_train.py --dir "$W/imagenet-sample" --classes "$CLASSES" --per-class "$PER_CLASS" --epochs 4 \
+    --warmup-steps 100 --only resnet50:synthetic,resnet50:fastload,resnet50:dali,resnet18:fastload,resnet18:dali \
     --out "$W/out" --json "$OUT/imagenet_train.json" --no-progress > "$OUT/imagenet_train.log" 2>&1
 echo "rc $?"; grep -v "^\s*$" "$OUT/imagenet_train.log" | tail -20
 
