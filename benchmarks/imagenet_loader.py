@@ -57,9 +57,10 @@ def route_trials(loader) -> list:
     return list(trials().values()) if trials is not None else []
 
 
-def past_route_trial(loader, device: torch.device, max_epochs: int = 4) -> dict | None:
+def past_route_trial(loader, device: torch.device, max_epochs: int = 8) -> dict | None:
     """Untimed epochs until every route trial of the loader chose (its windows time the CPU route
-    first, then nvJPEG: not the steady state a timed epoch measures); None without a trial."""
+    first, then the JPEG engines and nvJPEG, then their splits: ~85 batches, not the steady state
+    a timed epoch measures); None without a trial."""
     extra = 0
     while route_trials(loader) and any(t.choice is None for t in route_trials(loader)) and extra < max_epochs:
         for _ in loader:
