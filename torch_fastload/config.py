@@ -267,9 +267,10 @@ OPTIONS: dict[str, Option] = {
             "hw_decoder_load turned around; 1: all of them); 'auto': from the 9th batch ~15 time every JPEG "
             "on the C++ decoder, which keeps them if the training loop waited < 10% of its step at its GPU's "
             "pace; else ~15 "
-            "more time nvJPEG and the CPU must be 5% faster to stay, then ~15 more "
-            "time both at once, each batch split in the ratio of their rates, kept if fastest (nvJPEG alone "
-            "below 8 CPUs per process); "
+            "more time the GPU's hardware JPEG engines (where nvImageCodec's hardware decoder works; "
+            "decode_backend='auto') and ~15 nvJPEG, and the CPU must be 5% faster to stay, then ~15 more "
+            "time each GPU route and the CPU at once, each batch split in the ratio of their rates, kept if "
+            "fastest (nvJPEG alone below 8 CPUs per process); "
             "'steal': both split each batch by work stealing. RESULTS.md",
         ),
         Option(
