@@ -85,12 +85,12 @@ class BatchRoute:
     """Where each image of a batch goes (``BatchDecoder._route``)."""
 
     info: np.ndarray  # probe rows
-    routes: list  # per image: 'nvjpeg', 'cpu:<reason>', 'error:<reason>'
+    routes: list  # per image: 'nvjpeg' or 'engines' (the GPU decoder), 'cpu:<reason>', 'error:<reason>'
     slices: EncodedSlices  # per image: its encoded bytes (a view of the batch's data)
     geometry: object  # the transform's geometry drawn from the probed sizes, or None
     failed: dict  # position -> Refusal: what the probe already refused
-    gpu: list  # positions nvJPEG decodes alone
-    steal: list  # positions split between nvJPEG and the C++ decoder by work stealing
+    gpu: list  # positions the GPU decoder (nvJPEG, or the engines) decodes alone
+    steal: list  # positions split between the GPU decoder and the C++ decoder by work stealing
     cpu: list  # positions routed to the CPU
     native: list  # those of ``cpu`` the C++ batch decoder takes (the rest: Python threads)
     boxes: np.ndarray  # int64 (N, 4): the part of each image decoded (top, left, height, width)
