@@ -1022,7 +1022,8 @@ def test_route_trial_refuses_a_trial_that_cannot_measure():
 def test_route_trial_on_the_gpu_decodes_every_batch_and_settles(gpu_folder, monkeypatch):
     """The default's trial on real batches: the first batches go to the C++ decoder, then to
     nvJPEG if the loop waited for them; every image arrives, and the rest of the epoch uses the
-    route kept."""
+    route kept. (decode_backend='torchvision': the trial of the CPU and nvJPEG alone; where
+    nvImageCodec's JPEG engines work, 'auto' times them too, in tests/test_jpeg_engines.py.)"""
     if _native() is None:
         pytest.skip("the extension was built without libjpeg: no trial, nvJPEG alone")
     monkeypatch.setattr(decode, "TRIAL_WARMUP", 2)
@@ -1031,7 +1032,7 @@ def test_route_trial_on_the_gpu_decodes_every_batch_and_settles(gpu_folder, monk
     monkeypatch.setattr(torch_fastload.config, "cpus_per_process", lambda: max(16, decode.CORES_FOR_A_TRIAL))
     train, _ = gpu_folder
     ds = ImageFolder(train, TrainTransform(), seed=1)
-    with torch_fastload.config.override(cpu_decode_share="auto"):
+    with torch_fastload.config.override(cpu_decode_share="auto", decode_backend="torchvision"):
         loader = DataLoader(ds, batch_size=8, device="cuda")
         seen = sum(len(y) for x, y in loader if x.is_cuda and torch.isfinite(x).all())
     assert seen == len(ds)
