@@ -226,10 +226,12 @@ def test_a_candidate_comes_too_late_once_the_routes_alone_were_timed():
 
 
 @pytest.mark.cuda
-def test_the_engines_decode_like_the_cpu_and_leave_nothing_out(tmp_path):
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_the_engines_decode_like_the_cpu_and_leave_nothing_out(tmp_path, share):
     """The real engines where the GPU has them (skipped with the reason otherwise): a loader on
-    decode_backend='hardware' decodes every image of a folder with every edge case (CMYK, PNG,
-    progressive, 4000x3000), each within nvJPEG's tolerance of libjpeg-turbo's pixels, in order."""
+    decode_backend='hardware' (alone, or half of each batch's JPEGs on the CPU beside them)
+    decodes every image of a folder with every edge case (CMYK, PNG, progressive, 4000x3000),
+    each within nvJPEG's tolerance of libjpeg-turbo's pixels, in order."""
     import torchvision as tv
 
     from torch_fastload import DataLoader
@@ -240,12 +242,16 @@ def test_the_engines_decode_like_the_cpu_and_leave_nothing_out(tmp_path):
         pytest.skip(why)
     train, _ = make_image_folder(str(tmp_path / "s"), classes=4, train_per_class=16, val_per_class=1, progress=False)
     ds = ImageFolder(train, transform=None)
-    with torch_fastload.config.override(decode_backend="hardware", cpu_decode_share=0.0):
+    with torch_fastload.config.override(decode_backend="hardware", cpu_decode_share=share):
         loader = DataLoader(ds, batch_size=16, device="cuda")
         decoded = [image for images, _ in loader for image in images]
         counts = loader.stats().decoded
     assert ds.decoder(loader.device).gpu_backend().name == "hardware"
-    assert len(decoded) == len(ds) and counts.get("engines", 0) >= len(ds) - 8 and "nvjpeg" not in counts
+    gpu_part = counts.get("engines", 0) + counts.get("cpu:engines-refused", 0)
+    assert len(decoded) == len(ds) and "nvjpeg" not in counts
+    assert (
+        counts.get("engines", 0) >= (1 - share) * len(ds) - 8 and gpu_part + counts.get("cpu:share", 0) >= len(ds) - 8
+    )
     assert counts.get("cpu:progressive", 0) >= 1 and {"cpu:cmyk", "cpu:png"} <= set(counts)
     print("routes on the engines' run:", counts)
     for path, image in zip(ds.paths, decoded):
