@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import torch
 
 from ..errors import ParquetDecodeError
-from ..staging import PendingConcat
+from ..staging import PendingConcat, PendingOffsets
 from .parquet_plan import ColumnSpec
 
 __all__ = ["columns_to_tensors", "prepare_row_group", "range_tensors"]
@@ -180,11 +180,13 @@ def _list_tensors(path: str, spec: ColumnSpec, arr: pa.Array, out: dict) -> None
 # -- a decoded row group's columns, made once; batches of consecutive rows cut from them ---
 class _Column(NamedTuple):
     """One column of a decoded row group: ``values`` (rows, or the bytes/list values back to
-    back when ``offsets`` is set: the Arrow offsets, not rebased), ``valid`` (None: no nulls)."""
+    back when ``offsets`` is set: the Arrow offsets, not rebased, contiguous), ``valid`` (None:
+    no nulls) and ``mask``, the same as a tensor (or None)."""
 
     values: torch.Tensor
     offsets: np.ndarray | None
     valid: np.ndarray | None
+    mask: torch.Tensor | None
 
 
 def prepare_row_group(specs: list, table: pa.Table) -> tuple[list, int]:
@@ -238,17 +240,34 @@ def _prepare_column(spec: ColumnSpec, column: pa.ChunkedArray) -> _Column | None
             values = flat
     else:
         return None
-    return _Column(values, offsets, valid)
+    if offsets is not None:
+        offsets = np.ascontiguousarray(offsets)
+    return _Column(values, offsets, valid, torch.from_numpy(valid) if valid is not None else None)
 
 
-def range_tensors(path: str, specs: list, spans: list, table: pa.Table) -> dict:
+_ONES = torch.ones(0, dtype=torch.bool)
+
+
+def _ones(n: int) -> torch.Tensor:
+    """``n`` True values: a slice of one shared tensor (the loader only reads it)."""
+    global _ONES
+    if len(_ONES) < n:
+        _ONES = torch.ones(max(n, 2 * len(_ONES)), dtype=torch.bool)
+    return _ONES[:n]
+
+
+def range_tensors(path: str, specs: list, spans: list, table_of) -> dict:
     """The batch dict of consecutive rows: ``spans`` is (prepared columns of a row group, first
-    row, end row) for each row group they span, in order; ``table`` the same rows in Arrow, for
-    the columns not prepared. Same keys and values as ``columns_to_tensors(table)``."""
-    out = {}
+    row, end row) for each row group they span, in order; ``table_of()`` the same rows in Arrow,
+    for the columns not prepared (made only for those). Same keys and values as
+    ``columns_to_tensors(table)``: values and masks as ``PendingConcat``, offsets as
+    ``PendingOffsets``, rebased in the slot. The fetch itself does a few Python operations a
+    column: the bytes are moved by the stager, without the GIL, several fetches at once."""
+    out, table = {}, None
     for j, spec in enumerate(specs):
         parts = [(columns[j], start, stop) for columns, start, stop in spans if stop > start]
         if not parts or any(column is None for column, _, _ in parts):
+            table = table_of() if table is None else table
             out.update(_column_tensors(path, spec, table.column(j)))
             continue
         name = spec.name
@@ -266,25 +285,25 @@ def range_tensors(path: str, specs: list, spans: list, table: pa.Table) -> dict:
             out[name + "__offsets"] = offsets
         if spec.masked:
             masks = [
-                column.valid[start:stop] if column.valid is not None else np.ones(stop - start, dtype=bool)
+                column.mask[start:stop] if column.mask is not None else _ones(stop - start)
                 for column, start, stop in parts
             ]
-            out[name + "__valid"] = torch.from_numpy(np.concatenate(masks))
+            out[name + "__valid"] = masks[0] if len(masks) == 1 else PendingConcat(masks)
     return out
 
 
-def _ragged_range(parts: list) -> tuple[list, torch.Tensor]:
+def _ragged_range(parts: list) -> tuple[list, PendingOffsets]:
     """The values of each row group's rows, and their offsets rebased onto one another and
-    widened to int64: one numpy op a row group."""
-    rows = sum(stop - start for _, start, stop in parts)
-    offsets = _empty(rows + 1, np.int64)
-    offsets[0], pieces, at = 0, [], 0
+    widened to int64 as the stager writes them (``PendingOffsets``)."""
+    pieces, sources, starts, counts, shifts = [], [], [], [], []
+    at = 0  # values of the batch before this row group's
     for column, start, stop in parts:
         low, high = int(column.offsets[start]), int(column.offsets[stop])
         pieces.append(column.values[low:high])
-        shift = low - int(offsets[at])
-        np.subtract(
-            column.offsets[start + 1 : stop + 1], shift, out=offsets[at + 1 : at + 1 + stop - start], dtype=np.int64
-        )
-        at += stop - start
-    return pieces, torch.from_numpy(offsets)
+        first = start if not sources else start + 1  # the batch's leading 0 comes from the first
+        sources.append(column.offsets)
+        starts.append(first)
+        counts.append(stop + 1 - first)
+        shifts.append(at - low)
+        at += high - low
+    return pieces, PendingOffsets(sources, starts, counts, shifts)
