@@ -1,0 +1,125 @@
+"""String and list offsets of Parquet range batches, rebased and widened to int64 by the stager
+as it writes the slot (``PendingOffsets``: the engine's ``rebase_offsets``, or numpy), equal
+pyarrow's values across row-group boundaries, with nulls, sliced arrays and 64-bit offsets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from test_parquet import expected
+
+from torch_fastload import DataLoader, staging
+from torch_fastload.sources import ParquetDataset, ParquetSampler
+from torch_fastload.staging import ParallelCopier, PendingConcat, PendingOffsets, materialize, plan_batch
+
+
+@pytest.fixture(params=["native", "numpy"])
+def backend(request, monkeypatch):
+    if request.param == "native" and staging._native_rebase is None:
+        pytest.skip("torch_fastload._C is not built")
+    if request.param == "numpy":
+        monkeypatch.setattr(staging, "_native_copy", None)
+        monkeypatch.setattr(staging, "_native_rebase", None)
+    return request.param
+
+
+def ragged_table(n: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    nulls = rng.random(n) < 0.15
+    words = [None if z else "w" * int(k) + str(i) for i, (k, z) in enumerate(zip(rng.integers(0, 12, n), nulls))]
+    lists = [None if z else list(range(int(k))) for k, z in zip(rng.integers(0, 6, n), nulls)]
+    return pa.table(
+        {
+            "id": pa.array(np.arange(n)),
+            "word": pa.array(words, pa.string()),
+            "big_word": pa.array(words, pa.large_string()),
+            "blob": pa.array([w.encode() if w is not None else None for w in words], pa.binary()),
+            "small_list": pa.array(lists, pa.list_(pa.int32())),
+            "big_list": pa.array(lists, pa.large_list(pa.int64())),
+        }
+    )
+
+
+def offsets_of(arr: pa.Array) -> np.ndarray:
+    """The Arrow offsets a (possibly sliced) string/list array reads, as a contiguous view."""
+    dtype = np.int64 if pa.types.is_large_string(arr.type) or pa.types.is_large_list(arr.type) else np.int32
+    return np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset : arr.offset + len(arr) + 1]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_offsets_of_sliced_arrays_widened_and_rebased_into_the_slot(backend, threads):
+    small = pa.array(["ab", "", None, "cde", "f" * 300, "g"] * 50_000).slice(7, 200_001)  # int32, sliced
+    large = pa.array(["xyz", None, "", "hi"] * 40_000, pa.large_string()).slice(3, 90_000)  # int64
+    first, second = offsets_of(small), offsets_of(large)
+    field = PendingOffsets([first, second], [5, 11], [1000, 80_000], [-int(first[5]), 12345])
+    want = np.concatenate([first[5:1005].astype(np.int64) - int(first[5]), second[11:80_011] + 12345])
+    dst = torch.full((64 + field.shape[0] * 8 + 64,), 0xAB, dtype=torch.uint8)
+    copied = ParallelCopier(threads).copy_into(dst, [(64, field)], threads)
+    assert copied == field.shape[0] * 8
+    assert torch.equal(dst[64 : 64 + copied].view(torch.int64), torch.from_numpy(want))
+    assert bool((dst[:64] == 0xAB).all()) and bool((dst[64 + copied :] == 0xAB).all())  # nothing outside
+    assert torch.equal(materialize({"o": field})["o"], torch.from_numpy(want))
+
+
+def test_pending_offsets_refuses_what_it_cannot_write():
+    source = np.arange(10, dtype=np.int32)
+    with pytest.raises(ValueError, match="outside a source of 10"):
+        PendingOffsets([source], [4], [7], [0])
+    with pytest.raises(ValueError, match="int32/int64"):
+        PendingOffsets([source.astype(np.float64)], [0], [3], [0])
+    with pytest.raises(ValueError, match="differ in length"):
+        PendingOffsets([source], [0, 1], [3], [0])
+
+
+def stage(batch: dict, threads: int = 2) -> dict:
+    """``batch`` as the loader's slot holds it: laid out, copied and unpacked."""
+    plan = plan_batch(batch)
+    flat = torch.zeros(plan.total_bytes, dtype=torch.uint8)
+    ParallelCopier(threads).copy_into(flat, plan.copy_list(), threads)
+    return plan.unpack(flat, lambda tensor: tensor)
+
+
+@pytest.mark.parametrize("masks", ["auto", "always"])
+def test_range_batches_across_row_groups_equal_pyarrow_through_the_slot(tmp_path, backend, masks):
+    path = tmp_path / "ragged.parquet"
+    pq.write_table(ragged_table(700), path, row_group_size=64)
+    reference = pq.read_table(path)
+    dataset = ParquetDataset(path, threads=2, masks=masks)
+    for first, stop in [(0, 64), (60, 70), (10, 300), (63, 65), (640, 700), (0, 700)]:
+        fields = dataset.__fastload_batch__(range(first, stop))
+        spanned = -(-stop // 64) - first // 64  # row groups the rows span
+        assert isinstance(fields["word__offsets"], PendingOffsets)
+        assert len(fields["word__offsets"].sources) == spanned
+        if spanned > 1:
+            assert isinstance(fields["word"], PendingConcat)
+        staged = stage(fields)
+        assert list(staged) == dataset.keys()
+        rows = reference.slice(first, stop - first)
+        for spec in dataset.plan.columns:
+            for key, want in expected(rows, spec.name, spec.masked).items():
+                if key == "small_list":
+                    want = want.to(torch.int32)
+                assert staged[key].dtype == want.dtype and torch.equal(staged[key], want), (first, stop, key)
+    dataset.close()
+
+
+def test_loader_batches_of_ragged_columns_equal_pyarrow(tmp_path, backend):
+    path = tmp_path / "ragged.parquet"
+    pq.write_table(ragged_table(1000, seed=1), path, row_group_size=96)
+    reference = pq.read_table(path)
+    dataset = ParquetDataset(path, threads=2, masks="always")
+    loader = DataLoader(dataset, batch_sampler=ParquetSampler(dataset, shuffle=False).batches(150), device="cpu")
+    first = 0
+    for batch in loader:
+        rows = reference.slice(first, len(batch["id"]))
+        assert batch["id"].tolist() == list(range(first, first + len(batch["id"])))
+        for spec in dataset.plan.columns:
+            for key, want in expected(rows, spec.name, spec.masked).items():
+                want = want.to(batch[key].dtype) if key == "small_list" else want
+                assert torch.equal(batch[key], want), (first, key)
+        first += len(batch["id"])
+    assert first == 1000
+    dataset.close()
