@@ -13,6 +13,7 @@ from test_parquet import expected
 
 from torch_fastload import DataLoader, staging
 from torch_fastload.sources import ParquetDataset, ParquetSampler
+from torch_fastload.sources.parquet_tensors import columns_to_tensors
 from torch_fastload.staging import ParallelCopier, PendingConcat, PendingOffsets, materialize, plan_batch
 
 
@@ -122,4 +123,24 @@ def test_loader_batches_of_ragged_columns_equal_pyarrow(tmp_path, backend):
                 assert torch.equal(batch[key], want), (first, key)
         first += len(batch["id"])
     assert first == 1000
+    dataset.close()
+
+
+@pytest.mark.parametrize("masks", ["auto", "always"])
+def test_arrow_route_chains_the_offsets_of_sliced_chunks(tmp_path, backend, masks):
+    path = tmp_path / "ragged.parquet"
+    table = ragged_table(400, seed=2)
+    pq.write_table(table, path, row_group_size=100)
+    dataset = ParquetDataset(path, threads=2, masks=masks)
+    chunked = pa.concat_tables([table.slice(5, 60), table.slice(0, 0), table.slice(170, 1), table.slice(233, 150)])
+    fields = columns_to_tensors(str(path), dataset.plan.columns, chunked)
+    assert isinstance(fields["big_word__offsets"], PendingOffsets) and len(fields["big_word__offsets"].sources) == 3
+    staged = stage(fields)
+    for spec in dataset.plan.columns:
+        for key, want in expected(chunked, spec.name, spec.masked).items():
+            want = want.to(staged[key].dtype) if key == "small_list" else want
+            assert torch.equal(staged[key], want), key
+            assert torch.equal(materialize(fields)[key], want), key
+    shuffled = dataset.batch(np.random.default_rng(0).permutation(400)[:123])  # a gathered batch
+    assert shuffled["word__offsets"].dtype == torch.int64 and int(shuffled["word__offsets"][0]) == 0
     dataset.close()

@@ -32,14 +32,6 @@ def _tensor(values: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(values))
 
 
-def _empty(length: int, numpy_dtype) -> np.ndarray:
-    """A writable array in Arrow's memory pool, which keeps freed pages for the next batch: numpy's
-    fresh arrays of this size are mapped anew by malloc each batch, and their first-touch page
-    faults cost more than the values written into them (most of a batch's fetch)."""
-    dtype = np.dtype(numpy_dtype)
-    return np.frombuffer(pa.allocate_buffer(length * dtype.itemsize), dtype=dtype)
-
-
 def _buffer_view(buf, numpy_dtype, offset: int, length: int) -> np.ndarray:
     if buf is None or length == 0:
         return np.zeros(length, dtype=numpy_dtype)
@@ -67,19 +59,36 @@ def _zero_nulls(values: np.ndarray, arr: pa.Array) -> np.ndarray:
     return np.where(_validity(arr), values, values.dtype.type(0))
 
 
-def _ragged(values: np.ndarray, offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    base = int(offsets[0]) if len(offsets) else 0
-    data = _tensor(values[base : int(offsets[-1])] if len(offsets) else values[:0])
-    rebased = np.subtract(offsets, base, out=_empty(len(offsets), np.int64), dtype=np.int64)  # one pass: widen
-    return data, torch.from_numpy(rebased)
+def _offsets_field(offsets: np.ndarray) -> PendingOffsets:
+    """Arrow's ``offsets`` (n + 1 values) rebased to start at 0 and widened to int64 as the
+    stager writes them into the slot: no array made or pass run on the fetch thread."""
+    offsets = np.ascontiguousarray(offsets)
+    return PendingOffsets([offsets], [0], [len(offsets)], [-int(offsets[0]) if len(offsets) else 0])
 
 
-def _bytes(arr: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
+def _chained(fields: list) -> PendingOffsets:
+    """The offsets of several chunks' ``PendingOffsets`` (each from 0) as one field: each
+    chunk's after the first without its leading 0, shifted by the values before it."""
+    sources, starts, counts, shifts, at = [], [], [], [], 0
+    for k, field in enumerate(fields):
+        for i, (source, start, count, shift) in enumerate(zip(field.sources, field.starts, field.counts, field.shifts)):
+            skip = 1 if k and not i else 0
+            sources.append(source)
+            starts.append(start + skip)
+            counts.append(count - skip)
+            shifts.append(shift + at)
+        last = len(field.sources) - 1
+        at += int(field.sources[last][field.starts[last] + field.counts[last] - 1]) + field.shifts[last]
+    return PendingOffsets(sources, starts, counts, shifts)
+
+
+def _bytes(arr: pa.Array) -> tuple[torch.Tensor, PendingOffsets]:
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
     _, offsets_buf, data_buf = arr.buffers()
     offsets = _buffer_view(offsets_buf, np.int64 if large else np.int32, arr.offset, len(arr) + 1)
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    return _ragged(data, offsets)
+    base, end = (int(offsets[0]), int(offsets[-1])) if len(offsets) else (0, 0)
+    return _tensor(data[base:end]), _offsets_field(offsets)
 
 
 def columns_to_tensors(path: str, specs: list, table: pa.Table) -> dict:
@@ -103,24 +112,12 @@ def _column_tensors(path: str, spec: ColumnSpec, column: pa.ChunkedArray) -> dic
 
 
 def _join(parts: list) -> dict:
-    """The tensors of one column's chunks as one field each: values as a ``PendingConcat``,
-    offsets rebased onto one another, masks joined (n bytes). numpy, not torch: torch's
-    intra-op threads spin against the decode threads on these small joins (ms each)."""
+    """The tensors of one column's chunks as one field each: values and masks as a
+    ``PendingConcat``, offsets rebased onto one another as the stager writes them."""
     out = {}
     for key in parts[0]:
         pieces = [part[key] for part in parts]
-        if key.endswith("__offsets"):
-            joined = _empty(sum(len(p) - 1 for p in pieces) + 1, np.int64)
-            joined[0], start = 0, 1
-            for piece in pieces:
-                values = piece.numpy()[1:]
-                np.add(values, joined[start - 1], out=joined[start : start + len(values)])
-                start += len(values)
-            out[key] = torch.from_numpy(joined)
-        elif key.endswith("__valid"):
-            out[key] = torch.from_numpy(np.concatenate([p.numpy() for p in pieces]))
-        else:
-            out[key] = PendingConcat(pieces)
+        out[key] = _chained(pieces) if isinstance(pieces[0], PendingOffsets) else PendingConcat(pieces)
     return out
 
 
@@ -171,10 +168,7 @@ def _list_tensors(path: str, spec: ColumnSpec, arr: pa.Array, out: dict) -> None
     if spec.kind == "fixed_list":
         out[spec.name] = tensor.view(len(arr), spec.width)
     else:
-        out[spec.name], out[spec.name + "__offsets"] = (
-            tensor,
-            torch.from_numpy(np.subtract(offsets, int(offsets[0]), out=_empty(len(offsets), np.int64), dtype=np.int64)),
-        )
+        out[spec.name], out[spec.name + "__offsets"] = tensor, _offsets_field(offsets)
 
 
 # -- a decoded row group's columns, made once; batches of consecutive rows cut from them ---
