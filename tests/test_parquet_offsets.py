@@ -144,3 +144,22 @@ def test_arrow_route_chains_the_offsets_of_sliced_chunks(tmp_path, backend, mask
     shuffled = dataset.batch(np.random.default_rng(0).permutation(400)[:123])  # a gathered batch
     assert shuffled["word__offsets"].dtype == torch.int64 and int(shuffled["word__offsets"][0]) == 0
     dataset.close()
+
+
+def test_engine_rebase_offsets_checks_every_piece_before_writing():
+    if staging._native_rebase is None:
+        pytest.skip("torch_fastload._C is not built")
+    source = np.array([7, 9, 20], dtype=np.int32)
+    out = np.full(4, -1, dtype=np.int64)
+    dst, src = out.ctypes.data, source.ctypes.data
+    assert staging._native_rebase([dst, dst + 24], [src, src], [3, 1], [-7, 100], [4, 4], 2) == 32
+    assert out.tolist() == [0, 2, 13, 107]
+    with pytest.raises(ValueError, match="src_widths must be 4 or 8"):
+        staging._native_rebase([dst], [src], [3], [0], [2], 1)
+    with pytest.raises(ValueError, match="count must be >= 0"):
+        staging._native_rebase([dst], [src], [-1], [0], [4], 1)
+    with pytest.raises(ValueError, match="same length"):
+        staging._native_rebase([dst], [src], [3, 1], [0], [4], 1)
+    with pytest.raises(ValueError, match="non-null"):
+        staging._native_rebase([0], [src], [3], [0], [4], 1)
+    assert out.tolist() == [0, 2, 13, 107]  # refused calls wrote nothing
