@@ -163,3 +163,26 @@ def test_engine_rebase_offsets_checks_every_piece_before_writing():
     with pytest.raises(ValueError, match="non-null"):
         staging._native_rebase([0], [src], [3], [0], [4], 1)
     assert out.tolist() == [0, 2, 13, 107]  # refused calls wrote nothing
+
+
+def test_read_only_arrow_buffers_never_warn_in_a_fresh_process(tmp_path):
+    """torch warns once a process about tensors over read-only arrays; the source hides that
+    once, without catch_warnings on every column (costly, and racy across decode threads)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "t.parquet"
+    table = ragged_table(300).append_column("code", pa.array([f"c{i % 7}" for i in range(300)]))
+    pq.write_table(table, path, row_group_size=64)
+    script = (
+        "import sys, numpy as np\n"
+        "from torch_fastload.sources import ParquetDataset\n"
+        "d = ParquetDataset(sys.argv[1], threads=2, dictionary_columns=['code'])\n"
+        "for rows in (range(0, 100), np.arange(300)[::-3], range(150, 300)):\n"
+        "    d.batch(rows)\n"
+        "d.close()\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", script, str(path)], capture_output=True, text=True
+    )
+    assert res.returncode == 0 and "not writable" not in res.stderr, res.stderr[-3000:]

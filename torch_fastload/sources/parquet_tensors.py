@@ -34,11 +34,12 @@ def _tensor(values: np.ndarray) -> torch.Tensor:
     process: only the first call hides it. ``catch_warnings`` on every call cost the decode
     threads ~5 us of GIL each (and swaps the process's filters under the other threads)."""
     global _read_only_warned
-    if _read_only_warned:
-        return torch.from_numpy(np.ascontiguousarray(values))
+    values = np.ascontiguousarray(values)
+    if _read_only_warned or values.flags.writeable:
+        return torch.from_numpy(values)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        tensor = torch.from_numpy(np.ascontiguousarray(values))
+        tensor = torch.from_numpy(values)
     _read_only_warned = True
     return tensor
 
