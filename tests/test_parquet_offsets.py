@@ -107,14 +107,16 @@ def test_range_batches_across_row_groups_equal_pyarrow_through_the_slot(tmp_path
     dataset.close()
 
 
-def test_loader_batches_of_ragged_columns_equal_pyarrow(tmp_path, backend):
+def test_loader_batches_of_ragged_columns_equal_pyarrow(tmp_path, backend, device="cpu"):
     path = tmp_path / "ragged.parquet"
     pq.write_table(ragged_table(1000, seed=1), path, row_group_size=96)
     reference = pq.read_table(path)
     dataset = ParquetDataset(path, threads=2, masks="always")
-    loader = DataLoader(dataset, batch_sampler=ParquetSampler(dataset, shuffle=False).batches(150), device="cpu")
+    loader = DataLoader(dataset, batch_sampler=ParquetSampler(dataset, shuffle=False).batches(150), device=device)
     first = 0
     for batch in loader:
+        assert all(t.device.type == device for t in batch.values())
+        batch = {key: t.cpu() for key, t in batch.items()}
         rows = reference.slice(first, len(batch["id"]))
         assert batch["id"].tolist() == list(range(first, first + len(batch["id"])))
         for spec in dataset.plan.columns:
@@ -124,6 +126,12 @@ def test_loader_batches_of_ragged_columns_equal_pyarrow(tmp_path, backend):
         first += len(batch["id"])
     assert first == 1000
     dataset.close()
+
+
+@pytest.mark.cuda
+def test_loader_batches_of_ragged_columns_equal_pyarrow_on_the_gpu(tmp_path, backend):
+    """Through the pinned slot: the offsets rebased there, then copied to the device."""
+    test_loader_batches_of_ragged_columns_equal_pyarrow(tmp_path, backend, device="cuda")
 
 
 @pytest.mark.parametrize("masks", ["auto", "always"])

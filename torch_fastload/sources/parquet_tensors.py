@@ -31,7 +31,7 @@ _read_only_warned = False
 def _tensor(values: np.ndarray) -> torch.Tensor:
     """A tensor over ``values`` without a copy. Arrow's buffers are read-only; the loader only
     reads them (the stager copies them into the pinned slot). torch warns about that once a
-    process: only the first call hides it. ``catch_warnings`` on every call cost the decode
+    process: only the first read-only array's call hides it. ``catch_warnings`` on every call cost the decode
     threads ~5 us of GIL each (and swaps the process's filters under the other threads)."""
     global _read_only_warned
     values = np.ascontiguousarray(values)
