@@ -194,3 +194,22 @@ def test_read_only_arrow_buffers_never_warn_in_a_fresh_process(tmp_path):
         [sys.executable, "-W", "error::UserWarning", "-c", script, str(path)], capture_output=True, text=True
     )
     assert res.returncode == 0 and "not writable" not in res.stderr, res.stderr[-3000:]
+
+
+def test_a_dataset_left_open_at_interpreter_exit_prints_no_traceback(tmp_path):
+    """Decodes finishing while the interpreter exits start no read-ahead (its pool is shut)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(ragged_table(3000), path, row_group_size=64)
+    script = (
+        "import sys\n"
+        "from torch_fastload.sources import ParquetDataset, ParquetSampler\n"
+        "d = ParquetDataset(sys.argv[1], threads=2)\n"
+        "sampler = ParquetSampler(d, shuffle=False)\n"
+        "d.__fastload_batch__(next(iter(sampler.batches(100))))\n"
+    )
+    for _ in range(3):
+        res = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
