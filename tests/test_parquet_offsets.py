@@ -213,3 +213,16 @@ def test_a_dataset_left_open_at_interpreter_exit_prints_no_traceback(tmp_path):
     for _ in range(3):
         res = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True)
         assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+
+
+def test_a_batch_of_one_row_group_hands_out_masks_of_its_own(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(ragged_table(200), path, row_group_size=100)
+    dataset = ParquetDataset(path, threads=2, masks="always")
+    first = dataset.batch(range(0, 50))
+    want_id, want_word = first["id__valid"].clone(), first["word__valid"].clone()
+    first["id__valid"].fill_(False)  # the user's batch is theirs to change
+    first["word__valid"].fill_(False)
+    again = dataset.batch(range(0, 50))
+    assert torch.equal(again["id__valid"], want_id) and torch.equal(again["word__valid"], want_word)
+    dataset.close()

@@ -294,7 +294,7 @@ def range_tensors(path: str, specs: list, spans: list, table_of) -> dict:
                 column.mask[start:stop] if column.mask is not None else _ones(stop - start)
                 for column, start, stop in parts
             ]
-            out[name + "__valid"] = masks[0] if len(masks) == 1 else PendingConcat(masks)
+            out[name + "__valid"] = PendingConcat(masks)  # never a view of shared ones or the row group's
     return out
 
 
