@@ -4,7 +4,9 @@ Times ``ParquetDataset.__fastload_batch__`` on consecutive-row batches and the s
 each batch into one buffer, in three settings: row groups decoded beforehand (the fetch alone),
 the same beside ``--hogs`` threads running Python (GIL contention like the decode threads'),
 and a live epoch (decode running, as in the loader). Prints ms a batch and, for the first
-setting, the functions the fetch spends its time in (cProfile).
+setting, the functions the fetch spends its time in (cProfile). ``--device``: also the loader's
+epoch to that device over the row groups decoded beforehand (its pipeline's pace without
+decode: fetch, stage, copy).
 
     python benchmarks/parquet_fetch_probe.py --rows 1000000 --compression none --threads 16
 """
@@ -61,6 +63,25 @@ def python_hog(stop: threading.Event) -> None:
         time.sleep(0)
 
 
+def loader_pass(dataset, ranges, device: torch.device) -> dict:
+    """GB/s of the loader's second epoch (the first sets up its pool) over decoded row groups."""
+    from torch_fastload import DataLoader
+
+    loader = DataLoader(dataset, batch_sampler=ranges, device=device)
+    for _ in range(2):  # the first epoch sets up the pool
+        loader.stats(reset=True)
+        started, nbytes = time.perf_counter(), 0
+        for batch in loader:
+            nbytes += sum(t.numel() * t.element_size() for t in batch.values())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - started
+    stats = loader.stats()
+    loader.close()
+    split = {k: 1e3 * v / len(ranges) for k, v in stats.stage_s.items() if v}
+    return {"GB/s": nbytes / seconds / 1e9, **split}
+
+
 def line(label: str, r: dict) -> str:
     return f"{label:34s} " + "  ".join(f"{k} {v:6.3f}" for k, v in r.items()) + "  ms/batch"
 
@@ -77,6 +98,7 @@ def main() -> None:
     p.add_argument("--hogs", type=int, default=2, help="Python threads beside the warm fetch")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="cProfile the warm fetch")
+    p.add_argument("--device", default=None, help="also the loader's epoch to this device (decoded beforehand)")
     args = p.parse_args()
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     path = write_alert(Path(args.dir), args.rows, args.compression, args.row_group_rows)
@@ -106,6 +128,10 @@ def main() -> None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
         print("\n".join(text.getvalue().splitlines()[-26:]), flush=True)
+    if args.device:
+        for _ in range(args.repeat):
+            r = loader_pass(dataset, ranges, torch.device(args.device))
+            print(line(f"loader to {args.device}, decoded beforehand", r), flush=True)
     dataset.close()
     for _ in range(args.repeat):
         live = ParquetDataset(path, threads=args.threads)

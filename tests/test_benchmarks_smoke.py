@@ -312,10 +312,10 @@ def test_parquet_h2d_baseline_copies_each_buffer_of_a_profile_file_once(tmp_path
 def test_parquet_fetch_probe(tmp_path):
     cmd = [sys.executable, str(REPO / "benchmarks" / "parquet_fetch_probe.py"), "--dir", str(tmp_path)]
     cmd += ["--rows", "6000", "--row-group-rows", "1024", "--batch-rows", "1500", "--threads", "2", "--hogs", "1"]
-    res = subprocess.run(
-        cmd + ["--repeat", "1", "--profile"], cwd=str(REPO), capture_output=True, text=True, timeout=300
-    )
+    cmd += ["--repeat", "1", "--profile", "--device", "cpu"]
+    res = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
+    assert "GB/s" in res.stdout.split("loader to cpu, decoded beforehand")[1].splitlines()[0]
     for setting in ("warm (decoded beforehand)", "warm beside 1 Python threads", "live (decoding as it fetches)"):
         assert setting in res.stdout and "tensors" in res.stdout.split(setting)[1].splitlines()[0], setting
     assert "range_tensors" in res.stdout  # the profile names the fetch's functions
