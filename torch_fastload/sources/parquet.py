@@ -228,7 +228,8 @@ class ParquetDataset(Dataset):
 
     def __fastload_batch__(self, indices) -> dict:
         """The batch dict of rows ``indices``: decoded whole, no per-row Python. A column whose
-        rows span row groups is a ``PendingConcat`` of their buffers (``batch()`` joins it)."""
+        rows span row groups is a ``PendingConcat`` of their buffers, string/list offsets are
+        ``PendingOffsets`` rebased as the stager writes them (``batch()`` joins both)."""
         index = self._check(indices)
         if not len(index):
             return self.collate([])
