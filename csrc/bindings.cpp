@@ -10,6 +10,7 @@
 #include "image_probe.h"
 #include "jpeg_decode.h"
 #include "mapped_file.h"
+#include "offsets.h"
 #include "engine.h"
 #include "py_arrays.h"
 #include "sampler.h"
@@ -155,6 +156,15 @@ int64_t copy_ranges(const I64Array& dst_ptrs, const I64Array& src_ptrs, const I6
                        len = to_vector(sizes, "sizes");
   py::gil_scoped_release nogil;
   return tfl::copy_ranges(dst, src, len, num_threads, task_size, streaming);
+}
+
+int64_t rebase_offsets(const I64Array& dst_ptrs, const I64Array& src_ptrs, const I64Array& counts,
+                       const I64Array& shifts, const I64Array& src_widths, int num_threads) {
+  std::vector<int64_t> dst = to_vector(dst_ptrs, "dst_ptrs"), src = to_vector(src_ptrs, "src_ptrs"),
+                       count = to_vector(counts, "counts"), shift = to_vector(shifts, "shifts"),
+                       width = to_vector(src_widths, "src_widths");
+  py::gil_scoped_release nogil;
+  return tfl::rebase_offsets(dst, src, count, shift, width, num_threads);
 }
 
 // A CSR graph's arrays held through the buffer protocol, in place (no copy: they can be GBs),
@@ -313,6 +323,11 @@ PYBIND11_MODULE(_C, m) {
         "memcpy(dst_ptrs[i], src_ptrs[i], sizes[i]) for every i on the pool; ranges must not overlap.\n"
         "streaming=True uses non-temporal stores (for destinations the CPU does not read next).\n"
         "Returns the total bytes copied.");
+  m.def("rebase_offsets", &rebase_offsets, py::arg("dst_ptrs"), py::arg("src_ptrs"), py::arg("counts"),
+        py::arg("shifts"), py::arg("src_widths"), py::arg("num_threads") = 16,
+        "int64 dst_ptrs[i][k] = src_ptrs[i][k] + shifts[i] for k < counts[i], src read as int32 or int64\n"
+        "(src_widths[i] 4 or 8): Arrow offsets rebased and widened into the slot, GIL released.\n"
+        "Returns the bytes written.");
   py::class_<tfl::DeviceStager>(m, "DeviceStager",
                                  "File ranges into GPU memory through a ring of pinned chunks that stays in\n"
                                  "the CPU cache: pread into a chunk, H2D on the caller's stream, event-guarded reuse.")

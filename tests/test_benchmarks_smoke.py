@@ -307,3 +307,15 @@ def test_parquet_h2d_baseline_copies_each_buffer_of_a_profile_file_once(tmp_path
     run = bench.read_table_h2d(path, bench.torch.device("cpu"), best["use_threads"], best["buffer_bytes"])
     assert table.nbytes <= run["copied_bytes"] <= table.nbytes * 1.01  # every byte once, none twice
     assert run["gbps"] > 0
+
+
+def test_parquet_fetch_probe(tmp_path):
+    cmd = [sys.executable, str(REPO / "benchmarks" / "parquet_fetch_probe.py"), "--dir", str(tmp_path)]
+    cmd += ["--rows", "6000", "--row-group-rows", "1024", "--batch-rows", "1500", "--threads", "2", "--hogs", "1"]
+    cmd += ["--repeat", "1", "--profile", "--device", "cpu"]
+    res = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "GB/s" in res.stdout.split("loader to cpu, decoded beforehand")[1].splitlines()[0]
+    for setting in ("warm (decoded beforehand)", "warm beside 1 Python threads", "live (decoding as it fetches)"):
+        assert setting in res.stdout and "tensors" in res.stdout.split(setting)[1].splitlines()[0], setting
+    assert "range_tensors" in res.stdout  # the profile names the fetch's functions

@@ -29,6 +29,7 @@ __all__ = [
     "PendingGather",
     "PendingRead",
     "PendingConcat",
+    "PendingOffsets",
     "materialize",
     "gather_rows",
     "deferred_collate",
@@ -92,9 +93,52 @@ class PendingConcat(Pending):
         self.dtype = first.dtype
 
 
+class PendingOffsets(Pending):
+    """The int64 offsets of a ragged field (strings, lists) whose rows come from several Arrow
+    arrays: piece ``i`` is ``sources[i][starts[i] : starts[i] + counts[i]] + shifts[i]``, its
+    int32 or int64 values widened and rebased as they are written into the slot (by the
+    engine, without the GIL), never joined in pageable memory first. ``sources``: 1-D numpy
+    arrays (Arrow's offsets buffers, read only)."""
+
+    __slots__ = ("sources", "starts", "counts", "shifts")
+
+    def __init__(self, sources: list, starts: list, counts: list, shifts: list):
+        if not (len(sources) == len(starts) == len(counts) == len(shifts)):
+            raise ValueError("sources, starts, counts and shifts of a PendingOffsets differ in length")
+        for source, start, count in zip(sources, starts, counts):
+            if source.dtype not in (np.int32, np.int64) or source.ndim != 1 or not source.flags.c_contiguous:
+                raise ValueError(
+                    f"a PendingOffsets source must be a contiguous 1-D int32/int64 array, got {source.dtype}"
+                )
+            if start < 0 or count < 0 or start + count > len(source):
+                raise ValueError(f"offsets [{start}, {start + count}) are outside a source of {len(source)}")
+        self.sources, self.starts, self.counts, self.shifts = list(sources), list(starts), list(counts), list(shifts)
+        self.shape = (sum(self.counts),)
+        self.dtype = torch.int64
+
+    def write_into(self, out: np.ndarray) -> None:
+        """The offsets into ``out`` (int64, ``shape``), in numpy."""
+        at = 0
+        for source, start, count, shift in zip(self.sources, self.starts, self.counts, self.shifts):
+            np.add(source[start : start + count], shift, out=out[at : at + count], dtype=np.int64)
+            at += count
+
+    def join(self) -> torch.Tensor:
+        out = np.empty(self.shape, dtype=np.int64)
+        self.write_into(out)
+        return torch.from_numpy(out)
+
+
+def _joined(field):
+    if isinstance(field, PendingConcat):
+        return torch.cat(field.tensors)
+    return field.join() if isinstance(field, PendingOffsets) else field
+
+
 def materialize(batch: Any) -> Any:
-    """``batch`` with its ``PendingConcat`` fields joined into plain tensors (outside the loader)."""
-    return map_batch(lambda f: torch.cat(f.tensors) if isinstance(f, PendingConcat) else f, batch)
+    """``batch`` with its ``PendingConcat`` and ``PendingOffsets`` fields joined into plain
+    tensors (outside the loader)."""
+    return map_batch(_joined, batch)
 
 
 class PendingRead(Pending):
@@ -334,7 +378,7 @@ class ParallelCopier:
         ``PendingRead`` fields are not copied here: an I/O backend (``io.Reader``) reads them."""
         capacity = dst.numel()
         total = 0
-        contiguous, gathers, fallback = [], [], []
+        contiguous, gathers, fallback, offsets = [], [], [], []
         for offset, src in items:
             nbytes = _nbytes(src.shape, src.dtype)
             if offset < 0 or offset + nbytes > capacity:
@@ -344,7 +388,9 @@ class ParallelCopier:
             if not nbytes or isinstance(src, PendingRead):
                 continue
             total += nbytes
-            if isinstance(src, PendingGather):
+            if isinstance(src, PendingOffsets):
+                offsets.append((offset, src))
+            elif isinstance(src, PendingGather):
                 (
                     gathers
                     if self.native and _plain_contiguous(src.source) and src.source.device.type == "cpu"
@@ -359,6 +405,8 @@ class ParallelCopier:
             self._native_copy(dst.data_ptr(), contiguous, gathers, threads)
         else:
             self._numpy_copy(dst, contiguous, total, threads)
+        if offsets:
+            self._rebase(dst, offsets, threads)
         for offset, src in fallback:
             view = dst[offset : offset + _nbytes(src.shape, src.dtype)]
             view = view.view(src.dtype).view(src.shape)
@@ -390,6 +438,27 @@ class ParallelCopier:
                 _MIN_CHUNK * 2,
                 self.nontemporal,
             )
+
+    def _rebase(self, dst: torch.Tensor, fields: list, threads: int) -> None:
+        """Every ``PendingOffsets`` field widened and rebased into ``dst``: one engine call
+        for the batch (GIL released), else numpy."""
+        if _native_rebase is None:
+            flat = dst.numpy()
+            for offset, field in fields:
+                field.write_into(flat[offset : offset + 8 * field.shape[0]].view(np.int64))
+            return
+        dsts, srcs, counts, shifts, widths = [], [], [], [], []
+        base = dst.data_ptr()
+        for offset, field in fields:
+            at = base + offset
+            for source, start, count, shift in zip(field.sources, field.starts, field.counts, field.shifts):
+                dsts.append(at)
+                srcs.append(source.ctypes.data + start * source.itemsize)
+                counts.append(count)
+                shifts.append(shift)
+                widths.append(source.itemsize)
+                at += 8 * count
+        _native_rebase(dsts, srcs, counts, shifts, widths, threads)
 
     def _numpy_copy(self, dst: torch.Tensor, contiguous: list, total: int, threads: int) -> None:
         dst_np = dst.numpy()
@@ -427,3 +496,7 @@ try:
     from ._C import copy_ranges as _native_copy
 except ImportError:  # running from a source tree without the built extension
     _native_copy = None
+try:
+    from ._C import rebase_offsets as _native_rebase
+except ImportError:  # an extension built before rebase_offsets, or none
+    _native_rebase = None

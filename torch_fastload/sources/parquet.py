@@ -178,11 +178,13 @@ class ParquetDataset(Dataset):
 
     def read_table(self, indices) -> pa.Table:
         """Rows ``indices`` (in that order) as an Arrow table of the selected columns."""
-        return self._table(self._check(indices))[0]
+        table, _, spans = self._table(self._check(indices))
+        return table() if spans is not None else table
 
-    def _table(self, index: np.ndarray | range) -> tuple[pa.Table, int, list | None]:
+    def _table(self, index: np.ndarray | range) -> tuple:
         """(rows ``index`` as a table, the file of the first one, and for consecutive rows the
-        spans of ``range_tensors``, else None): the batch in Arrow."""
+        spans of ``range_tensors``, else None): the batch in Arrow. For consecutive rows the
+        table is a function making it: their batches need it only for unprepared columns."""
         if not len(index):
             return self.plan.schema.empty_table(), 0, None
         if isinstance(index, range):  # consecutive rows (``_check``)
@@ -200,20 +202,24 @@ class ParquetDataset(Dataset):
         local = index - (self.plan.starts[:-1] - base)[groups]
         return self._reader().take(table, local), file, None
 
-    def _range(self, first: int, n: int) -> tuple[pa.Table, int, list]:
+    def _range(self, first: int, n: int) -> tuple:
         """Rows ``first .. first + n - 1`` (in order): slices of the row groups, no gather."""
         lo, hi = np.searchsorted(self.plan.starts, [first, first + n - 1], side="right") - 1
         groups = list(range(int(lo), int(hi) + 1))
         decoded = self._reader().get(groups, self._ahead(np.asarray(groups)))
-        table = decoded[0].table if len(decoded) == 1 else pa.concat_tables([d.table for d in decoded])
-        start = first - int(self.plan.starts[lo])
-        spans, left = [], n
+        skip = first - int(self.plan.starts[lo])
+
+        def table() -> pa.Table:
+            whole = decoded[0].table if len(decoded) == 1 else pa.concat_tables([d.table for d in decoded])
+            return whole.slice(skip, n)
+
+        spans, left, start = [], n, skip
         for group in decoded:
             stop = min(group.table.num_rows, start + left)
             spans.append((group.columns, start, stop))
             left -= stop - start
             start = 0
-        return table.slice(first - int(self.plan.starts[lo]), n), self.plan.row_groups[int(lo)].file, spans
+        return table, self.plan.row_groups[int(lo)].file, spans
 
     # -- the protocol -------------------------------------------------------------------
     def batch(self, indices) -> dict:
@@ -222,7 +228,8 @@ class ParquetDataset(Dataset):
 
     def __fastload_batch__(self, indices) -> dict:
         """The batch dict of rows ``indices``: decoded whole, no per-row Python. A column whose
-        rows span row groups is a ``PendingConcat`` of their buffers (``batch()`` joins it)."""
+        rows span row groups is a ``PendingConcat`` of their buffers, string/list offsets are
+        ``PendingOffsets`` rebased as the stager writes them (``batch()`` joins both)."""
         index = self._check(indices)
         if not len(index):
             return self.collate([])

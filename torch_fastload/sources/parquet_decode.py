@@ -233,7 +233,10 @@ class RowGroupCache:
                 if self.held + room > self.cache_bytes:
                     break  # it would only push out a row group decoded ahead, to be decoded again
             if index not in self.entries:
-                self._start(index)
+                try:
+                    self._start(index)
+                except RuntimeError:  # the pool was shut down (interpreter exit): nothing is read ahead
+                    return
 
     def _evict(self, keep: int, room: int = 0, behind_only: bool = False) -> None:
         """Drop decoded row groups until the cache fits (with ``room`` bytes to spare), least

@@ -3,8 +3,9 @@
 Two routes: ``columns_to_tensors`` turns any table (a shuffled batch's gathered rows) into
 tensors chunk by chunk; ``prepare_row_group`` makes each decoded row group's tensors and
 numpy views once, on its decode thread, and ``range_tensors`` cuts a batch of consecutive rows
-from them with a slice per row group and one numpy op per ragged column, so the serial fetch
-of an unshuffled batch does no Arrow work per column.
+from them with a slice per row group, so the serial fetch of an unshuffled batch does no Arrow
+work and moves no bytes. Both leave string/list offsets as ``PendingOffsets``: the stager
+rebases and widens them to int64 as it writes the slot, in C++ without the GIL.
 """
 
 from __future__ import annotations
@@ -18,26 +19,29 @@ import pyarrow.compute as pc
 import torch
 
 from ..errors import ParquetDecodeError
-from ..staging import PendingConcat
+from ..staging import PendingConcat, PendingOffsets
 from .parquet_plan import ColumnSpec
 
 __all__ = ["columns_to_tensors", "prepare_row_group", "range_tensors"]
 
 
+_read_only_warned = False
+
+
 def _tensor(values: np.ndarray) -> torch.Tensor:
     """A tensor over ``values`` without a copy. Arrow's buffers are read-only; the loader only
-    reads them (the stager copies them into the pinned slot)."""
+    reads them (the stager copies them into the pinned slot). torch warns about that once a
+    process: only the first read-only array's call hides it. ``catch_warnings`` on every call cost the decode
+    threads ~5 us of GIL each (and swaps the process's filters under the other threads)."""
+    global _read_only_warned
+    values = np.ascontiguousarray(values)
+    if _read_only_warned or values.flags.writeable:
+        return torch.from_numpy(values)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(np.ascontiguousarray(values))
-
-
-def _empty(length: int, numpy_dtype) -> np.ndarray:
-    """A writable array in Arrow's memory pool, which keeps freed pages for the next batch: numpy's
-    fresh arrays of this size are mapped anew by malloc each batch, and their first-touch page
-    faults cost more than the values written into them (most of a batch's fetch)."""
-    dtype = np.dtype(numpy_dtype)
-    return np.frombuffer(pa.allocate_buffer(length * dtype.itemsize), dtype=dtype)
+        tensor = torch.from_numpy(values)
+    _read_only_warned = True
+    return tensor
 
 
 def _buffer_view(buf, numpy_dtype, offset: int, length: int) -> np.ndarray:
@@ -67,19 +71,36 @@ def _zero_nulls(values: np.ndarray, arr: pa.Array) -> np.ndarray:
     return np.where(_validity(arr), values, values.dtype.type(0))
 
 
-def _ragged(values: np.ndarray, offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    base = int(offsets[0]) if len(offsets) else 0
-    data = _tensor(values[base : int(offsets[-1])] if len(offsets) else values[:0])
-    rebased = np.subtract(offsets, base, out=_empty(len(offsets), np.int64), dtype=np.int64)  # one pass: widen
-    return data, torch.from_numpy(rebased)
+def _offsets_field(offsets: np.ndarray) -> PendingOffsets:
+    """Arrow's ``offsets`` (n + 1 values) rebased to start at 0 and widened to int64 as the
+    stager writes them into the slot: no array made or pass run on the fetch thread."""
+    offsets = np.ascontiguousarray(offsets)
+    return PendingOffsets([offsets], [0], [len(offsets)], [-int(offsets[0]) if len(offsets) else 0])
 
 
-def _bytes(arr: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
+def _chained(fields: list) -> PendingOffsets:
+    """The offsets of several chunks' ``PendingOffsets`` (each from 0) as one field: each
+    chunk's after the first without its leading 0, shifted by the values before it."""
+    sources, starts, counts, shifts, at = [], [], [], [], 0
+    for k, field in enumerate(fields):
+        for i, (source, start, count, shift) in enumerate(zip(field.sources, field.starts, field.counts, field.shifts)):
+            skip = 1 if k and not i else 0
+            sources.append(source)
+            starts.append(start + skip)
+            counts.append(count - skip)
+            shifts.append(shift + at)
+        last = len(field.sources) - 1
+        at += int(field.sources[last][field.starts[last] + field.counts[last] - 1]) + field.shifts[last]
+    return PendingOffsets(sources, starts, counts, shifts)
+
+
+def _bytes(arr: pa.Array) -> tuple[torch.Tensor, PendingOffsets]:
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
     _, offsets_buf, data_buf = arr.buffers()
     offsets = _buffer_view(offsets_buf, np.int64 if large else np.int32, arr.offset, len(arr) + 1)
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    return _ragged(data, offsets)
+    base, end = (int(offsets[0]), int(offsets[-1])) if len(offsets) else (0, 0)
+    return _tensor(data[base:end]), _offsets_field(offsets)
 
 
 def columns_to_tensors(path: str, specs: list, table: pa.Table) -> dict:
@@ -103,24 +124,12 @@ def _column_tensors(path: str, spec: ColumnSpec, column: pa.ChunkedArray) -> dic
 
 
 def _join(parts: list) -> dict:
-    """The tensors of one column's chunks as one field each: values as a ``PendingConcat``,
-    offsets rebased onto one another, masks joined (n bytes). numpy, not torch: torch's
-    intra-op threads spin against the decode threads on these small joins (ms each)."""
+    """The tensors of one column's chunks as one field each: values and masks as a
+    ``PendingConcat``, offsets rebased onto one another as the stager writes them."""
     out = {}
     for key in parts[0]:
         pieces = [part[key] for part in parts]
-        if key.endswith("__offsets"):
-            joined = _empty(sum(len(p) - 1 for p in pieces) + 1, np.int64)
-            joined[0], start = 0, 1
-            for piece in pieces:
-                values = piece.numpy()[1:]
-                np.add(values, joined[start - 1], out=joined[start : start + len(values)])
-                start += len(values)
-            out[key] = torch.from_numpy(joined)
-        elif key.endswith("__valid"):
-            out[key] = torch.from_numpy(np.concatenate([p.numpy() for p in pieces]))
-        else:
-            out[key] = PendingConcat(pieces)
+        out[key] = _chained(pieces) if isinstance(pieces[0], PendingOffsets) else PendingConcat(pieces)
     return out
 
 
@@ -171,20 +180,19 @@ def _list_tensors(path: str, spec: ColumnSpec, arr: pa.Array, out: dict) -> None
     if spec.kind == "fixed_list":
         out[spec.name] = tensor.view(len(arr), spec.width)
     else:
-        out[spec.name], out[spec.name + "__offsets"] = (
-            tensor,
-            torch.from_numpy(np.subtract(offsets, int(offsets[0]), out=_empty(len(offsets), np.int64), dtype=np.int64)),
-        )
+        out[spec.name], out[spec.name + "__offsets"] = tensor, _offsets_field(offsets)
 
 
 # -- a decoded row group's columns, made once; batches of consecutive rows cut from them ---
 class _Column(NamedTuple):
     """One column of a decoded row group: ``values`` (rows, or the bytes/list values back to
-    back when ``offsets`` is set: the Arrow offsets, not rebased), ``valid`` (None: no nulls)."""
+    back when ``offsets`` is set: the Arrow offsets, not rebased, contiguous), ``valid`` (None:
+    no nulls) and ``mask``, the same as a tensor (or None)."""
 
     values: torch.Tensor
     offsets: np.ndarray | None
     valid: np.ndarray | None
+    mask: torch.Tensor | None
 
 
 def prepare_row_group(specs: list, table: pa.Table) -> tuple[list, int]:
@@ -238,17 +246,34 @@ def _prepare_column(spec: ColumnSpec, column: pa.ChunkedArray) -> _Column | None
             values = flat
     else:
         return None
-    return _Column(values, offsets, valid)
+    if offsets is not None:
+        offsets = np.ascontiguousarray(offsets)
+    return _Column(values, offsets, valid, torch.from_numpy(valid) if valid is not None else None)
 
 
-def range_tensors(path: str, specs: list, spans: list, table: pa.Table) -> dict:
+_ONES = torch.ones(0, dtype=torch.bool)
+
+
+def _ones(n: int) -> torch.Tensor:
+    """``n`` True values: a slice of one shared tensor (the loader only reads it)."""
+    global _ONES
+    if len(_ONES) < n:
+        _ONES = torch.ones(max(n, 2 * len(_ONES)), dtype=torch.bool)
+    return _ONES[:n]
+
+
+def range_tensors(path: str, specs: list, spans: list, table_of) -> dict:
     """The batch dict of consecutive rows: ``spans`` is (prepared columns of a row group, first
-    row, end row) for each row group they span, in order; ``table`` the same rows in Arrow, for
-    the columns not prepared. Same keys and values as ``columns_to_tensors(table)``."""
-    out = {}
+    row, end row) for each row group they span, in order; ``table_of()`` the same rows in Arrow,
+    for the columns not prepared (made only for those). Same keys and values as
+    ``columns_to_tensors(table)``: values and masks as ``PendingConcat``, offsets as
+    ``PendingOffsets``, rebased in the slot. The fetch itself does a few Python operations a
+    column: the bytes are moved by the stager, without the GIL, several fetches at once."""
+    out, table = {}, None
     for j, spec in enumerate(specs):
         parts = [(columns[j], start, stop) for columns, start, stop in spans if stop > start]
         if not parts or any(column is None for column, _, _ in parts):
+            table = table_of() if table is None else table
             out.update(_column_tensors(path, spec, table.column(j)))
             continue
         name = spec.name
@@ -266,25 +291,25 @@ def range_tensors(path: str, specs: list, spans: list, table: pa.Table) -> dict:
             out[name + "__offsets"] = offsets
         if spec.masked:
             masks = [
-                column.valid[start:stop] if column.valid is not None else np.ones(stop - start, dtype=bool)
+                column.mask[start:stop] if column.mask is not None else _ones(stop - start)
                 for column, start, stop in parts
             ]
-            out[name + "__valid"] = torch.from_numpy(np.concatenate(masks))
+            out[name + "__valid"] = PendingConcat(masks)  # never a view of shared ones or the row group's
     return out
 
 
-def _ragged_range(parts: list) -> tuple[list, torch.Tensor]:
+def _ragged_range(parts: list) -> tuple[list, PendingOffsets]:
     """The values of each row group's rows, and their offsets rebased onto one another and
-    widened to int64: one numpy op a row group."""
-    rows = sum(stop - start for _, start, stop in parts)
-    offsets = _empty(rows + 1, np.int64)
-    offsets[0], pieces, at = 0, [], 0
+    widened to int64 as the stager writes them (``PendingOffsets``)."""
+    pieces, sources, starts, counts, shifts = [], [], [], [], []
+    at = 0  # values of the batch before this row group's
     for column, start, stop in parts:
         low, high = int(column.offsets[start]), int(column.offsets[stop])
         pieces.append(column.values[low:high])
-        shift = low - int(offsets[at])
-        np.subtract(
-            column.offsets[start + 1 : stop + 1], shift, out=offsets[at + 1 : at + 1 + stop - start], dtype=np.int64
-        )
-        at += stop - start
-    return pieces, torch.from_numpy(offsets)
+        first = start if not sources else start + 1  # the batch's leading 0 comes from the first
+        sources.append(column.offsets)
+        starts.append(first)
+        counts.append(stop + 1 - first)
+        shifts.append(at - low)
+        at += high - low
+    return pieces, PendingOffsets(sources, starts, counts, shifts)

@@ -10,7 +10,9 @@ loader looks them up once per iterator (``hooks_of``); a dataset without
     what the default collate would return (tuple, list, dict, ...), with each field left as a
     read plan from ``torch_fastload.staging``: ``PendingRead`` (byte ranges of files, read by an
     ``io.Reader`` straight into the pinned slot or GPU memory), ``PendingGather`` (rows of an
-    in-memory tensor), or a plain CPU tensor (copied into the slot). Validate the indices here
+    in-memory tensor), ``PendingConcat`` (CPU tensors back to back), ``PendingOffsets`` (int32/
+    int64 offsets rebased and widened to int64 as they are written), or a plain CPU tensor
+    (copied into the slot). Validate the indices here
     and raise a typed error naming the file; the error reaches the batch's own ``next()``.
     Per-batch randomness comes from ``torch_fastload.resume.batch_key()``, never from a
     generator shared by threads, so a batch is the same whatever thread fetched it.
