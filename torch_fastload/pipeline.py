@@ -26,6 +26,7 @@ which only the consumer grants) would keep the dropped iterator alive, and so it
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import sys
 import threading
@@ -58,6 +59,7 @@ WORKER_COPY_THREADS = 2
 
 END = object()  # the fetch side is exhausted
 LIVE_PIPELINES: weakref.WeakSet = weakref.WeakSet()
+log = logging.getLogger("torch_fastload")
 
 
 @dataclass
@@ -184,6 +186,8 @@ class Pipeline:
                 self.stats.add_stage("fetch", time.perf_counter() - started, number=number)
                 if isinstance(batch, Exception):
                     batch = Failure(number, wrap(batch, "fetch", number))
+                else:
+                    self._read_ahead(batch)
                 if not self._put(self.fetched, (position, number, batch)):
                     return
                 batch = None  # NOTE [held batches]
@@ -191,6 +195,14 @@ class Pipeline:
             self._put(self.fetched, (position, None, END))
         except BaseException:
             self._put(self.fetched, (position, None, Fatal(capture("fetch thread"))))
+
+    def _read_ahead(self, batch) -> None:
+        """Its remote ranges requested now (``remote/ahead.py``): the stage threads read the
+        batches before it meanwhile. Never raises: the batch's own read meets any error."""
+        try:
+            self.stager.read_ahead(batch)
+        except Exception as exc:
+            log.debug("torch_fastload: batch not read ahead (%s)", exc)
 
     # -- stage threads --------------------------------------------------------------------
     def _stage_loop(self) -> None:
@@ -323,6 +335,7 @@ class Pipeline:
                 RuntimeWarning,
                 stacklevel=2,
             )
+        self.stager.cancel_read_ahead()  # the batches not staged: their requests are dropped
         if wait_for_copies:
             self.engine.synchronize(max(0.0, deadline - time.monotonic()))
         self.resources.copy_timer.count()

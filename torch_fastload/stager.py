@@ -19,8 +19,9 @@ from typing import Any, Callable
 import torch
 
 from .errors import PoolError
+from .remote.url import is_url
 from .resources import LoaderResources
-from .staging import ALIGN, PendingRead, plan_batch
+from .staging import ALIGN, PendingRead, pending_reads, plan_batch
 from .transfer import InFlightCopy
 
 __all__ = ["BatchStager", "StagedBatch"]
@@ -69,6 +70,23 @@ class BatchStager:
         if self.finish is not None:
             return self._stage_and_finish(number, batch)
         return self._stage_and_copy(number, batch)
+
+    def read_ahead(self, batch: Any) -> None:
+        """Request a fetched batch's remote ranges now, before its turn to be staged (the
+        fetch thread, ``remote/ahead.py``); a batch without URLs costs one walk of its fields."""
+        reads = [read for read in pending_reads(batch) if read.lengths.any()]
+        if not reads or not any(is_url(p) for read in reads for p in read.paths):
+            return
+        reader = self.resources.slot_reader() if self.finish is not None else self.resources.file_reader()
+        path = reader.path
+        reader.read_ahead(reads, owner=self)
+        if reader.path is not path:  # the first remote object: the path now says how they are read
+            self.stats.set_io(str(reader.path))
+
+    def cancel_read_ahead(self) -> None:
+        """Drop this iterator's read-ahead not taken by a stage (it is shutting down)."""
+        for reader in self.resources.readers():
+            reader.cancel_read_ahead(self)
 
     def _slot_hint(self) -> int:
         """A source's bound of a batch's slot bytes, where file fields land in the slot."""
