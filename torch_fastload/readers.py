@@ -140,13 +140,15 @@ class Reader:
         _check_pins(reads)  # after the read: a file replaced before or while it was read is caught
         return moved
 
-    def read_ahead(self, reads: list, owner=None) -> int:
+    def read_ahead(self, reads: list, owner=None) -> tuple[int, int]:
         """Request the remote ranges of a fetched batch's file fields (``PendingRead``s) before
-        its turn (``remote/ahead.py``); ``read`` takes them. Returns the fields started."""
+        its turn (``remote/ahead.py``); ``read`` takes them. Returns ``(bytes started, the
+        read-ahead budget)``."""
         if not any(is_url(p) for read in reads for p in read.paths):
-            return 0
-        remote = self._remote_reader()
-        return sum(remote.ahead.start(read, pinned=self.path.to_device, owner=owner) for read in reads)
+            return 0, 0
+        ahead = self._remote_reader().ahead
+        started = [read for read in reads if ahead.start(read, pinned=self.path.to_device, owner=owner)]
+        return sum(int(read.lengths.sum()) for read in started), ahead.budget
 
     def cancel_read_ahead(self, owner) -> None:
         """Drop ``owner``'s read-ahead entries not taken (an iterator shut down mid-epoch)."""

@@ -71,17 +71,19 @@ class BatchStager:
             return self._stage_and_finish(number, batch)
         return self._stage_and_copy(number, batch)
 
-    def read_ahead(self, batch: Any) -> None:
+    def read_ahead(self, batch: Any) -> tuple[int, int]:
         """Request a fetched batch's remote ranges now, before its turn to be staged (the
-        fetch thread, ``remote/ahead.py``); a batch without URLs costs one walk of its fields."""
+        fetch thread, ``remote/ahead.py``); a batch without URLs costs one walk of its fields.
+        Returns ``(bytes started, the read-ahead budget)``."""
         reads = [read for read in pending_reads(batch) if read.lengths.any()]
         if not reads or not any(is_url(p) for read in reads for p in read.paths):
-            return
+            return 0, 0
         reader = self.resources.slot_reader() if self.finish is not None else self.resources.file_reader()
         path = reader.path
-        reader.read_ahead(reads, owner=self)
+        started = reader.read_ahead(reads, owner=self)
         if reader.path is not path:  # the first remote object: the path now says how they are read
             self.stats.set_io(str(reader.path))
+        return started
 
     def cancel_read_ahead(self) -> None:
         """Drop this iterator's read-ahead not taken by a stage (it is shutting down)."""
