@@ -37,13 +37,14 @@ __all__ = ["AheadReads", "AheadEntry"]
 class AheadEntry:
     """One field's ranges in flight into ``buffer`` (packed back to back, as in the batch)."""
 
-    def __init__(self, read, buffer: torch.Tensor, futures: list, owner, release):
+    def __init__(self, read, buffer: torch.Tensor, nbytes: int, futures: list, owner, release, recycle):
         self.read = read  # held: its id is the key, never reused while the entry lives
-        self.buffer = buffer
+        self.buffer = buffer  # at least nbytes (a recycled one may be longer)
         self.futures = futures
         self.owner = owner
-        self.nbytes = buffer.numel()
+        self.nbytes = nbytes
         self._release = release
+        self._recycle = recycle
         self._released = False
 
     def copy_into(self, dst: torch.Tensor, at: int) -> int:
@@ -52,7 +53,10 @@ class AheadEntry:
             wait_all(self.futures)
         finally:
             self.release()
-        dst[at : at + self.nbytes].copy_(self.buffer, non_blocking=dst.device.type == "cuda")
+        on_gpu = dst.device.type == "cuda"
+        dst[at : at + self.nbytes].copy_(self.buffer[: self.nbytes], non_blocking=on_gpu)
+        if not on_gpu:  # copied already: the next entry may receive into it (no fresh pages)
+            self._recycle(self.buffer)
         return self.nbytes
 
     def cancel(self) -> None:
@@ -74,6 +78,7 @@ class AheadReads:
         self.reader = reader
         self.budget = budget
         self._entries: dict[int, AheadEntry] = {}
+        self._spare: list[torch.Tensor] = []  # host buffers copied out, to receive again
         self._held = 0
         self._closed = False
         self._lock = threading.Lock()
@@ -101,7 +106,7 @@ class AheadReads:
             if any(o.cache() is not None for o in objects):
                 raise LookupError("cached objects are read from the cache")
             check_ranges(objects, read.file_index, read.offsets, read.lengths)
-            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned and torch.cuda.is_available())
+            buffer = self._buffer(nbytes, pinned and torch.cuda.is_available())
             packed = np.zeros(len(read.lengths), dtype=np.int64)
             np.cumsum(read.lengths[:-1], out=packed[1:])
             self.reader.submit_host(
@@ -112,7 +117,7 @@ class AheadReads:
                 future.cancel()
             self._give_back(nbytes)
             return False
-        entry = AheadEntry(read, buffer, futures, owner, self._give_back)
+        entry = AheadEntry(read, buffer, nbytes, futures, owner, self._give_back, self._keep)
         with self._lock:
             closed = self._closed
             if not closed:
@@ -144,7 +149,32 @@ class AheadReads:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._spare.clear()
         self.cancel()
+
+    def _buffer(self, nbytes: int, pinned: bool) -> torch.Tensor:
+        """A host buffer of at least ``nbytes``: a spare one that fits (its pages already
+        mapped: a fresh 64 MiB buffer costs 16k page faults as it is written), else a new one.
+        Pinned buffers come from torch's caching host allocator, which guards their reuse with
+        the copies' events."""
+        if pinned:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        with self._lock:
+            fits = [b for b in self._spare if b.numel() >= nbytes]
+            if fits:
+                best = min(fits, key=lambda b: b.numel())
+                self._spare.remove(best)
+                return best
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def _keep(self, buffer: torch.Tensor) -> None:
+        """Keep a copied-out host buffer for the next entries, within the budget."""
+        with self._lock:
+            if self._closed:
+                return
+            self._spare.append(buffer)
+            while sum(b.numel() for b in self._spare) > self.budget:
+                self._spare.remove(min(self._spare, key=lambda b: b.numel()))
 
     def _give_back(self, nbytes: int) -> None:
         with self._lock:
