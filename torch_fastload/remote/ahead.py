@@ -160,11 +160,9 @@ class AheadReads:
         if pinned:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         with self._lock:
-            fits = [b for b in self._spare if b.numel() >= nbytes]
-            if fits:
-                best = min(fits, key=lambda b: b.numel())
-                self._spare.remove(best)
-                return best
+            fits = [i for i, b in enumerate(self._spare) if b.numel() >= nbytes]
+            if fits:  # the smallest that fits (by position: tensors compare element-wise)
+                return self._spare.pop(min(fits, key=lambda i: self._spare[i].numel()))
         return torch.empty(nbytes, dtype=torch.uint8)
 
     def _keep(self, buffer: torch.Tensor) -> None:
@@ -174,7 +172,7 @@ class AheadReads:
                 return
             self._spare.append(buffer)
             while sum(b.numel() for b in self._spare) > self.budget:
-                self._spare.remove(min(self._spare, key=lambda b: b.numel()))
+                self._spare.pop(min(range(len(self._spare)), key=lambda i: self._spare[i].numel()))
 
     def _give_back(self, nbytes: int) -> None:
         with self._lock:
