@@ -21,6 +21,7 @@ read, an iterator dropped mid-epoch) are cancelled by their owner (``cancel``) o
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
@@ -32,6 +33,8 @@ from .pool import AHEAD, wait_all
 from .url import is_url
 
 __all__ = ["AheadReads", "AheadEntry"]
+
+log = logging.getLogger("torch_fastload")
 
 
 class AheadEntry:
@@ -112,7 +115,8 @@ class AheadReads:
             self.reader.submit_host(
                 futures, buffer.numpy(), objects, read.file_index, read.offsets, read.lengths, packed, AHEAD
             )
-        except Exception:
+        except Exception as exc:  # the batch's own read meets (and raises) it in its turn
+            log.debug("torch_fastload: a batch's remote ranges were not read ahead (%s)", exc)
             for future in futures:
                 future.cancel()
             self._give_back(nbytes)
