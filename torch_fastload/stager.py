@@ -73,8 +73,10 @@ class BatchStager:
 
     def read_ahead(self, batch: Any) -> tuple[int, int]:
         """Request a fetched batch's remote ranges now, before its turn to be staged (the
-        fetch thread, ``remote/ahead.py``); a batch without URLs costs one walk of its fields.
+        fetch thread, ``remote/ahead.py``); only for a dataset that reads URLs.
         Returns ``(bytes started, the read-ahead budget)``."""
+        if not self.resources.settings.remote:  # the dataset names no URL: nothing to walk
+            return 0, 0
         reads = [read for read in pending_reads(batch) if read.lengths.any()]
         if not reads or not any(is_url(p) for read in reads for p in read.paths):
             return 0, 0
