@@ -323,6 +323,12 @@ def parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--skip-uncapped", action="store_true", help="only the capped grids")
     parser.add_argument("--skip-epochs", action="store_true", help="no cache-hit / local loader epochs")
     parser.add_argument(
+        "--loader-concurrency",
+        type=positive_int_list,
+        default=None,
+        help="requests in flight of the capped loader row [the --concurrency values from --uncapped-from up]",
+    )
+    parser.add_argument(
         "--loader-batch", type=parse_size, default=64 * MiB, help="bytes a batch in the capped loader row [64MiB]"
     )
     parser.add_argument(
@@ -387,16 +393,19 @@ def measure(server, args, report: dict, libraries: list, device) -> None:
         log(f"  uncapped loopback: {rate:.3f} GB/s (boto3 64 x 16 MiB)")
     if not args.skip_epochs:
         report["epochs"] = loader_epochs(server, args.dir, args, device)
-    capped = ["loader", *libraries]
-    total = len(capped) * len(args.latencies) * len(args.concurrency) * len(args.sizes)
     uncapped = [c for c in args.concurrency if c >= args.uncapped_from] or args.concurrency[-1:]
+    loader_rows = args.loader_concurrency or uncapped  # fewer requests in flight: latency-bound
+    total = len(args.latencies) * len(args.sizes) * (len(libraries) * len(args.concurrency) + len(loader_rows))
     if not args.skip_uncapped:
         total += len(libraries) * len(args.latencies) * (len(uncapped) * len(args.sizes) + args.repeats)
     bar = Progress(total, "cells", enabled=not args.no_progress)
     server.control(bandwidth=report["cap_bps"])
     here = {lib: cells[lib] for lib in libraries}
     for lat in args.latencies:
-        for lib, result in grids({lib: cells[lib] for lib in capped}, lat, server, args, bar).items():
+        report["grids"]["loader"][str(lat)] = grids({"loader": cells["loader"]}, lat, server, args, bar, loader_rows)[
+            "loader"
+        ]
+        for lib, result in grids(here, lat, server, args, bar).items():
             report["grids"].setdefault(lib, {})[str(lat)] = result
     if not args.skip_uncapped:
         server.control(bandwidth=0)

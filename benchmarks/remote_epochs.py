@@ -24,17 +24,26 @@ def loader_cell(url: str, size: int, concurrency: int, request_size: int, min_se
     (``ArrayFile.raw``) in order, ``batch`` bytes a batch (one range: a shard read in order),
     with ``remote_concurrency`` x ``remote_request_size`` = ``concurrency`` x ``request_size``
     and every other setting the defaults (the read-ahead among them): what a training loop gets.
-    The epoch cycles over the object until ``min_seconds`` have passed from its first batch
-    (timed from there: connections open, the read-ahead started); the iterator is then dropped."""
+    The epoch cycles over the object; the steady state is timed, ``min_seconds`` after a
+    warm-up of ``remote_read_ahead`` + one batch of bytes (at most ``2 x min_seconds``): the
+    read-ahead's buffers made, and as many bytes landed ahead of the consumer at the window's
+    start as at its end (from the first batch on, the bytes the read-ahead received before it,
+    shared with that batch's requests, were counted as if they had come in the window);
+    then the iterator is dropped."""
     rows = size // LOADER_ROW
     per_batch = max(1, min(rows, batch // LOADER_ROW))
     order = list(range(rows)) * 10_000  # more passes than any cell lasts
     dataset = ArrayDataset(ArrayFile.raw(url, np.uint8, (LOADER_ROW,)))
     with config.override(remote_concurrency=concurrency, remote_request_size=request_size):
+        warm_bytes = config.get("remote_read_ahead") + per_batch * LOADER_ROW
         loader = DataLoader(dataset, batch_size=per_batch, sampler=order, device=device)
         iterator = iter(loader)
         try:
-            next(iterator)
+            warmed, started = 0, time.perf_counter()
+            for got in iterator:
+                warmed += got.numel()
+                if warmed >= warm_bytes or time.perf_counter() - started >= 2 * min_seconds:
+                    break
             moved, started, cpu = 0, time.perf_counter(), time.process_time()
             for got in iterator:
                 moved += got.numel()

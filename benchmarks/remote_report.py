@@ -28,7 +28,7 @@ def plot(report: dict, path: Path) -> None:
         for (i, j), v in np.ndenumerate(values):
             ax.text(j, i, "-" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)
         ax.set_xticks(range(len(report["sizes"])), [f"{s / MiB:g}M" for s in report["sizes"]])
-        ax.set_yticks(range(len(report["concurrency"])), report["concurrency"])
+        ax.set_yticks(range(len(values)), report["grids"][lib][str(lat)].get("concurrency", report["concurrency"]))
         ax.set_xlabel("request size")
         ax.set_ylabel("requests in flight")
         ax.set_title(f"{lib}, {lat * 1e3:.0f} ms latency\ncap {report['cap_bps'] / 1e9:.2f} GB/s (GB/s)", fontsize=9)
