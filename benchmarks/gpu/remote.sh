@@ -37,7 +37,7 @@ export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
   python3 setup.py build_ext --inplace -q 2>&1 | grep -v -i "warning\|^\s*$\|\*\*\*\|!!\|license\|See https\|By 20\|corresp\|_finalize" | tail -5
   python3 -c "import torch_fastload, torch; print(torch_fastload.__file__, torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
   echo "== tests ($(($(date +%s) - started)) s)"
-  timeout 150 python3 -m pytest -q -rs ${REMOTE_TESTS:-tests/test_remote.py tests/test_remote_s3.py tests/test_remote_client.py} 2>&1 | tail -25
+  timeout 150 python3 -m pytest -q -rs ${REMOTE_TESTS:-tests/test_remote.py tests/test_remote_s3.py tests/test_remote_client.py tests/test_remote_ahead.py} 2>&1 | tail -25
 } 2>&1 | tee -a "$WORK/tests.log"
 
 echo "== benchmark ($(($(date +%s) - started)) s)"
