@@ -77,6 +77,9 @@ class AheadEntry:
 class AheadReads:
     """The read-ahead entries of one ``RemoteReader``, at most ``budget`` bytes held."""
 
+    #: cut a batch into pieces for several connections, as a batch read now is (``submit_host``)
+    spread = False
+
     def __init__(self, reader, budget: int):
         self.reader = reader
         self.budget = budget
@@ -112,8 +115,9 @@ class AheadReads:
             buffer = self._buffer(nbytes, pinned and torch.cuda.is_available())
             packed = np.zeros(len(read.lengths), dtype=np.int64)
             np.cumsum(read.lengths[:-1], out=packed[1:])
+            host = buffer.numpy()
             self.reader.submit_host(
-                futures, buffer.numpy(), objects, read.file_index, read.offsets, read.lengths, packed, AHEAD
+                futures, host, objects, read.file_index, read.offsets, read.lengths, packed, AHEAD, spread=self.spread
             )
         except Exception as exc:  # the batch's own read meets (and raises) it in its turn
             log.debug("torch_fastload: a batch's remote ranges were not read ahead (%s)", exc)

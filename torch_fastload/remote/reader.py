@@ -233,14 +233,20 @@ class RemoteReader:
         finally:
             wait_all(futures)
 
-    def submit_host(self, futures: list, host, objects, file_index, offsets, lengths, dst_offsets, priority) -> None:
+    def submit_host(
+        self, futures: list, host, objects, file_index, offsets, lengths, dst_offsets, priority, spread: bool = True
+    ) -> None:
         """Queue the requests of every range into ``host``, their futures appended to ``futures``
-        (those queued before a failure to queue more are there too)."""
+        (those queued before a failure to queue more are there too). ``spread``: a batch of few
+        bytes is cut into pieces for several connections (``plan_requests``); read-ahead batches
+        are not (the batches around them keep the connections busy, and pieces of
+        ``remote_request_size`` put more bytes behind each request's latency)."""
         from .. import readers  # readers imports this package
 
         ranges = readers.coalesce(file_index, offsets, lengths, dst_offsets)
         locs = [parse(o.url) for o in objects]
-        for k, offset, length, at, parts in plan_requests(*ranges, self.request_size, self.concurrency):
+        spread_over = self.concurrency if spread else None
+        for k, offset, length, at, parts in plan_requests(*ranges, self.request_size, spread_over):
             obj = objects[k]
             if parts is None:
                 out = host[at : at + length]
