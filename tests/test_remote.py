@@ -361,8 +361,9 @@ def test_a_killed_fill_never_leaves_an_entry_that_reads_as_valid(data, server, t
 def test_settings_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("TORCH_FASTLOAD_REMOTE_CONCURRENCY", "7")
     monkeypatch.setenv("TORCH_FASTLOAD_REMOTE_REQUEST_SIZE", "2MiB")
+    monkeypatch.setenv("TORCH_FASTLOAD_REMOTE_READ_AHEAD", "96MiB")
     with remote.RemoteReader() as reader:
-        assert (reader.concurrency, reader.request_size) == (7, 2 << 20)
+        assert (reader.concurrency, reader.request_size, reader.ahead.budget) == (7, 2 << 20, 96 << 20)
     monkeypatch.setenv("TORCH_FASTLOAD_REMOTE_CONCURRENCY", "0")
     with pytest.raises(ValueError, match="TORCH_FASTLOAD_REMOTE_CONCURRENCY"):
         remote.RemoteReader()
