@@ -186,3 +186,24 @@ def test_closing_the_loader_with_the_iterator_alive_drains_read_ahead(data, serv
     assert ahead.held == 0
     assert_no_threads_left()
     del iterator
+
+
+@pytest.mark.cuda
+def test_read_ahead_into_gpu_memory_equals_the_local_files(data, server):
+    """Reads that go to the GPU: entries in pinned buffers, copied on the loader's stream."""
+
+    def epoch(path: str) -> list:
+        loader = DataLoader(ArrayDataset(path), batch_size=64, shuffle=True, device="cuda", generator=gen())
+        try:
+            return [batch.cpu() for batch in loader]
+        finally:
+            loader.close()
+
+    def gen():
+        return torch.Generator().manual_seed(9)
+
+    theirs = epoch(str(data / "data" / "x.npy"))
+    before = remote.counters().get("read_ahead", 0)
+    ours = epoch(url(server, "x.npy"))
+    assert len(ours) == len(theirs) and all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    assert remote.counters().get("read_ahead", 0) - before == len(ours)
