@@ -19,6 +19,11 @@ server one; the mean requests in flight the server saw, what the client kept bus
              `concurrency` threads (one client, max_pool_connections=concurrency), each body
              copied into the same buffer; the baseline is its best cell
   kvikio     kvikio RemoteFile.pread (num_threads x task_size) where it runs (CUDA hosts)
+  loader     (capped grids only) torch_fastload.DataLoader over the object as 1 MiB rows read in
+             order, --loader-batch bytes a batch, remote_concurrency x remote_request_size the
+             cell's and every other option its default (the read-ahead of the batches the loader
+             fetched ahead among them): what a training loop gets, so the cap verdict judges it;
+             the fastload row's synchronous span loop (no read-ahead) is printed beside it
 Each cell reads for --min-seconds after a warm-up that opens its connections, into one
 destination buffer written beforehand (no first-touch page faults in any cell); the libraries
 take each cell in turns. Both libraries
@@ -49,8 +54,9 @@ printed beside it: a cached epoch's first batch waits for one HEAD per object (t
 replaced object is refused before any batch), a fixed cost of one round trip per epoch that
 dominates only epochs as short as this benchmark's (a 512 MiB epoch is ~4 ms at 120 GB/s).
 
-Targets (issue 22): fastload's best >= 1.5x boto3's best at each latency (uncapped); >= 80%
-of the cap (capped); the cache-hit epoch at the local file path's rate (>= 0.9x).
+Targets (issue 22): fastload's best >= 1.5x boto3's best at each latency (uncapped); the
+loader's best >= 80% of the cap (capped); the cache-hit epoch at the local file path's rate
+(>= 0.9x).
 
     python benchmarks/remote.py               # ~3-4 min (1 GiB object)
     python benchmarks/remote.py --quick       # 256 MiB, smaller grid
@@ -94,7 +100,7 @@ from torch_fastload.config import parse_size  # noqa: E402
 from torch_fastload.remote.loopback import LoopbackServer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from remote_epochs import BUCKET, ROW_FLOATS, ROWS_KEY, loader_epochs  # noqa: E402
+from remote_epochs import BUCKET, ROW_FLOATS, ROWS_KEY, loader_cell, loader_epochs  # noqa: E402
 from remote_report import plot, print_report, verdicts  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -315,6 +321,16 @@ def parse_args(argv) -> argparse.Namespace:
         "--uncapped-from", type=int, default=UNCAPPED_FROM, help="fewest requests in flight in the uncapped grids [16]"
     )
     parser.add_argument("--skip-uncapped", action="store_true", help="only the capped grids")
+    parser.add_argument("--skip-epochs", action="store_true", help="no cache-hit / local loader epochs")
+    parser.add_argument(
+        "--loader-concurrency",
+        type=positive_int_list,
+        default=None,
+        help="requests in flight of the capped loader row [the --concurrency values from --uncapped-from up]",
+    )
+    parser.add_argument(
+        "--loader-batch", type=parse_size, default=64 * MiB, help="bytes a batch in the capped loader row [64MiB]"
+    )
     parser.add_argument(
         "--repeats", type=int, default=None, help="runs of each library's best uncapped cell, median judged [3]"
     )
@@ -368,21 +384,27 @@ def measure(server, args, report: dict, libraries: list, device) -> None:
         "fastload": lambda c, s: fastload_cell(url, size, c, s, args.min_seconds),
         "boto3": lambda c, s: boto3_cell(server.endpoint, size, c, s, args.min_seconds),
         "kvikio": lambda c, s: fastload_cell(url, size, c, s, args.min_seconds, backend="kvikio"),
+        "loader": lambda c, s: loader_cell(url, size, c, s, args.min_seconds, device, args.loader_batch),
     }
     report["cap_bps"] = measure_cap(server, url, size, args)
     if "boto3" in libraries:  # what boto3 moves here uncapped: its ceiling on this CPU
         rate, _ = boto3_cell(server.endpoint, size, 64, 16 * MiB, max(0.5, args.min_seconds))
         report["boto3_uncapped_gbps"] = rate
         log(f"  uncapped loopback: {rate:.3f} GB/s (boto3 64 x 16 MiB)")
-    report["epochs"] = loader_epochs(server, args.dir, args, device)
-    total = len(libraries) * len(args.latencies) * len(args.concurrency) * len(args.sizes)
+    if not args.skip_epochs:
+        report["epochs"] = loader_epochs(server, args.dir, args, device)
     uncapped = [c for c in args.concurrency if c >= args.uncapped_from] or args.concurrency[-1:]
+    loader_rows = args.loader_concurrency or uncapped  # fewer requests in flight: latency-bound
+    total = len(args.latencies) * len(args.sizes) * (len(libraries) * len(args.concurrency) + len(loader_rows))
     if not args.skip_uncapped:
         total += len(libraries) * len(args.latencies) * (len(uncapped) * len(args.sizes) + args.repeats)
     bar = Progress(total, "cells", enabled=not args.no_progress)
     server.control(bandwidth=report["cap_bps"])
     here = {lib: cells[lib] for lib in libraries}
     for lat in args.latencies:
+        report["grids"]["loader"][str(lat)] = grids({"loader": cells["loader"]}, lat, server, args, bar, loader_rows)[
+            "loader"
+        ]
         for lib, result in grids(here, lat, server, args, bar).items():
             report["grids"].setdefault(lib, {})[str(lat)] = result
     if not args.skip_uncapped:
@@ -414,7 +436,7 @@ def main(argv=None) -> int:
         "concurrency": args.concurrency,
         "sizes": args.sizes,
         "min_seconds": args.min_seconds,
-        "grids": {"fastload": {}},
+        "grids": {"fastload": {}, "loader": {}},
         "uncapped": {},
         "failures": [],
     }

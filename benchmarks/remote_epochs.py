@@ -1,5 +1,6 @@
-"""benchmarks/remote.py's loader epochs: an ArrayDataset read remotely, from the shard cache
-(cache hit) and from the local file, epochs taken in turns."""
+"""benchmarks/remote.py's loader runs: the capped cells' loader row (torch_fastload.DataLoader
+reading the object in order, what the cap verdict judges), and the epochs of an ArrayDataset
+read remotely, from the shard cache (cache hit) and from the local file, taken in turns."""
 
 from __future__ import annotations
 
@@ -7,11 +8,54 @@ import shutil
 import time
 from pathlib import Path
 
-from torch_fastload import ArrayDataset, DataLoader, remote
+import numpy as np
+import torch
+
+from torch_fastload import ArrayDataset, ArrayFile, DataLoader, config, remote
 from torch_fastload._benchutil import log
 
 BUCKET, ROWS_KEY = "bench", "rows.npy"
 ROW_FLOATS = 16384  # 64 KiB rows for the loader epochs
+LOADER_ROW = 1 << 20  # the loader row's records: 1 MiB rows of the object, so a batch is one range
+
+
+def loader_cell(url: str, size: int, concurrency: int, request_size: int, min_seconds: float, device, batch: int):
+    """``(GB/s, client CPU s/GB)`` of torch_fastload.DataLoader over the object as 1 MiB rows
+    (``ArrayFile.raw``) in order, ``batch`` bytes a batch (one range: a shard read in order),
+    with ``remote_concurrency`` x ``remote_request_size`` = ``concurrency`` x ``request_size``
+    and every other setting the defaults (the read-ahead among them): what a training loop gets.
+    The epoch cycles over the object; the steady state is timed, ``min_seconds`` after a
+    warm-up of ``remote_read_ahead`` + one batch of bytes (at most ``2 x min_seconds``): the
+    read-ahead's buffers made, and as many bytes landed ahead of the consumer at the window's
+    start as at its end (from the first batch on, the bytes the read-ahead received before it,
+    shared with that batch's requests, were counted as if they had come in the window);
+    then the iterator is dropped."""
+    rows = size // LOADER_ROW
+    per_batch = max(1, min(rows, batch // LOADER_ROW))
+    order = list(range(rows)) * 10_000  # more passes than any cell lasts
+    dataset = ArrayDataset(ArrayFile.raw(url, np.uint8, (LOADER_ROW,)))
+    with config.override(remote_concurrency=concurrency, remote_request_size=request_size):
+        warm_bytes = config.get("remote_read_ahead") + per_batch * LOADER_ROW
+        loader = DataLoader(dataset, batch_size=per_batch, sampler=order, device=device)
+        iterator = iter(loader)
+        try:
+            warmed, started = 0, time.perf_counter()
+            for got in iterator:
+                warmed += got.numel()
+                if warmed >= warm_bytes or time.perf_counter() - started >= 2 * min_seconds:
+                    break
+            moved, started, cpu = 0, time.perf_counter(), time.process_time()
+            for got in iterator:
+                moved += got.numel()
+                if time.perf_counter() - started >= min_seconds:
+                    break
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - started
+            return moved / elapsed / 1e9, (time.process_time() - cpu) / (moved / 1e9)
+        finally:
+            del iterator
+            loader.close()
 
 
 def interleaved_epochs(datasets: dict, device, batch: int, epochs: int) -> dict:

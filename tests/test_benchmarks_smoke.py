@@ -233,8 +233,8 @@ def test_remote_cpu_smoke(tmp_path):
     report = json.loads((out / "remote.json").read_text())
     assert not report["failures"], report["failures"]
     grids = report["grids"]
-    assert {"fastload", "boto3"} <= set(grids), grids.keys()
-    for lib in ("fastload", "boto3"):
+    assert {"fastload", "boto3", "loader"} <= set(grids), grids.keys()
+    for lib in ("fastload", "boto3", "loader"):  # loader: the DataLoader's path, judged against the cap
         cells = [v for row in grids[lib]["0.01"]["gbps"] for v in row]
         assert cells and all(v is not None and v > 0 for v in cells), (lib, cells)
     assert report["cap_bps"] > 0 and report["epochs"]["cache_gbps"] > 0
@@ -249,6 +249,7 @@ def test_remote_cpu_smoke(tmp_path):
         assert all(v is not None and v >= 0 for row in report["uncapped"][lib]["0.01"]["in_flight"] for v in row)
     checks = {v["check"]: v for v in report["verdicts"]}
     assert checks["fastload >= 1.5x boto3's best (10 ms, uncapped)"]["pass"] is not None
+    assert checks["loader >= 80% of the cap (10 ms)"]["pass"] is not None
     assert "no cap: each library's best GB/s" in res.stdout
     assert report["verdicts"] and (out / "remote.png").is_file()
     assert "total time" in res.stdout

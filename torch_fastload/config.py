@@ -344,6 +344,14 @@ OPTIONS: dict[str, Option] = {
             "bytes per range request (larger reads are split into requests of this size)",
             tunable=True,
         ),
+        Option(
+            "remote_read_ahead",
+            1 << 30,
+            _byte_size_or_zero,
+            "bytes of later batches' remote ranges a loader requests before their turn (the batches it has "
+            "fetched ahead), so the connections never idle between batches (at least latency x bandwidth; the "
+            "default is the 64 x 16 MiB the reader keeps in flight); 0: each batch read in its turn",
+        ),
         Option("remote_retries", 5, _non_negative_int, "retries of a failed request (429, 5xx, timeout, reset)"),
         Option(
             "remote_backoff",

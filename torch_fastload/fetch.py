@@ -103,6 +103,12 @@ class ReadAhead:
             self._taken += 1
             return True
 
+    def widen(self, extra: int) -> None:
+        """``extra`` more batches may run ahead from now on (a remote source, NOTE [remote depth])."""
+        with self._changed:
+            self._allowed += extra
+            self._changed.notify_all()
+
     def give_back(self) -> None:
         """A taken batch was dropped, not delivered (a resumed iterable epoch's replay)."""
         with self._changed:

@@ -131,7 +131,7 @@ class Reader:
         ranges = batch_ranges(reads)
         try:
             if any(is_url(p) for p in ranges[0]):
-                moved = self._remote_reader().read(dst, *ranges, local=self._read_local)
+                moved = self._remote_reader().read_fields(dst, reads, local=self._read_local)
             else:
                 moved = self._read_local(dst, *ranges)
         except Exception as exc:  # a file that changed explains a short or out-of-range read
@@ -139,6 +139,23 @@ class Reader:
             raise
         _check_pins(reads)  # after the read: a file replaced before or while it was read is caught
         return moved
+
+    def read_ahead(self, reads: list, owner=None) -> tuple[int, int]:
+        """Request the remote ranges of a fetched batch's file fields (``PendingRead``s) before
+        its turn (``remote/ahead.py``); ``read`` takes them. Returns ``(bytes started, the
+        read-ahead budget)``."""
+        if not any(is_url(p) for read in reads for p in read.paths):
+            return 0, 0
+        ahead = self._remote_reader().ahead
+        started = [read for read in reads if ahead.start(read, pinned=self.path.to_device, owner=owner)]
+        return sum(int(read.lengths.sum()) for read in started), ahead.budget
+
+    def cancel_read_ahead(self, owner) -> None:
+        """Drop ``owner``'s read-ahead entries not taken (an iterator shut down mid-epoch)."""
+        with self._remote_lock:
+            remote = self._remote
+        if remote is not None:
+            remote.ahead.cancel(owner)
 
     def _read_local(self, dst, *ranges) -> dict[str, int]:
         moved = self._read(dst, *ranges)

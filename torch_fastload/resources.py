@@ -128,6 +128,11 @@ class LoaderResources:
                 self.stats.set_io(str(path))
             return self._slot_reader
 
+    def readers(self) -> list[readers.Reader]:
+        """The readers made so far."""
+        with self._lock:
+            return [r for r in (self._file_reader, self._slot_reader) if r is not None]
+
     @property
     def reads_to_device(self) -> bool:
         """Whether file fields already go straight to device memory (then slots hold only the

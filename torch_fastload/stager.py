@@ -19,8 +19,9 @@ from typing import Any, Callable
 import torch
 
 from .errors import PoolError
+from .remote.url import is_url
 from .resources import LoaderResources
-from .staging import ALIGN, PendingRead, plan_batch
+from .staging import ALIGN, PendingRead, pending_reads, plan_batch
 from .transfer import InFlightCopy
 
 __all__ = ["BatchStager", "StagedBatch"]
@@ -69,6 +70,27 @@ class BatchStager:
         if self.finish is not None:
             return self._stage_and_finish(number, batch)
         return self._stage_and_copy(number, batch)
+
+    def read_ahead(self, batch: Any) -> tuple[int, int]:
+        """Request a fetched batch's remote ranges now, before its turn to be staged (the
+        fetch thread, ``remote/ahead.py``); only for a dataset that reads URLs.
+        Returns ``(bytes started, the read-ahead budget)``."""
+        if not self.resources.settings.remote:  # the dataset names no URL: nothing to walk
+            return 0, 0
+        reads = [read for read in pending_reads(batch) if read.lengths.any()]
+        if not reads or not any(is_url(p) for read in reads for p in read.paths):
+            return 0, 0
+        reader = self.resources.slot_reader() if self.finish is not None else self.resources.file_reader()
+        path = reader.path
+        started = reader.read_ahead(reads, owner=self)
+        if reader.path is not path:  # the first remote object: the path now says how they are read
+            self.stats.set_io(str(reader.path))
+        return started
+
+    def cancel_read_ahead(self) -> None:
+        """Drop this iterator's read-ahead not taken by a stage (it is shutting down)."""
+        for reader in self.resources.readers():
+            reader.cancel_read_ahead(self)
 
     def _slot_hint(self) -> int:
         """A source's bound of a batch's slot bytes, where file fields land in the slot."""

@@ -37,17 +37,20 @@ export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
   python3 setup.py build_ext --inplace -q 2>&1 | grep -v -i "warning\|^\s*$\|\*\*\*\|!!\|license\|See https\|By 20\|corresp\|_finalize" | tail -5
   python3 -c "import torch_fastload, torch; print(torch_fastload.__file__, torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
   echo "== tests ($(($(date +%s) - started)) s)"
-  timeout 150 python3 -m pytest -q -rs ${REMOTE_TESTS:-tests/test_remote.py tests/test_remote_s3.py tests/test_remote_client.py} 2>&1 | tail -25
+  timeout 150 python3 -m pytest -q -rs ${REMOTE_TESTS:-tests/test_remote.py tests/test_remote_s3.py tests/test_remote_client.py tests/test_remote_ahead.py} 2>&1 | tail -25
 } 2>&1 | tee -a "$WORK/tests.log"
 
 echo "== benchmark ($(($(date +%s) - started)) s)"
 # the full grid took 3-4 min on the H200 host with two libraries; with boto3 as a third, one
-# concurrency row fewer and 0.4 s cells (~190 cells, ~3 min estimated) keep the call in 8 minutes
-timeout 300 python3 benchmarks/remote.py --no-progress ${REMOTE_BENCH_ARGS:---concurrency 1,16,64,128 --min-seconds 0.4} \
+# concurrency row fewer and 0.4 s cells (~190 cells, ~3 min estimated) keep the call in 8 minutes.
+# The capped grids' loader row (DataLoader on cuda with the remote read-ahead: the cap verdict)
+# adds 24 cells of ~0.6-1.2 s (16/64/128 x 4 sizes x 2 latencies)
+timeout 330 python3 benchmarks/remote.py --no-progress ${REMOTE_BENCH_ARGS:---concurrency 1,16,64,128 --min-seconds 0.4} \
   --out "$WORK/remote" --dir /tmp/remote-bench-data \
   > "$WORK/remote/remote.log" 2>&1
 echo "benchmarks/remote.py: rc $? after $(($(date +%s) - started)) s" | tee -a "$WORK/remote/remote.log"
 grep -E "uncapped loopback|loader epochs|^    (cache|local):|cache-hit epochs|  io:" "$WORK/remote/remote.log"
+sed -n '/^loader, latency/,/^$/p' "$WORK/remote/remote.log"
 sed -n '/^no cap: each library/,/^$/p;/^verdicts:/,$p' "$WORK/remote/remote.log"
 
 cp "$WORK/tests.log" "$WORK/remote/"

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import config, fileio
+from ..engine import RangeError
 from .client import Client, count
 from .url import is_url, parse
 
 __all__ = [
     "RemoteObject",
+    "check_ranges",
     "open_object",
     "opened",
     "shared_client",
@@ -168,3 +170,15 @@ def expand(paths) -> list[str]:
         else:
             out.append(path)
     return out
+
+
+def check_ranges(objects, file_index, offsets, lengths) -> None:
+    """``RangeError`` for the first range that reads past its object's end (or is negative)."""
+    sizes = np.array([o.size for o in objects], dtype=np.int64)
+    bad = (offsets < 0) | (lengths < 0) | (offsets + lengths > sizes[file_index])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise RangeError(
+            f"range #{i} (offset={int(offsets[i])}, length={int(lengths[i])}) of "
+            f"'{objects[file_index[i]].display}': reads past the end of the object ({int(sizes[file_index[i]])} bytes)"
+        )

@@ -1,4 +1,5 @@
-"""Threads that run range requests, batch reads before cache fills (a priority queue)."""
+"""Threads that run range requests: a batch's reads, then batches' read-ahead, then cache fills
+(a priority queue; first come, first served within a priority)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import itertools
 import os
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 
-__all__ = ["RequestPool", "BATCH", "FILL"]
+__all__ = ["RequestPool", "BATCH", "AHEAD", "FILL", "wait_all"]
 
-BATCH, FILL = 0, 1  # priorities: a batch's requests jump ahead of queued cache-fill requests
-_STOP = 2
+#: priorities: a batch read now (its stage waits) jumps ahead of queued read-ahead requests of
+#: later batches, and both ahead of queued cache-fill requests
+BATCH, AHEAD, FILL = 0, 1, 2
+_STOP = 3
 
 
 class RequestPool:
@@ -71,3 +74,21 @@ class RequestPool:
         for worker in workers:
             worker.join(timeout)
         return not any(w.is_alive() for w in workers)
+
+
+def wait_all(futures) -> None:
+    """Wait for every request; on the first failure cancel those still queued. Raises the
+    first real error (not a cancellation) once nothing writes into the buffer."""
+    error = None
+    for future in futures:
+        try:
+            future.result()
+        except CancelledError:
+            continue
+        except BaseException as exc:
+            if error is None:
+                error = exc
+                for other in futures:
+                    other.cancel()
+    if error is not None:
+        raise error

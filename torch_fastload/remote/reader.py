@@ -26,17 +26,16 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import CancelledError
 from typing import Callable
 
 import numpy as np
 import torch
 
 from .. import config
-from ..engine import RangeError
+from .ahead import AheadReads
 from .client import Client, count
-from .objects import RemoteObject, opened
-from .pool import BATCH, FILL, RequestPool
+from .objects import RemoteObject, check_ranges, opened
+from .pool import BATCH, FILL, RequestPool, wait_all
 from .url import is_url, parse
 
 __all__ = ["RemoteReader", "describe_settings", "backend_in_effect", "plan_requests", "MERGE_GAP"]
@@ -99,12 +98,13 @@ def _subset(paths, file_index, arrays, keep):
 class RemoteReader:
     """Reads ranges of remote objects for one loader (or one FeatureStore); ``close`` it."""
 
-    def __init__(self, concurrency=None, request_size=None, backend=None, timeout=None, retries=None):
+    def __init__(self, concurrency=None, request_size=None, backend=None, timeout=None, retries=None, read_ahead=None):
         self.concurrency = config.resolve("remote_concurrency", concurrency)
         self.request_size = config.resolve("remote_request_size", request_size)
         self.backend, self.why = backend_in_effect(backend)
         self.client = Client(timeout=timeout, retries=retries)
         self.pool = RequestPool(self.concurrency)
+        self.ahead = AheadReads(self, config.resolve("remote_read_ahead", read_ahead))
         self._kvikio = None
         if self.backend == "kvikio":
             from .kvikio_backend import KvikioRemote
@@ -128,6 +128,27 @@ class RemoteReader:
         self.close()
 
     # -- a batch --------------------------------------------------------------------------
+    def read_fields(self, dst: torch.Tensor, reads, local: Callable | None = None) -> dict[str, int]:
+        """A batch's file fields ``reads`` (``(offset in dst, PendingRead)``) into ``dst``: those
+        read ahead (``ahead.py``) from their entries, the rest now (``read``). Returns the bytes
+        moved per path; on an error no entry of the batch is left in flight."""
+        from .. import readers  # readers imports this package
+
+        taken = [(at, self.ahead.take(read)) for at, read in reads]
+        rest = [(at, read) for (at, read), (_, entry) in zip(reads, taken) if entry is None]
+        waiting = [(at, entry) for at, entry in taken if entry is not None]
+        try:
+            moved = self.read(dst, *readers.batch_ranges(rest), local=local) if rest else {}
+            while waiting:
+                at, entry = waiting[0]
+                n = entry.copy_into(dst, at)
+                waiting.pop(0)
+                moved[self.mode] = moved.get(self.mode, 0) + n
+        finally:
+            for _, entry in waiting:
+                entry.cancel()
+        return moved
+
     def read(
         self, dst: torch.Tensor, paths, file_index, offsets, lengths, dst_offsets, local: Callable | None = None
     ) -> dict[str, int]:
@@ -144,7 +165,7 @@ class RemoteReader:
             return moved
         paths, file_index, offsets, lengths, dst_offsets = _subset(paths, file_index, arrays, on_remote)
         objects = [opened(p) for p in paths]
-        _check_ranges(objects, file_index, offsets, lengths)
+        check_ranges(objects, file_index, offsets, lengths)
         cached = self._cached_paths(objects)
         hit = cached[file_index] != ""
         if hit.any() and local is not None:
@@ -206,22 +227,33 @@ class RemoteReader:
         if self._kvikio is not None and priority == BATCH:
             self._kvikio.read(host, objects, file_index, offsets, lengths, dst_offsets)
             return
+        futures: list = []
+        try:
+            self.submit_host(futures, host, objects, file_index, offsets, lengths, dst_offsets, priority)
+        finally:
+            wait_all(futures)
+
+    def submit_host(
+        self, futures: list, host, objects, file_index, offsets, lengths, dst_offsets, priority, spread: bool = True
+    ) -> None:
+        """Queue the requests of every range into ``host``, their futures appended to ``futures``
+        (those queued before a failure to queue more are there too). ``spread``: a batch of few
+        bytes is cut into pieces for several connections (``plan_requests``); read-ahead batches
+        are not (the batches around them keep the connections busy, and pieces of
+        ``remote_request_size`` put more bytes behind each request's latency)."""
         from .. import readers  # readers imports this package
 
         ranges = readers.coalesce(file_index, offsets, lengths, dst_offsets)
         locs = [parse(o.url) for o in objects]
-        futures = []
-        try:
-            for k, offset, length, at, parts in plan_requests(*ranges, self.request_size, self.concurrency):
-                obj = objects[k]
-                if parts is None:
-                    out = host[at : at + length]
-                    call = (self.client.read_range, locs[k], obj.size, obj.version, offset, out)
-                else:
-                    call = (self._read_scattered, locs[k], obj, offset, length, host, parts)
-                futures.append(self.pool.submit(priority, *call))
-        finally:
-            _wait_all(futures)
+        spread_over = self.concurrency if spread else None
+        for k, offset, length, at, parts in plan_requests(*ranges, self.request_size, spread_over):
+            obj = objects[k]
+            if parts is None:
+                out = host[at : at + length]
+                call = (self.client.read_range, locs[k], obj.size, obj.version, offset, out)
+            else:
+                call = (self._read_scattered, locs[k], obj, offset, length, host, parts)
+            futures.append(self.pool.submit(priority, *call))
 
     def _read_scattered(self, loc, obj, offset: int, length: int, host: np.ndarray, parts) -> None:
         """One request spanning several ranges (and the gaps between), cut into place."""
@@ -276,6 +308,7 @@ class RemoteReader:
                 return
             self._closed = True
             filler = self._filler
+        self.ahead.close()
         self.client.close()
         self._fills.put(None)
         if not self.pool.close(timeout):
@@ -324,32 +357,3 @@ def plan_requests(
 def _add(moved: dict, more: dict) -> None:
     for key, n in more.items():
         moved[key] = moved.get(key, 0) + n
-
-
-def _check_ranges(objects, file_index, offsets, lengths) -> None:
-    sizes = np.array([o.size for o in objects], dtype=np.int64)
-    bad = (offsets < 0) | (lengths < 0) | (offsets + lengths > sizes[file_index])
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise RangeError(
-            f"range #{i} (offset={int(offsets[i])}, length={int(lengths[i])}) of "
-            f"'{objects[file_index[i]].display}': reads past the end of the object ({int(sizes[file_index[i]])} bytes)"
-        )
-
-
-def _wait_all(futures) -> None:
-    """Wait for every request; on the first failure cancel those still queued. Raises the
-    first real error (not a cancellation) once nothing writes into the buffer."""
-    error = None
-    for future in futures:
-        try:
-            future.result()
-        except CancelledError:
-            continue
-        except BaseException as exc:
-            if error is None:
-                error = exc
-                for other in futures:
-                    other.cancel()
-    if error is not None:
-        raise error
