@@ -201,8 +201,9 @@ def _step_ms(route) -> float:
 def test_the_engines_split_with_the_cpu_is_timed_and_kept_where_it_feeds_the_step_fastest():
     """Both GPU routes alone, then each beside the CPU in the ratio of the measured rates: the
     engines' split keeps up with the step (its decodes take no SMs). Negative control: the same
-    timings without the engine candidate keep nvJPEG's split, a slower step."""
-    trial = RouteTrial(warmup=8, settle=4, window=10, split=True)
+    timings without the engine candidate keep nvJPEG's split, a slower step. (``three_way=False``:
+    the two-way splits as timed where the three-way split is not offered; tests/test_three_way.py)"""
+    trial = RouteTrial(warmup=8, settle=4, window=10, split=True, three_way=False)
     assert trial.add_candidate(EngineRoute(0.0)) and not trial.add_candidate(EngineRoute(0.0))
     trial = _run(trial, _decode_ms, _step_ms)
     engines_split = EngineRoute(split_share(trial.periods[1.0], trial.periods[EngineRoute(0.0)]))

@@ -56,7 +56,7 @@ from .cpu import native_jpeg as _native_jpeg
 from .cpu import native_regions as _native_regions
 from .gpu_backend import gpu_backend
 from .jpeg_engines import ENGINES, jpeg_engines, jpeg_engines_missing
-from .nvjpeg import decode_gpu, front_chunks
+from .nvjpeg import decode_gpu, front_chunks, refused_on_cpu
 from .pinned import PinnedBuffers, PinnedPlaces
 from .probe import (  # noqa: F401  (re-exported: the probe's names were decode's)
     ADOBE,
@@ -76,8 +76,8 @@ from .probe import (  # noqa: F401  (re-exported: the probe's names were decode'
     probe,
     probe_python,
 )
-from .route_trial import EngineRoute, RouteTrial, cpu_share_of, on_engines
-from .routing import NATIVE_ROUTES, BatchRoute, Decoded, EncodedSlices, route, share_out
+from .route_trial import EngineRoute, RouteTrial, ThreeWayRoute, cpu_share_of, on_engines, route_name
+from .routing import NATIVE_ROUTES, BatchRoute, Decoded, EncodedSlices, engines_out, route, share_out
 from .settings import (
     CORES_FOR_A_TRIAL,
     CORES_LEFT_TO_THE_STEP,
@@ -263,9 +263,13 @@ class BatchDecoder:
         geometry = crop(info[:, 1].copy(), info[:, 2].copy()) if crop is not None else None
         slices = EncodedSlices(data, offsets)
         failed = {i: refusal_of(info[i], self.max_pixels) for i, r in enumerate(routes) if r.startswith("error:")}
+        decodable = routes.count("nvjpeg")
         gpu, steal = share_out(routes, cpu_share_of(chosen), self.work_stealing)
         for i in gpu + steal if on_engines(chosen) else ():
             routes[i] = "engines"  # counted apart from nvJPEG's in loader.stats().decoded
+        engine_part = []
+        if isinstance(chosen, ThreeWayRoute) and len(gpu) > 1:  # the engines' share of the batch beside nvJPEG
+            gpu, engine_part = engines_out(routes, info, gpu, int(round(chosen.engine_share * decodable)))
         cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]
         # JPEGs nvJPEG could take go to the C++ batch decoder (one call, no GIL per image), the
         # rest (PNG, CMYK, ...) to Python threads; all beside nvJPEG
@@ -275,7 +279,9 @@ class BatchDecoder:
             else []
         )
         boxes = self._boxes(info, geometry, native + steal)
-        return BatchRoute(info, routes, slices, geometry, failed, gpu, steal, cpu, native, boxes, on_engines(chosen))
+        return BatchRoute(
+            info, routes, slices, geometry, failed, gpu, steal, cpu, native, boxes, on_engines(chosen), engine_part
+        )
 
     def _boxes(self, info: np.ndarray, geometry, which: list) -> np.ndarray:
         """int64 ``(N, 4)``: the part of each image decoded (top, left, height, width): the
@@ -381,19 +387,37 @@ class BatchDecoder:
     def _decode_on_gpu(self, plan: BatchRoute, job, images: list, failed: dict) -> None:
         """The GPU's images (nvJPEG's, or the JPEG engines' on an engine route: their one thread
         decodes the batch while this stage thread waits): all of ``plan.gpu`` in one call, or
-        chunks claimed from the front of a work-stealing ``job``. What the GPU refuses is
+        chunks claimed from the front of a work-stealing ``job``. On a three-way split the
+        engines decode ``plan.engine_part`` on their thread meanwhile. What the GPU refuses is
         decoded on the CPU ('cpu:nvjpeg-error', 'cpu:engines-refused')."""
-        chunks = front_chunks(job, plan.steal) if job is not None else ([plan.gpu] if plan.gpu else [])
-        refused = "cpu:engines-refused" if plan.engines else "cpu:nvjpeg-error"
-        for chunk in chunks:
-            encoded = [plan.slices[i] for i in chunk]
-            backend = jpeg_engines(self.device, len(chunk)) if plan.engines else self.gpu_backend()
-            decoded = decode_gpu(encoded, chunk, plan.routes, self.device, self.max_pixels, backend, refused)
-            for i, image in zip(chunk, decoded):
-                if isinstance(image, Refusal):  # refused by the GPU and the CPU
-                    failed[i] = image
-                else:
-                    images[i] = image
+        beside = None
+        if plan.engine_part:  # handed to the engines' thread first: it decodes while nvJPEG does
+            encoded = [plan.slices[i] for i in plan.engine_part]
+            beside = jpeg_engines(self.device, len(encoded)).submit(encoded)
+        try:
+            chunks = front_chunks(job, plan.steal) if job is not None else ([plan.gpu] if plan.gpu else [])
+            refused = "cpu:engines-refused" if plan.engines else "cpu:nvjpeg-error"
+            for chunk in chunks:
+                encoded = [plan.slices[i] for i in chunk]
+                backend = jpeg_engines(self.device, len(chunk)) if plan.engines else self.gpu_backend()
+                decoded = decode_gpu(encoded, chunk, plan.routes, self.device, self.max_pixels, backend, refused)
+                self._put(chunk, decoded, images, failed)
+        finally:  # the engines read the slot: never leave their decode running
+            out = beside.result() if beside is not None else None
+        if out is not None:
+            encoded = [plan.slices[i] for i in plan.engine_part]
+            decoded = refused_on_cpu(
+                out, encoded, plan.engine_part, plan.routes, self.device, self.max_pixels, "cpu:engines-refused"
+            )
+            self._put(plan.engine_part, decoded, images, failed)
+
+    @staticmethod
+    def _put(positions: list, decoded: list, images: list, failed: dict) -> None:
+        for i, image in zip(positions, decoded):
+            if isinstance(image, Refusal):  # refused by the GPU and the CPU
+                failed[i] = image
+            else:
+                images[i] = image
 
     # -- assemble ------------------------------------------------------------------------------
     def _place(self, packed: PinnedPlaces | None, results: dict, images: list, failed: dict) -> None:
@@ -471,6 +495,13 @@ def default_cpu_threads(share: float, cpus: int) -> int:
 
 
 def _log_choice(trial: RouteTrial) -> None:
+    if isinstance(trial.choice, ThreeWayRoute):
+        log.info(
+            "torch_fastload: cpu_decode_share='auto' splits each batch's JPEGs three ways from now on: %s (%s)",
+            route_name(trial.choice),
+            trial.describe(),
+        )
+        return
     share, gpu = cpu_share_of(trial.choice), "on the GPU's JPEG engines" if on_engines(trial.choice) else "with nvJPEG"
     words = (
         "every JPEG on the CPU"

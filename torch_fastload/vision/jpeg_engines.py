@@ -23,7 +23,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -57,8 +57,12 @@ class JpegEngines:
         self.batches = 0  # batches decoded (diagnostics, tests)
 
     def decode(self, encoded: list) -> list:
+        return self.submit(encoded).result()
+
+    def submit(self, encoded: list) -> Future:
+        """``decode``'s result to come: the caller goes on meanwhile (a three-way split's nvJPEG)."""
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        return self._thread.submit(self._decode, encoded, stream).result()
+        return self._thread.submit(self._decode, encoded, stream)
 
     def _decode(self, encoded: list, stream) -> list:
         self.batches += 1
