@@ -153,3 +153,48 @@ def test_engine_only_trials_keep_the_engines_split_with_the_cpu(monkeypatch):
     the CPU, as before."""
     trial = _run(_decoders_trial(monkeypatch, None, "hardware"), _decode_ms, _step_ms)
     assert len(trial.periods) == 3 and isinstance(list(trial.periods)[2], EngineRoute)
+
+
+def test_engine_decode_share_fixes_a_three_way_split(monkeypatch):
+    """The option (or its environment variable) beside a numeric cpu_decode_share: every batch
+    split three ways, as the trial would; not with the engines alone, nor over a whole batch."""
+    assert decode.BatchDecoder("cuda:0", cpu_share=0.31, engine_share=0.29).fixed_route == ThreeWayRoute(0.31, 0.29)
+    monkeypatch.setenv("TORCH_FASTLOAD_ENGINE_DECODE_SHARE", "0.4")
+    assert decode.BatchDecoder("cuda:0", cpu_share=0.2).fixed_route == ThreeWayRoute(0.2, 0.4)
+    assert decode.BatchDecoder("cuda:0", cpu_share=0.2, decode_backend="hardware").fixed_route == EngineRoute(0.2)
+    monkeypatch.delenv("TORCH_FASTLOAD_ENGINE_DECODE_SHARE")
+    assert decode.BatchDecoder("cuda:0", cpu_share=0.2).fixed_route == 0.2
+    with pytest.raises(ValueError, match="over 1"):
+        decode.BatchDecoder("cuda:0", cpu_share=0.8, engine_share=0.3)
+
+
+@pytest.mark.cuda
+def test_a_three_way_split_on_the_gpu_decodes_like_the_cpu_and_leaves_nothing_out(tmp_path):
+    """The real engines and nvJPEG beside the CPU (skipped with the reason where the GPU has no
+    engines): every image of a folder with every edge case, in order, within nvJPEG's tolerance
+    of libjpeg-turbo's pixels, each decoder counted."""
+    import torchvision as tv
+
+    import torch_fastload
+    from torch_fastload import DataLoader
+    from torch_fastload.sources import ImageFolder
+    from torch_fastload.vision import jpeg_engines
+    from torch_fastload.vision.sample_data import make_image_folder
+
+    why = jpeg_engines.jpeg_engines_missing(torch.device("cuda", torch.cuda.current_device()))
+    if why is not None:
+        pytest.skip(why)
+    train, _ = make_image_folder(str(tmp_path / "s"), classes=4, train_per_class=16, val_per_class=1, progress=False)
+    ds = ImageFolder(train, transform=None)
+    with torch_fastload.config.override(cpu_decode_share=0.3, engine_decode_share=0.3):
+        loader = DataLoader(ds, batch_size=16, device="cuda")
+        decoded = [image for images, _ in loader for image in images]
+        counts = loader.stats().decoded
+    print("routes on the three-way run:", counts)
+    assert len(decoded) == len(ds) and counts.get("engines", 0) > 0 and counts.get("nvjpeg", 0) > 0
+    assert counts.get("cpu:share", 0) > 0 and {"cpu:cmyk", "cpu:png"} <= set(counts)
+    for path, image in zip(ds.paths, decoded):
+        cpu = tv.io.decode_image(tv.io.read_file(path), mode=tv.io.ImageReadMode.RGB)
+        assert image.is_cuda and image.shape == cpu.shape, path
+        d = (image.cpu().int() - cpu.int()).abs().float()
+        assert d.mean() <= 1.5 and (d.numel() >= 16e6 or d.flatten().quantile(0.999) <= 16), path

@@ -136,6 +136,7 @@ class BatchDecoder:
         cpu_threads: int | None = None,
         cpu_share: float | None = None,
         decode_backend: str | None = None,
+        engine_share: float | None = None,
     ):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -169,8 +170,16 @@ class BatchDecoder:
             else None
         )
         self.cpu_share = share if isinstance(share, float) else 0.0
-        # the route of every batch without a trial: the CPU share, the rest on the GPU decoder
+        # the route of every batch without a trial: the CPU share, the rest on the GPU decoder (or
+        # a three-way split: engine_decode_share of it on the JPEG engines beside nvJPEG)
         self.fixed_route = EngineRoute(self.cpu_share) if engines_only else self.cpu_share
+        engine_share = config.resolve("engine_decode_share", engine_share)
+        if engine_share and isinstance(share, float) and not engines_only:
+            if self.cpu_share + engine_share > 1 + 1e-9:
+                raise ValueError(
+                    f"cpu_decode_share {self.cpu_share:g} + engine_decode_share {engine_share:g} is over 1"
+                )
+            self.fixed_route = ThreeWayRoute(self.cpu_share, float(engine_share))
         # decode_backend='auto': the trial is offered the JPEG engines at the first batch (the
         # check touches the GPU), where nvImageCodec's hardware decoder works here
         self._engines_offered = not (self.trial is not None and self.decode_backend == "auto")
