@@ -273,3 +273,37 @@ def test_the_self_test_decodes_on_the_engines_and_says_when_they_decode_nothing(
 
     engines = fake_engines(NoEngines)
     assert "no JPEG engines" in jpeg_engines.self_test(engines) and engines.codec.output == "library"
+
+
+def test_the_callers_stream_waits_for_the_engines_own_and_marks_each_block_used():
+    """On the GPU the engines decode on their own stream: taking the result orders the caller's
+    stream after their event and marks each decoded block (not each view) used on it."""
+    from concurrent.futures import Future
+
+    from torch_fastload.vision.jpeg_engines import EngineDecode
+
+    class Stream:
+        waited: list = []
+
+        def wait_event(self, event):
+            self.waited.append(event)
+
+    class View:
+        def __init__(self, block):
+            self.block, self.marked = block, []
+
+        def untyped_storage(self):
+            return type("Storage", (), {"data_ptr": lambda _: self.block})()
+
+        def record_stream(self, stream):
+            self.marked.append(stream)
+
+    caller, done = Stream(), object()
+    views = [View(1000), View(1000), None, View(2000)]
+    future = Future()
+    future.set_result((views, done))
+    assert EngineDecode(future, caller).result() is views
+    assert caller.waited == [done]
+    assert [len(v.marked) for v in views if v is not None] == [1, 0, 1]
+    engines = fake_engines()  # off the GPU: no stream, no event
+    assert engines.stream is None and engines.submit([jpeg((1, 2, 3))]).result()[0].shape == (3, 16, 24)
