@@ -14,7 +14,8 @@ twin where the engine is not built). The probe routes each image:
   passed), ``device-cpu`` (the loader's device is the CPU); on a route through the GPU's hardware
   JPEG engines (jpeg_engines.py) also ``progressive`` (they take baseline JPEGs only) and
   ``engines-refused`` (odd chroma sampling, a size they refuse); what they decode is counted
-  ``engines``;
+  ``engines`` (also on a three-way split, ``route_trial.ThreeWayRoute``: a share of the GPU's
+  baseline JPEGs on the engines while nvJPEG decodes the rest and the CPU its share);
 - an error: empty, truncated (no end-of-image marker: a cut download) or unreadable files, and
   files whose header declares more than ``max_pixels`` (decompression bombs: refused before
   anything is allocated) raise ``ImageDecodeError`` naming the file, or with
@@ -76,7 +77,7 @@ from .probe import (  # noqa: F401  (re-exported: the probe's names were decode'
     probe,
     probe_python,
 )
-from .route_trial import EngineRoute, RouteTrial, ThreeWayRoute, cpu_share_of, on_engines, route_name
+from .route_trial import EngineRoute, RouteTrial, ThreeWayRoute, cpu_share_of, log_choice, on_engines
 from .routing import NATIVE_ROUTES, BatchRoute, Decoded, EncodedSlices, engines_out, route, share_out
 from .settings import (
     CORES_FOR_A_TRIAL,
@@ -162,7 +163,7 @@ class BatchDecoder:
                 warmup=TRIAL_WARMUP,
                 settle=TRIAL_SETTLE,
                 window=TRIAL_WINDOW,
-                on_choice=_log_choice,
+                on_choice=log_choice,
                 steps=GpuStepProbe(self.device),
                 split=True,
             )
@@ -501,22 +502,3 @@ def default_cpu_threads(share: float, cpus: int) -> int:
     if share == 1:
         return max(beside, cpus - CORES_LEFT_TO_THE_STEP)
     return beside
-
-
-def _log_choice(trial: RouteTrial) -> None:
-    if isinstance(trial.choice, ThreeWayRoute):
-        log.info(
-            "torch_fastload: cpu_decode_share='auto' splits each batch's JPEGs three ways from now on: %s (%s)",
-            route_name(trial.choice),
-            trial.describe(),
-        )
-        return
-    share, gpu = cpu_share_of(trial.choice), "on the GPU's JPEG engines" if on_engines(trial.choice) else "with nvJPEG"
-    words = (
-        "every JPEG on the CPU"
-        if share == 1
-        else gpu
-        if share == 0
-        else f"{share:.0%} of each batch's JPEGs on the CPU, the rest {gpu}"
-    )
-    log.info("torch_fastload: cpu_decode_share='auto' decodes %s from now on (%s)", words, trial.describe())

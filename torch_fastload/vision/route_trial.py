@@ -17,6 +17,7 @@ route for ResNet-18 at 59.7 ms a batch against DALI's 26.6 ms step.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -26,8 +27,11 @@ from typing import Callable
 from .settings import TRIAL_CAUGHT_UP, TRIAL_KEEP_UP, TRIAL_MARGIN, TRIAL_SETTLE, TRIAL_WARMUP, TRIAL_WINDOW
 from .step_probe import DELIVERED, REQUESTED, StepReading
 
+log = logging.getLogger("torch_fastload")
+
 __all__ = [
     "RouteTrial",
+    "log_choice",
     "EngineRoute",
     "ThreeWayRoute",
     "cpu_share_of",
@@ -334,3 +338,23 @@ def _median_two_gap(times: list[float]) -> float:
     two_gaps = sorted((times[i + 2] - times[i]) / 2 for i in range(len(times) - 2))
     middle = len(two_gaps) // 2
     return two_gaps[middle] if len(two_gaps) % 2 else (two_gaps[middle - 1] + two_gaps[middle]) / 2
+
+
+def log_choice(trial: RouteTrial) -> None:
+    """Log the route ``trial`` kept and what it measured (its ``on_choice``)."""
+    if isinstance(trial.choice, ThreeWayRoute):
+        log.info(
+            "torch_fastload: cpu_decode_share='auto' splits each batch's JPEGs three ways from now on: %s (%s)",
+            route_name(trial.choice),
+            trial.describe(),
+        )
+        return
+    share, gpu = cpu_share_of(trial.choice), "on the GPU's JPEG engines" if on_engines(trial.choice) else "with nvJPEG"
+    words = (
+        "every JPEG on the CPU"
+        if share == 1
+        else gpu
+        if share == 0
+        else f"{share:.0%} of each batch's JPEGs on the CPU, the rest {gpu}"
+    )
+    log.info("torch_fastload: cpu_decode_share='auto' decodes %s from now on (%s)", words, trial.describe())
