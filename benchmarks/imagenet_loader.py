@@ -250,7 +250,8 @@ def route_settings(name: str) -> dict:
     if backend == "steal":
         return {"cpu_decode_share": "steal"}
     if backend == "threeway":  # the H200's ResNet-18 rates alone: CPU 7.1k, engines 6.8k, nvJPEG 9.2k images/s
-        return {"cpu_decode_share": 0.31, "engine_decode_share": 0.29}
+        threads = max(1, torch_fastload.config.cpus_per_process() - 4)  # as auto's trial decodes
+        return {"cpu_decode_share": 0.31, "engine_decode_share": 0.29, "cpu_decode_threads": threads}
     if backend in ("torchvision", "nvimgcodec", "hardware"):
         return {"cpu_decode_share": 0.0, "decode_backend": backend}
     return {}
