@@ -18,7 +18,10 @@ JPEG engines too takes ~85 batches: 8 warm-up, five windows of 14+).
   fastload-ROUTE     (--decode-routes) fastload with every JPEG on one decode route: torchvision
                      or nvimgcodec (the GPU decode backend, cpu_decode_share=0), hardware (the
                      GPU's JPEG engines alone, no SMs: nvImageCodec's HW_GPU_ONLY), cpu (the C++
-                     decoder, cpu_decode_share=1)
+                     decoder, cpu_decode_share=1), threeway (a three-way split: 31% on the CPU, 29%
+                     on the JPEG engines, 40% on nvJPEG, all at once: the shares of the H200's
+                     ResNet-18 rates alone, cpu_decode_share=0.31 engine_decode_share=0.29, CPUs - 4
+                     decode threads as auto's trial)
   torch              torchvision ImageFolder + PIL + DataLoader(num_workers=--workers, pin_memory)
   dali               (when nvidia-dali imports; "not installed" otherwise) DALI's ResNet-50 example
                      pipeline, num_threads=--workers, fp16 NHWC (examples/imagenet.py --loader dali)
@@ -62,6 +65,12 @@ DECODE_ROUTES = {
     "nvimgcodec": {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "0", "TORCH_FASTLOAD_DECODE_BACKEND": "nvimgcodec"},
     "hardware": {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "0", "TORCH_FASTLOAD_DECODE_BACKEND": "hardware"},
     "cpu": {"TORCH_FASTLOAD_CPU_DECODE_SHARE": "1"},
+    # the decode threads auto's trial runs with on 16 cores (CPUs - 4), not the 8 of a fixed share
+    "threeway": {
+        "TORCH_FASTLOAD_CPU_DECODE_SHARE": "0.31",
+        "TORCH_FASTLOAD_ENGINE_DECODE_SHARE": "0.29",
+        "TORCH_FASTLOAD_CPU_DECODE_THREADS": str(max(1, (os.cpu_count() or 8) - 4)),
+    },
 }
 
 
@@ -178,7 +187,8 @@ def main(argv=None) -> int:
         "--decode-routes",
         default="",
         help="also run fastload with every JPEG on each of these routes, comma-separated: torchvision, "
-        "nvimgcodec (GPU decode backends), hardware (the GPU's JPEG engines alone), cpu (the C++ decoder)",
+        "nvimgcodec (GPU decode backends), hardware (the GPU's JPEG engines alone), cpu (the C++ decoder), "
+        "threeway (the CPU, the JPEG engines and nvJPEG on each batch at once: 0.31, 0.29, 0.40)",
     )
     args = parse_study(
         p,

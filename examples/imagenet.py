@@ -60,7 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch_fastload  # noqa: E402
 from torch_fastload.sources import ImageFolder, PackedImageFolder  # noqa: E402
 from torch_fastload.vision import EvalTransform, TrainTransform  # noqa: E402
-from torch_fastload.vision.route_trial import cpu_share_of, on_engines, route_name  # noqa: E402
+from torch_fastload.vision.route_trial import cpu_share_of, engine_share_of, on_engines, route_name  # noqa: E402
 from torch_fastload.vision.sample_data import make_image_folder  # noqa: E402
 
 
@@ -653,6 +653,7 @@ def main(argv=None) -> dict:
                 "route": route_name(trial.choice),
                 "cpu_share": cpu_share_of(trial.choice),
                 "gpu": "engines" if on_engines(trial.choice) else "nvjpeg",
+                "engine_share": engine_share_of(trial.choice),  # of the JPEGs; with nvJPEG too on a three-way split
                 "trial_batches": trial.batches_to_choose,
                 "measured": trial.describe(),
             }

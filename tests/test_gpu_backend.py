@@ -144,7 +144,10 @@ def test_nvimgcodec_that_cannot_decode_is_not_used(monkeypatch):
 def test_missing_nvjpeg_library_is_named(monkeypatch):
     """nvImageCodec without libnvjpeg imports but registers no JPEG decoder: said, not silent."""
     import importlib.util
+    import sys
 
+    # a GPU box that has nvImageCodec imported it in an earlier test: the import is cached there
+    monkeypatch.delitem(sys.modules, "nvidia.nvimgcodec", raising=False)
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: object() if name == "nvidia.nvimgcodec" else real(name, *a)

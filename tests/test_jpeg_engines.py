@@ -201,8 +201,9 @@ def _step_ms(route) -> float:
 def test_the_engines_split_with_the_cpu_is_timed_and_kept_where_it_feeds_the_step_fastest():
     """Both GPU routes alone, then each beside the CPU in the ratio of the measured rates: the
     engines' split keeps up with the step (its decodes take no SMs). Negative control: the same
-    timings without the engine candidate keep nvJPEG's split, a slower step."""
-    trial = RouteTrial(warmup=8, settle=4, window=10, split=True)
+    timings without the engine candidate keep nvJPEG's split, a slower step. (``three_way=False``:
+    the two-way splits as timed where the three-way split is not offered; tests/test_three_way.py)"""
+    trial = RouteTrial(warmup=8, settle=4, window=10, split=True, three_way=False)
     assert trial.add_candidate(EngineRoute(0.0)) and not trial.add_candidate(EngineRoute(0.0))
     trial = _run(trial, _decode_ms, _step_ms)
     engines_split = EngineRoute(split_share(trial.periods[1.0], trial.periods[EngineRoute(0.0)]))
@@ -272,3 +273,37 @@ def test_the_self_test_decodes_on_the_engines_and_says_when_they_decode_nothing(
 
     engines = fake_engines(NoEngines)
     assert "no JPEG engines" in jpeg_engines.self_test(engines) and engines.codec.output == "library"
+
+
+def test_the_callers_stream_waits_for_the_engines_own_and_marks_each_block_used():
+    """On the GPU the engines decode on their own stream: taking the result orders the caller's
+    stream after their event and marks each decoded block (not each view) used on it."""
+    from concurrent.futures import Future
+
+    from torch_fastload.vision.jpeg_engines import EngineDecode
+
+    class Stream:
+        waited: list = []
+
+        def wait_event(self, event):
+            self.waited.append(event)
+
+    class View:
+        def __init__(self, block):
+            self.block, self.marked = block, []
+
+        def untyped_storage(self):
+            return type("Storage", (), {"data_ptr": lambda _: self.block})()
+
+        def record_stream(self, stream):
+            self.marked.append(stream)
+
+    caller, done = Stream(), object()
+    views = [View(1000), View(1000), None, View(2000)]
+    future = Future()
+    future.set_result((views, done))
+    assert EngineDecode(future, caller).result() is views
+    assert caller.waited == [done]
+    assert [len(v.marked) for v in views if v is not None] == [1, 0, 1]
+    engines = fake_engines()  # off the GPU: no stream, no event
+    assert engines.stream is None and engines.submit([jpeg((1, 2, 3))]).result()[0].shape == (3, 16, 24)

@@ -269,8 +269,9 @@ OPTIONS: dict[str, Option] = {
             "pace; else ~15 "
             "more time the GPU's hardware JPEG engines (where nvImageCodec's hardware decoder works; "
             "decode_backend='auto') and ~15 nvJPEG, and the CPU must be 5% faster to stay, then ~15 more "
-            "time each GPU route and the CPU at once, each batch split in the ratio of their rates, kept if "
-            "fastest (nvJPEG alone below 8 CPUs per process); "
+            "time each GPU route and the CPU at once, each batch split in the ratio of their rates (where the "
+            "engines and nvJPEG both work: the CPU, the engines and nvJPEG at once, then the CPU and nvJPEG), "
+            "kept if fastest (nvJPEG alone below 8 CPUs per process); "
             "'steal': both split each batch by work stealing. RESULTS.md",
         ),
         Option(
@@ -283,6 +284,15 @@ OPTIONS: dict[str, Option] = {
             "no CUDA cores: what they refuse goes to the CPU), 'auto' (torchvision while it offers nvJPEG, measured "
             "faster; else nvImageCodec where it imports and decodes; cpu_decode_share='auto' also times the "
             "hardware engines where they work)",
+        ),
+        Option(
+            "engine_decode_share",
+            0.0,
+            lambda name, value: _float_within(name, value, lambda v: 0 <= v <= 1, "a number in [0, 1]", "in [0, 1]"),
+            "with a numeric cpu_decode_share (decode_backend other than 'hardware'): the share of each batch's "
+            "GPU-decodable JPEGs decoded on the GPU's hardware JPEG engines while nvJPEG decodes the rest, all at "
+            "once (a three-way split beside the CPU's share; its sum with cpu_decode_share at most 1; baseline "
+            "JPEGs only); 0: none",
         ),
         Option(
             "cpu_decode_threads",

@@ -6,14 +6,17 @@
 #           engine route is then "not usable" everywhere below, and auto keeps the old routes)
 #   build   the extension
 #   engines whether the engines decode here (jpeg_engines_missing), and nvidia-smi's engine line
-#   tests   test_jpeg_engines (the real engines vs libjpeg-turbo), test_gpu_backend, test_route_trial
+#   tests   test_jpeg_engines (the real engines vs libjpeg-turbo), test_three_way (the three-way
+#           split on the real engines and nvJPEG), test_gpu_backend, test_route_trial
 #   train   examples/imagenet.py ResNet-18 on 10,000 JPEGs (100 x 100, the peers' set), 4 epochs,
-#           100 untimed steps (the trial with the engines takes ~85 batches): synthetic, fastload
-#           (auto: the route kept is printed), fastload on each route alone: hardware,
-#           torchvision (nvJPEG on CUDA cores), cpu; and DALI where /tmp/site has it (peers.sh)
+#           100 untimed steps (the trial with the engines takes ~85 batches): a: synthetic, fastload
+#           (auto: the route kept is printed, a three-way split named "cpu C + engines E + nvjpeg N"),
+#           fastload-threeway (forced: 0.31 CPU, 0.29 engines, 0.40 nvJPEG); b: synthetic, DALI where
+#           /tmp/site has it (peers.sh), fastload on one route alone: torchvision (nvJPEG on CUDA
+#           cores), hardware (the engines). The all-CPU row is left out (38.4 ms on the H200: slowest)
 #   alone   imagenet_loader (what time is left): each GPU decoder alone on batches from pinned
 #           memory (gpu-decode-hardware vs gpu-decode-torchvision), then the loader alone on each
-#           route, fp32
+#           route (threeway too), fp32
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 DATA=${DATA:-/tmp/peers-work/imagenet-sample}
@@ -54,24 +57,24 @@ print('nvImageCodec:', nvimgcodec_missing() or 'imports, nvJPEG found')
 print('JPEG engines:', jpeg_engines.jpeg_engines_missing(device, 256) or 'decode the self-test JPEG')
 "
 nvidia-smi -q 2>/dev/null | grep -i -A2 "jpg\|ofa" | head -12 >> "$OUT/engines.log"
-step tests 110 python3 -m pytest -q -rs -p no:cacheprovider tests/test_jpeg_engines.py tests/test_gpu_backend.py \
-  tests/test_route_trial.py
+step tests 110 python3 -m pytest -q -rs -s -p no:cacheprovider tests/test_jpeg_engines.py tests/test_three_way.py \
+  tests/test_gpu_backend.py tests/test_route_trial.py
 
-routes=hardware,torchvision,cpu
+routes=hardware,torchvision,threeway,cpu
 [ -d $SITE/nvidia/dali ] || echo "DALI not in $SITE (peers.sh installs it): its row says not installed" | tee -a "$OUT/tree.txt"
 TRAIN=(python3 benchmarks/imagenet_train.py --no-progress --dir "$DATA" --classes 100 --per-class 100 --epochs 4 --warmup-steps 100)
-# a: the question (auto and the engines alone beside synthetic); b: the other routes and DALI
-step train-a 150 "${TRAIN[@]}" --only resnet18:synthetic,resnet18:fastload --decode-routes hardware \
+# a: the question (auto and the forced three-way split beside synthetic); b: single routes and DALI
+step train-a 160 "${TRAIN[@]}" --only resnet18:synthetic,resnet18:fastload --decode-routes threeway \
   --out "$OUT/train-a" --json "$OUT/train-a.json"
-step train-b 150 "${TRAIN[@]}" --decode-routes torchvision,cpu \
-  --only resnet18:synthetic,resnet18:dali,resnet18:fastload-torchvision,resnet18:fastload-cpu \
+step train-b 150 "${TRAIN[@]}" --decode-routes torchvision,hardware \
+  --only resnet18:synthetic,resnet18:dali,resnet18:fastload-torchvision,resnet18:fastload-hardware \
   --out "$OUT/train-b" --json "$OUT/train-b.json"
 step ceiling 70 python3 benchmarks/imagenet_loader.py --no-progress --dir "$DATA" --classes 100 --per-class 100 \
   --epochs 1 --decode-backends hardware,torchvision --out "$OUT/ceiling" --json "$OUT/ceiling.json" \
   --runs gpu-decode-hardware,gpu-decode-torchvision
 step alone 100 python3 benchmarks/imagenet_loader.py --no-progress --dir "$DATA" --classes 100 --per-class 100 \
   --epochs 1 --decode-backends $routes --out "$OUT/alone" --json "$OUT/alone.json" \
-  --runs fastload-folder-hardware,fastload-folder-torchvision,fastload-folder-cpu
+  --runs fastload-folder-hardware,fastload-folder-torchvision,fastload-folder-threeway,fastload-folder-cpu
 
 python3 - <<'PY' | tee "$OUT/summary.txt"
 import json, os
@@ -93,7 +96,9 @@ for r in load("train-a.json").get("runs", []) + load("train-b.json").get("runs",
     if r.get("decode_route"):
         d = r["decode_route"]
         print(f"    auto kept: {d.get('route')} after {d.get('trial_batches')} batches; {d['measured']}")
-for ours in ("fastload", "fastload-hardware"):
+    if r["loader"] in ("fastload", "fastload-threeway") and r.get("loader_stats"):
+        print(f"    decoded per route: {r['loader_stats'].get('decoded')}")
+for ours in ("fastload", "fastload-threeway", "fastload-hardware"):
     if ours in steps and "dali" in steps:
         over = steps[ours] / steps["dali"]
         print(f"  {ours} / DALI step: {over:.3f}x ({'PASS' if over <= 1.0 else 'FAIL'} the <= 1.0x floor; separate processes)")

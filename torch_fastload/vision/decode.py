@@ -14,7 +14,8 @@ twin where the engine is not built). The probe routes each image:
   passed), ``device-cpu`` (the loader's device is the CPU); on a route through the GPU's hardware
   JPEG engines (jpeg_engines.py) also ``progressive`` (they take baseline JPEGs only) and
   ``engines-refused`` (odd chroma sampling, a size they refuse); what they decode is counted
-  ``engines``;
+  ``engines`` (also on a three-way split, ``route_trial.ThreeWayRoute``: a share of the GPU's
+  baseline JPEGs on the engines while nvJPEG decodes the rest and the CPU its share);
 - an error: empty, truncated (no end-of-image marker: a cut download) or unreadable files, and
   files whose header declares more than ``max_pixels`` (decompression bombs: refused before
   anything is allocated) raise ``ImageDecodeError`` naming the file, or with
@@ -56,7 +57,7 @@ from .cpu import native_jpeg as _native_jpeg
 from .cpu import native_regions as _native_regions
 from .gpu_backend import gpu_backend
 from .jpeg_engines import ENGINES, jpeg_engines, jpeg_engines_missing
-from .nvjpeg import decode_gpu, front_chunks
+from .nvjpeg import decode_gpu, front_chunks, refused_on_cpu
 from .pinned import PinnedBuffers, PinnedPlaces
 from .probe import (  # noqa: F401  (re-exported: the probe's names were decode's)
     ADOBE,
@@ -76,8 +77,8 @@ from .probe import (  # noqa: F401  (re-exported: the probe's names were decode'
     probe,
     probe_python,
 )
-from .route_trial import EngineRoute, RouteTrial, cpu_share_of, on_engines
-from .routing import NATIVE_ROUTES, BatchRoute, Decoded, EncodedSlices, route, share_out
+from .route_trial import EngineRoute, RouteTrial, ThreeWayRoute, cpu_share_of, log_choice, on_engines
+from .routing import NATIVE_ROUTES, BatchRoute, Decoded, EncodedSlices, engines_out, route, share_out
 from .settings import (
     CORES_FOR_A_TRIAL,
     CORES_LEFT_TO_THE_STEP,
@@ -136,6 +137,7 @@ class BatchDecoder:
         cpu_threads: int | None = None,
         cpu_share: float | None = None,
         decode_backend: str | None = None,
+        engine_share: float | None = None,
     ):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -161,7 +163,7 @@ class BatchDecoder:
                 warmup=TRIAL_WARMUP,
                 settle=TRIAL_SETTLE,
                 window=TRIAL_WINDOW,
-                on_choice=_log_choice,
+                on_choice=log_choice,
                 steps=GpuStepProbe(self.device),
                 split=True,
             )
@@ -169,8 +171,16 @@ class BatchDecoder:
             else None
         )
         self.cpu_share = share if isinstance(share, float) else 0.0
-        # the route of every batch without a trial: the CPU share, the rest on the GPU decoder
+        # the route of every batch without a trial: the CPU share, the rest on the GPU decoder (or
+        # a three-way split: engine_decode_share of it on the JPEG engines beside nvJPEG)
         self.fixed_route = EngineRoute(self.cpu_share) if engines_only else self.cpu_share
+        engine_share = config.resolve("engine_decode_share", engine_share)
+        if engine_share and isinstance(share, float) and not engines_only:
+            if self.cpu_share + engine_share > 1 + 1e-9:
+                raise ValueError(
+                    f"cpu_decode_share {self.cpu_share:g} + engine_decode_share {engine_share:g} is over 1"
+                )
+            self.fixed_route = ThreeWayRoute(self.cpu_share, float(engine_share))
         # decode_backend='auto': the trial is offered the JPEG engines at the first batch (the
         # check touches the GPU), where nvImageCodec's hardware decoder works here
         self._engines_offered = not (self.trial is not None and self.decode_backend == "auto")
@@ -263,9 +273,13 @@ class BatchDecoder:
         geometry = crop(info[:, 1].copy(), info[:, 2].copy()) if crop is not None else None
         slices = EncodedSlices(data, offsets)
         failed = {i: refusal_of(info[i], self.max_pixels) for i, r in enumerate(routes) if r.startswith("error:")}
+        decodable = routes.count("nvjpeg")
         gpu, steal = share_out(routes, cpu_share_of(chosen), self.work_stealing)
         for i in gpu + steal if on_engines(chosen) else ():
             routes[i] = "engines"  # counted apart from nvJPEG's in loader.stats().decoded
+        engine_part = []
+        if isinstance(chosen, ThreeWayRoute) and len(gpu) > 1:  # the engines' share of the batch beside nvJPEG
+            gpu, engine_part = engines_out(routes, info, gpu, int(round(chosen.engine_share * decodable)))
         cpu = [i for i, r in enumerate(routes) if r.startswith("cpu:")]
         # JPEGs nvJPEG could take go to the C++ batch decoder (one call, no GIL per image), the
         # rest (PNG, CMYK, ...) to Python threads; all beside nvJPEG
@@ -275,7 +289,9 @@ class BatchDecoder:
             else []
         )
         boxes = self._boxes(info, geometry, native + steal)
-        return BatchRoute(info, routes, slices, geometry, failed, gpu, steal, cpu, native, boxes, on_engines(chosen))
+        return BatchRoute(
+            info, routes, slices, geometry, failed, gpu, steal, cpu, native, boxes, on_engines(chosen), engine_part
+        )
 
     def _boxes(self, info: np.ndarray, geometry, which: list) -> np.ndarray:
         """int64 ``(N, 4)``: the part of each image decoded (top, left, height, width): the
@@ -381,19 +397,37 @@ class BatchDecoder:
     def _decode_on_gpu(self, plan: BatchRoute, job, images: list, failed: dict) -> None:
         """The GPU's images (nvJPEG's, or the JPEG engines' on an engine route: their one thread
         decodes the batch while this stage thread waits): all of ``plan.gpu`` in one call, or
-        chunks claimed from the front of a work-stealing ``job``. What the GPU refuses is
+        chunks claimed from the front of a work-stealing ``job``. On a three-way split the
+        engines decode ``plan.engine_part`` on their thread meanwhile. What the GPU refuses is
         decoded on the CPU ('cpu:nvjpeg-error', 'cpu:engines-refused')."""
-        chunks = front_chunks(job, plan.steal) if job is not None else ([plan.gpu] if plan.gpu else [])
-        refused = "cpu:engines-refused" if plan.engines else "cpu:nvjpeg-error"
-        for chunk in chunks:
-            encoded = [plan.slices[i] for i in chunk]
-            backend = jpeg_engines(self.device, len(chunk)) if plan.engines else self.gpu_backend()
-            decoded = decode_gpu(encoded, chunk, plan.routes, self.device, self.max_pixels, backend, refused)
-            for i, image in zip(chunk, decoded):
-                if isinstance(image, Refusal):  # refused by the GPU and the CPU
-                    failed[i] = image
-                else:
-                    images[i] = image
+        beside = None
+        if plan.engine_part:  # handed to the engines' thread first: it decodes while nvJPEG does
+            encoded = [plan.slices[i] for i in plan.engine_part]
+            beside = jpeg_engines(self.device, len(encoded)).submit(encoded)
+        try:
+            chunks = front_chunks(job, plan.steal) if job is not None else ([plan.gpu] if plan.gpu else [])
+            refused = "cpu:engines-refused" if plan.engines else "cpu:nvjpeg-error"
+            for chunk in chunks:
+                encoded = [plan.slices[i] for i in chunk]
+                backend = jpeg_engines(self.device, len(chunk)) if plan.engines else self.gpu_backend()
+                decoded = decode_gpu(encoded, chunk, plan.routes, self.device, self.max_pixels, backend, refused)
+                self._put(chunk, decoded, images, failed)
+        finally:  # the engines read the slot: never leave their decode running
+            out = beside.result() if beside is not None else None
+        if out is not None:
+            encoded = [plan.slices[i] for i in plan.engine_part]
+            decoded = refused_on_cpu(
+                out, encoded, plan.engine_part, plan.routes, self.device, self.max_pixels, "cpu:engines-refused"
+            )
+            self._put(plan.engine_part, decoded, images, failed)
+
+    @staticmethod
+    def _put(positions: list, decoded: list, images: list, failed: dict) -> None:
+        for i, image in zip(positions, decoded):
+            if isinstance(image, Refusal):  # refused by the GPU and the CPU
+                failed[i] = image
+            else:
+                images[i] = image
 
     # -- assemble ------------------------------------------------------------------------------
     def _place(self, packed: PinnedPlaces | None, results: dict, images: list, failed: dict) -> None:
@@ -468,15 +502,3 @@ def default_cpu_threads(share: float, cpus: int) -> int:
     if share == 1:
         return max(beside, cpus - CORES_LEFT_TO_THE_STEP)
     return beside
-
-
-def _log_choice(trial: RouteTrial) -> None:
-    share, gpu = cpu_share_of(trial.choice), "on the GPU's JPEG engines" if on_engines(trial.choice) else "with nvJPEG"
-    words = (
-        "every JPEG on the CPU"
-        if share == 1
-        else gpu
-        if share == 0
-        else f"{share:.0%} of each batch's JPEGs on the CPU, the rest {gpu}"
-    )
-    log.info("torch_fastload: cpu_decode_share='auto' decodes %s from now on (%s)", words, trial.describe())

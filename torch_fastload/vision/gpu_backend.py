@@ -137,7 +137,15 @@ class NvImageCodec:
         return torch.cuda.current_stream(self.device).cuda_stream
 
     def decode(self, encoded: list) -> list:
-        codes = [self._code_stream(tensor) for tensor in encoded]
+        return self.decode_parsed(self.parse(encoded))
+
+    def parse(self, encoded: list) -> list:
+        """Each image's nvImageCodec CodeStream (its header parsed; None where unreadable): host
+        work a caller can do before handing the batch to another thread (jpeg_engines.py)."""
+        return [self._code_stream(tensor) for tensor in encoded]
+
+    def decode_parsed(self, codes: list) -> list:
+        """``decode`` of what ``parse`` gave."""
         if self.output == "library":
             return self._decode_to_library_images(codes)
         return self._decode_to_torch(codes)

@@ -12,7 +12,7 @@ import torch
 from .cpu import try_decode_cpu
 from .settings import STEAL_CHUNK_MIN, STEAL_CHUNKS_PER_BATCH
 
-__all__ = ["decode_gpu", "front_chunks"]
+__all__ = ["decode_gpu", "refused_on_cpu", "front_chunks"]
 
 
 def decode_gpu(
@@ -27,7 +27,14 @@ def decode_gpu(
     """``backend`` (``gpu_backend``, or ``jpeg_engines``) for the whole list, in order; what it
     refuses on the CPU (``routes[positions[k]]`` becomes ``refused``; a ``Refusal`` where the CPU
     fails too): every image comes back, none dropped."""
-    out = backend.decode(encoded)
+    return refused_on_cpu(backend.decode(encoded), encoded, positions, routes, device, max_pixels, refused)
+
+
+def refused_on_cpu(
+    out: list, encoded: list, positions: list, routes: list, device: torch.device, max_pixels: int, refused: str
+) -> list:
+    """A GPU decoder's ``out`` with each None (refused) decoded on the CPU in its place, and its
+    route ``refused``."""
     for k, image in enumerate(out):
         if image is None:
             routes[positions[k]] = refused

@@ -17,6 +17,7 @@ route for ResNet-18 at 59.7 ms a batch against DALI's 26.6 ms step.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -26,7 +27,20 @@ from typing import Callable
 from .settings import TRIAL_CAUGHT_UP, TRIAL_KEEP_UP, TRIAL_MARGIN, TRIAL_SETTLE, TRIAL_WARMUP, TRIAL_WINDOW
 from .step_probe import DELIVERED, REQUESTED, StepReading
 
-__all__ = ["RouteTrial", "EngineRoute", "cpu_share_of", "on_engines", "route_name", "split_share"]
+log = logging.getLogger("torch_fastload")
+
+__all__ = [
+    "RouteTrial",
+    "log_choice",
+    "EngineRoute",
+    "ThreeWayRoute",
+    "cpu_share_of",
+    "engine_share_of",
+    "on_engines",
+    "route_name",
+    "split_share",
+    "three_way_shares",
+]
 
 
 @dataclass(frozen=True)
@@ -38,18 +52,42 @@ class EngineRoute:
     cpu_share: float
 
 
+@dataclass(frozen=True)
+class ThreeWayRoute:
+    """Each batch's GPU-decodable JPEGs split three ways, all decoding at once: ``cpu_share`` (the
+    batch's last) on the CPU, ``engine_share`` on the JPEG engines, the rest on nvJPEG (its CUDA
+    decodes then take fewer SMs from the step than with the CPU alone beside it)."""
+
+    cpu_share: float
+    engine_share: float
+
+    @property
+    def nvjpeg_share(self) -> float:
+        return round(1.0 - self.cpu_share - self.engine_share, 6)
+
+
 def cpu_share_of(route) -> float:
     """The share of a batch's GPU-decodable JPEGs that ``route`` decodes on the CPU."""
-    return route.cpu_share if isinstance(route, EngineRoute) else float(route)
+    return route.cpu_share if isinstance(route, (EngineRoute, ThreeWayRoute)) else float(route)
+
+
+def engine_share_of(route) -> float:
+    """The share of a batch's GPU-decodable JPEGs that ``route`` decodes on the JPEG engines."""
+    if isinstance(route, ThreeWayRoute):
+        return route.engine_share
+    return 1.0 - route.cpu_share if isinstance(route, EngineRoute) else 0.0
 
 
 def on_engines(route) -> bool:
-    """Whether ``route``'s GPU part goes to the hardware JPEG engines."""
+    """Whether ``route``'s whole GPU part goes to the hardware JPEG engines (an ``EngineRoute``)."""
     return isinstance(route, EngineRoute)
 
 
 def route_name(route) -> str:
-    """``route`` in words: 'cpu', 'nvjpeg', 'engines', or 'cpu S + nvjpeg' / 'cpu S + engines'."""
+    """``route`` in words: 'cpu', 'nvjpeg', 'engines', 'cpu S + nvjpeg' / 'cpu S + engines', or
+    'cpu S + engines E + nvjpeg N' (a ``ThreeWayRoute``)."""
+    if isinstance(route, ThreeWayRoute):
+        return f"cpu {route.cpu_share:g} + engines {route.engine_share:g} + nvjpeg {route.nvjpeg_share:g}"
     share, gpu = cpu_share_of(route), "engines" if on_engines(route) else "nvjpeg"
     return "cpu" if share == 1 else gpu if share == 0 else f"cpu {share:g} + {gpu}"
 
@@ -82,7 +120,11 @@ class RouteTrial:
     A candidate is a route: a float, the CPU share with the rest on nvJPEG (1.0: every JPEG on
     the CPU, 0.0: nvJPEG), or an ``EngineRoute`` (the rest on the JPEG engines). With ``split``,
     once every route was timed alone, each GPU route is timed once more beside the CPU, each
-    batch split in the ratio of their rates.
+    batch split in the ratio of their rates. Where the JPEG engines and nvJPEG were both timed
+    (and ``three_way``), the engines' split with the CPU gives way to a ``ThreeWayRoute``: the
+    CPU, the engines and nvJPEG on one batch at once, in the ratio of their three rates. The
+    CPU's split with nvJPEG is still timed after it, so a three-way split that does worse
+    (the engines' part delaying its batches) cannot cost the run the route kept without them.
     """
 
     def __init__(
@@ -98,6 +140,7 @@ class RouteTrial:
         steps=None,
         caught_up: float = TRIAL_CAUGHT_UP,
         split: bool = False,
+        three_way: bool = True,
     ):
         if len(candidates) < 2 or warmup < 0 or settle < 0 or window < 3:
             raise ValueError("a route trial needs two candidates, warmup >= 0, settle >= 0 and window >= 3")
@@ -114,6 +157,7 @@ class RouteTrial:
         # Every route timed: the CPU and each GPU route at once, each batch split in the ratio of
         # their rates, timed after them (``split_share``)
         self.split = bool(split) and self._splittable(self.candidates)
+        self.three_way = bool(three_way)  # the engines and nvJPEG both timed: split the three at once
         self._splits_added = False
         self.periods: dict = {}  # candidate -> seconds a batch (the slower clock)
         self.clocks: dict = {}  # candidate -> (decodes, deliveries)
@@ -172,9 +216,7 @@ class RouteTrial:
             self.choice = share  # the loop hardly waits at the GPU's pace: no other route can do better
         elif self._turn == len(self.candidates) - 1 and self._split_next():
             self._splits_added = True
-            for gpu in self.candidates[1:]:
-                share = split_share(self.periods[1.0], self.periods[gpu])
-                self.candidates.append(EngineRoute(share) if on_engines(gpu) else share)
+            self.candidates.extend(self._splits())
             self._turn += 1
         elif self._turn == len(self.candidates) - 1:
             first = self.candidates[0]
@@ -190,6 +232,19 @@ class RouteTrial:
         nvJPEG a step can be slowed on its GPU by the decodes beside it (H200 ResNet-18: 27.8 ms
         a batch against a 19.5 ms step, the loop waiting 9%)."""
         return self.split and not self._splits_added
+
+    def _splits(self) -> list:
+        """The splits timed once every route alone was (lock held): the three-way split then the
+        CPU beside nvJPEG where the engines and nvJPEG were both timed, else each GPU route
+        beside the CPU, each in the ratio of the rates measured alone."""
+        cpu, engines = self.periods[1.0], EngineRoute(0.0)
+        if self.three_way and engines in self.periods and 0.0 in self.periods:
+            shares = three_way_shares(cpu, self.periods[engines], self.periods[0.0])
+            return [ThreeWayRoute(shares[0], shares[1]), split_share(cpu, self.periods[0.0])]
+        return [
+            EngineRoute(split_share(cpu, self.periods[gpu])) if on_engines(gpu) else split_share(cpu, self.periods[gpu])
+            for gpu in self.candidates[1:]
+        ]
 
     @staticmethod
     def _splittable(candidates: list) -> bool:
@@ -247,6 +302,8 @@ _NAMES = {0.0: "with nvJPEG", 1.0: "with every JPEG on the CPU", EngineRoute(0.0
 
 
 def _describe_route(route) -> str:
+    if isinstance(route, ThreeWayRoute):
+        return f"split three ways ({route_name(route)})"
     if route in _NAMES:
         return _NAMES[route]
     return f"at share {cpu_share_of(route):g}" + (" beside the JPEG engines" if on_engines(route) else "")
@@ -259,6 +316,18 @@ def split_share(cpu_period: float, gpu_period: float) -> float:
     return round(min(0.9, max(0.1, share)), 2)
 
 
+def three_way_shares(cpu_period: float, engines_period: float, nvjpeg_period: float) -> tuple:
+    """``(cpu, engines, nvjpeg)``: the shares of each batch that keep the three decoders equally
+    busy, were they independent: each in the ratio of its rate (a batch over its period alone).
+    Rounded to a percent, the CPU's and the engines' at least 0.05, the three summing to 1."""
+    rates = [1.0 / p if p > 0 else 0.0 for p in (cpu_period, engines_period, nvjpeg_period)]
+    total = sum(rates)
+    if total <= 0:
+        return (0.34, 0.33, 0.33)
+    cpu, engines = (round(max(0.05, r / total), 2) for r in rates[:2])
+    return (cpu, engines, round(1.0 - cpu - engines, 2))
+
+
 def _gpu_seen(reading: StepReading | None) -> str:
     if reading is None:
         return ""
@@ -269,3 +338,23 @@ def _median_two_gap(times: list[float]) -> float:
     two_gaps = sorted((times[i + 2] - times[i]) / 2 for i in range(len(times) - 2))
     middle = len(two_gaps) // 2
     return two_gaps[middle] if len(two_gaps) % 2 else (two_gaps[middle - 1] + two_gaps[middle]) / 2
+
+
+def log_choice(trial: RouteTrial) -> None:
+    """Log the route ``trial`` kept and what it measured (its ``on_choice``)."""
+    if isinstance(trial.choice, ThreeWayRoute):
+        log.info(
+            "torch_fastload: cpu_decode_share='auto' splits each batch's JPEGs three ways from now on: %s (%s)",
+            route_name(trial.choice),
+            trial.describe(),
+        )
+        return
+    share, gpu = cpu_share_of(trial.choice), "on the GPU's JPEG engines" if on_engines(trial.choice) else "with nvJPEG"
+    words = (
+        "every JPEG on the CPU"
+        if share == 1
+        else gpu
+        if share == 0
+        else f"{share:.0%} of each batch's JPEGs on the CPU, the rest {gpu}"
+    )
+    log.info("torch_fastload: cpu_decode_share='auto' decodes %s from now on (%s)", words, trial.describe())

@@ -8,7 +8,7 @@ hardware JPEG engines on an engine route), to the CPU ('cpu:<reason>') or to an 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ from .. import config
 from .cpu import refusal_of
 from .probe import ADOBE, ARITHMETIC, FORMATS, HIGH_PRECISION, JPEG, LOSSLESS, PROGRESSIVE
 
-__all__ = ["route", "share_out", "Decoded", "EncodedSlices", "BatchRoute", "NATIVE_ROUTES"]
+__all__ = ["route", "share_out", "engines_out", "Decoded", "EncodedSlices", "BatchRoute", "NATIVE_ROUTES"]
 
 # 8-bit 1- or 3-component JPEGs the CPU takes from a GPU decoder: libjpeg decodes them as torchvision does
 NATIVE_ROUTES = ("cpu:share", "cpu:huge", "cpu:progressive")
@@ -95,6 +95,8 @@ class BatchRoute:
     native: list  # those of ``cpu`` the C++ batch decoder takes (the rest: Python threads)
     boxes: np.ndarray  # int64 (N, 4): the part of each image decoded (top, left, height, width)
     engines: bool = False  # ``gpu`` and ``steal`` go to the hardware JPEG engines, not nvJPEG
+    # a three-way split: positions the JPEG engines decode while nvJPEG decodes ``gpu``
+    engine_part: list = field(default_factory=list)
 
     @property
     def laid_out(self) -> list:
@@ -115,3 +117,15 @@ def share_out(routes: list, cpu_share: float, work_stealing: bool) -> tuple[list
     for i in gpu[len(gpu) - shared :] if shared else ():
         routes[i] = "cpu:share"
     return gpu[: len(gpu) - shared], []
+
+
+def engines_out(routes: list, info: np.ndarray, gpu: list, count: int) -> tuple[list, list]:
+    """``(nvjpeg, engines)``: a three-way split's GPU images ``gpu`` (what ``share_out`` left
+    after the CPU's share) between nvJPEG and the JPEG engines, the first ``count`` baseline
+    JPEGs to the engines (routed 'engines'); progressive ones stay nvJPEG's (the engines take
+    baseline JPEGs only)."""
+    engines = [i for i in gpu if not int(info[i, 4]) & PROGRESSIVE][: max(0, count)]
+    for i in engines:
+        routes[i] = "engines"
+    taken = set(engines)
+    return [i for i in gpu if i not in taken], engines
