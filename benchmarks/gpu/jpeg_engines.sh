@@ -63,11 +63,11 @@ step tests 110 python3 -m pytest -q -rs -s -p no:cacheprovider tests/test_jpeg_e
 routes=hardware,torchvision,threeway,cpu
 [ -d $SITE/nvidia/dali ] || echo "DALI not in $SITE (peers.sh installs it): its row says not installed" | tee -a "$OUT/tree.txt"
 TRAIN=(python3 benchmarks/imagenet_train.py --no-progress --dir "$DATA" --classes 100 --per-class 100 --epochs 4 --warmup-steps 100)
-# a: the question (auto and the forced three-way split beside synthetic); b: single routes and DALI
-step train-a 160 "${TRAIN[@]}" --only resnet18:synthetic,resnet18:fastload --decode-routes threeway \
+# a: the question (auto, DALI and the forced three-way split beside synthetic, one run); b: single routes
+step train-a 220 "${TRAIN[@]}" --only resnet18:synthetic,resnet18:fastload,resnet18:dali --decode-routes threeway \
   --out "$OUT/train-a" --json "$OUT/train-a.json"
 step train-b 150 "${TRAIN[@]}" --decode-routes torchvision,hardware \
-  --only resnet18:synthetic,resnet18:dali,resnet18:fastload-torchvision,resnet18:fastload-hardware \
+  --only resnet18:synthetic,resnet18:fastload-torchvision,resnet18:fastload-hardware \
   --out "$OUT/train-b" --json "$OUT/train-b.json"
 step ceiling 70 python3 benchmarks/imagenet_loader.py --no-progress --dir "$DATA" --classes 100 --per-class 100 \
   --epochs 1 --decode-backends hardware,torchvision --out "$OUT/ceiling" --json "$OUT/ceiling.json" \
