@@ -133,14 +133,28 @@ def test_decode_backend_hardware_without_engines_says_why():
     assert "on a GPU" in jpeg_engines.jpeg_engines_missing(CPU)
 
 
-def _trial_decoder(monkeypatch, missing, backend="auto"):
+def _trial_decoder(monkeypatch, missing, backend="auto", trial_engines=True):
     monkeypatch.setattr(decode, "_native_jpeg", lambda: True)
     monkeypatch.setattr(torch_fastload.config, "cpus_per_process", lambda: 16)
     monkeypatch.setattr(decode, "jpeg_engines_missing", lambda device, batch: missing)
-    decoder = decode.BatchDecoder("cuda:0", decode_backend=backend)
+    with torch_fastload.config.override(trial_engines=trial_engines):
+        decoder = decode.BatchDecoder("cuda:0", decode_backend=backend)
     assert decoder.trial.candidates == ([1.0, EngineRoute(0.0)] if backend == "hardware" else [1.0, 0.0])
     decoder._offer_engines(256)
     return decoder
+
+
+def test_the_trial_leaves_the_engines_out_unless_asked(monkeypatch):
+    """trial_engines is off by default: a working nvImageCodec is not even probed, the candidates
+    stay the CPU and nvJPEG (the engines never fed a measured training step fastest)."""
+    calls = []
+    monkeypatch.setattr(decode, "_native_jpeg", lambda: True)
+    monkeypatch.setattr(torch_fastload.config, "cpus_per_process", lambda: 16)
+    monkeypatch.setattr(decode, "jpeg_engines_missing", lambda device, batch: calls.append(1))
+    decoder = decode.BatchDecoder("cuda:0", decode_backend="auto")
+    decoder._offer_engines(256)
+    assert decoder.trial.candidates == [1.0, 0.0] and calls == []
+    assert _trial_decoder(monkeypatch, None, trial_engines=False).trial.candidates == [1.0, 0.0]
 
 
 def test_the_trial_times_the_engines_only_where_they_work(monkeypatch):

@@ -286,6 +286,15 @@ OPTIONS: dict[str, Option] = {
             "hardware engines where they work)",
         ),
         Option(
+            "trial_engines",
+            False,
+            _bool,
+            "cpu_decode_share='auto' with decode_backend='auto' also times the GPU's hardware JPEG engines "
+            "(nvImageCodec) alone and in a three-way split; off by default: beside a training step (H200, "
+            "ResNet-18) the trial never kept them, and their two windows lengthen it from ~55 to ~83 batches. "
+            "RESULTS.md",
+        ),
+        Option(
             "engine_decode_share",
             0.0,
             lambda name, value: _float_within(name, value, lambda v: 0 <= v <= 1, "a number in [0, 1]", "in [0, 1]"),

@@ -181,9 +181,10 @@ class BatchDecoder:
                     f"cpu_decode_share {self.cpu_share:g} + engine_decode_share {engine_share:g} is over 1"
                 )
             self.fixed_route = ThreeWayRoute(self.cpu_share, float(engine_share))
-        # decode_backend='auto': the trial is offered the JPEG engines at the first batch (the
-        # check touches the GPU), where nvImageCodec's hardware decoder works here
-        self._engines_offered = not (self.trial is not None and self.decode_backend == "auto")
+        # decode_backend='auto' and trial_engines: the trial is offered the JPEG engines at the
+        # first batch (the check touches the GPU), where nvImageCodec's hardware decoder works here
+        offer = self.trial is not None and self.decode_backend == "auto" and config.resolve("trial_engines", None)
+        self._engines_offered = not offer
         self._offer_lock = threading.Lock()
         self.cpu_threads = (
             cpu_threads
