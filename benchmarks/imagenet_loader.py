@@ -299,6 +299,12 @@ def main(argv=None) -> int:
     )
     p.add_argument("--runs", default="", help="only these runs, comma-separated names (default: all)")
     p.add_argument(
+        "--peers-first",
+        action="store_true",
+        help="the peers' rows before ours (all rows share one process: whichever runs later meets the GPU decoders "
+        "the earlier ones left set up)",
+    )
+    p.add_argument(
         "--timed-trial",
         action="store_true",
         help="time right after one untimed epoch, even where the route trial (cpu_decode_share='auto') "
@@ -342,6 +348,9 @@ def main(argv=None) -> int:
             lambda: fastload(ImageFolder(train_dir, route_transform or TrainTransform(), seed=0)),
             route_output,
         )
+    if args.peers_first:  # one process runs every row: a library's GPU decoders stay set up after its row
+        peer_names = [n for n in runs if n.startswith(("dali", "spdl"))]
+        runs = {**{n: runs[n] for n in ["torch", *peer_names] if n in runs}, **runs}
     wanted = set(args.runs.split(",")) if args.runs else None
     study["peers"] = peers.all_status()
     study["runs"], study["peer_rows_not_run"] = [], {}

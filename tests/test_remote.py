@@ -84,6 +84,24 @@ def test_worker_processes_read_urls_per_sample(data, server):
     assert all(torch.equal(a.data, b.data) and torch.equal(a.offsets, b.offsets) for a, b in zip(ours, theirs))
 
 
+def test_a_capped_server_sends_exact_bytes_in_paced_chunks_longer_than_the_minimum(data, server, tmp_path):
+    """Under a high cap the loopback server paces sends of PACE_SECONDS at the cap (not 256 KiB):
+    a range across several of them, at an odd offset, still comes back byte for byte."""
+    import urllib.request
+
+    from torch_fastload.remote import loopback
+
+    payload = np.random.default_rng(7).integers(0, 256, 9 * (1 << 20) + 123, dtype=np.uint8).tobytes()
+    (data / "data" / "paced.bin").write_bytes(payload)
+    server.control(bandwidth=8e9)
+    assert int(8e9 * loopback.PACE_SECONDS) > 2 * loopback.CHUNK  # the sends are the longer ones
+    start, end = 77, len(payload) - 5
+    request = urllib.request.Request(server.url("data/paced.bin"), headers={"Range": f"bytes={start}-{end - 1}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 206
+        assert answer.read() == payload[start:end]
+
+
 def test_ranges_join_across_small_gaps_and_split_long_ones():
     requests = plan_requests(
         np.array([0, 0, 0, 1]),

@@ -38,7 +38,10 @@ from urllib.parse import unquote
 
 __all__ = ["LoopbackServer", "serve"]
 
-CHUNK = 256 << 10  # bytes per paced send
+CHUNK = 256 << 10  # bytes per paced send, at least
+# ...or this long at the cap: each paced send costs the server's event loop ~0.1 ms of Python, so
+# fixed 256 KiB sends at ~8 GB/s (30k a second over a few processes) made the server the wall
+PACE_SECONDS = float(os.environ.get("TORCH_FASTLOAD_LOOPBACK_PACE_S", "0.0005"))
 
 
 _SWITCHES = ("latency", "bandwidth", "fail", "fail_status", "stall", "stall_seconds", "ignore_range", "reset")
@@ -184,8 +187,9 @@ async def _serve_object(state: _State, method: str, target: str, headers: dict, 
         if state.switch("bandwidth") <= 0:  # no cap: the whole range in one sendfile (no pacing)
             await loop.sendfile(writer.transport, f, at, end - at)
             at = end
+        chunk = max(CHUNK, int(state.switch("bandwidth") * PACE_SECONDS))
         while at < end:
-            n = min(CHUNK, end - at)
+            n = min(chunk, end - at)
             await state.pace(n)
             await writer.drain()
             await loop.sendfile(writer.transport, f, at, n)
