@@ -78,6 +78,28 @@ def test_imagenet_loader(tmp_path):
     assert "vs torch" in res.stdout
 
 
+def test_imagenet_loader_isolates_each_row_in_a_process_of_its_own(tmp_path):
+    """--isolate: each row timed by a fresh process of the script (no decoder state left by
+    another row); its results gathered into the parent's table and verdicts, settings kept."""
+    res, out = run_study(
+        "imagenet_loader.py",
+        tmp_path,
+        "--dir",
+        str(tmp_path / "images"),
+        "--decode-backends",
+        "cpu",
+        "--isolate",
+        "--runs",
+        "torch,fastload-folder,fastload-folder-cpu",
+    )
+    data = report(out, "imagenet_loader")
+    assert [r["name"] for r in data["runs"]] == ["torch", "fastload-folder", "fastload-folder-cpu"]
+    assert all(r["images_per_s"] > 0 for r in data["runs"])
+    assert next(r for r in data["runs"] if r["name"] == "fastload-folder-cpu")["settings"] == {"cpu_decode_share": 1.0}
+    assert res.stdout.count("(own process)") == 3
+    assert {p.name for p in (out / "rows").iterdir()} == {"torch", "fastload-folder", "fastload-folder-cpu"}
+
+
 def test_imagenet_loader_times_past_the_route_trial():
     """The timed epochs start once the route trial chose: untimed epochs until then (a trial
     choosing in its 3rd epoch is run 2 more untimed); with --timed-trial (negative control) the

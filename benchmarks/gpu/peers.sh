@@ -19,7 +19,7 @@ timeout $(budget 60) python3 benchmarks/resume_peers.py --device cpu --out "$W/o
     2>&1 | grep -v "naively fast-forwarding" | tee "$OUT/resume_peers.log" | tail -16
 
 stamp "imagenet_loader"
-timeout $(budget 200) python3 benchmarks/imagenet_loader.py --dir "$W/imagenet-sample" --classes "$CLASSES" --per-class "$PER_CLASS" \
+timeout $(budget 200) python3 benchmarks/imagenet_loader.py --isolate --dir "$W/imagenet-sample" --classes "$CLASSES" --per-class "$PER_CLASS" \
     --epochs 2 --torch-batches 10 --out "$W/out" --json "$OUT/imagenet_loader.json" --no-progress \
     > "$OUT/imagenet_loader.log" 2>&1
 echo "rc $?"; grep -v "^\s*$" "$OUT/imagenet_loader.log" | tail -22
