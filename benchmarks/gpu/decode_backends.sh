@@ -15,18 +15,7 @@ mkdir -p "$OUT" "$DATA"
 export OUT PYTHONUNBUFFERED=1
 start=$(date +%s)
 BUDGET=${BUDGET:-470}  # seconds for everything; a step gets at most what is left
-step() {  # step NAME TIMEOUT_S CMD...: output in $OUT/NAME.log, status and seconds in $OUT/steps.txt
-  local name=$1 limit=$2 t0=$(date +%s) rc left
-  shift 2
-  left=$(( BUDGET - (t0 - start) ))
-  (( left < limit )) && limit=$left
-  if (( limit < 15 )); then echo "$name skipped: out of time" | tee -a "$OUT/steps.txt"; return 124; fi
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  rc=$?
-  echo "$name rc=$rc $(( $(date +%s) - t0 ))s (at $(( $(date +%s) - start ))s)" | tee -a "$OUT/steps.txt"
-  tail -n 25 "$OUT/$name.log"
-  return $rc
-}
+source benchmarks/gpu/steps.sh  # step NAME TIMEOUT_S CMD...
 
 # 1. the carried wheels; nvidia/ made a namespace over every 'nvidia' folder on the path, so the
 #    torch wheels' nvidia/cu13 stays visible beside nvimgcodec

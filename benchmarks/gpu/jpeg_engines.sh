@@ -26,18 +26,7 @@ SITE=/tmp/site
 export PYTHONPATH=$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}
 start=$(date +%s)
 BUDGET=${BUDGET:-465}
-step() {  # step NAME TIMEOUT_S CMD...: output in $OUT/NAME.log, status and seconds in $OUT/steps.txt
-  local name=$1 limit=$2 t0=$(date +%s) rc left
-  shift 2
-  left=$(( BUDGET - (t0 - start) ))
-  (( left < limit )) && limit=$left
-  if (( limit < 15 )); then echo "$name skipped: out of time" | tee -a "$OUT/steps.txt"; return 124; fi
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  rc=$?
-  echo "$name rc=$rc $(( $(date +%s) - t0 ))s (at $(( $(date +%s) - start ))s)" | tee -a "$OUT/steps.txt"
-  tail -n 25 "$OUT/$name.log"
-  return $rc
-}
+source benchmarks/gpu/steps.sh  # step NAME TIMEOUT_S CMD...
 (git log --oneline -1 2>/dev/null || echo "no git here") | tee "$OUT/tree.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/tree.txt"
 
