@@ -275,9 +275,10 @@ def prepare(args) -> tuple[str, Path]:
     return train_dir, pack_dir
 
 
-def isolated_run(name: str, argv: list, workdir: Path) -> dict | None:
+def isolated_run(name: str, argv: list, workdir: Path) -> dict:
     """Row ``name`` timed by a fresh process of this script (its own CUDA context and decoders:
-    in one process the later rows ran 8-14% faster on an H200); its result, or None if it failed."""
+    in one process the later rows ran 8-14% faster on an H200); raises with the child's last
+    lines where it failed (``Study.attempt`` records it as that row's failure)."""
     keep, skip = [], False
     for arg in argv:  # this process's own outputs and row choice are not the child's
         if skip:
@@ -296,11 +297,8 @@ def isolated_run(name: str, argv: list, workdir: Path) -> dict | None:
     except (OSError, ValueError, KeyError):
         rows = []
     if done.returncode != 0 or not rows:
-        log(
-            f"   {name}: its process exited {done.returncode}; its last lines:\n"
-            + "\n".join(done.stdout.splitlines()[-8:])
-        )
-        return None
+        tail = "\n".join(done.stdout.splitlines()[-8:])
+        raise RuntimeError(f"its process exited {done.returncode} without a result; its last lines:\n{tail}")
     return rows[0]
 
 
@@ -398,7 +396,8 @@ def main(argv=None) -> int:
             continue
         log(f"-- {name}")
         if args.isolate:
-            if row := isolated_run(name, list(sys.argv[1:] if argv is None else argv), Path(args.out) / "rows"):
+            own_argv = list(sys.argv[1:] if argv is None else argv)
+            if row := study.attempt(name, isolated_run, name, own_argv, Path(args.out) / "rows"):
                 study["runs"].append(row)
                 log(f"   {row['images_per_s']:,.0f} images/s, {row.get('cores', 0):.1f} CPU cores (own process)")
             continue

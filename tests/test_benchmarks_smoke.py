@@ -100,6 +100,19 @@ def test_imagenet_loader_isolates_each_row_in_a_process_of_its_own(tmp_path):
     assert {p.name for p in (out / "rows").iterdir()} == {"torch", "fastload-folder", "fastload-folder-cpu"}
 
 
+def test_an_isolated_row_without_a_result_raises_with_its_last_lines(tmp_path):
+    """--isolate's child that yields no row (here: a row name that does not exist) is a failure
+    of that row with the child's output, never a silent gap in the table."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("imagenet_loader", REPO / "benchmarks" / "imagenet_loader.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = ["--device", "cpu", "--quick", "--no-progress", "--dir", str(tmp_path / "images"), "--isolate"]
+    with pytest.raises(RuntimeError, match="without a result; its last lines"):
+        bench.isolated_run("no-such-row", argv, tmp_path / "rows")
+
+
 def test_imagenet_loader_times_past_the_route_trial():
     """The timed epochs start once the route trial chose: untimed epochs until then (a trial
     choosing in its 3rd epoch is run 2 more untimed); with --timed-trial (negative control) the
