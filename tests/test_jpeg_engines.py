@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 from test_gpu_backend import FakeDecoder, fake_nvimgcodec_decoding
+from test_route_trial import run_trial as _run
 
 import torch_fastload
 from torch_fastload.vision import decode, jpeg_engines
@@ -169,32 +170,6 @@ def test_the_trial_times_the_engines_only_where_they_work(monkeypatch):
     torchvision._offer_engines(256)
     assert torchvision.trial.candidates == [1.0, 0.0] and calls == []
     assert _trial_decoder(monkeypatch, None, "hardware").trial.candidates == [1.0, EngineRoute(0.0)]
-
-
-def _run(trial: RouteTrial, decode_ms, step_ms, depth=4) -> RouteTrial:
-    """A loader whose decode of a batch on ``route`` takes ``decode_ms(route)`` beside a loop
-    whose step takes ``step_ms(route)`` meanwhile; the trial once it chose."""
-    clock = [0.0]
-    trial.clock = lambda: clock[0]
-    ready: list[float] = []
-    taken: list[float] = []
-    routes: list = []
-    decode_free = loop_free = 0.0
-    while trial.choice is None:
-        blocked = len(ready) >= depth and len(taken) <= len(ready) - depth
-        start = None if blocked else max(decode_free, taken[len(ready) - depth] if len(ready) >= depth else 0.0)
-        take = max(loop_free, ready[len(taken)]) if len(taken) < len(ready) else None
-        if take is not None and (start is None or take < start):
-            clock[0] = take
-            trial.consumed(take - loop_free)
-            loop_free = take + step_ms(routes[len(taken)]) / 1e3
-            taken.append(take)
-        else:
-            clock[0] = start
-            routes.append(trial.next_share())
-            decode_free = start + decode_ms(routes[-1]) / 1e3
-            ready.append(decode_free)
-    return trial
 
 
 # ResNet-18 on an H100, as the record has it: CPU route 29.7 ms a batch, nvJPEG 28.9 (its CUDA

@@ -220,13 +220,14 @@ def test_the_default_decoder_probes_the_step_and_the_source_passes_next_calls_on
     assert seen == ["requested", "delivered"]
 
 
-def _split_run(decode_ms, step_ms: float, split=True, depth=4) -> RouteTrial:
-    """A loader whose decode of a batch at CPU share s takes ``decode_ms(s)``, beside a loop whose
-    step takes ``step_ms``; the trial once it chose."""
+def run_trial(trial: RouteTrial, decode_ms, step_ms, depth=4) -> RouteTrial:
+    """A loader whose decode of a batch on ``route`` takes ``decode_ms(route)`` beside a loop
+    whose step takes ``step_ms(route)`` meanwhile; the trial once it chose."""
     clock = [0.0]
-    trial = RouteTrial(warmup=8, settle=4, window=10, clock=lambda: clock[0], split=split)
+    trial.clock = lambda: clock[0]
     ready: list[float] = []
     taken: list[float] = []
+    routes: list = []
     decode_free = loop_free = 0.0
     while trial.choice is None:
         blocked = len(ready) >= depth and len(taken) <= len(ready) - depth
@@ -234,14 +235,22 @@ def _split_run(decode_ms, step_ms: float, split=True, depth=4) -> RouteTrial:
         take = max(loop_free, ready[len(taken)]) if len(taken) < len(ready) else None
         if take is not None and (start is None or take < start):
             clock[0] = take
-            taken.append(take)
             trial.consumed(take - loop_free)
-            loop_free = take + step_ms / 1e3
+            loop_free = take + step_ms(routes[len(taken)]) / 1e3
+            taken.append(take)
         else:
             clock[0] = start
-            decode_free = start + decode_ms(trial.next_share()) / 1e3
+            routes.append(trial.next_share())
+            decode_free = start + decode_ms(routes[-1]) / 1e3
             ready.append(decode_free)
     return trial
+
+
+def _split_run(decode_ms, step_ms: float, split=True, depth=4) -> RouteTrial:
+    """``run_trial`` of a trial with the split candidate (or not), beside a step of ``step_ms``
+    whatever the route."""
+    trial = RouteTrial(warmup=8, settle=4, window=10, split=split)
+    return run_trial(trial, decode_ms, lambda route: step_ms, depth)
 
 
 def test_neither_route_feeding_the_loop_times_both_at_once_split_by_their_rates():

@@ -28,34 +28,7 @@ timeout 200 python3 benchmarks/parquet.py --device cuda --out "$OUT" --dir "$DAT
 echo "rc=${PIPESTATUS[0]} benchmark done at $((SECONDS - start)) s"
 
 echo "== variants (second epoch timed, as the benchmark) =="
-timeout 120 python3 - "$DATA" 2>&1 <<'PY' | tee "$OUT/variants.log"
-import sys, types
-from pathlib import Path
-import torch
-sys.path.insert(0, "benchmarks")
-import parquet as B
-from torch_fastload import config
-args = types.SimpleNamespace(device=torch.device("cuda"), batch_rows=65536)
-for name in ("alert-4000000-none-rg131072.parquet", "alert-1000000-snappy-rg131072.parquet"):
-    path = Path(sys.argv[1]) / name
-    if not path.exists():
-        print("missing", path); continue
-    rt = B.read_table_best(path)
-    rows = B.batch_rows_of(types.SimpleNamespace(batch_rows=65536, batch_mib=16.0), B.pq.read_metadata(path).num_rows, rt["nbytes"])
-    for label, options, interval, fetch_threads in (
-            ("default", {}, None, 1), ("fetch_threads=2", {}, None, 2), ("fetch_threads=3", {}, None, 3),
-            ("switchinterval 0.1ms", {}, 1e-4, 1), ("row_groups_at_once=8", {"row_groups_at_once": 8}, None, 1),
-            ("fetch_threads=3 at_once=8", {"row_groups_at_once": 8}, None, 3), ("default again", {}, None, 1)):
-        old = sys.getswitchinterval()
-        if interval: sys.setswitchinterval(interval)
-        with config.override(fetch_threads=fetch_threads):
-            r = B.fastload_run(path, args, batch_rows=rows, **options)
-        sys.setswitchinterval(old)
-        split = " ".join(f"{k} {v:.2f}" for k, v in r["stage_ms_per_batch"].items())
-        inner = " ".join(f"{k} {v:.2f}" for k, v in r["fetch_ms_per_batch"].items())
-        print(f"{name:42s} {label:22s} {r['gbps']:5.2f} GB/s  x{rt['seconds'] / r['seconds']:.2f} read_table ({rt['gbps']:.2f})"
-              f"  ms/batch {split} (fetch: {inner}); first batch {1e3 * r['first_batch_s']:.0f} ms", flush=True)
-PY
+timeout 120 python3 benchmarks/gpu/parquet_variants.py alert "$DATA" 2>&1 | tee "$OUT/variants.log"
 
 left=$((460 - (SECONDS - start)))
 if [ "$left" -gt 40 ]; then

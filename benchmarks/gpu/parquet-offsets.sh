@@ -30,31 +30,7 @@ timeout $(cap 150) python3 benchmarks/parquet.py --device cuda --out "$OUT" --di
 echo "rc=${PIPESTATUS[0]} benchmark done at $((SECONDS - start)) s"
 
 echo "== variants (second epoch timed, as the benchmark) =="
-timeout $(cap 100) python3 - "$DATA" 2>&1 <<'PY' | tee "$OUT/variants.log"
-import sys, types
-from pathlib import Path
-import torch
-sys.path.insert(0, "benchmarks")
-import parquet as B
-from torch_fastload import config
-args = types.SimpleNamespace(device=torch.device("cuda"), batch_rows=65536)
-for name in ("alert-4000000-none-rg131072.parquet", "alert-1000000-snappy-rg131072.parquet"):
-    path = Path(sys.argv[1]) / name
-    if not path.exists():
-        print("missing", path); continue
-    rt = B.read_table_best(path)
-    rows = B.batch_rows_of(types.SimpleNamespace(batch_rows=65536, batch_mib=16.0), B.pq.read_metadata(path).num_rows, rt["nbytes"])
-    for label, options, fetch_threads in (
-            ("default", {}, 1), ("fetch_threads=2", {}, 2), ("fetch_threads=3", {}, 3), ("fetch_threads=4", {}, 4),
-            ("row_groups_at_once=6", {"row_groups_at_once": 6}, 1), ("fetch_threads=2 at_once=6", {"row_groups_at_once": 6}, 2),
-            ("default again", {}, 1)):
-        with config.override(fetch_threads=fetch_threads):
-            r = B.fastload_run(path, args, batch_rows=rows, **options)
-        split = " ".join(f"{k} {v:.2f}" for k, v in r["stage_ms_per_batch"].items())
-        inner = " ".join(f"{k} {v:.2f}" for k, v in r["fetch_ms_per_batch"].items())
-        print(f"{name:42s} {label:26s} {r['gbps']:5.2f} GB/s  x{rt['seconds'] / r['seconds']:.2f} read_table ({rt['gbps']:.2f})"
-              f"  ms/batch {split} (fetch: {inner}); first batch {1e3 * r['first_batch_s']:.0f} ms", flush=True)
-PY
+timeout $(cap 100) python3 benchmarks/gpu/parquet_variants.py offsets "$DATA" 2>&1 | tee "$OUT/variants.log"
 echo "variants done at $((SECONDS - start)) s"
 
 echo "== fetch probe: alert 4M none, 16 decode threads =="
