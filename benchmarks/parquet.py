@@ -62,6 +62,7 @@ from torch_fastload._benchutil import (  # noqa: E402
     sync,
     warm_page_cache,
 )
+from torch_fastload._benchutil.timing import ThreadCpu  # noqa: E402
 from torch_fastload.sources import ParquetDataset, ParquetSampler  # noqa: E402
 
 
@@ -85,7 +86,11 @@ def fastload_run(path: Path, args, *, shuffle=False, seed=0, cold=False, batch_r
         drop_page_cache(path)
     resident = residency_of([path])
     dataset.fetch_seconds = dict.fromkeys(dataset.fetch_seconds, 0.0)
-    run = _epoch(loader, args)
+    cpu = ThreadCpu()
+    cpu.snapshot()
+    # read before the last batch, while the loader's threads (they end with the epoch) are there
+    threads = {}
+    run = _epoch(loader, args, on_batch={max(1, len(loader) - 1): lambda: threads.update(cpu.since())})
     stats = loader.stats()
     dataset.close()
     del loader
@@ -106,12 +111,15 @@ def fastload_run(path: Path, args, *, shuffle=False, seed=0, cold=False, batch_r
         "stage_ms_per_batch": {k: 1e3 * v / max(1, batches) for k, v in stats.stage_s.items() if v},
         # the fetch's own split: the batch's rows in Arrow (decode waits) and its tensors
         "fetch_ms_per_batch": {k: 1e3 * v / max(1, batches) for k, v in dataset.fetch_seconds.items()},
+        # CPU seconds of the timed epoch by thread group (decode, fetch, stage, copy, native)
+        "threads_cpu_s": {k: round(v["cpu_s"], 4) for k, v in threads.items()},
+        "threads_preempted": {k: v["preempted"] for k, v in threads.items() if v["preempted"] is not None},
         "pool_mib": setup.pool_bytes / MiB,
         "pool_regrows": setup.pool_regrows + stats.pool_regrows,
     }
 
 
-def _epoch(loader, args) -> dict:
+def _epoch(loader, args, on_batch=None) -> dict:
     sync(args.device)
     started = time.perf_counter()
     nbytes = batches = 0
@@ -122,6 +130,8 @@ def _epoch(loader, args) -> dict:
         batches += 1
         sink = sink[-3:] + [next(iter(batch.values())).view(-1)[-1:].float()]
         first = first or time.perf_counter() - started
+        if on_batch and batches in on_batch:
+            on_batch[batches]()
     sync(args.device)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "nbytes": nbytes, "batches": batches, "first_batch_s": first}

@@ -3,9 +3,16 @@ benchmarks/parquet.py times it (second epoch) against read_table in the same pro
 Run from the repo root:  python3 benchmarks/gpu/parquet_variants.py SET [DATA_DIR]
   alert    fetch_threads 2/3, a 0.1 ms GIL switch interval, 8 row groups decoding at once (4M none, 1M snappy)
   offsets  fetch_threads 2/3/4, 6 row groups at once, alone and with fetch_threads 2 (4M none, 1M snappy)
-  threads  16/12/8/6 decode threads, pyarrow's own threads on and off (4M none, written if missing)"""
+  threads  16/12/8/6 decode threads, pyarrow's own threads on and off (4M none, written if missing)
+  depth    batches in flight (prefetch) and pinned slots, pyarrow's threads on and off
+  stages   the pipeline's stage threads (2) at 3/4/6, with deeper prefetch and fewer memcpy threads
+  ceiling  the decode-only ceiling (every row group decoded on 16/12 threads, nothing else), then
+           the loader with pyarrow's threads on and off
+Each line ends with the timed epoch's CPU seconds by thread group (and preemptions where /proc has them)."""
 
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -15,58 +22,129 @@ sys.path.insert(0, "benchmarks")
 import parquet as bench  # noqa: E402
 import parquet_data  # noqa: E402
 
-from torch_fastload import config  # noqa: E402
+from torch_fastload import config, pipeline  # noqa: E402
 
 FILES = ("alert-4000000-none-rg131072.parquet", "alert-1000000-snappy-rg131072.parquet")
-# label, ParquetDataset options, fetch_threads, GIL switch interval (None: unchanged)
+# label, ParquetDataset options, loader config overrides, GIL switch interval (None: unchanged)
+# or a dict of torch_fastload.pipeline constants set for that variant
 SETS = {
     "alert": [
-        ("default", {}, 1, None),
-        ("fetch_threads=2", {}, 2, None),
-        ("fetch_threads=3", {}, 3, None),
-        ("switchinterval 0.1ms", {}, 1, 1e-4),
-        ("row_groups_at_once=8", {"row_groups_at_once": 8}, 1, None),
-        ("fetch_threads=3 at_once=8", {"row_groups_at_once": 8}, 3, None),
-        ("default again", {}, 1, None),
+        ("default", {}, {"fetch_threads": 1}, None),
+        ("fetch_threads=2", {}, {"fetch_threads": 2}, None),
+        ("fetch_threads=3", {}, {"fetch_threads": 3}, None),
+        ("switchinterval 0.1ms", {}, {"fetch_threads": 1}, 1e-4),
+        ("row_groups_at_once=8", {"row_groups_at_once": 8}, {"fetch_threads": 1}, None),
+        ("fetch_threads=3 at_once=8", {"row_groups_at_once": 8}, {"fetch_threads": 3}, None),
+        ("default again", {}, {"fetch_threads": 1}, None),
     ],
     "offsets": [
-        ("default", {}, 1, None),
-        ("fetch_threads=2", {}, 2, None),
-        ("fetch_threads=3", {}, 3, None),
-        ("fetch_threads=4", {}, 4, None),
-        ("row_groups_at_once=6", {"row_groups_at_once": 6}, 1, None),
-        ("fetch_threads=2 at_once=6", {"row_groups_at_once": 6}, 2, None),
-        ("default again", {}, 1, None),
+        ("default", {}, {"fetch_threads": 1}, None),
+        ("fetch_threads=2", {}, {"fetch_threads": 2}, None),
+        ("fetch_threads=3", {}, {"fetch_threads": 3}, None),
+        ("fetch_threads=4", {}, {"fetch_threads": 4}, None),
+        ("row_groups_at_once=6", {"row_groups_at_once": 6}, {"fetch_threads": 1}, None),
+        ("fetch_threads=2 at_once=6", {"row_groups_at_once": 6}, {"fetch_threads": 2}, None),
+        ("default again", {}, {"fetch_threads": 1}, None),
     ],
     "threads": [
-        (f"threads {t:2d} arrow_threads {a!s:5s}", {"threads": t, "arrow_threads": a}, 1, None)
+        (f"threads {t:2d} arrow_threads {a!s:5s}", {"threads": t, "arrow_threads": a}, {}, None)
         for t in (16, 12, 8, 6, 16)
         for a in (True, False)
+    ],
+    "depth": [
+        ("default", {}, {}, None),
+        ("prefetch 4 slots 5", {}, {"prefetch": 4, "pool_slots": 5}, None),
+        ("prefetch 8 slots 9", {}, {"prefetch": 8, "pool_slots": 9}, None),
+        ("prefetch 8 slots 5", {}, {"prefetch": 8, "pool_slots": 5}, None),
+        ("prefetch 16 slots 17", {}, {"prefetch": 16, "pool_slots": 17}, None),
+        ("arrow off prefetch 8 slots 9", {"arrow_threads": False}, {"prefetch": 8, "pool_slots": 9}, None),
+        ("default again", {}, {}, None),
+    ],
+    "stages": [
+        ("default", {}, {}, None),
+        ("stage threads 3", {}, {}, {"STAGE_THREADS": 3}),
+        ("stage threads 4", {}, {}, {"STAGE_THREADS": 4}),
+        ("stage threads 4 prefetch 6 slots 7", {}, {"prefetch": 6, "pool_slots": 7}, {"STAGE_THREADS": 4}),
+        ("stage threads 6 prefetch 8 slots 9", {}, {"prefetch": 8, "pool_slots": 9}, {"STAGE_THREADS": 6}),
+        ("stage threads 4 copy threads 4", {}, {"stage_threads": 4}, {"STAGE_THREADS": 4}),
+        ("default again", {}, {}, None),
+    ],
+    "ceiling": [
+        ("default", {}, {}, None),
+        ("arrow off", {"arrow_threads": False}, {}, None),
     ],
 }
 
 
+def decode_only(path: Path, threads: int, arrow_threads: bool) -> tuple:
+    """GB/s of decoding every row group on ``threads`` threads and nothing else (the decode
+    pool's ceiling), and the cores it used."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    meta = bench.pq.read_metadata(path)
+    local = threading.local()
+
+    def one(i):
+        if not hasattr(local, "file"):
+            local.file = bench.pq.ParquetFile(path, pre_buffer=True)
+        return local.file.read_row_group(i, use_threads=arrow_threads).nbytes
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(min(threads, meta.num_row_groups))))  # threads and files opened
+        cpu0, started = time.process_time(), time.perf_counter()
+        nbytes = sum(pool.map(one, range(meta.num_row_groups)))
+        seconds = time.perf_counter() - started
+    return nbytes / seconds / 1e9, (time.process_time() - cpu0) / seconds
+
+
+def cpu_text(r: dict) -> str:
+    cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["threads_cpu_s"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
+    pre = ", ".join(f"{k} {v}" for k, v in r.get("threads_preempted", {}).items() if v)
+    return f"; cpu s: {cpu}" + (f"; preempted: {pre}" if pre else "")
+
+
 def run(path: Path, variants: list) -> None:
-    args = types.SimpleNamespace(device=torch.device("cuda"), batch_rows=65536)
+    args = types.SimpleNamespace(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"), batch_rows=65536)
+    cpu0, started = time.process_time(), time.perf_counter()
     baseline = bench.read_table_best(path)
+    print(
+        f"{path.name}: read_table {baseline['gbps']:.2f} GB/s ({baseline['use_threads']=}); both read_table calls "
+        f"used {(time.process_time() - cpu0) / (time.perf_counter() - started):.1f} cores",
+        flush=True,
+    )
+    if variants is SETS["ceiling"]:
+        for threads, arrow in ((16, False), (16, True), (12, False)):
+            gbps, cores = decode_only(path, threads, arrow)
+            print(
+                f"{path.name}: decode only, {threads} threads, arrow_threads {arrow}: {gbps:.2f} GB/s "
+                f"(x{gbps / baseline['gbps']:.2f} read_table) on {cores:.1f} cores",
+                flush=True,
+            )
     sizing = types.SimpleNamespace(batch_rows=65536, batch_mib=16.0)
     rows = bench.batch_rows_of(sizing, bench.pq.read_metadata(path).num_rows, baseline["nbytes"])
-    for label, options, fetch_threads, interval in variants:
+    for label, options, settings, interval in variants:
         old = sys.getswitchinterval()
-        if interval:
+        constants = interval if isinstance(interval, dict) else {}
+        saved = {name: getattr(pipeline, name) for name in constants}
+        if interval and not constants:
             sys.setswitchinterval(interval)
+        for name, value in constants.items():
+            setattr(pipeline, name, value)
         try:
-            with config.override(fetch_threads=fetch_threads):
+            with config.override(**settings):
                 r = bench.fastload_run(path, args, batch_rows=rows, **options)
         finally:
             sys.setswitchinterval(old)
+            for name, value in saved.items():
+                setattr(pipeline, name, value)
         split = " ".join(f"{k} {v:.2f}" for k, v in r["stage_ms_per_batch"].items())
         inner = " ".join(f"{k} {v:.2f}" for k, v in r["fetch_ms_per_batch"].items())
         ratio = baseline["seconds"] / r["seconds"]
         first = 1e3 * r["first_batch_s"]
         print(
             f"{path.name:42s} {label:28s} {r['gbps']:5.2f} GB/s  x{ratio:.2f} read_table ({baseline['gbps']:.2f})"
-            f"  ms/batch {split} (fetch: {inner}); first batch {first:.0f} ms",
+            f"  ms/batch {split} (fetch: {inner}); first batch {first:.0f} ms; {r['seconds'] * 1e3:.0f} ms"
+            + cpu_text(r),
             flush=True,
         )
 
@@ -74,9 +152,11 @@ def run(path: Path, variants: list) -> None:
 def main() -> None:
     which = sys.argv[1]
     root = Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/fastload-parquet")
-    if which == "threads":
+    if which in ("threads", "ceiling", "depth", "stages"):
         root.mkdir(parents=True, exist_ok=True)
         paths = [parquet_data.write_alert(root, 4_000_000, "none", 131072)]
+        if which in ("ceiling", "depth", "stages"):
+            paths.append(parquet_data.write_alert(root, 1_000_000, "snappy", 131072))
     else:
         paths = [root / name for name in FILES]
     for path in paths:

@@ -140,3 +140,59 @@ class InflightWindow:
         if self.cuda:
             torch.cuda.synchronize()
         self.events.clear()
+
+
+class ThreadCpu:
+    """CPU seconds and involuntary context switches of this process's threads between two
+    ``snapshot()`` calls, grouped by the Python thread name without its ``_N`` suffix; the
+    process's other CPU time (pyarrow's and the C++ engine's pools, CUDA's threads) is
+    ``native``. Says where a pipeline's cores go and which threads are preempted while they
+    hold the GIL. Context switches come from ``/proc`` (Linux; ``None`` where unreadable)."""
+
+    def __init__(self):
+        self.before: dict = {}
+        self.process_before = 0.0
+
+    @staticmethod
+    def _read() -> dict:
+        import re
+        import threading
+
+        out = {}
+        for t in threading.enumerate():
+            try:
+                cpu = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except (AttributeError, OSError, TypeError):  # ended, or not on this platform
+                continue
+            preempted = None
+            try:
+                with open(f"/proc/self/task/{t.native_id}/status") as f:
+                    for line in f:
+                        if line.startswith("nonvoluntary_ctxt_switches:"):
+                            preempted = int(line.split(":", 1)[1])
+            except (OSError, ValueError):
+                pass
+            out[t.native_id] = (re.sub(r"_\d+$", "", t.name), cpu, preempted)
+        return out
+
+    def snapshot(self) -> None:
+        self.before = self._read()
+        self.process_before = time.process_time()
+
+    def since(self) -> dict:
+        """``{group: {"cpu_s", "preempted", "threads"}}`` since ``snapshot()``."""
+        groups: dict = {}
+        python = 0.0
+        for tid, (name, cpu, preempted) in self._read().items():
+            _, cpu0, preempted0 = self.before.get(tid, (name, 0.0, 0))
+            group = groups.setdefault(name, {"cpu_s": 0.0, "preempted": 0, "threads": 0})
+            group["cpu_s"] += cpu - cpu0
+            python += cpu - cpu0
+            if preempted is None or group["preempted"] is None:
+                group["preempted"] = None
+            else:
+                group["preempted"] += preempted - (preempted0 or 0)
+            group["threads"] += 1
+        native = time.process_time() - self.process_before - python
+        groups["native"] = {"cpu_s": max(0.0, native), "preempted": None, "threads": None}
+        return groups

@@ -14,8 +14,6 @@ threads with the GIL released. ``NativeJpegs`` holds its arguments for some of a
 from __future__ import annotations
 
 import io as _io
-import os
-import threading
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -23,6 +21,7 @@ import torch
 
 from .. import config
 from ..errors import FastloadError
+from ..priority import lower_thread_priority
 from .probe import BAD_HEADER, BMP, EMPTY, GIF, JPEG, OK, PNG, STATUS_TEXT, TRUNCATED, WEBP, probe
 from .settings import DECODE_NICE
 
@@ -248,7 +247,4 @@ def native_regions() -> bool:
 def lower_priority() -> None:
     """nice +10 for this thread (Linux: per thread): decoding yields its core to the training
     thread, whose kernel launches slow ~2x when decode threads take its core (H100 machine)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DECODE_NICE)
-    except (AttributeError, OSError):
-        pass
+    lower_thread_priority(DECODE_NICE)
