@@ -20,7 +20,14 @@ from torch_fastload.vision import decode, jpeg_engines
 from torch_fastload.vision.gpu_backend import DecodeBackendError
 from torch_fastload.vision.jpeg_engines import JpegEngines
 from torch_fastload.vision.nvjpeg import decode_gpu
-from torch_fastload.vision.route_trial import EngineRoute, RouteTrial, cpu_share_of, route_name, split_share
+from torch_fastload.vision.route_trial import (
+    EngineRoute,
+    RouteTrial,
+    cpu_share_of,
+    lighter_share,
+    route_name,
+    split_share,
+)
 from torch_fastload.vision.routing import route, share_out
 from torch_fastload.vision.sample_data import make_image_folder
 
@@ -197,15 +204,16 @@ def test_the_engines_split_with_the_cpu_is_timed_and_kept_where_it_feeds_the_ste
     trial = _run(trial, _decode_ms, _step_ms)
     engines_split = EngineRoute(split_share(trial.periods[1.0], trial.periods[EngineRoute(0.0)]))
     nvjpeg_split = split_share(trial.periods[1.0], trial.periods[0.0])
-    assert list(trial.periods) == [1.0, EngineRoute(0.0), 0.0, engines_split, nvjpeg_split]
-    assert trial.batches_to_choose >= 8 + 5 * (4 + 10)  # the warm-up, then five windows
+    lighter = lighter_share(nvjpeg_split)
+    assert list(trial.periods) == [1.0, EngineRoute(0.0), 0.0, engines_split, nvjpeg_split, lighter]
+    assert trial.batches_to_choose >= 8 + 6 * (4 + 10)  # the warm-up, then six windows
     assert trial.choice == engines_split and 0.4 < engines_split.cpu_share < 0.5
     assert trial.periods[engines_split] == pytest.approx(STEP_MS / 1e3, rel=0.05)
     assert route_name(trial.choice) == f"cpu {engines_split.cpu_share:g} + engines"
     assert "beside the JPEG engines" in trial.describe() and "on the JPEG engines" in trial.describe()
 
     old = _run(RouteTrial(warmup=8, settle=4, window=10, split=True), _decode_ms, _step_ms)
-    assert list(old.periods) == [1.0, 0.0, nvjpeg_split] and old.choice == nvjpeg_split
+    assert list(old.periods) == [1.0, 0.0, nvjpeg_split, lighter] and old.choice == nvjpeg_split
     assert old.periods[nvjpeg_split] > 1.15 * trial.periods[engines_split]
 
 

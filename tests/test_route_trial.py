@@ -255,8 +255,9 @@ def _split_run(decode_ms, step_ms: float, split=True, depth=4) -> RouteTrial:
 
 def test_neither_route_feeding_the_loop_times_both_at_once_split_by_their_rates():
     """H200 ResNet-18: the CPU route ran 29.7 ms a batch and nvJPEG 28.9 beside a 19.5 ms step.
-    Splitting each batch in the ratio of their rates (49% on the CPU)
-    is timed third and kept. Without the split (negative control) nvJPEG stays at ~29 ms."""
+    Splitting each batch in the ratio of their rates (49% on the CPU) is timed third, the
+    lighter split (half that share) fourth, and the first kept. Without the split (negative
+    control) nvJPEG stays at ~29 ms."""
 
     def decode(share):  # both decoders at once, each on its part of the batch
         return max(share * 29.7, (1 - share) * 28.9) + 1.0
@@ -264,7 +265,7 @@ def test_neither_route_feeding_the_loop_times_both_at_once_split_by_their_rates(
     trial = _split_run(decode, 19.5)
     share = route_trial.split_share(29.7 + 1.0, 28.9 + 1.0)
     assert share == pytest.approx(0.49, abs=0.01)
-    assert list(trial.periods) == [1.0, 0.0, share] and trial.choice == share
+    assert list(trial.periods) == [1.0, 0.0, share, route_trial.lighter_share(share)] and trial.choice == share
     assert trial.periods[share] == pytest.approx(0.0195, rel=0.05)
     assert "at share 0.49" in trial.describe()
     old = _split_run(decode, 19.5, split=False)
@@ -287,18 +288,41 @@ def test_a_split_is_timed_even_where_the_loop_hardly_waited_for_nvjpeg():
         step = max(19.5, (1 - share) * gpu_step[0.0] if share < 1 else gpu_step[1.0], decode(share))
         trial.consumed(waited=(0.26 if share == 1.0 else 0.08) * step / 1e3)  # as that run's windows
         clock[0] += step / 1e3
-    assert len(trial.periods) == 3 and trial.choice not in (0.0, 1.0)
+    assert len(trial.periods) == 4 and trial.choice not in (0.0, 1.0)
     assert trial.waited[0.0] < trial.keep_up
 
 
 def test_a_split_slower_than_nvjpeg_alone_is_not_kept_and_a_cpu_that_keeps_up_skips_it():
     trial = _split_run(lambda s: {1.0: 40.0, 0.0: 25.0}.get(s, 45.0), 10.0)  # the two decoders collide
-    assert len(trial.periods) == 3 and trial.choice == 0.0
+    assert len(trial.periods) == 4 and trial.choice == 0.0
     trial = _split_run(lambda s: {1.0: 40.0, 0.0: 20.0}.get(s, 15.0), 66.0)  # ResNet-50: the CPU keeps up
     assert trial.choice == 1.0 and list(trial.periods) == [1.0]
+
+
+def test_the_lighter_split_is_kept_where_the_decoders_slow_each_other_at_once():
+    """The loader alone on the H200 (CPU 32.2 ms a batch alone, nvJPEG 14.9): at share 0.3 a
+    batch took ~20 ms where 0.3 x 32.2 was expected, so the CPU side ran ~2x slower beside
+    nvJPEG (nvJPEG ~1.1x), and the ratio of the rates alone (32% on the CPU) overloads the CPU;
+    half of it beats nvJPEG alone. Negative control: where nothing slows, the ratio wins."""
+
+    def contended(share):
+        both = 0 < share < 1
+        return max(share * 32.2 * (2.0 if both else 1.0), (1 - share) * 14.9 * (1.1 if both else 1.0)) + 0.5
+
+    trial = _split_run(contended, 1.0)
+    ratio = route_trial.split_share(32.2 + 0.5, 14.9 + 0.5)
+    lighter = route_trial.lighter_share(ratio)
+    assert list(trial.periods) == [1.0, 0.0, ratio, lighter]
+    assert trial.choice == lighter and trial.periods[lighter] < trial.periods[0.0] < trial.periods[ratio]
+
+    def independent(share):
+        return max(share * 32.2, (1 - share) * 14.9) + 0.5
+
+    assert _split_run(independent, 1.0).choice == ratio
 
 
 def test_split_share_balances_the_two_rates():
     assert route_trial.split_share(30.0, 30.0) == 0.5
     assert route_trial.split_share(60.0, 20.0) == 0.25
     assert route_trial.split_share(1.0, 100.0) == 0.9 and route_trial.split_share(100.0, 1.0) == 0.1
+    assert route_trial.lighter_share(0.32) == 0.16 and route_trial.lighter_share(0.1) == 0.05

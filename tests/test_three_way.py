@@ -19,6 +19,7 @@ from torch_fastload.vision.route_trial import (
     ThreeWayRoute,
     cpu_share_of,
     engine_share_of,
+    lighter_share,
     route_name,
     split_share,
     three_way_shares,
@@ -132,19 +133,20 @@ def test_the_trial_times_the_three_way_split_where_the_engines_work_and_keeps_it
         0.0,
         three,
         split_share(trial.periods[1.0], trial.periods[0.0]),
+        lighter_share(split_share(trial.periods[1.0], trial.periods[0.0])),
     ]
     assert trial.choice == three and three.nvjpeg_share > 0.35 and min(three.cpu_share, three.engine_share) > 0.2
     assert trial.periods[three] == pytest.approx((STEP_MS + three.nvjpeg_share * NVJPEG_SLOWS_MS) / 1e3, rel=0.05)
     assert "split three ways (cpu " in trial.describe() and route_name(trial.choice).startswith("cpu 0.")
 
     missing = _run(_decoders_trial(monkeypatch, "nvidia.nvimgcodec is not installed"), _decode_ms, _step_ms)
-    assert list(missing.periods)[:2] == [1.0, 0.0] and len(missing.periods) == 3
+    assert list(missing.periods)[:2] == [1.0, 0.0] and len(missing.periods) == 4  # + the lighter split
     assert not any(isinstance(r, (ThreeWayRoute, EngineRoute)) for r in missing.periods)
 
     old = RouteTrial(warmup=8, settle=4, window=10, split=True, three_way=False)
     old.add_candidate(EngineRoute(0.0))
     old = _run(old, _decode_ms, _step_ms)
-    assert not any(isinstance(r, ThreeWayRoute) for r in old.periods) and len(old.periods) == 5
+    assert not any(isinstance(r, ThreeWayRoute) for r in old.periods) and len(old.periods) == 6
     assert old.periods[old.choice] > 1.1 * trial.periods[three]
 
 

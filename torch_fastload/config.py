@@ -269,7 +269,8 @@ OPTIONS: dict[str, Option] = {
             "pace; else ~15 "
             "more time the GPU's hardware JPEG engines (where nvImageCodec's hardware decoder works; "
             "decode_backend='auto') and ~15 nvJPEG, and the CPU must be 5% faster to stay, then ~15 more "
-            "time each GPU route and the CPU at once, each batch split in the ratio of their rates (where the "
+            "time each GPU route and the CPU at once, each batch split in the ratio of their rates, then nvJPEG's "
+            "split at half that CPU share (the two slow each other at once) (where the "
             "engines and nvJPEG both work: the CPU, the engines and nvJPEG at once, then the CPU and nvJPEG), "
             "kept if fastest (nvJPEG alone below 8 CPUs per process); "
             "'steal': both split each batch by work stealing. RESULTS.md",
@@ -291,7 +292,7 @@ OPTIONS: dict[str, Option] = {
             _bool,
             "cpu_decode_share='auto' with decode_backend='auto' also times the GPU's hardware JPEG engines "
             "(nvImageCodec) alone and in a three-way split; off by default: beside a training step (H200, "
-            "ResNet-18) the trial never kept them, and their two windows lengthen it from ~55 to ~83 batches. "
+            "ResNet-18) the trial never kept them, and their two windows lengthen it from ~70 to ~100 batches. "
             "RESULTS.md",
         ),
         Option(

@@ -39,6 +39,7 @@ __all__ = [
     "on_engines",
     "route_name",
     "split_share",
+    "lighter_share",
     "three_way_shares",
 ]
 
@@ -120,7 +121,8 @@ class RouteTrial:
     A candidate is a route: a float, the CPU share with the rest on nvJPEG (1.0: every JPEG on
     the CPU, 0.0: nvJPEG), or an ``EngineRoute`` (the rest on the JPEG engines). With ``split``,
     once every route was timed alone, each GPU route is timed once more beside the CPU, each
-    batch split in the ratio of their rates. Where the JPEG engines and nvJPEG were both timed
+    batch split in the ratio of their rates, nvJPEG's split then at half that CPU share
+    (``lighter_share``). Where the JPEG engines and nvJPEG were both timed
     (and ``three_way``), the engines' split with the CPU gives way to a ``ThreeWayRoute``: the
     CPU, the engines and nvJPEG on one batch at once, in the ratio of their three rates. The
     CPU's split with nvJPEG is still timed after it, so a three-way split that does worse
@@ -236,15 +238,19 @@ class RouteTrial:
     def _splits(self) -> list:
         """The splits timed once every route alone was (lock held): the three-way split then the
         CPU beside nvJPEG where the engines and nvJPEG were both timed, else each GPU route
-        beside the CPU, each in the ratio of the rates measured alone."""
+        beside the CPU, each in the ratio of the rates measured alone; nvJPEG's split also at
+        ``lighter_share`` of that, as the two slow each other down when they decode at once."""
         cpu, engines = self.periods[1.0], EngineRoute(0.0)
         if self.three_way and engines in self.periods and 0.0 in self.periods:
             shares = three_way_shares(cpu, self.periods[engines], self.periods[0.0])
-            return [ThreeWayRoute(shares[0], shares[1]), split_share(cpu, self.periods[0.0])]
-        return [
-            EngineRoute(split_share(cpu, self.periods[gpu])) if on_engines(gpu) else split_share(cpu, self.periods[gpu])
-            for gpu in self.candidates[1:]
-        ]
+            return [ThreeWayRoute(shares[0], shares[1]), *_with_lighter(split_share(cpu, self.periods[0.0]))]
+        splits = []
+        for gpu in self.candidates[1:]:
+            if on_engines(gpu):
+                splits.append(EngineRoute(split_share(cpu, self.periods[gpu])))
+            else:
+                splits.extend(_with_lighter(split_share(cpu, self.periods[gpu])))
+        return splits
 
     @staticmethod
     def _splittable(candidates: list) -> bool:
@@ -314,6 +320,19 @@ def split_share(cpu_period: float, gpu_period: float) -> float:
     independent: s * cpu = (1 - s) * gpu. Rounded to a percent, within [0.1, 0.9]."""
     share = gpu_period / (cpu_period + gpu_period) if cpu_period + gpu_period > 0 else 0.5
     return round(min(0.9, max(0.1, share)), 2)
+
+
+def lighter_share(share: float) -> float:
+    """Half the CPU share of a split in the ratio of the rates measured alone: decoding at once,
+    the CPU's threads and nvJPEG's host work slow each other (H200, 256 JPEGs: nvJPEG 10.6 ms
+    alone, 13.2 beside 12 CPU decode threads), so the ratio overloads the CPU side (the
+    loader alone: share 0.2 fed 15.8-17.8k images/s, 0.3 12.4-13.1k, nvJPEG alone 15.2-15.8k)."""
+    return round(max(0.05, share / 2), 2)
+
+
+def _with_lighter(share: float) -> list:
+    lighter = lighter_share(share)
+    return [share, lighter] if lighter != share else [share]
 
 
 def three_way_shares(cpu_period: float, engines_period: float, nvjpeg_period: float) -> tuple:
