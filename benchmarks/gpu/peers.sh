@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 20: the peers (DALI, SPDL, torchdata, FFCV) beside torch_fastload on the GPU machine.
 # Needs the 6 parts of peers.tar in /tmp/peerparts (earlier calls of .gpu/peers-part.sh) or
-# carried now under .gpu/wheels/parts/. Reduced sizes so everything ends in <= 8 minutes:
-#   imagenet_loader  40 classes x 100 (4,000 JPEGs), 1 timed epoch, torch stopped after 10 batches
+# carried now under .gpu/wheels/parts/. Reduced sizes so everything ends in <= 9 minutes (PEERS_BUDGET_S=540):
+#   imagenet_loader  100 classes x 100 (10,000 JPEGs), 2 timed epochs, each row in its own process,
+#                    torch stopped after 10 batches, fastload-packed left out (peers-loader.sh: this step alone)
 #   imagenet_train   ResNet-50 (synthetic, fastload, dali) and ResNet-18 (fastload, dali) on the
 #                    same folder, 4 epochs of 39 steps, the first 100 left out (past the route trial; torch: not run)
 #   file_loader      --quick with a 1 GiB .npy, 0.25 GiB of records, torch w16 only
@@ -12,6 +13,7 @@
 # libcst (DALI's needs); spdl-io/spdl-core 0.8.0 and av 19.0.2 (PyAV: its bundled FFmpeg 9 serves
 # SPDL, which links FFmpeg's libraries by name); torchdata 0.11.0; a few pure packages installed
 # only where missing. Logs and JSON under $OUT; the peers' versions in $OUT/peers_status.log.
+PEERS_BUDGET_S=${PEERS_BUDGET_S:-540}
 source benchmarks/gpu/peers-setup.sh
 
 stamp "resume_peers"
@@ -19,8 +21,8 @@ timeout $(budget 60) python3 benchmarks/resume_peers.py --device cpu --out "$W/o
     2>&1 | grep -v "naively fast-forwarding" | tee "$OUT/resume_peers.log" | tail -16
 
 stamp "imagenet_loader"
-timeout $(budget 200) python3 benchmarks/imagenet_loader.py --isolate --dir "$W/imagenet-sample" --classes "$CLASSES" --per-class "$PER_CLASS" \
-    --epochs 2 --torch-batches 10 --out "$W/out" --json "$OUT/imagenet_loader.json" --no-progress \
+timeout $(budget 240) python3 benchmarks/imagenet_loader.py --isolate --dir "$W/imagenet-sample" --classes "$CLASSES" --per-class "$PER_CLASS" \
+    --epochs 2 --torch-batches 10 --runs torch,fastload-folder,fastload-folder-bf16-cl,dali,dali-fp16-nhwc,spdl-cpu --out "$W/out" --json "$OUT/imagenet_loader.json" --no-progress \
     > "$OUT/imagenet_loader.log" 2>&1
 echo "rc $?"; grep -v "^\s*$" "$OUT/imagenet_loader.log" | tail -22
 
