@@ -11,13 +11,15 @@ __all__ = ["lower_thread_priority"]
 
 
 def lower_thread_priority(nice: int) -> bool:
-    """Raise this thread's nice value by ``nice`` (Linux sets it per thread; raising it needs no
-    privilege). Returns whether it took effect; elsewhere, or where refused, nothing changes."""
+    """Set this thread's nice value to at least ``nice`` (Linux sets it per thread; raising it
+    needs no privilege). At least, not plus: a thread started by a lowered thread inherits its
+    value, and must not go lower still. Returns whether it took effect; elsewhere, or where
+    refused, nothing changes."""
     if nice <= 0:
         return False
     try:
         tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), min(19, nice)))
     except (AttributeError, OSError):
         return False
     return True
