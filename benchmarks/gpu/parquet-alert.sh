@@ -7,15 +7,8 @@
 # gathers), T = building its tensors (was most of the fetch at main 68af35b?);
 # 4. variants on alert 4M none / 1M snappy: default, fetch_threads 2 and 3 (batches fetched at
 # once, new on this branch), GIL switch interval 0.1 ms, 8 row groups decoding at once; 5. the Parquet CPU tests if time is left.
-set -uo pipefail
 OUT=${OUT:-out/parquet-alert}
-DATA=${DATA:-/tmp/fastload-parquet}
-mkdir -p "$OUT" "$DATA"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-start=$SECONDS
-python3 -c "import pyarrow, torch; print('pyarrow', pyarrow.__version__, 'torch', torch.__version__)" | tee "$OUT/versions.txt"
-timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-echo "built in $((SECONDS - start)) s"
+source benchmarks/gpu/parquet-setup.sh  # DATA, environment, $start, versions, the build
 
 echo "== CUDA tests of the Parquet source =="
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_parquet.py -m cuda 2>&1 | tail -5 | tee "$OUT/pytest_cuda.log"

@@ -3,15 +3,8 @@
 # under pipeline settings (SET: ceiling, depth, stages, threads; benchmarks/gpu/parquet_variants.py),
 # each line with the timed epoch's CPU seconds by thread group. Run from the repo root:
 #   [SET=depth] bash benchmarks/gpu/parquet-pipeline.sh   (~1-2 min after the build; logs under $OUT)
-set -uo pipefail
 OUT=${OUT:-out/parquet-pipeline}
-DATA=${DATA:-/tmp/fastload-parquet}
-mkdir -p "$OUT" "$DATA"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-start=$SECONDS
+source benchmarks/gpu/parquet-setup.sh  # DATA, environment, $start, versions, the build
 { lscpu | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA)"; echo "cpu0 siblings: $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list)"; } | tee "$OUT/cpu.txt"
-python3 -c "import pyarrow, torch; print('pyarrow', pyarrow.__version__, 'torch', torch.__version__)" | tee "$OUT/versions.txt"
-timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-echo "built in $((SECONDS - start)) s"
 timeout ${VARIANTS_S:-330} python3 benchmarks/gpu/parquet_variants.py ${SET:-ceiling} "$DATA" 2>&1 | tee "$OUT/variants.log"
 echo "total $((SECONDS - start)) s"

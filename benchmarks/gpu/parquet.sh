@@ -4,15 +4,8 @@
 # Data is generated under /tmp/fastload-parquet (never under $OUT): ~6 GB, written once, by 8
 # processes at once. Order: build, CUDA tests, the benchmark (alert + profile suite), then the
 # CPU tests of the Parquet file in whatever time is left.
-set -uo pipefail
 OUT=${OUT:-out/parquet}
-DATA=${DATA:-/tmp/fastload-parquet}
-mkdir -p "$OUT" "$DATA"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-start=$SECONDS
-python3 -c "import pyarrow, torch; print('pyarrow', pyarrow.__version__, 'torch', torch.__version__)" | tee "$OUT/versions.txt"
-timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-echo "built in $((SECONDS - start)) s"
+source benchmarks/gpu/parquet-setup.sh  # DATA, environment, $start, versions, the build
 
 echo "== CUDA tests of the Parquet source =="
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_parquet.py -m cuda 2>&1 | tail -15 | tee "$OUT/pytest_cuda.log"
