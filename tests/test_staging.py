@@ -99,3 +99,52 @@ def test_pending_concat_is_written_back_to_back_like_torch_cat(copier_factory):
         PendingConcat([torch.zeros(2), torch.zeros(2, dtype=torch.int32)])
     with pytest.raises(ValueError, match="at least one"):
         PendingConcat([])
+
+
+class _ViewCounter(torch.overrides.TorchFunctionMode):
+    """Counts the torch calls that release the GIL in ``unpack`` (``view``; slicing keeps it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.views = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "view":
+            self.views += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _unpack_views(batch) -> tuple[int, dict]:
+    plan = staging.plan_batch(batch)
+    flat = torch.zeros(plan.total_bytes, dtype=torch.uint8)
+    staging.ParallelCopier(2).copy_into(flat, plan.copy_list())
+    with _ViewCounter() as counter:
+        out = plan.unpack(flat, lambda tensor: tensor)
+    return counter.views, out
+
+
+def _many_fields() -> dict:
+    batch = {f"i{k}": torch.arange(k, k + 50, dtype=torch.int64) for k in range(10)}
+    batch.update({f"u{k}": torch.arange(40, dtype=torch.uint8) + k for k in range(10)})
+    batch.update({f"b{k}": torch.arange(30) % (k + 2) == 0 for k in range(10)})
+    batch["matrix"] = torch.randn(4, 6)
+    batch["scalar"] = torch.tensor(2.5)
+    return batch
+
+
+def test_unpack_makes_one_view_per_dtype_not_per_field():
+    """NOTE [GIL-free views]: each ``view`` releases the GIL and queues for it again; 32 fields of
+    four dtypes take a view per dtype other than the slot's and one for the 2-D field."""
+    batch = _many_fields()
+    views, out = _unpack_views(batch)
+    for key, value in batch.items():
+        assert out[key].dtype == value.dtype and out[key].shape == value.shape and torch.equal(out[key], value), key
+    assert views <= 4, views  # int64, bool, float32 bases + the matrix's shape
+
+
+def test_negative_control_unpack_view_count_sees_per_field_views(monkeypatch):
+    monkeypatch.setattr(staging, "_typed_view", lambda flat, dtype: False)  # the per-field route
+    batch = _many_fields()
+    views, out = _unpack_views(batch)
+    assert views >= 2 * 30, views  # the counter sees per-field views (the values stay right)
+    assert all(torch.equal(out[key], value) for key, value in batch.items())

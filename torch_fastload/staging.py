@@ -312,17 +312,47 @@ class StagingPlan:
         return items
 
     def unpack(self, flat: torch.Tensor, passthrough: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-        """The batch with staged tensors replaced by typed views of ``flat`` (slot layout)."""
+        """The batch with staged tensors replaced by typed views of ``flat`` (slot layout).
+
+        NOTE [GIL-free views]: torch's ``view``/``narrow`` release the GIL and queue for it
+        again; beside a thread running Python (the training loop) each such call waits up to
+        the 5 ms switch interval, so 30 fields x 2 views cost a stage thread ~0.5 s on the GPU
+        machine. Slicing (``t[a:b]``, ``t[i]``) keeps the GIL: each field is a slice of one
+        typed view of ``flat`` per dtype, and only fields of 2+ dimensions take a ``view``."""
         leaves = iter(self.leaves)
+        typed: dict = {}  # dtype -> flat as that dtype (one view per dtype of the batch)
 
         def rebuild(item):
             leaf = next(leaves)
             if leaf is None:
                 return passthrough(item)
-            view = flat[leaf.offset : leaf.offset + leaf.nbytes]
-            return view.view(leaf.dtype).view(leaf.shape)
+            base = typed.get(leaf.dtype)
+            if base is None:
+                base = typed[leaf.dtype] = _typed_view(flat, leaf.dtype)
+            size = leaf.dtype.itemsize
+            if base is False or leaf.offset % size:
+                view = flat[leaf.offset : leaf.offset + leaf.nbytes]
+                return view.view(leaf.dtype).view(leaf.shape)
+            start = leaf.offset // size
+            if len(leaf.shape) == 1:
+                return base[start : start + leaf.shape[0]]
+            if not leaf.shape:
+                return base[start]
+            return base[start : start + leaf.nbytes // size].view(leaf.shape)
 
         return map_batch(rebuild, self.batch)
+
+
+def _typed_view(flat: torch.Tensor, dtype: torch.dtype):
+    """``flat`` (uint8, 1-D) as ``dtype`` over its whole length rounded down to the item size,
+    or False where torch cannot view it so (a storage offset not aligned to the item size)."""
+    if dtype == flat.dtype:
+        return flat
+    usable = flat.numel() - flat.numel() % dtype.itemsize
+    try:
+        return flat[:usable].view(dtype)
+    except RuntimeError:
+        return False
 
 
 def plan_batch(batch: Any, collated: bool = True) -> StagingPlan:
@@ -370,6 +400,18 @@ def _plain_contiguous(tensor: torch.Tensor) -> bool:
     return tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()
 
 
+@dataclass
+class CopyPlan:
+    """A batch's copies into a slot, sorted by how they run (``ParallelCopier.plan_copy``)."""
+
+    total: int  # bytes the copies write
+    threads: int
+    contiguous: list  # (offset, tensor, bytes): pointer copies
+    offsets: list  # (offset, PendingOffsets): rebased into the slot
+    fallback: list  # (offset, source): copied by torch
+    native: tuple | None = None  # (copy arrays, rebase arrays) for the C++ engine
+
+
 class ParallelCopier:
     """Copies tensors into byte offsets of a CPU buffer with ``num_threads`` threads, GIL released.
 
@@ -391,6 +433,24 @@ class ParallelCopier:
         """Copy each source (tensor or PendingGather) to ``dst[offset:]``; returns the bytes copied.
 
         ``PendingRead`` fields are not copied here: an I/O backend (``io.Reader``) reads them."""
+        plan = self.plan_copy(dst, items, threads)
+        if plan.native is not None:
+            copies, rebase = plan.native
+            if len(copies[0]):
+                _native_copy(*copies, plan.threads, _MIN_CHUNK * 2, self.nontemporal)
+            if rebase[0]:
+                _native_rebase(*rebase, plan.threads)
+        else:
+            self._numpy_copy(dst, plan.contiguous, plan.total, plan.threads)
+            if plan.offsets:
+                self._rebase(dst, plan.offsets, plan.threads)
+        self.copy_fallback(dst, plan)
+        return plan.total
+
+    def plan_copy(self, dst: torch.Tensor, items: list[tuple[int, Any]], threads: int | None = None) -> CopyPlan:
+        """What ``copy_into`` does, checked and laid out: with the C++ engine, pointer arrays for
+        one ``copy_ranges`` and one ``rebase_offsets`` call (``CopyPlan.native``), which the
+        copy engine may also run in one call with the device copy (``stage_host_batch``)."""
         capacity = dst.numel()
         total = 0
         contiguous, gathers, fallback, offsets = [], [], [], []
@@ -416,23 +476,30 @@ class ParallelCopier:
             else:
                 contiguous.append((offset, src, nbytes))
         threads = min(threads or self.num_threads, self.num_threads)
-        if self.native:
-            self._native_copy(dst.data_ptr(), contiguous, gathers, threads)
-        else:
-            self._numpy_copy(dst, contiguous, total, threads)
-        if offsets:
-            self._rebase(dst, offsets, threads)
-        for offset, src in fallback:
+        plan = CopyPlan(total, threads, contiguous, offsets, fallback)
+        if self.native and (_native_rebase is not None or not offsets):
+            plan.native = (
+                self._copy_arrays(dst.data_ptr(), contiguous, gathers),
+                self._rebase_arrays(dst.data_ptr(), offsets),
+            )
+        elif gathers:  # no engine (or no rebase in it): gathered rows go through torch
+            plan.fallback.extend(gathers)
+        return plan
+
+    def copy_fallback(self, dst: torch.Tensor, plan: CopyPlan) -> None:
+        """The sources no pointer copy can take (strided, on another device): torch copies them."""
+        for offset, src in plan.fallback:
             view = dst[offset : offset + _nbytes(src.shape, src.dtype)]
             view = view.view(src.dtype).view(src.shape)
             if isinstance(src, PendingGather):
                 torch.index_select(src.source, 0, src.index, out=view)
             else:
                 view.copy_(src)
-        return total
 
-    def _native_copy(self, base: int, contiguous: list, gathers: list, threads: int) -> None:
-        """One engine call for the whole batch; gathered rows become pointer arrays, not Python."""
+    @staticmethod
+    def _copy_arrays(base: int, contiguous: list, gathers: list) -> tuple:
+        """(dst, src, sizes) int64 arrays of one ``copy_ranges`` call for the whole batch;
+        gathered rows become pointer arrays, not Python."""
         dst_parts, src_parts, size_parts = [], [], []
         if contiguous:
             dst_parts.append(np.fromiter((base + off for off, _, _ in contiguous), np.int64, len(contiguous)))
@@ -444,26 +511,16 @@ class ParallelCopier:
             src_parts.append(gather.source.data_ptr() + gather.index.numpy() * row_bytes)
             dst_parts.append(base + offset + np.arange(rows, dtype=np.int64) * row_bytes)
             size_parts.append(np.full(rows, row_bytes, dtype=np.int64))
-        if dst_parts:
-            _native_copy(
-                np.concatenate(dst_parts),
-                np.concatenate(src_parts),
-                np.concatenate(size_parts),
-                threads,
-                _MIN_CHUNK * 2,
-                self.nontemporal,
-            )
+        if not dst_parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        return np.concatenate(dst_parts), np.concatenate(src_parts), np.concatenate(size_parts)
 
-    def _rebase(self, dst: torch.Tensor, fields: list, threads: int) -> None:
-        """Every ``PendingOffsets`` field widened and rebased into ``dst``: one engine call
-        for the batch (GIL released), else numpy."""
-        if _native_rebase is None:
-            flat = dst.numpy()
-            for offset, field in fields:
-                field.write_into(flat[offset : offset + 8 * field.shape[0]].view(np.int64))
-            return
+    @staticmethod
+    def _rebase_arrays(base: int, fields: list) -> tuple:
+        """(dst, src, counts, shifts, widths) of one ``rebase_offsets`` call: every
+        ``PendingOffsets`` field widened and rebased into the slot."""
         dsts, srcs, counts, shifts, widths = [], [], [], [], []
-        base = dst.data_ptr()
         for offset, field in fields:
             at = base + offset
             for source, start, count, shift in zip(field.sources, field.starts, field.counts, field.shifts):
@@ -473,7 +530,13 @@ class ParallelCopier:
                 shifts.append(shift)
                 widths.append(source.itemsize)
                 at += 8 * count
-        _native_rebase(dsts, srcs, counts, shifts, widths, threads)
+        return dsts, srcs, counts, shifts, widths
+
+    def _rebase(self, dst: torch.Tensor, fields: list, threads: int) -> None:
+        """Every ``PendingOffsets`` field widened and rebased into ``dst`` with numpy (no engine)."""
+        flat = dst.numpy()
+        for offset, field in fields:
+            field.write_into(flat[offset : offset + 8 * field.shape[0]].view(np.int64))
 
     def _numpy_copy(self, dst: torch.Tensor, contiguous: list, total: int, threads: int) -> None:
         dst_np = dst.numpy()
