@@ -12,6 +12,7 @@
 #include "mapped_file.h"
 #include "offsets.h"
 #include "engine.h"
+#include "host_stage.h"
 #include "py_arrays.h"
 #include "sampler.h"
 
@@ -165,6 +166,23 @@ int64_t rebase_offsets(const I64Array& dst_ptrs, const I64Array& src_ptrs, const
                        width = to_vector(src_widths, "src_widths");
   py::gil_scoped_release nogil;
   return tfl::rebase_offsets(dst, src, count, shift, width, num_threads);
+}
+
+int64_t stage_host_batch(const I64Array& copy_dst, const I64Array& copy_src, const I64Array& copy_sizes,
+                         const I64Array& rebase_dst, const I64Array& rebase_src, const I64Array& rebase_counts,
+                         const I64Array& rebase_shifts, const I64Array& rebase_widths, int threads, int64_t task_size,
+                         bool streaming, uint64_t slot, uint64_t device_ptr, int64_t nbytes, uint64_t stream,
+                         tfl::CopyEvent* start, tfl::CopyEvent* end) {
+  tfl::HostStage s;
+  s.copy_dst = to_vector(copy_dst, "copy_dst"), s.copy_src = to_vector(copy_src, "copy_src");
+  s.copy_sizes = to_vector(copy_sizes, "copy_sizes");
+  s.rebase_dst = to_vector(rebase_dst, "rebase_dst"), s.rebase_src = to_vector(rebase_src, "rebase_src");
+  s.rebase_counts = to_vector(rebase_counts, "rebase_counts"), s.rebase_shifts = to_vector(rebase_shifts, "rebase_shifts");
+  s.rebase_widths = to_vector(rebase_widths, "rebase_widths");
+  s.threads = threads, s.task_size = task_size, s.streaming = streaming;
+  s.slot = slot, s.device_ptr = device_ptr, s.nbytes = nbytes, s.stream = stream;
+  py::gil_scoped_release nogil;
+  return tfl::run_host_stage(s, start, end);
 }
 
 // A CSR graph's arrays held through the buffer protocol, in place (no copy: they can be GBs),
@@ -328,6 +346,34 @@ PYBIND11_MODULE(_C, m) {
         "int64 dst_ptrs[i][k] = src_ptrs[i][k] + shifts[i] for k < counts[i], src read as int32 or int64\n"
         "(src_widths[i] 4 or 8): Arrow offsets rebased and widened into the slot, GIL released.\n"
         "Returns the bytes written.");
+  py::class_<tfl::CopyEvent>(m, "CopyEvent",
+                             "A CUDA event (timing on) of the driver API, made in `stream`'s context; recorded by\n"
+                             "stage_host_batch without the GIL. query/elapsed_ms keep the GIL (they never block).")
+      .def(py::init<uint64_t>(), py::arg("stream"))
+      .def_property_readonly("handle", &tfl::CopyEvent::handle)
+      .def_property_readonly("recorded", &tfl::CopyEvent::recorded)
+      .def("record", &tfl::CopyEvent::record, py::arg("stream"), py::call_guard<py::gil_scoped_release>())
+      .def("query", &tfl::CopyEvent::query)
+      .def("synchronize", &tfl::CopyEvent::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("elapsed_ms", &tfl::CopyEvent::elapsed_ms, py::arg("end"))
+      .def("elapsed_time", &tfl::CopyEvent::elapsed_ms, py::arg("end"), "Milliseconds to `end` (torch's name).")
+      .def(
+          "wait",
+          [](const tfl::CopyEvent& event, const py::object& stream) {
+            // a torch.cuda.Stream (Stream.wait_event calls event.wait(stream)) or a raw handle
+            const uint64_t handle = py::hasattr(stream, "cuda_stream") ? stream.attr("cuda_stream").cast<uint64_t>()
+                                                                        : stream.cast<uint64_t>();
+            py::gil_scoped_release nogil;
+            event.wait(handle);
+          },
+          py::arg("stream"));
+  m.def("stage_host_batch", &stage_host_batch, py::arg("copy_dst"), py::arg("copy_src"), py::arg("copy_sizes"),
+        py::arg("rebase_dst"), py::arg("rebase_src"), py::arg("rebase_counts"), py::arg("rebase_shifts"),
+        py::arg("rebase_widths"), py::arg("threads"), py::arg("task_size"), py::arg("streaming"), py::arg("slot"),
+        py::arg("device_ptr"), py::arg("nbytes"), py::arg("stream"), py::arg("start").none(true),
+        py::arg("end").none(true),
+        "One batch staged without the GIL: copy_ranges into the slot, rebase_offsets there, then (device_ptr != 0)\n"
+        "`start` recorded, slot[0, nbytes) -> device_ptr on `stream`, `end` recorded. Returns the host bytes written.");
   py::class_<tfl::DeviceStager>(m, "DeviceStager",
                                  "File ranges into GPU memory through a ring of pinned chunks that stays in\n"
                                  "the CPU cache: pread into a chunk, H2D on the caller's stream, event-guarded reuse.")

@@ -53,7 +53,26 @@ def test_batches_arrive_on_gpu_and_equal_torch(num_workers):
     assert ours.stats().path.startswith("pinned-pool -> cuda")
 
 
-def test_user_stream_waits_for_delayed_copies():
+@pytest.fixture(params=[True, False], ids=["one-call-stage", "python-stage"])
+def stage_route(request, monkeypatch):
+    """Both staging routes: the copies, rebase and device copy in one C++ call, or in torch calls.
+    Yields a list whose length counts the batches that went through the one call."""
+    from torch_fastload import transfer
+
+    monkeypatch.setattr(transfer, "ONE_CALL_STAGE", request.param)
+    calls = []
+    original = transfer.CopyEngine.start_staged
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(transfer.CopyEngine, "start_staged", counted)
+    yield calls
+    assert (len(calls) > 0) == request.param, "the staging route under test was not the one taken"
+
+
+def test_user_stream_waits_for_delayed_copies(stage_route):
     loader = DataLoader(Filled(12), batch_size=None, prefetch=3)
     engine = loader.resources.engine
     engine.debug_delay_cycles = DELAY_CYCLES
@@ -87,15 +106,15 @@ def corrupted_batches(monkeypatch, naive: bool) -> int:
     return bad
 
 
-def test_slot_is_not_reused_before_its_copy_completed(monkeypatch):
+def test_slot_is_not_reused_before_its_copy_completed(monkeypatch, stage_route):
     assert corrupted_batches(monkeypatch, naive=False) == 0
 
 
-def test_negative_control_naive_pool_corrupts_batches(monkeypatch):
+def test_negative_control_naive_pool_corrupts_batches(monkeypatch, stage_route):
     assert corrupted_batches(monkeypatch, naive=True) > 0, "the race test failed to catch a naive pool"
 
 
-def test_negative_control_hand_off_without_wait_reads_garbage(monkeypatch):
+def test_negative_control_hand_off_without_wait_reads_garbage(monkeypatch, stage_route):
     from torch_fastload.transfer import CopyEngine
 
     monkeypatch.setattr(CopyEngine, "hand_off", lambda self, copy: None)
@@ -107,6 +126,43 @@ def test_negative_control_hand_off_without_wait_reads_garbage(monkeypatch):
         mismatches = [torch.any(rows != float(i)) for i, (rows, _) in enumerate(loader)]
         wrong = int(torch.stack(mismatches).sum())
     assert wrong > 0, "without the stream wait the consumer should see bytes before the copy landed"
+
+
+def test_one_call_stage_delivers_mixed_dtypes_and_rebased_offsets(stage_route):
+    """Fields of several dtypes and shapes plus Arrow-style offsets (rebased and widened in the
+    slot) arrive equal through either route; the copy events time the copy."""
+    import numpy as np
+
+    from torch_fastload.staging import PendingOffsets
+
+    class Mixed(Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            raise AssertionError("whole batches only")
+
+        def __fastload_batch__(self, indices):
+            i = int(indices[0])
+            raw = np.arange(i, i + 11, dtype=np.int32) * 3  # Arrow offsets that do not start at 0
+            return {
+                "f16": torch.full((5, 3), float(i), dtype=torch.float16),
+                "i64": torch.arange(i, i + 7, dtype=torch.int64),
+                "u8": torch.arange(9, dtype=torch.uint8) + i,
+                "flag": torch.tensor([True, False, bool(i % 2)]),
+                "scalar": torch.tensor(float(i)),
+                "offsets": PendingOffsets([raw], [0], [len(raw)], [-int(raw[0])]),
+            }
+
+    loader = DataLoader(Mixed(), batch_size=1, device="cuda")
+    for i, batch in enumerate(loader):
+        assert batch["f16"].shape == (5, 3) and bool((batch["f16"] == i).all())
+        assert batch["i64"].tolist() == list(range(i, i + 7))
+        assert batch["u8"].tolist() == [k + i for k in range(9)]
+        assert batch["flag"].tolist() == [True, False, bool(i % 2)]
+        assert batch["scalar"].shape == () and float(batch["scalar"]) == i
+        assert batch["offsets"].dtype == torch.int64 and batch["offsets"].tolist() == [3 * k for k in range(11)]
+    assert loader.stats().stage_s["copy"] > 0
 
 
 def test_cpu_device_with_pin_memory_yields_pinned_tensors():

@@ -174,23 +174,42 @@ class BatchStager:
         try:
             if reads and not to_device:
                 self._read(reader, slot.buffer, reads)
-            if slot is not None:
-                started = time.perf_counter()
-                staged = self.copier.copy_into(slot.buffer, host, self.copy_threads)
-                self.stats.add_stage("stage", time.perf_counter() - started, staged)
             span = slot.buffer[:host_bytes] if slot is not None else None
-            fill = read_into_device if to_device else None
-            starting = time.perf_counter()
-            copy = self.engine.start(
-                span,
-                unpack,
-                nbytes=plan.total_bytes,
-                copies=copies,
-                fill=fill,
-                consumer=self.consumer,
-                reserved=reserved,
-            )
-            self.stats.mark("stage:start-copy", number, starting)
+            host_plan = None
+            if slot is not None and not to_device and self.engine.stages_in_one_call and all(plan.leaves):
+                host_plan = self.copier.plan_copy(slot.buffer, host, self.copy_threads)
+                if host_plan.native is None:
+                    host_plan = None
+            if host_plan is not None:  # the copies, the rebase and the device copy in one call
+                started = time.perf_counter()
+                self.copier.copy_fallback(slot.buffer, host_plan)
+                copy = self.engine.start_staged(
+                    span,
+                    unpack,
+                    host_plan,
+                    nontemporal=self.copier.nontemporal,
+                    consumer=self.consumer,
+                    reserved=reserved,
+                )
+                self.stats.add_stage("stage", time.perf_counter() - started, host_plan.total)
+                self.stats.mark("stage:start-copy", number, started)
+            else:
+                if slot is not None:
+                    started = time.perf_counter()
+                    staged = self.copier.copy_into(slot.buffer, host, self.copy_threads)
+                    self.stats.add_stage("stage", time.perf_counter() - started, staged)
+                fill = read_into_device if to_device else None
+                starting = time.perf_counter()
+                copy = self.engine.start(
+                    span,
+                    unpack,
+                    nbytes=plan.total_bytes,
+                    copies=copies,
+                    fill=fill,
+                    consumer=self.consumer,
+                    reserved=reserved,
+                )
+                self.stats.mark("stage:start-copy", number, starting)
         finally:
             if slot is not None:
                 pool.release(slot, copy.done if copy is not None else None)

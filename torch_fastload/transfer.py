@@ -112,6 +112,52 @@ class CopyEngine:
             end.record(self.stream)
         return InFlightCopy(flat, batch, end, (start, end), home=home)
 
+    @property
+    def stages_in_one_call(self) -> bool:
+        """Whether ``start_staged`` can run (a CUDA device and the C++ engine built)."""
+        return self.is_cuda and ONE_CALL_STAGE and _stage_host_batch is not None
+
+    def start_staged(self, span: torch.Tensor, unpack, host_plan, *, nontemporal: bool, consumer=None, reserved=None):
+        """``start`` for a slot whose host copies are still to run (``host_plan``, from
+        ``ParallelCopier.plan_copy``): the copies into the slot, the offsets' rebase, the
+        slot -> device copy and its two events in one C++ call without the GIL (NOTE [GIL-free
+        views] in staging.py: each torch call here would queue for the GIL again)."""
+        nbytes = span.numel()
+        with torch.cuda.device(self.device):
+            home = None
+            if reserved is not None:
+                flat, home = reserved, consumer
+            elif consumer is not None:
+                with torch.cuda.stream(consumer):
+                    flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+                _order_after(self.stream, consumer)
+                home = consumer
+            else:
+                with torch.cuda.stream(self.stream):
+                    flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            if self.debug_delay_cycles:
+                with torch.cuda.stream(self.stream):
+                    torch.cuda._sleep(self.debug_delay_cycles)
+        handle = self.stream.cuda_stream
+        start, end = _CopyEvent(handle), _CopyEvent(handle)
+        (copy_dst, copy_src, copy_sizes), rebase = host_plan.native
+        _stage_host_batch(
+            copy_dst,
+            copy_src,
+            copy_sizes,
+            *rebase,
+            host_plan.threads,
+            _STAGE_TASK_BYTES,
+            nontemporal,
+            span.data_ptr(),
+            flat.data_ptr(),
+            nbytes,
+            handle,
+            start,
+            end,
+        )
+        return InFlightCopy(flat, unpack(flat), end, (start, end), home=home)
+
     def reserve(self, nbytes: int, consumer) -> torch.Tensor | None:
         """The batch's device bytes, allocated on the consumer's stream, with the copy stream
         ordered after that stream up to now; for ``start(reserved=...)``. Call it before the
@@ -212,6 +258,15 @@ def _order_after(waiter: torch.cuda.Stream, producer: torch.cuda.Stream) -> None
         waiter.wait_stream(producer)
 
 
+#: Stage with ``start_staged`` where it can run (benchmarks flip it to measure the Python route).
+ONE_CALL_STAGE = True
+_STAGE_TASK_BYTES = 2 << 20  # copy_ranges' task size (staging.py's 2 x _MIN_CHUNK)
+
+try:
+    from ._C import CopyEvent as _CopyEvent
+    from ._C import stage_host_batch as _stage_host_batch
+except ImportError:  # a source tree without the built extension, or one built before them
+    _CopyEvent = _stage_host_batch = None
 try:
     from ._C import stream_wait_stream as _stream_wait_stream
 except ImportError:  # a source tree without the built extension
