@@ -88,6 +88,9 @@ def loaders(train: str, args, device):
     return {
         "torch": lambda: torch.utils.data.DataLoader(torchvision_folder(), **common),
         "fastload, same dataset": lambda: torch_fastload.DataLoader(torchvision_folder(), **common),
+        # the stage's copies and device copy as torch calls, each queueing for the GIL again (the
+        # route before the one-call stage: transfer.ONE_CALL_STAGE)
+        "fastload, same dataset, Python stage": lambda: torch_fastload.DataLoader(torchvision_folder(), **common),
         "fastload, same dataset, 1 stage thread": lambda: torch_fastload.DataLoader(
             torchvision_folder(), stage_threads=1, **common
         ),
@@ -144,6 +147,8 @@ def main(argv=None) -> int:
         os.environ["TORCH_FASTLOAD_TRACE"] = "1"
     import torchvision
 
+    from torch_fastload import transfer
+
     device = args.device
     train = args.data or sample_train_dir(args.tiny)
     study = Study(f"example_style-{args.arch}", args, f"PyTorch-example loop, {args.arch}")
@@ -154,7 +159,9 @@ def main(argv=None) -> int:
             continue
         torch.manual_seed(0)
         model = torchvision.models.__dict__[args.arch]().to(device)
+        transfer.ONE_CALL_STAGE = "Python stage" not in name
         run = study.attempt(name, train_run, make, model, args, device)
+        transfer.ONE_CALL_STAGE = True
         if run is None:
             continue
         runs[name] = run

@@ -6,10 +6,15 @@ Run from the repo root:  python3 benchmarks/gpu/parquet_variants.py SET [DATA_DI
   threads  16/12/8/6 decode threads, pyarrow's own threads on and off (4M none, written if missing)
   depth    batches in flight (prefetch) and pinned slots, pyarrow's threads on and off
   stages   the pipeline's stage threads (2) at 3/4/6, with deeper prefetch and fewer memcpy threads
+  onecall  the one-call stage against the Python one, row groups at once, stage and copy threads
   ceiling  the decode-only ceiling (every row group decoded on 16/12 threads, nothing else), then
            the loader with pyarrow's threads on and off
-Each line ends with the timed epoch's CPU seconds by thread group (and preemptions where /proc has them)."""
+Each line ends with the timed epoch's CPU seconds by thread group (and preemptions where /proc has them).
+ROUNDS=N runs every variant N times, interleaved, each round against its own read_table, and
+prints each variant's median ratio: one ~0.2 s epoch moves 10-15% between runs on its own."""
 
+import importlib
+import os
 import sys
 import threading
 import time
@@ -24,9 +29,11 @@ import parquet_data  # noqa: E402
 
 from torch_fastload import config, pipeline  # noqa: E402
 
+ROUNDS = int(os.environ.get("ROUNDS", "1"))  # each variant run this many times, interleaved
 FILES = ("alert-4000000-none-rg131072.parquet", "alert-1000000-snappy-rg131072.parquet")
 # label, ParquetDataset options, loader config overrides, GIL switch interval (None: unchanged)
-# or a dict of torch_fastload.pipeline constants set for that variant
+# or a dict of module constants set for that variant (``NAME``: torch_fastload.pipeline's,
+# ``module.NAME``: torch_fastload.module's)
 SETS = {
     "alert": [
         ("default", {}, {"fetch_threads": 1}, None),
@@ -69,11 +76,27 @@ SETS = {
         ("stage threads 4 copy threads 4", {}, {"stage_threads": 4}, {"STAGE_THREADS": 4}),
         ("default again", {}, {}, None),
     ],
+    "onecall": [
+        ("default", {}, {}, None),
+        ("python stage", {}, {}, {"transfer.ONE_CALL_STAGE": False}),
+        ("at_once 6", {"row_groups_at_once": 6}, {}, None),
+        ("at_once 8", {"row_groups_at_once": 8}, {}, None),
+        ("stage threads 3", {}, {}, {"STAGE_THREADS": 3}),
+        ("copy threads 4", {}, {"stage_threads": 4}, None),
+        ("copy threads 4 at_once 6", {"row_groups_at_once": 6}, {"stage_threads": 4}, None),
+    ],
     "ceiling": [
         ("default", {}, {}, None),
         ("arrow off", {"arrow_threads": False}, {}, None),
     ],
 }
+
+
+def _owner(name: str):
+    """The module a variant's constant lives in: ``pipeline`` unless the name says ``module.NAME``."""
+    if "." not in name:
+        return pipeline
+    return importlib.import_module("torch_fastload." + name.rsplit(".", 1)[0])
 
 
 def decode_only(path: Path, threads: int, arrow_threads: bool) -> tuple:
@@ -122,40 +145,57 @@ def run(path: Path, variants: list) -> None:
             )
     sizing = types.SimpleNamespace(batch_rows=65536, batch_mib=16.0)
     rows = bench.batch_rows_of(sizing, bench.pq.read_metadata(path).num_rows, baseline["nbytes"])
-    for label, options, settings, interval in variants:
-        old = sys.getswitchinterval()
-        constants = interval if isinstance(interval, dict) else {}
-        saved = {name: getattr(pipeline, name) for name in constants}
-        if interval and not constants:
-            sys.setswitchinterval(interval)
-        for name, value in constants.items():
-            setattr(pipeline, name, value)
-        try:
-            with config.override(**settings):
-                r = bench.fastload_run(path, args, batch_rows=rows, **options)
-        finally:
-            sys.setswitchinterval(old)
-            for name, value in saved.items():
-                setattr(pipeline, name, value)
-        split = " ".join(f"{k} {v:.2f}" for k, v in r["stage_ms_per_batch"].items())
-        inner = " ".join(f"{k} {v:.2f}" for k, v in r["fetch_ms_per_batch"].items())
-        ratio = baseline["seconds"] / r["seconds"]
-        first = 1e3 * r["first_batch_s"]
-        print(
-            f"{path.name:42s} {label:28s} {r['gbps']:5.2f} GB/s  x{ratio:.2f} read_table ({baseline['gbps']:.2f})"
-            f"  ms/batch {split} (fetch: {inner}); first batch {first:.0f} ms; {r['seconds'] * 1e3:.0f} ms"
-            + cpu_text(r),
-            flush=True,
-        )
+    ratios: dict = {label: [] for label, *_ in variants}
+    for round_ in range(ROUNDS):
+        if round_:  # each round's own baseline: the machine's pace drifts over a minute
+            baseline = bench.read_table_best(path)
+        for label, options, settings, interval in variants:
+            r = _one_variant(path, args, rows, options, settings, interval)
+            ratio = baseline["seconds"] / r["seconds"]
+            ratios[label].append(ratio)
+            split = " ".join(f"{k} {v:.2f}" for k, v in r["stage_ms_per_batch"].items())
+            inner = " ".join(f"{k} {v:.2f}" for k, v in r["fetch_ms_per_batch"].items())
+            first = 1e3 * r["first_batch_s"]
+            print(
+                f"{path.name:42s} {label:28s} {r['gbps']:5.2f} GB/s  x{ratio:.2f} read_table ({baseline['gbps']:.2f})"
+                f"  ms/batch {split} (fetch: {inner}); first batch {first:.0f} ms; {r['seconds'] * 1e3:.0f} ms"
+                + cpu_text(r),
+                flush=True,
+            )
+    if ROUNDS > 1:
+        for label, values in ratios.items():
+            values = sorted(values)
+            print(
+                f"{path.name:42s} {label:28s} median x{values[len(values) // 2]:.2f} read_table over {len(values)} "
+                f"rounds (min {values[0]:.2f}, max {values[-1]:.2f})",
+                flush=True,
+            )
+
+
+def _one_variant(path: Path, args, rows: int, options: dict, settings: dict, interval) -> dict:
+    old = sys.getswitchinterval()
+    constants = interval if isinstance(interval, dict) else {}
+    saved = {name: getattr(_owner(name), name.rsplit(".", 1)[-1]) for name in constants}
+    if interval and not constants:
+        sys.setswitchinterval(interval)
+    for name, value in constants.items():
+        setattr(_owner(name), name.rsplit(".", 1)[-1], value)
+    try:
+        with config.override(**settings):
+            return bench.fastload_run(path, args, batch_rows=rows, **options)
+    finally:
+        sys.setswitchinterval(old)
+        for name, value in saved.items():
+            setattr(_owner(name), name.rsplit(".", 1)[-1], value)
 
 
 def main() -> None:
     which = sys.argv[1]
     root = Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/fastload-parquet")
-    if which in ("threads", "ceiling", "depth", "stages"):
+    if which in ("threads", "ceiling", "depth", "stages", "onecall"):
         root.mkdir(parents=True, exist_ok=True)
         paths = [parquet_data.write_alert(root, 4_000_000, "none", 131072)]
-        if which in ("ceiling", "depth", "stages"):
+        if which in ("ceiling", "depth", "stages", "onecall"):
             paths.append(parquet_data.write_alert(root, 1_000_000, "snappy", 131072))
     else:
         paths = [root / name for name in FILES]
