@@ -225,6 +225,22 @@ def batch_path(ds, paths: list[str], device: str, on_error: str, findings: Findi
             return
 
 
+def _data_bytes(device: str) -> int:
+    """The process's data memory (VmData) with the device's runtime up: the cap is set above it.
+    A CUDA context, torch's and nvJPEG's libraries and ~200 driver threads' stacks hold ~4 GB of
+    it on the H100 machine, so a fixed 6 GiB cap left new threads no room: thread creation then
+    failed ("can't start new thread") or the process aborted, in 4 of 4 runs at ca1c48d."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.empty(1, device=device)
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", required=True, help="where the mutants are written")
@@ -232,10 +248,16 @@ def main(argv=None) -> int:
     p.add_argument("--count", type=int, default=300, help="mutant files")
     p.add_argument("--seconds", type=float, default=120.0, help="stop checking after this long")
     p.add_argument("--device", default="cpu", help="the batch path's device (cpu or cuda)")
-    p.add_argument("--memory-limit", type=int, default=6 << 30, help="RLIMIT_DATA in bytes (0: none)")
+    p.add_argument(
+        "--memory-limit",
+        type=int,
+        default=6 << 30,
+        help="data memory allowed beyond the process's own once CUDA is up, in bytes (0: no cap)",
+    )
     args = p.parse_args(argv)
     if args.memory_limit:
-        resource.setrlimit(resource.RLIMIT_DATA, (args.memory_limit, args.memory_limit))
+        cap = _data_bytes(args.device) + args.memory_limit
+        resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     from torch_fastload.sources import ImageFolder
 
     started = time.monotonic()
