@@ -1026,23 +1026,27 @@ def test_route_trial_on_the_gpu_decodes_every_batch_and_settles(gpu_folder, monk
     nvImageCodec's JPEG engines work, 'auto' times them too, in tests/test_jpeg_engines.py.)"""
     if _native() is None:
         pytest.skip("the extension was built without libjpeg: no trial, nvJPEG alone")
-    monkeypatch.setattr(decode, "TRIAL_WARMUP", 2)
-    monkeypatch.setattr(decode, "TRIAL_SETTLE", 1)
-    monkeypatch.setattr(decode, "TRIAL_WINDOW", 4)
+    warmup, settle, window, batch = 2, 1, 3, 6
+    monkeypatch.setattr(decode, "TRIAL_WARMUP", warmup)
+    monkeypatch.setattr(decode, "TRIAL_SETTLE", settle)
+    monkeypatch.setattr(decode, "TRIAL_WINDOW", window)
     monkeypatch.setattr(torch_fastload.config, "cpus_per_process", lambda: max(16, decode.CORES_FOR_A_TRIAL))
     train, _ = gpu_folder
     ds = ImageFolder(train, TrainTransform(), seed=1)
+    # four windows (CPU, nvJPEG, their rate ratio's split, the lighter split) of 6 batches fit
+    # the folder's 32 batches of 6 with batches to spare
+    assert len(ds) // batch > 4 * (warmup + settle + window)
     with torch_fastload.config.override(cpu_decode_share="auto", decode_backend="torchvision"):
-        loader = DataLoader(ds, batch_size=8, device="cuda")
+        loader = DataLoader(ds, batch_size=batch, device="cuda")
         seen = sum(len(y) for x, y in loader if x.is_cuda and torch.isfinite(x).all())
     assert seen == len(ds)
     trial = ds.decoder(loader.device).trial
     decoded = loader.stats().decoded
-    assert trial.choice in trial.periods and decoded["cpu:share"] >= (2 + 5) * 8 - 4
+    assert trial.choice in trial.periods and decoded["cpu:share"] >= (warmup + settle + window) * batch - 4
     cpu_gpu = trial.gpu[1.0]  # this loop queues no GPU work: the GPU waits for it at every hand-off
     if 0.0 in trial.periods:  # the loop waited for the CPU's batches, or the step was not GPU-bound
         assert trial.waited[1.0] >= 0.1 or (cpu_gpu is not None and cpu_gpu.caught_up >= route_trial.TRIAL_CAUGHT_UP)
-        assert decoded["nvjpeg"] >= 5 * 8 - 4
+        assert decoded["nvjpeg"] >= (settle + window) * batch - 4
     else:
         assert trial.choice == 1.0 and trial.waited[1.0] < 0.1 and "nvjpeg" not in decoded
         assert cpu_gpu is None or cpu_gpu.caught_up < route_trial.TRIAL_CAUGHT_UP
