@@ -581,6 +581,63 @@ def test_copy_ranges_rejects_bad_input():
     assert not a.any()
 
 
+def test_stage_host_batch_copies_and_rebases_into_the_slot_in_one_call():
+    """The one-call stage's host half (no device pointer: nothing goes to a GPU): pageable
+    ranges copied and Arrow offsets rebased and widened into one slot, as the stager lays them."""
+    rng = np.random.default_rng(3)
+    slot = np.zeros(1 << 16, np.uint8)
+    values = rng.integers(0, 256, 5000, dtype=np.uint8)
+    floats = rng.standard_normal(300).astype(np.float32)
+    offsets32 = (np.arange(101, dtype=np.int32) * 7) + 40  # a batch cut from row 40's value on
+    offsets64 = np.arange(51, dtype=np.int64) * 3 + 9
+    base = slot.ctypes.data
+    written = _C.stage_host_batch(
+        [base, base + 8192],
+        [values.ctypes.data, floats.ctypes.data],
+        [values.nbytes, floats.nbytes],
+        [base + 16384, base + 16384 + 101 * 8],
+        [offsets32.ctypes.data, offsets64.ctypes.data + 8],  # the second piece skips its leading value
+        [101, 50],
+        [-40, 700 - 12],
+        [4, 8],
+        4,
+        1 << 12,
+        False,
+        0,
+        0,
+        0,
+        0,
+        None,
+        None,
+    )
+    assert written == values.nbytes + floats.nbytes + (101 + 50) * 8
+    np.testing.assert_array_equal(slot[:5000], values)
+    np.testing.assert_array_equal(slot[8192 : 8192 + floats.nbytes].view(np.float32), floats)
+    rebased = slot[16384 : 16384 + 151 * 8].view(np.int64)
+    np.testing.assert_array_equal(rebased[:101], offsets32 - 40)
+    np.testing.assert_array_equal(rebased[101:], offsets64[1:] + 700 - 12)
+
+
+def test_stage_host_batch_refuses_bad_ranges_before_any_device_copy():
+    a, b = np.zeros(8, np.uint8), np.ones(8, np.uint8)
+    args = ([], [], [], [], [], [], [], [], 2, 1 << 12, False)
+    with pytest.raises(engine.RangeError, match=r"copy #0 .*size=-1"):
+        _C.stage_host_batch([a.ctypes.data], [b.ctypes.data], [-1], *args[3:], 0, 0, 0, 0, None, None)
+    with pytest.raises(engine.RangeError, match="src_widths must be 4 or 8"):
+        _C.stage_host_batch(
+            [], [], [], [a.ctypes.data], [b.ctypes.data], [1], [0], [2], *args[8:], 0, 0, 0, 0, None, None
+        )
+    with pytest.raises(ValueError, match="stream other than the legacy default"):
+        _C.stage_host_batch(*args, a.ctypes.data, 12345, 8, 0, None, None)  # a device copy needs a stream
+    assert not a.any()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where no CUDA driver loads")
+def test_copy_event_without_a_driver_says_so():
+    with pytest.raises(ValueError, match="libcuda|CUDA driver"):
+        _C.CopyEvent(1)
+
+
 # ------------------------------------------------------------------------------------------
 # defaults and availability
 # ------------------------------------------------------------------------------------------

@@ -166,7 +166,7 @@ class BatchStager:
             self._read(reader, buffer, reads)
 
         reserved = self.engine.reserve(plan.total_bytes, self.consumer)
-        pool = slot = copy = None
+        pool = slot = copy = host_plan = None
         if host_bytes:
             acquiring = time.perf_counter()
             pool, slot = self._acquire_slot(host_bytes, number)
@@ -175,7 +175,6 @@ class BatchStager:
             if reads and not to_device:
                 self._read(reader, slot.buffer, reads)
             span = slot.buffer[:host_bytes] if slot is not None else None
-            host_plan = None
             if slot is not None and not to_device and self.engine.stages_in_one_call and all(plan.leaves):
                 host_plan = self.copier.plan_copy(slot.buffer, host, self.copy_threads)
                 if host_plan.native is None:
@@ -212,7 +211,12 @@ class BatchStager:
                 self.stats.mark("stage:start-copy", number, starting)
         finally:
             if slot is not None:
-                pool.release(slot, copy.done if copy is not None else None)
+                # a one-call stage that failed may have enqueued its device copy: the slot then
+                # waits for everything on the copy stream (a fence) before its reuse
+                one_call_failed = copy is None and host_plan is not None
+                pool.release(
+                    slot, copy.done if copy is not None else (self.engine.fence() if one_call_failed else None)
+                )
         copy.moved = moved
         on_stream = plan.payload_bytes if not to_device or reader.copies_on_stream else sum(n for _, _, n in copies)
         self.resources.copy_timer.add(copy, on_stream)
