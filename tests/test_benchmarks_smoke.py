@@ -4,6 +4,7 @@ GPU-only studies must say so and exit 2."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -355,3 +356,27 @@ def test_parquet_fetch_probe(tmp_path):
     for setting in ("warm (decoded beforehand)", "warm beside 1 Python threads", "live (decoding as it fetches)"):
         assert setting in res.stdout and "tensors" in res.stdout.split(setting)[1].splitlines()[0], setting
     assert "range_tensors" in res.stdout  # the profile names the fetch's functions
+
+
+def test_parquet_timeline_and_its_plot(tmp_path):
+    """benchmarks/gpu/parquet_timeline.py on the CPU with tiny files: every pipeline thread's
+    spans and the loader's trace are recorded, and the plot draws them."""
+    env = {**os.environ, "TIMELINE_ROWS": "40000,20000"}
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "gpu" / "parquet_timeline.py"), str(tmp_path / "data"), str(out)]
+    res = subprocess.run([*cmd, "default"], cwd=str(REPO), capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert res.stdout.count(" GB/s x") == 2 and res.stdout.count("ms busy:") == 2  # a line per file
+    timelines = sorted(out.glob("timeline-*.json"))
+    assert [p.name for p in timelines] == [
+        "timeline-alert-20000-snappy-rg131072-default.json",
+        "timeline-alert-40000-none-rg131072-default.json",
+    ]
+    record = json.loads(timelines[1].read_text())
+    kinds = {what for _thread, what, *_ in record["spans"]}
+    assert {"decode", "get"} <= kinds and record["batches"] > 0
+    assert any(what == "next" for what, *_ in record["trace"])
+    plot = [sys.executable, str(REPO / "benchmarks" / "gpu" / "parquet_timeline_plot.py"), *map(str, timelines)]
+    res = subprocess.run(plot, cwd=str(REPO), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert all(p.with_suffix(".png").stat().st_size > 1000 for p in timelines)

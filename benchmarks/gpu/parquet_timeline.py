@@ -121,7 +121,7 @@ def decode_only(path: Path, at_once: int, arrow_threads: bool = True) -> str:
         nbytes = sum(pool.map(read, range(meta.num_row_groups)))
         seconds = time.perf_counter() - started
     first = 1e3 * (min(done) - started)
-    gaps = sorted(b - a for a, b in zip(sorted(done), sorted(done)[1:]))
+    gaps = sorted(b - a for a, b in zip(sorted(done), sorted(done)[1:])) or [0.0]  # one row group: none
     return (
         f"decode only, {at_once:2d} at once, arrow threads {arrow_threads}: {nbytes / seconds / 1e9:.2f} GB/s, "
         f"first row group after {first:.1f} ms, gaps between completions median {1e3 * gaps[len(gaps) // 2]:.1f} ms "
