@@ -33,6 +33,7 @@ the epoch's seeds are dealt out to the new ranks, each once.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -385,6 +386,8 @@ def main(argv=None) -> dict:
                 + (f": checkpoint {args.checkpoint}" if args.checkpoint else ""),
                 flush=True,
             )
+            train_model = None  # noqa: F841 (see release_ddp)
+            release_ddp()
             return finish(
                 {
                     "stopped_at": {"epoch": epoch, "step_in_epoch": done, "step": step},
@@ -418,7 +421,18 @@ def main(argv=None) -> dict:
         "test": test,
         "store_stats": vars(store.stats()) if hasattr(store, "stats") else None,
     }
+    train_model = None  # noqa: F841 (see release_ddp)
+    release_ddp()
     return finish(result, args, lead, device)
+
+
+def release_ddp() -> None:
+    """Collect the dropped DistributedDataParallel wrapper before the process group goes: its
+    reducer holds the group, which then outlives ``destroy_process_group`` into interpreter
+    exit, where a gloo worker thread releasing a finished collective's tensor takes the GIL
+    and aborts the process ("terminate called without an active exception", c10d's
+    ``ProcessGroupGloo::runLoop`` -> ``TensorImpl::decref_pyobject``; seen in CI under load)."""
+    gc.collect()
 
 
 def finish(result: dict, args, lead: bool, device) -> dict:
