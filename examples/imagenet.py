@@ -44,6 +44,7 @@ a loader without one replays the epoch's order and skips the batches already tra
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -540,6 +541,7 @@ def main(argv=None) -> dict:
         top1, top5 = validate(ddp_model, val_loader, device, args, show)
         if rank == 0:
             print(f"validation: top-1 {top1:.2f}%  top-5 {top5:.2f}%")
+        ddp_model = None  # noqa: F841 (finish's docstring says why)
         return finish({"top1": top1, "top5": top5}, args, rank)
     if args.loader == "synthetic":
         train_loader = SyntheticBatches(train_loader, steps_per_epoch, device)
@@ -665,11 +667,17 @@ def main(argv=None) -> dict:
             f"({world_size} process{'es' if world_size > 1 else ''}), step {result['step_ms']:.1f} ms, input wait "
             f"{100 * result['input_wait_fraction']:.1f}% (steps after the first {args.warmup_steps})"
         )
+    ddp_model = None  # noqa: F841 (finish's docstring says why)
     return finish(result, args, rank)
 
 
 def finish(result: dict, args, rank: int) -> dict:
-    """Write --json (rank 0) and leave the process group."""
+    """Write --json (rank 0) and leave the process group. The caller drops its
+    DistributedDataParallel wrapper first and it is collected here: its reducer holds the group,
+    which would otherwise outlive ``destroy_process_group`` into interpreter exit, where a gloo
+    worker thread releasing a finished collective's tensor takes the GIL and aborts the process
+    ("terminate called without an active exception"; examples/gnn_sage.py hit it in CI)."""
+    gc.collect()
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
