@@ -443,7 +443,7 @@ class ParallelCopier:
         else:
             self._numpy_copy(dst, plan.contiguous, plan.total, plan.threads)
             if plan.offsets:
-                self._rebase(dst, plan.offsets, plan.threads)
+                self._rebase(dst, plan.offsets)
         self.copy_fallback(dst, plan)
         return plan.total
 
@@ -532,7 +532,7 @@ class ParallelCopier:
                 at += 8 * count
         return dsts, srcs, counts, shifts, widths
 
-    def _rebase(self, dst: torch.Tensor, fields: list, threads: int) -> None:
+    def _rebase(self, dst: torch.Tensor, fields: list) -> None:
         """Every ``PendingOffsets`` field widened and rebased into ``dst`` with numpy (no engine)."""
         flat = dst.numpy()
         for offset, field in fields:

@@ -84,26 +84,13 @@ class CopyEngine:
             for src, dst, n in copies:
                 flat[dst : dst + n].copy_(span[src : src + n])
             return InFlightCopy(flat, unpack(flat), None, None, time.perf_counter() - started)
-        with torch.cuda.device(self.device):
-            home = None
-            if reserved is not None:
-                flat, home = reserved, consumer
-            elif consumer is not None:
-                # The batch lives on the consumer's stream, as a ``.to(non_blocking=True)`` made
-                # there would: next() then needs no record_stream, and frees need no events. The
-                # copy stream first waits for the consumer's work up to the allocation (rule 2).
-                with torch.cuda.stream(consumer):
-                    flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-                _order_after(self.stream, consumer)
-                home = consumer
+        flat, home = self._batch_memory(nbytes, consumer, reserved)
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             if self.debug_delay_cycles:
                 torch.cuda._sleep(self.debug_delay_cycles)
             start.record(self.stream)
-            if home is None:
-                flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             for src, dst, n in copies:
                 flat[dst : dst + n].copy_(span[src : src + n], non_blocking=True)
             if fill is not None:
@@ -111,6 +98,24 @@ class CopyEngine:
             batch = unpack(flat)
             end.record(self.stream)
         return InFlightCopy(flat, batch, end, (start, end), home=home)
+
+    def _batch_memory(self, nbytes: int, consumer, reserved) -> tuple:
+        """``(the batch's device bytes, the stream they were allocated on or None)``: ``reserved``
+        (made by ``reserve`` on the consumer's stream), else allocated on the consumer's stream,
+        else on the copy stream (None)."""
+        with torch.cuda.device(self.device):
+            if reserved is not None:
+                return reserved, consumer
+            if consumer is not None:
+                # The batch lives on the consumer's stream, as a ``.to(non_blocking=True)`` made
+                # there would: next() then needs no record_stream, and frees need no events. The
+                # copy stream first waits for the consumer's work up to the allocation (rule 2).
+                with torch.cuda.stream(consumer):
+                    flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+                _order_after(self.stream, consumer)
+                return flat, consumer
+            with torch.cuda.stream(self.stream):
+                return torch.empty(nbytes, dtype=torch.uint8, device=self.device), None
 
     @property
     def stages_in_one_call(self) -> bool:
@@ -123,21 +128,10 @@ class CopyEngine:
         slot -> device copy and its two events in one C++ call without the GIL (NOTE [GIL-free
         views] in staging.py: each torch call here would queue for the GIL again)."""
         nbytes = span.numel()
-        with torch.cuda.device(self.device):
-            home = None
-            if reserved is not None:
-                flat, home = reserved, consumer
-            elif consumer is not None:
-                with torch.cuda.stream(consumer):
-                    flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-                _order_after(self.stream, consumer)
-                home = consumer
-            else:
-                with torch.cuda.stream(self.stream):
-                    flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            if self.debug_delay_cycles:
-                with torch.cuda.stream(self.stream):
-                    torch.cuda._sleep(self.debug_delay_cycles)
+        flat, home = self._batch_memory(nbytes, consumer, reserved)
+        if self.debug_delay_cycles:
+            with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+                torch.cuda._sleep(self.debug_delay_cycles)
         handle = self.stream.cuda_stream
         start, end = _CopyEvent(handle), _CopyEvent(handle)
         (copy_dst, copy_src, copy_sizes), rebase = host_plan.native
