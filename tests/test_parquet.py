@@ -8,6 +8,7 @@ import decimal
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -595,6 +596,26 @@ def test_file_rewritten_after_open_is_a_typed_batch_error(tmp_path):
         dataset.batch(range(10))
 
 
+@pytest.mark.parametrize("read_mode", ["pyarrow", "pread"])
+def test_file_truncated_after_its_first_batch_is_a_typed_error_of_a_later_batch(tmp_path, read_mode):
+    """The size check before each decode: the row groups not decoded yet are a typed error of
+    their own batch, never rows of a shorter file. The truncation waits for the decodes in
+    flight (read ahead) so that it is the check, not a short read, that is tested."""
+    path = write(every_type(400), tmp_path / "t.parquet", row_group_size=100)
+    dataset = ParquetDataset(path, threads=1, read_mode=read_mode, cache_bytes=1)
+    assert len(dataset.batch(range(100))["i8"]) == 100
+    cache = dataset._reader()
+    deadline = time.monotonic() + 10
+    while cache.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 3)
+    with pytest.raises(ParquetFormatError, match="still being written") as info:
+        dataset.batch(range(300, 400))
+    assert info.value.path == path and info.value.row_group == 3
+    dataset.close()
+
+
 def test_nulls_the_statistics_did_not_report_are_an_error_not_garbage(tmp_path):
     table = pa.table({"x": pa.array([1, None, 3] * 100, pa.int64())})
     path = str(tmp_path / "t.parquet")
@@ -602,6 +623,23 @@ def test_nulls_the_statistics_did_not_report_are_an_error_not_garbage(tmp_path):
     assert ParquetDataset(path).keys() == ["x", "x__valid"]  # no statistics: a mask
     with pytest.raises(ParquetDecodeError, match="nulls"):
         ParquetDataset(path, masks="never").batch(range(3))
+
+
+def test_a_column_chunk_of_another_physical_type_is_a_footer_error_not_an_abort(tmp_path):
+    """Found by the fuzz: pyarrow aborts the process (an exception thrown out of
+    ``ColumnChunkMetaData``) when a chunk's physical type is not its column's. The footer check
+    refuses it first, naming the row group and column."""
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(pa.table({"i": pa.array(np.arange(100))}), path, row_group_size=50)
+    data = bytearray(open(path, "rb").read())
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    # ColumnChunk field 3 (the metadata struct), then its field 1 (type): INT64 (zigzag 4) -> INT96
+    at = data.index(b"\x1c\x15\x04", footer_start) + 2
+    data[at] = 0x06
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(ParquetFormatError, match="physical type") as info:
+        ParquetDataset(path)
+    assert (info.value.row_group, info.value.column) == (0, "i")
 
 
 def test_fuzzed_footer_and_page_bytes_never_crash_the_process(tmp_path):

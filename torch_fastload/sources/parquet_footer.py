@@ -5,7 +5,8 @@ thrown through a path that cannot carry it, e.g. ``row_group(r).column(j)`` with
 histogram whose length does not match the column's levels). So the footer's Thrift compact
 encoding is walked here first, with bounds on every length, and the invariants pyarrow assumes
 are checked: a schema tree that adds up, one column chunk per leaf column in every row group,
-and level histograms of the lengths the schema's levels give. A footer that fails gets a
+each chunk of its leaf's physical type (a mismatch aborts in ``ColumnChunkMetaData``), and
+level histograms of the lengths the schema's levels give. A footer that fails gets a
 ``ParquetFormatError`` naming the file, row group and column; pyarrow then parses only footers
 that pass.
 """
@@ -18,6 +19,7 @@ __all__ = ["check_footer"]
 
 _MAX_DEPTH = 64
 _MAX_ITEMS = 1 << 24
+_PHYSICAL_TYPES = range(8)  # BOOLEAN .. FIXED_LEN_BYTE_ARRAY
 
 
 class _Corrupt(Exception):
@@ -110,7 +112,8 @@ class _Reader:
 
 
 def _leaf_levels(schema: list) -> list:
-    """(path, max definition level, max repetition level) of every leaf of a flat schema list."""
+    """(path, max definition level, max repetition level, physical type) of every leaf of a
+    flat schema list."""
     leaves: list = []
     position = 1
 
@@ -136,7 +139,10 @@ def _leaf_levels(schema: list) -> list:
             if children:
                 walk(children, path + (name,), d, r, depth + 1)
             else:
-                leaves.append((path + (name,), d, r))
+                physical = element.get(1)
+                if physical not in _PHYSICAL_TYPES:
+                    raise _Corrupt(f"leaf column {name!r} has physical type {physical!r}")
+                leaves.append((path + (name,), d, r, physical))
 
     if not schema or not isinstance(schema[0], dict):
         raise _Corrupt("no schema root")
@@ -177,11 +183,13 @@ def check_footer(path: str, footer: bytes) -> list:
             if not isinstance(chunks, list) or len(chunks) != len(leaves):
                 count = len(chunks) if isinstance(chunks, list) else "no"
                 raise _Corrupt(f"{count} column chunks for {len(leaves)} leaf columns")
-            for (names, dlevel, rlevel), chunk in zip(leaves, chunks):
+            for (names, dlevel, rlevel, physical), chunk in zip(leaves, chunks):
                 where["column"] = ".".join(names)
                 meta_data = chunk.get(3) if isinstance(chunk, dict) else None
                 if not isinstance(meta_data, dict):
                     raise _Corrupt("a column chunk without its metadata")
+                if meta_data.get(1) != physical:
+                    raise _Corrupt(f"a column chunk of physical type {meta_data.get(1)!r}, its column's is {physical}")
                 sizes = meta_data.get(16)
                 _check_histogram(sizes, rlevel + 1, 2, "repetition")
                 _check_histogram(sizes, dlevel + 1, 3, "definition")
@@ -189,4 +197,4 @@ def check_footer(path: str, footer: bytes) -> list:
         where["row_group"] = None
     except _Corrupt as exc:
         raise ParquetFormatError(path, f"corrupt footer: {exc}", **where) from None
-    return [names[0] for names, _, _ in leaves]
+    return [leaf[0][0] for leaf in leaves]
