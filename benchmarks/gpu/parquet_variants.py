@@ -7,8 +7,10 @@ Run from the repo root:  python3 benchmarks/gpu/parquet_variants.py SET [DATA_DI
   depth    batches in flight (prefetch) and pinned slots, pyarrow's threads on and off
   stages   the pipeline's stage threads (2) at 3/4/6, with deeper prefetch and fewer memcpy threads
   onecall  the one-call stage against the Python one, row groups at once, stage and copy threads
-  ceiling  the decode-only ceiling (every row group decoded on 16/12 threads, nothing else), then
-           the loader with pyarrow's threads on and off
+  ceiling  the decode-only ceiling (every row group decoded on 16/12 threads, nothing else) and the
+           decode + copy ceiling (each row group also copied to the device on its own thread
+           through a pinned buffer: the least any loader of these bytes does), then the loader
+           with pyarrow's threads on and off
 Each line ends with the timed epoch's CPU seconds by thread group (and preemptions where /proc has them).
 ROUNDS=N runs every variant N times, interleaved, each round against its own read_table, and
 prints each variant's median ratio: one ~0.2 s epoch moves 10-15% between runs on its own."""
@@ -120,6 +122,43 @@ def decode_only(path: Path, threads: int, arrow_threads: bool) -> tuple:
     return nbytes / seconds / 1e9, (time.process_time() - cpu0) / seconds
 
 
+def decode_copy_only(path: Path, threads: int, device: torch.device) -> float:
+    """GB/s of decoding every row group and copying its buffers to ``device`` on the same
+    thread (a pinned buffer per thread, one device copy per row group, waited for): the floor
+    of what any loader of these bytes to the GPU does with pyarrow's decode, nothing else."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    meta = bench.pq.read_metadata(path)
+    local = threading.local()
+
+    def one(i):
+        if not hasattr(local, "file"):
+            local.file = bench.pq.ParquetFile(path, pre_buffer=True)
+            local.stream = torch.cuda.Stream(device)
+            local.pinned = None
+        table = local.file.read_row_group(i)
+        chunks = [chunk for column in table.columns for chunk in column.chunks]
+        buffers = [b for chunk in chunks for b in chunk.buffers() if b is not None and b.size]
+        total = sum(b.size for b in buffers)
+        if local.pinned is None or local.pinned.numel() < total:
+            local.pinned = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+        offset = 0
+        for b in buffers:
+            local.pinned[offset : offset + b.size].copy_(torch.frombuffer(b, dtype=torch.uint8))
+            offset += b.size
+        with torch.cuda.stream(local.stream):
+            torch.empty(total, dtype=torch.uint8, device=device).copy_(local.pinned[:total], non_blocking=True)
+        local.stream.synchronize()
+        return table.nbytes
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(min(threads, meta.num_row_groups))))  # threads, files and buffers made
+        started = time.perf_counter()
+        nbytes = sum(pool.map(one, range(meta.num_row_groups)))
+        seconds = time.perf_counter() - started
+    return nbytes / seconds / 1e9
+
+
 def cpu_text(r: dict) -> str:
     cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["threads_cpu_s"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
     pre = ", ".join(f"{k} {v}" for k, v in r.get("threads_preempted", {}).items() if v)
@@ -143,6 +182,19 @@ def run(path: Path, variants: list) -> None:
                 f"(x{gbps / baseline['gbps']:.2f} read_table) on {cores:.1f} cores",
                 flush=True,
             )
+        if args.device.type == "cuda":
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # the copies into the pinned buffers: one thread each
+            try:
+                for threads_ in (8, 12):
+                    gbps = decode_copy_only(path, threads_, args.device)
+                    print(
+                        f"{path.name}: decode + copy to the device, {threads_} threads: {gbps:.2f} GB/s "
+                        f"(x{gbps / baseline['gbps']:.2f} read_table)",
+                        flush=True,
+                    )
+            finally:
+                torch.set_num_threads(threads)
     sizing = types.SimpleNamespace(batch_rows=65536, batch_mib=16.0)
     rows = bench.batch_rows_of(sizing, bench.pq.read_metadata(path).num_rows, baseline["nbytes"])
     ratios: dict = {label: [] for label, *_ in variants}
