@@ -16,7 +16,10 @@ Baselines (same run): read_table to host at its best thread setting; read_table 
 copy of every buffer; torch DataLoader over a row-wise Dataset (numpy columns indexed per row,
 default collate), best of --torch-workers, on --torch-rows sampled rows, extrapolated to the
 file (said in its row). read_table + H2D: one pinned buffer and one device buffer allocated
-before its clock starts, every Arrow buffer copied in, one H2D copy. Also: pyarrow's own file
+before its clock starts, every Arrow buffer copied in, one H2D copy. The decode + copy ceiling:
+every row group decoded and copied to the device on its own thread (half or three quarters of
+the CPUs, the faster), no batches or pipeline: what pyarrow's decode plus one copy allow on the
+machine, and the share of it the loader reaches. Also: pyarrow's own file
 reads vs one pread per row group decoded from memory (read_mode), pyarrow's column threads
 on/off, a threads x row-group-size table, and a bf16 step fed by the loader vs the same step
 on device-resident batches.
@@ -32,7 +35,9 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +205,56 @@ def read_table_h2d(path: Path, device: torch.device, use_threads: bool, buffer_b
     }
 
 
+def decode_copy_ceiling(path: Path, device: torch.device, threads: int) -> dict:
+    """The least any loader of these bytes to ``device`` does with pyarrow's decode, nothing
+    else: every row group decoded and copied on its own thread (``threads`` at once, pyarrow's
+    column threads on), through a pinned buffer per thread, one device copy per row group,
+    waited for. No batches, no order, no pipeline: the loader's ceiling on this machine."""
+    meta = pq.read_metadata(path)
+    local = threading.local()
+    cuda = device.type == "cuda"
+
+    def one(i):
+        if not hasattr(local, "file"):
+            local.file = pq.ParquetFile(path, pre_buffer=True)
+            local.stream = torch.cuda.Stream(device) if cuda else None
+            local.pinned = None
+        table = local.file.read_row_group(i)
+        chunks = [chunk for column in table.columns for chunk in column.chunks]
+        buffers = [b for chunk in chunks for b in chunk.buffers() if b is not None and b.size]
+        total = sum(b.size for b in buffers)
+        if local.pinned is None or local.pinned.numel() < total:
+            local.pinned = torch.empty(total, dtype=torch.uint8, pin_memory=cuda)
+        offset = 0
+        for b in buffers:
+            local.pinned[offset : offset + b.size].copy_(torch.frombuffer(b, dtype=torch.uint8))
+            offset += b.size
+        if cuda:
+            with torch.cuda.stream(local.stream):
+                torch.empty(total, dtype=torch.uint8, device=device).copy_(local.pinned[:total], non_blocking=True)
+            local.stream.synchronize()
+        return table.nbytes
+
+    intra = torch.get_num_threads()
+    torch.set_num_threads(1)  # each copy into the pinned buffer on its own thread, as the loader's
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, range(min(threads, meta.num_row_groups))))  # threads, files, buffers made
+            started = time.perf_counter()
+            nbytes = sum(pool.map(one, range(meta.num_row_groups)))
+            seconds = time.perf_counter() - started
+    finally:
+        torch.set_num_threads(intra)
+    return {"seconds": seconds, "gbps": nbytes / seconds / 1e9, "threads": threads}
+
+
+def decode_copy_best(path: Path, device: torch.device) -> dict:
+    """``decode_copy_ceiling`` at half and three quarters of the CPUs: the faster kept."""
+    cpus = os.cpu_count() or 1
+    counts = sorted({max(1, cpus // 2), max(1, cpus * 3 // 4)})
+    return min((decode_copy_ceiling(path, device, n) for n in counts), key=lambda r: r["seconds"])
+
+
 class RowWise(torch.utils.data.Dataset):
     """What torch users write: the table in memory, one row (a dict) per __getitem__ from
     numpy columns. Only the sampled rows are converted (``rows``): converting 4M rows of 9
@@ -291,6 +346,7 @@ def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool
     cell["read_table_h2d"] = read_table_h2d(
         path, args.device, cell["read_table"]["use_threads"], cell["read_table"]["buffer_bytes"]
     )
+    cell["decode_copy"] = decode_copy_best(path, args.device)
     cell["batch_rows"] = batch_rows_of(args, rows, cell["read_table"]["nbytes"])
     cell["fastload"] = fastload_run(path, args, batch_rows=cell["batch_rows"])
     cell["fastload_shuffled"] = fastload_run(path, args, shuffle=True, batch_rows=cell["batch_rows"])
@@ -302,12 +358,16 @@ def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool
             cell["torch"]["seconds"] = run["extrapolated_s"]
     cell["over_read_table"] = cell["read_table"]["seconds"] / cell["fastload"]["seconds"]
     cell["over_read_table_first_epoch"] = cell["read_table"]["seconds"] / cell["fastload"]["first_epoch_s"]
+    cell["ceiling_over_read_table"] = cell["read_table"]["seconds"] / cell["decode_copy"]["seconds"]
+    cell["of_ceiling"] = cell["decode_copy"]["seconds"] / cell["fastload"]["seconds"]
     if "torch" in cell:
         cell["over_torch"] = cell["torch"]["seconds"] / cell["fastload"]["seconds"]
     run = cell["fastload"]
     log(
         f"  {name:<40} fastload {run['gbps']:6.2f} GB/s ({run['file_gbit']:6.1f} Gbps file)"
         f"  read_table {cell['read_table']['gbps']:6.2f} GB/s  x{cell['over_read_table']:.2f}"
+        f"  decode+copy ceiling x{cell['ceiling_over_read_table']:.2f} read_table"
+        f" ({cell['of_ceiling']:.0%} of it reached)"
         f"  [first epoch {run['first_epoch_gbps']:.2f} GB/s, x{cell['over_read_table_first_epoch']:.2f};"
         f" first batch {1e3 * (run['first_batch_s'] or 0):.0f} ms; ms/batch "
         + " ".join(f"{k} {v:.2f}" for k, v in run["stage_ms_per_batch"].items())
@@ -443,6 +503,7 @@ def verdicts(study: Study) -> None:
     for c in cells:
         study.figure(f"{c['name']}_gbps".replace(" ", "_"), c["fastload"]["gbps"])
         study.figure(f"{c['name']}_over_read_table".replace(" ", "_"), c["over_read_table"])
+        study.figure(f"{c['name']}_of_decode_copy_ceiling".replace(" ", "_"), c["of_ceiling"])
 
 
 def profile_cells(args) -> list:

@@ -40,17 +40,20 @@ def tables(study: Study) -> list:
                 fmt(c["read_table"]["gbps"]),
                 fmt(c["read_table_h2d"]["gbps"]),
                 fmt(c["over_read_table"]),
+                fmt(c["ceiling_over_read_table"]) if "decode_copy" in c else "-",
+                fmt(c["of_ceiling"], ".0%") if "decode_copy" in c else "-",
                 fmt(c.get("over_read_table_first_epoch")),
                 f"{c.get('batch_rows', study.args.batch_rows):,}",
                 f"{fmt(c.get('over_torch'), '.1f')} (w{torch_cell['best']['workers']})" if torch_cell else "-",
             ]
         )
     heads = ["file", "rows", "MiB", "GB/s", "Gbps file", "shuffled", "read_table", "+H2D", "x read_table"]
+    heads += ["ceiling x read_table", "of ceiling"]
     heads += ["x (1st epoch)", "batch rows", "x torch"]
     title = (
         f"hot page cache, to {study.args.device}, the loader's 2nd epoch timed (1st: its pool and threads set up);"
         f" batches of >= {study.args.batch_rows} rows and >= {study.args.batch_mib:g} MiB; torch: sampled rows,"
-        " extrapolated"
+        " extrapolated; ceiling: every row group decoded and copied to the device on its own thread, nothing else"
     )
     out.append(table(heads, rows, title))
     if study["skipped"]:

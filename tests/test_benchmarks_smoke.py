@@ -306,6 +306,9 @@ def test_parquet(tmp_path):
     assert all(
         c["fastload"]["gbps"] > 0 and c["read_table"]["gbps"] > 0 and c["read_table_h2d"]["gbps"] > 0 for c in cells
     )
+    # the decode + copy ceiling of the same run: every row group, on at least one thread
+    assert all(c["decode_copy"]["gbps"] > 0 and c["decode_copy"]["threads"] >= 1 and c["of_ceiling"] > 0 for c in cells)
+    assert "decode+copy ceiling" in res.stdout
     assert data["alert"][0]["torch"]["sampled_rows"] > 0  # the row-wise baseline ran, sampled
     modes = {(c["read_mode"], c["cold"]) for c in data["read_modes"]}
     assert modes == {(m, cold) for m in ("pyarrow", "pread", "read_table") for cold in (False, True)}

@@ -122,43 +122,6 @@ def decode_only(path: Path, threads: int, arrow_threads: bool) -> tuple:
     return nbytes / seconds / 1e9, (time.process_time() - cpu0) / seconds
 
 
-def decode_copy_only(path: Path, threads: int, device: torch.device) -> float:
-    """GB/s of decoding every row group and copying its buffers to ``device`` on the same
-    thread (a pinned buffer per thread, one device copy per row group, waited for): the floor
-    of what any loader of these bytes to the GPU does with pyarrow's decode, nothing else."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    meta = bench.pq.read_metadata(path)
-    local = threading.local()
-
-    def one(i):
-        if not hasattr(local, "file"):
-            local.file = bench.pq.ParquetFile(path, pre_buffer=True)
-            local.stream = torch.cuda.Stream(device)
-            local.pinned = None
-        table = local.file.read_row_group(i)
-        chunks = [chunk for column in table.columns for chunk in column.chunks]
-        buffers = [b for chunk in chunks for b in chunk.buffers() if b is not None and b.size]
-        total = sum(b.size for b in buffers)
-        if local.pinned is None or local.pinned.numel() < total:
-            local.pinned = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-        offset = 0
-        for b in buffers:
-            local.pinned[offset : offset + b.size].copy_(torch.frombuffer(b, dtype=torch.uint8))
-            offset += b.size
-        with torch.cuda.stream(local.stream):
-            torch.empty(total, dtype=torch.uint8, device=device).copy_(local.pinned[:total], non_blocking=True)
-        local.stream.synchronize()
-        return table.nbytes
-
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(one, range(min(threads, meta.num_row_groups))))  # threads, files and buffers made
-        started = time.perf_counter()
-        nbytes = sum(pool.map(one, range(meta.num_row_groups)))
-        seconds = time.perf_counter() - started
-    return nbytes / seconds / 1e9
-
-
 def cpu_text(r: dict) -> str:
     cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["threads_cpu_s"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
     pre = ", ".join(f"{k} {v}" for k, v in r.get("threads_preempted", {}).items() if v)
@@ -183,18 +146,13 @@ def run(path: Path, variants: list) -> None:
                 flush=True,
             )
         if args.device.type == "cuda":
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)  # the copies into the pinned buffers: one thread each
-            try:
-                for threads_ in (8, 12):
-                    gbps = decode_copy_only(path, threads_, args.device)
-                    print(
-                        f"{path.name}: decode + copy to the device, {threads_} threads: {gbps:.2f} GB/s "
-                        f"(x{gbps / baseline['gbps']:.2f} read_table)",
-                        flush=True,
-                    )
-            finally:
-                torch.set_num_threads(threads)
+            for threads in (8, 12):
+                gbps = bench.decode_copy_ceiling(path, args.device, threads)["gbps"]
+                print(
+                    f"{path.name}: decode + copy to the device, {threads} threads: {gbps:.2f} GB/s "
+                    f"(x{gbps / baseline['gbps']:.2f} read_table)",
+                    flush=True,
+                )
     sizing = types.SimpleNamespace(batch_rows=65536, batch_mib=16.0)
     rows = bench.batch_rows_of(sizing, bench.pq.read_metadata(path).num_rows, baseline["nbytes"])
     ratios: dict = {label: [] for label, *_ in variants}
