@@ -296,6 +296,7 @@ def test_example_style(tmp_path):
     data = report(out, "example_style-resnet18")
     (run,) = data["runs"].values()
     assert run["images_per_s"] > 0 and run["data_ms"] >= 0 and run["data_ms_each"]  # the tiny set: 2 batches an epoch
+    assert run["data_ms_max"] >= run["data_ms"] and run["epoch_s"] >= run["first_batch_s"] > 0
 
 
 def test_parquet(tmp_path):

@@ -7,6 +7,7 @@ Run from the repo root:  python3 benchmarks/gpu/parquet_variants.py SET [DATA_DI
   depth    batches in flight (prefetch) and pinned slots, pyarrow's threads on and off
   stages   the pipeline's stage threads (2) at 3/4/6, with deeper prefetch and fewer memcpy threads
   onecall  the one-call stage against the Python one, row groups at once, stage and copy threads
+  atonce   row groups decoding at once: the default (about two column chunks a thread), 5, 8, 12, 16
   ceiling  the decode-only ceiling (every row group decoded on 16/12 threads, nothing else) and the
            decode + copy ceiling (each row group also copied to the device on its own thread
            through a pinned buffer: the least any loader of these bytes does), then the loader
@@ -86,6 +87,13 @@ SETS = {
         ("stage threads 3", {}, {}, {"STAGE_THREADS": 3}),
         ("copy threads 4", {}, {"stage_threads": 4}, None),
         ("copy threads 4 at_once 6", {"row_groups_at_once": 6}, {"stage_threads": 4}, None),
+    ],
+    "atonce": [
+        ("default", {}, {}, None),
+        ("at_once 5", {"row_groups_at_once": 5}, {}, None),
+        ("at_once 8", {"row_groups_at_once": 8}, {}, None),
+        ("at_once 12", {"row_groups_at_once": 12}, {}, None),
+        ("at_once 16", {"row_groups_at_once": 16}, {}, None),
     ],
     "ceiling": [
         ("default", {}, {}, None),
@@ -202,11 +210,13 @@ def _one_variant(path: Path, args, rows: int, options: dict, settings: dict, int
 def main() -> None:
     which = sys.argv[1]
     root = Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/fastload-parquet")
-    if which in ("threads", "ceiling", "depth", "stages", "onecall"):
+    if which in ("threads", "ceiling", "depth", "stages", "onecall", "atonce"):
         root.mkdir(parents=True, exist_ok=True)
         paths = [parquet_data.write_alert(root, 4_000_000, "none", 131072)]
-        if which in ("ceiling", "depth", "stages", "onecall"):
+        if which in ("ceiling", "depth", "stages", "onecall", "atonce"):
             paths.append(parquet_data.write_alert(root, 1_000_000, "snappy", 131072))
+        if which == "atonce":
+            paths.append(parquet_data.write_alert(root, 1_000_000, "none", 131072))
     else:
         paths = [root / name for name in FILES]
     for path in paths:
