@@ -16,9 +16,10 @@ every step), backward, SGD; ``batch_time`` is the whole iteration. Four loaders 
 Reported per loader: median and longest data_time, median batch_time, images/s over the timed
 steps, the time to the first batch and the epoch's wall time from the loader's creation to its
 last step, each against torch's in the same run (targets: data_time and batch_time <= torch's;
-the native folder with 16 workers as fast as with 0). The image files are read once before the
-first loader, so no loader pays a cold page cache: the first (torch) did, and its slower start
-let its workers build a backlog that hid their pace for the rest of a short epoch.
+the native folder with 16 workers as fast as with 0). The image files are read once and the
+model runs a few steps on random images before the first loader, so no loader pays a cold page
+cache or the process's first steps: the first loader (torch) did, and its slow start let its
+workers build a backlog that hid their pace for the rest of a short epoch.
 """
 
 from __future__ import annotations
@@ -106,6 +107,22 @@ def loaders(train: str, args, device):
     }
 
 
+def warm_up_model(model, args, device, steps: int = 3) -> None:
+    """A few steps of the model on random images before any loader runs: the process's first
+    steps load kernels and pick convolution algorithms (seconds on the GPU), which would land in
+    the first loader's epoch time and let its workers build a backlog the others never get."""
+    criterion = torch.nn.CrossEntropyLoss().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+    images = torch.randn(args.batch_size, 3, 224, 224, device=device)
+    target = torch.randint(0, 1000, (args.batch_size,), device=device)
+    for _ in range(steps):
+        loss = criterion(model(images), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    loss.item()
+
+
 def train_run(make, model, args, device) -> dict:
     """The example's loop; per-step data_time (next()) and batch_time (the whole iteration)."""
     criterion = torch.nn.CrossEntropyLoss().to(device)
@@ -158,6 +175,7 @@ def main(argv=None) -> int:
     device = args.device
     train = args.data or sample_train_dir(args.tiny)
     warm_page_cache(sorted(p for p in Path(train).rglob("*") if p.is_file()))
+    warm_up_model(torchvision.models.__dict__[args.arch]().to(device), args, device)
     study = Study(f"example_style-{args.arch}", args, f"PyTorch-example loop, {args.arch}")
     study["runs"] = runs = {}
     names = [n.strip() for n in args.only.split(",") if n.strip()]
