@@ -291,6 +291,39 @@ def test_with_workers_read_ahead_is_torchs_prefetch_factor_bound(tmp_path, prefe
     assert set(range(k + 1)) <= got <= set(range(bound + prefetch + 1))
 
 
+class Numbers(tud.Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.tensor(i)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_next_grants_its_credit_after_the_hand_off_when_the_batch_was_staged(monkeypatch, prefetch):
+    """The credit wakes the fetch thread, whose Python (torch's worker iterator rebuilding a
+    batch) would hold the GIL while next() still hands its batch over: a batch already staged
+    is handed over first. A batch not staged yet gets the credit before the wait (with
+    ``prefetch=0`` that batch cannot be fetched without it)."""
+    iterator = iter(DataLoader(Numbers(), batch_size=4, prefetch=prefetch, device="cpu"))  # the Python pipeline
+    pipeline = iterator._pipeline
+    order: list = []
+    grant, hand_off = pipeline.read_ahead.grant, pipeline.engine.hand_off
+    monkeypatch.setattr(pipeline.read_ahead, "grant", lambda: (order.append("grant"), grant())[1])
+    monkeypatch.setattr(pipeline.engine, "hand_off", lambda copy: (order.append("hand_off"), hand_off(copy))[1])
+    assert torch.equal(next(iterator), torch.arange(4))
+    if prefetch == 0:  # nothing may be fetched before the first next(): its credit comes first
+        assert order == ["grant", "hand_off"]
+    else:
+        deadline = time.monotonic() + 10
+        while pipeline.ready.qsize() + len(pipeline._reorder) < prefetch and time.monotonic() < deadline:
+            time.sleep(0.01)  # batches 1 and 2 staged ahead (stage threads finish out of order)
+        order.clear()
+        assert torch.equal(next(iterator), torch.arange(4, 8))
+        assert order == ["hand_off", "grant"]
+    assert sum(len(b) for b in iterator) == 40 - 4 * (1 if prefetch == 0 else 2)
+
+
 def test_shutdown_workers_of_persistent_workers_then_a_new_epoch():
     loader = DataLoader(
         tud.TensorDataset(torch.arange(10)), batch_size=2, num_workers=2, persistent_workers=True, device="cpu"

@@ -35,7 +35,7 @@ import traceback
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -261,37 +261,51 @@ class Pipeline:
     def next(self) -> Any:
         if self.finished:
             raise StopIteration
-        self.read_ahead.grant()  # NOTE [read-ahead] in fetch.py
         started = self.stats.request_started()
         if self.on_requested is not None:
             self.on_requested(self.device)
-        number, item = self._next_ready()
-        self.stats.mark("next:ready", number, started)
-        if item is END:
-            self.progress.finished = True
-            self.shutdown(wait_for_copies=False)
-            raise StopIteration
-        if isinstance(item, Fatal):
-            self.shutdown()
-            item.error.reraise()
-        self.progress.yielded(number, item.samples)  # a failed batch is spent too: it was raised
-        if isinstance(item, Failure):
-            self.stats.add_error()
-            item.error.reraise()
-        staged: StagedBatch = item
-        self.engine.hand_off(staged.copy)
-        self.stats.delivered(started, staged.samples, staged.nbytes, number)
-        if self.on_delivered is not None:
-            self.on_delivered(self.device, time.perf_counter() - started)
+        # NOTE [read-ahead] in fetch.py: this call's credit. Granted before any wait (the batch
+        # waited for may need it), else once the batch is handed over: the fetch thread it wakes
+        # runs Python (torch's worker iterator rebuilds each batch from shared memory), which
+        # would hold the GIL while this call's last steps queue for it.
+        granted = []
+
+        def grant() -> None:
+            self.read_ahead.grant()
+            granted.append(True)
+
+        try:
+            number, item = self._next_ready(before_wait=grant)
+            self.stats.mark("next:ready", number, started)
+            if item is END:
+                self.progress.finished = True
+                self.shutdown(wait_for_copies=False)
+                raise StopIteration
+            if isinstance(item, Fatal):
+                self.shutdown()
+                item.error.reraise()
+            self.progress.yielded(number, item.samples)  # a failed batch is spent too: it was raised
+            if isinstance(item, Failure):
+                self.stats.add_error()
+                item.error.reraise()
+            staged: StagedBatch = item
+            self.engine.hand_off(staged.copy)
+            self.stats.delivered(started, staged.samples, staged.nbytes, number)
+            if self.on_delivered is not None:
+                self.on_delivered(self.device, time.perf_counter() - started)
+        finally:
+            if not granted:
+                self.read_ahead.grant()
         return staged.copy.batch
 
     def _take(self, position: int):
         self._delivered += 1
         return self._reorder.pop(position)
 
-    def _next_ready(self):
+    def _next_ready(self, before_wait: Callable[[], None] | None = None):
         """``(number, item)`` of the batch whose turn it is (stage threads finish out of order),
-        or of any staged batch with ``in_order=False`` (the end only once all were delivered)."""
+        or of any staged batch with ``in_order=False`` (the end only once all were delivered).
+        ``before_wait()`` runs once, before the first wait for a batch not staged yet."""
         timeout = self.timeout
         deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
         while True:
@@ -300,15 +314,21 @@ class Pipeline:
             ready = self._ready_in_turn()
             if ready is not None:
                 return ready
-            alive = any(thread.is_alive() for thread in self.stage_threads)
             try:
-                position, number, item = self.ready.get(timeout=self.poll)
+                position, number, item = self.ready.get_nowait()
             except queue.Empty:
-                if not alive and self.ready.empty():
-                    raise LoaderShutdownError("the staging threads exited without delivering a batch") from None
-                if deadline is not None and time.monotonic() > deadline:
-                    raise RuntimeError(f"DataLoader timed out after {timeout} seconds") from None
-                continue
+                if before_wait is not None:
+                    before_wait()
+                    before_wait = None
+                alive = any(thread.is_alive() for thread in self.stage_threads)
+                try:
+                    position, number, item = self.ready.get(timeout=self.poll)
+                except queue.Empty:
+                    if not alive and self.ready.empty():
+                        raise LoaderShutdownError("the staging threads exited without delivering a batch") from None
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise RuntimeError(f"DataLoader timed out after {timeout} seconds") from None
+                    continue
             if position is None:  # a stage thread itself broke: raised at once
                 return None, item
             if item is END:
