@@ -410,6 +410,7 @@ class CopyPlan:
     offsets: list  # (offset, PendingOffsets): rebased into the slot
     fallback: list  # (offset, source): copied by torch
     native: tuple | None = None  # (copy arrays, rebase arrays) for the C++ engine
+    task_bytes: int = 2 * _MIN_CHUNK  # the C++ copies' task size
 
 
 class ParallelCopier:
@@ -437,7 +438,7 @@ class ParallelCopier:
         if plan.native is not None:
             copies, rebase = plan.native
             if len(copies[0]):
-                _native_copy(*copies, plan.threads, _MIN_CHUNK * 2, self.nontemporal)
+                _native_copy(*copies, plan.threads, plan.task_bytes, self.nontemporal)
             if rebase[0]:
                 _native_rebase(*rebase, plan.threads)
         else:

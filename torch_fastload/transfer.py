@@ -141,7 +141,7 @@ class CopyEngine:
             copy_sizes,
             *rebase,
             host_plan.threads,
-            _STAGE_TASK_BYTES,
+            host_plan.task_bytes,
             nontemporal,
             span.data_ptr(),
             flat.data_ptr(),
@@ -160,10 +160,7 @@ class CopyEngine:
         GPU then serialises every copy with the latest step)."""
         if not self.is_cuda or consumer is None:
             return None
-        with torch.cuda.device(self.device), torch.cuda.stream(consumer):
-            flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        _order_after(self.stream, consumer)
-        return flat
+        return self._batch_memory(nbytes, consumer, None)[0]
 
     def run(self, produce: Callable[[], Any]) -> InFlightCopy:
         """``produce()`` with the copy stream current, its batch covered by the completion event:
@@ -254,7 +251,6 @@ def _order_after(waiter: torch.cuda.Stream, producer: torch.cuda.Stream) -> None
 
 #: Stage with ``start_staged`` where it can run (benchmarks flip it to measure the Python route).
 ONE_CALL_STAGE = True
-_STAGE_TASK_BYTES = 2 << 20  # copy_ranges' task size (staging.py's 2 x _MIN_CHUNK)
 
 try:
     from ._C import CopyEvent as _CopyEvent
