@@ -3,11 +3,11 @@
     python benchmarks/beside_step.py                 # H100: ~3 min
     python benchmarks/beside_step.py --quick         # ~1 min
 
-1. **GEMM step**: a bf16 GEMM step sized to one batch's pinned H2D time, fed device-resident
+1. **GEMM step**: a bf16 GEMM step at least as long as one batch's pinned H2D, fed device-resident
    batches (the baseline) and then by each loader: TensorDataset (the C++ loop, and the Python
    pipeline for comparison), ArrayDataset (page cache mapped: gather kernel or copy engines;
    not mapped: the pinned ring) and RecordDataset. Reported: step time over the device-resident
-   step (target <= 1.05x).
+   step (target <= 1.05x for each source at its defaults; the rows that force a route compare).
 2. **Launch-bound thread**: a training thread launching tiny kernels, K per batch, with K set
    so the launches take as long as the loader needs per batch at its full rate. Reported:
    launches/s beside each loader over launches/s alone (target >= 0.95).
@@ -17,6 +17,7 @@ Each configuration runs ``--repeats`` times; the median and the spread are print
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 import time
@@ -28,6 +29,7 @@ import torch
 import torch_fastload
 from torch_fastload import ArrayDataset, DataLoader, RecordDataset, pack
 from torch_fastload._benchutil import (
+    InflightWindow,
     Study,
     gemm_seconds,
     h2d_copy_seconds,
@@ -63,6 +65,16 @@ def make_data(root: Path, rows: int, row_bytes: int) -> dict:
     return {"tensor": data, "npy": root / "rows.npy", "pack": root / "pack"}
 
 
+#: The feeds at the loader's defaults (the issue's floors are about these); the other rows force a
+#: route for comparison.
+DEFAULT_FEEDS = (
+    "TensorDataset (C++ loop, default: auto)",
+    "ArrayDataset mapped (default: auto)",
+    "ArrayDataset ring",
+    "RecordDataset mapped",
+)
+
+
 def feeds(data: dict, batch_size: int, device: torch.device) -> dict:
     """name -> a function making a fresh loader (each returns batches whose first field is rows)."""
     common = dict(batch_size=batch_size, shuffle=True, drop_last=True, device=device)
@@ -85,6 +97,7 @@ def feeds(data: dict, batch_size: int, device: torch.device) -> dict:
             lambda: DataLoader(tensors, **common), memory_rows="gather"
         ),
         "TensorDataset (Python pipeline)": with_config(lambda: DataLoader(tensors, **common), native="off"),
+        "ArrayDataset mapped (default: auto)": lambda: DataLoader(ArrayDataset(data["npy"]), **common),
         "ArrayDataset mapped, kernel": with_config(
             lambda: DataLoader(ArrayDataset(data["npy"]), **common), mapped_copy="kernel"
         ),
@@ -108,7 +121,9 @@ class GemmStep:
         self.a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
         self.b = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
         one = gemm_seconds(self.a, self.b, warmup=10)
-        self.gemms = max(1, round(seconds / one))
+        # At least as long as the transfer: a step any shorter cannot hide a batch a step,
+        # whatever the loader (the link alone would set the pace).
+        self.gemms = max(1, math.ceil(seconds / one))
         self.seconds = self.gemms * one
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
@@ -119,18 +134,19 @@ class GemmStep:
 
 
 def time_steps(batches, step, steps: int, warmup: int = 40) -> float:
-    """Median-free wall time per step over ``steps`` steps after ``warmup`` (host 2 steps ahead;
-    the warm-up covers the loader's start and its memory_rows='auto' window)."""
+    """Median-free wall time per step over ``steps`` steps after ``warmup`` (the warm-up covers
+    the loader's start and its memory_rows='auto' window). The host runs at most 2 steps ahead
+    of the GPU, waiting on an event: reading a result with ``.item()`` would wait for the whole
+    stream instead, so every step would also pay the host's ``next()`` and launches."""
     it = iter(batches)
-    done = []
+    window = InflightWindow(torch.device("cuda"), 2)
     for i in range(warmup + steps):
         if i == warmup:
-            torch.cuda.synchronize()
+            window.drain()
             started = time.perf_counter()
-        done.append(step(first_field(next(it))))
-        if len(done) > 2:
-            done.pop(0).item()
-    torch.cuda.synchronize()
+        step(first_field(next(it)))
+        window.step_done()
+    window.drain()
     return (time.perf_counter() - started) / steps
 
 
@@ -290,13 +306,13 @@ def main(argv=None) -> int:
     for name, ratio in gemm["ratio"].items():
         if name != "device-resident":
             study.figure(f"gemm_step_vs_resident:{name}", ratio)
-            study.verdict(f"GEMM step fed by {name} <= 1.05x device-resident", ratio <= 1.05, f"{ratio:.3f}x")
+            if name in DEFAULT_FEEDS:
+                study.verdict(f"GEMM step fed by {name} <= 1.05x device-resident", ratio <= 1.05, f"{ratio:.3f}x")
     link = launches["ratio"].get(LINK_ONLY)
     for name, ratio in launches["ratio"].items():
         study.figure(f"launch_rate_vs_alone:{name}", ratio)
-        if name == LINK_ONLY:
-            continue
-        study.verdict(f"launch-bound thread beside {name} >= 0.95x alone", ratio >= 0.95, f"{ratio:.3f}x")
+        if name in DEFAULT_FEEDS:
+            study.verdict(f"launch-bound thread beside {name} >= 0.95x alone", ratio >= 0.95, f"{ratio:.3f}x")
         if link:
             study.figure(f"launch_rate_vs_link_only:{name}", ratio / link)
     return study.finish(gemm_table(gemm), launch_table(launches), plot=plot)

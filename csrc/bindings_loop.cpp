@@ -111,6 +111,10 @@ void bind_native_loop(py::module_& m) {
            "Registered in-memory rows of batches started from now on go by the gather kernel (True) or the\n"
            "copy engines (False); True needs memory_rows_kernel.")
       .def_property_readonly("rows_kernel", &tfl::NativeLoop::rows_kernel)
+      .def("set_mapped_kernel", &tfl::NativeLoop::set_mapped_kernel, py::arg("on"),
+           "Whether batches started from now on move ranges of mapped files by the gather kernel (True)\n"
+           "or by the copy engines (False); True needs the gather function and the ring.")
+      .def_property_readonly("mapped_kernel", &tfl::NativeLoop::mapped_kernel)
       .def("set_mapped", &tfl::NativeLoop::set_mapped, py::arg("file"), py::arg("mapped").none(true),
            py::keep_alive<1, 3>(), "Copy this file's ranges out of its registered mapping from now on.")
       .def("stop", &tfl::NativeLoop::stop, py::arg("timeout"), py::arg("wait_for_copies"),

@@ -208,6 +208,7 @@ NativeLoop::Job& NativeLoop::startable(int64_t position) {  // under mu_
 
 bool NativeLoop::enqueue(Job& job, uintptr_t home) {  // under mu_; true if a worker needs a notify
   job.home = home, job.started = true, job.rows_kernel = rows_kernel_.load();
+  job.mapped_kernel = mapped_kernel_.load();
   queue_.push_back(job.position);
   return idle_workers_ > 0;  // a busy worker takes it from the queue next
 }
@@ -466,7 +467,7 @@ std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, Ranges& r) {
   }
   int64_t from_mapped = 0, from_ring = 0;
   if (!direct.offsets.empty()) {
-    if (cfg_.gather_function != 0 && cfg_.ring != nullptr)
+    if (job.mapped_kernel)
       from_mapped = cfg_.ring->gather_mapped(mapped, direct, cfg_.stream, cfg_.gather_function, cfg_.piece_bytes,
                                              cfg_.blocks);
     else

@@ -117,6 +117,10 @@ class NativeLoop {
   // (needs cfg.memory_rows_kernel) or by the copy engines.
   void set_rows_kernel(bool on) { rows_kernel_.store(on && cfg_.memory_rows_kernel); }
   bool rows_kernel() const { return rows_kernel_.load(); }
+  // Whether batches started from now on move ranges of mapped files by the gather kernel (needs
+  // cfg.gather_function and the ring) or by the copy engines (one cuMemcpyBatchAsync a batch).
+  void set_mapped_kernel(bool on) { mapped_kernel_.store(on && cfg_.gather_function != 0 && cfg_.ring != nullptr); }
+  bool mapped_kernel() const { return mapped_kernel_.load(); }
   // A file's registered mapping (or null): its ranges are then copied out of the page cache.
   void set_mapped(int32_t file, const MappedFile* mapped);
   // Stops the workers (jobs not started are dropped) and joins them (each finishes the job in
@@ -135,7 +139,8 @@ class NativeLoop {
     std::vector<int64_t> at;  // each output field's offset from `out`
     uintptr_t home = 0;  // the stream `out` was allocated on
     bool started = false, done = false;
-    bool rows_kernel = false;  // registered rows by the gather kernel (rows_kernel_ at its start)
+    bool rows_kernel = false;    // registered rows by the gather kernel (rows_kernel_ at its start)
+    bool mapped_kernel = false;  // mapped file ranges by the gather kernel (mapped_kernel_ at its start)
     std::exception_ptr error;
     cuda::Event ready = nullptr;                          // recorded after the batch's copies
     cuda::Event timing_start = nullptr, timing_end = nullptr;  // the H2D copies, for stats
@@ -175,6 +180,7 @@ class NativeLoop {
   cuda::Context ctx_ = nullptr;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> rows_kernel_{false};
+  std::atomic<bool> mapped_kernel_{false};
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_, slot_cv_;
   std::map<int64_t, Job> jobs_;

@@ -341,21 +341,25 @@ class _FakeProbe:
         ([None], False),  # the GPU had not reached the window's marks: a GPU-bound step
     ],
 )
-def test_rows_route_choice_follows_where_the_gpu_is_at_next(readings, kernel):
+def test_copy_route_choice_follows_where_the_gpu_is_at_next(readings, kernel):
     from types import SimpleNamespace
 
-    from torch_fastload.native import RowsRouteChoice
+    from torch_fastload.native import CopyRouteChoice
 
-    loop, resources, stats = _FakeLoop(), SimpleNamespace(rows_route=None), SimpleNamespace(path="native loop")
-    choice = RowsRouteChoice.__new__(RowsRouteChoice)
-    choice.loop, choice.resources, choice.stats, choice.batches = loop, resources, stats, 0
+    rows, mapped = _FakeLoop(), _FakeLoop()
+    resources, stats = SimpleNamespace(copy_route=None), SimpleNamespace(path="native loop")
+    targets = [("registered rows", rows.set_rows_kernel), ("mapped files", mapped.set_rows_kernel)]
+    choice = CopyRouteChoice.__new__(CopyRouteChoice)
+    choice.loop, choice.targets, choice.resources, choice.stats, choice.batches = None, targets, resources, stats, 0
     choice.probe = _FakeProbe(readings)
     done, batches = False, 0
     while not done:
         choice.requested()
         done = choice.delivered()
         batches += 1
-    assert loop.kernel == [kernel] and resources.rows_route == ("kernel" if kernel else "dma")
-    assert batches == RowsRouteChoice.WARMUP + len(readings) * RowsRouteChoice.WINDOW
-    assert choice.probe.marks == 2 * len(readings) * RowsRouteChoice.WINDOW  # only inside the windows
+    assert rows.kernel == [kernel] and mapped.kernel == [kernel]  # one choice, made for both routes
+    assert resources.copy_route == ("kernel" if kernel else "dma")
+    assert batches == CopyRouteChoice.WARMUP + len(readings) * CopyRouteChoice.WINDOW
+    assert choice.probe.marks == 2 * len(readings) * CopyRouteChoice.WINDOW  # only inside the windows
     assert ("gather kernel" if kernel else "copy engines") in stats.path
+    assert "registered rows and mapped files" in stats.path

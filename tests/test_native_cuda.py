@@ -71,13 +71,13 @@ def test_auto_rows_route_chooses_once_and_later_epochs_keep_it():
         for _ in range(50):  # a launch-bound step
             x.add_(1)
         ours.append(batch)
-    assert loader.resources.rows_route in ("kernel", "dma"), loader.stats().path
+    assert loader.resources.copy_route in ("kernel", "dma"), loader.stats().path
     assert "registered rows:" in loader.stats().path
     for a, c in zip(ours, theirs, strict=True):
         assert torch.equal(a[0].cpu(), c[0]) and torch.equal(a[1].cpu(), c[1])
     it = iter(loader)
     assert it._pipeline._copy_route is None and it._pipeline.loop.rows_kernel == (
-        loader.resources.rows_route == "kernel"
+        loader.resources.copy_route == "kernel"
     )
     it.close()
 
@@ -109,6 +109,43 @@ def test_file_sources_on_the_loop_equal_torch(tmp_path, mapped_copy, map_budget)
         stats = loader.stats()
         assert stats.path.startswith("native loop") and stats.batches == len(theirs)
         assert (stats.io_bytes.get("mapped", 0) > 0) == (map_budget != 0), stats.io_bytes
+
+
+@pytest.mark.parametrize("mapped_copy,kernel", [("kernel", True), ("dma", False)])
+def test_mapped_copy_names_the_route_of_mapped_files(tmp_path, mapped_copy, kernel):
+    """mapped_copy picks how mapped file ranges move on the loop, whatever memory_rows says (it
+    used to be ignored there: any loader that could launch the kernel used it)."""
+    x = np.random.default_rng(0).standard_normal((257, 4096)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    with torch_fastload.config.override(mapped_copy=mapped_copy):
+        loader = DataLoader(ArrayDataset(tmp_path / "x.npy"), batch_size=16, map_budget="100%")
+    it = iter(loader)
+    assert it._pipeline.loop.mapped_kernel == kernel and it._pipeline._copy_route is None
+    ours = torch.cat([b.cpu() for b in it])
+    assert torch.equal(ours, torch.from_numpy(x)) and loader.stats().io_bytes.get("mapped", 0) == x.nbytes
+
+
+def test_auto_mapped_copy_chooses_once_for_the_loader(tmp_path):
+    """mapped_copy='auto' (the default): the copy engines while the first batches are watched,
+    then the chosen route; the batches equal the file's rows across the switch and the next
+    epoch starts on the choice."""
+    x = np.random.default_rng(1).standard_normal((800, 4096)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    loader = DataLoader(ArrayDataset(tmp_path / "x.npy"), batch_size=8, map_budget="100%")
+    it = iter(loader)
+    assert it._pipeline._copy_route is not None and not it._pipeline.loop.mapped_kernel
+    y = torch.zeros(1, device="cuda")
+    ours = []
+    for batch in it:
+        for _ in range(50):  # a launch-bound step
+            y.add_(1)
+        ours.append(batch.cpu())
+    assert torch.equal(torch.cat(ours), torch.from_numpy(x))
+    assert loader.resources.copy_route in ("kernel", "dma") and "mapped files:" in loader.stats().path
+    it = iter(loader)
+    assert it._pipeline._copy_route is None
+    assert it._pipeline.loop.mapped_kernel == (loader.resources.copy_route == "kernel")
+    it.close()
 
 
 def test_consumer_stream_waits_for_delayed_loop_copies():

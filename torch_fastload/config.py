@@ -335,10 +335,12 @@ OPTIONS: dict[str, Option] = {
         ),
         Option(
             "mapped_copy",
-            "kernel",
-            _choice("kernel", "dma"),
+            "auto",
+            _choice("auto", "kernel", "dma"),
             "ranges of files mapped from the page cache reach the GPU by the gather kernel ('kernel': a few "
-            "SMs read host memory) or by the copy engines ('dma': one cuMemcpyBatchAsync a batch)",
+            "SMs read host memory) or by the copy engines ('dma': one cuMemcpyBatchAsync a batch); 'auto': "
+            "the copy engines, switched to the kernel after the first ~30 batches if the step left its GPU "
+            "waiting for the host (the choice memory_rows='auto' makes, made once for both)",
         ),
         Option(
             "memory_rows",

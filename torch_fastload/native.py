@@ -187,7 +187,8 @@ class NativePipeline:
         io = resources.io if self._paths else None
         ring = resources.file_reader().stager if (io is not None and self.cuda) else None
         rows_kernel = self._memory_rows_kernel
-        gather = self._gather_function(rows_kernel) if (ring is not None or rows_kernel) else 0
+        mapped_kernel = ring is not None and resources.settings.mapped_copy in ("kernel", "auto")
+        gather = int(uva.kernel_handle(self.device)) if (rows_kernel or mapped_kernel) and uva.available() else 0
         pool, slots = self._slots if self._slots else (None, [])
         self.loop = engine._require().NativeLoop(
             fields,
@@ -211,8 +212,8 @@ class NativePipeline:
             DEBUG_JITTER_US,
             rows_kernel and gather != 0,
         )
-        self._map_files(resources)
-        self._copy_route = self._choose_rows_route(rows_kernel and gather != 0)
+        mapped = self._map_files(resources)
+        self._copy_route = self._choose_copy_route(rows_kernel and gather != 0, mapped and gather != 0)
         if not records:
             self._plans = {}
         self._index_arrays = _index_arrays(source)
@@ -284,35 +285,42 @@ class NativePipeline:
             raise _PoolBusy
         return pool, slots
 
-    def _choose_rows_route(self, capable: bool) -> RowsRouteChoice | None:
-        """How registered in-memory rows reach the GPU: 'kernel', 'dma', or with 'auto' the
-        choice an earlier epoch of this loader made, else a ``RowsRouteChoice`` that makes it
-        on this epoch's first batches (copy engines meanwhile)."""
-        mode = self.resources.settings.memory_rows
-        if not (capable and self._dma_rows) or mode not in ("kernel", "auto"):
-            return None
-        chosen = self.resources.rows_route if mode == "auto" else "kernel"
-        if chosen is not None:
-            self.loop.set_rows_kernel(chosen == "kernel")
-            self._rows_note = f" (registered rows: {'gather kernel' if chosen == 'kernel' else 'copy engines'})"
-            return None
-        return RowsRouteChoice(self.loop, self.device, self.resources, self.stats)
+    def _choose_copy_route(self, rows_capable: bool, mapped_capable: bool) -> CopyRouteChoice | None:
+        """How registered in-memory rows and ranges of mapped files reach the GPU: by the gather
+        kernel or the copy engines as ``memory_rows`` / ``mapped_copy`` say; for each left to
+        'auto', the choice an earlier epoch of this loader made, else a ``CopyRouteChoice`` that
+        makes it on this epoch's first batches (copy engines meanwhile)."""
+        settings = self.resources.settings
+        targets, notes = [], []
+        for what, capable, mode, set_kernel in (
+            ("registered rows", rows_capable and self._dma_rows, settings.memory_rows, self.loop.set_rows_kernel),
+            ("mapped files", mapped_capable, settings.mapped_copy, self.loop.set_mapped_kernel),
+        ):
+            if not capable or mode not in ("kernel", "auto"):
+                continue
+            chosen = self.resources.copy_route if mode == "auto" else "kernel"
+            if chosen is None:
+                targets.append((what, set_kernel))
+                continue
+            set_kernel(chosen == "kernel")
+            notes.append(f"{what}: {'gather kernel' if chosen == 'kernel' else 'copy engines'}")
+        self._rows_note = f" ({', '.join(notes)})" if notes else ""
+        return CopyRouteChoice(self.loop, targets, self.device, self.resources, self.stats) if targets else None
 
-    def _gather_function(self, rows_kernel: bool = False) -> int:
-        if (rows_kernel or self.resources.settings.mapped_copy == "kernel") and uva.available():
-            return int(uva.kernel_handle(self.device))
-        return 0  # the copy engines: one cuMemcpyBatchAsync a batch
-
-    def _map_files(self, resources: LoaderResources) -> None:
-        """Files already resident in the page cache (within map_budget) are copied from it."""
+    def _map_files(self, resources: LoaderResources) -> bool:
+        """Files already resident in the page cache (within map_budget) are copied from it;
+        True if any is."""
         reader = resources.file_reader() if (self._paths and self.cuda) else None
         mapped = getattr(reader, "mapped", None)
         if mapped is None:
-            return
+            return False
+        any_mapped = False
         for i, path in enumerate(self._paths):
             m = mapped.get(path)
             if m is not None:
                 self.loop.set_mapped(i, m)
+                any_mapped = True
+        return any_mapped
 
     # -- the training thread's side -----------------------------------------------------------
     def _fill(self, stream: int = 0) -> None:
@@ -488,26 +496,28 @@ def _index_arrays(source):
     return indices.arrays() if isinstance(indices, OrderPass) else None
 
 
-class RowsRouteChoice:
-    """``memory_rows='auto'``: whether registered in-memory rows reach the GPU by the copy engines
-    or by the gather kernel, from where the GPU is when the loop asks for a batch
-    (``vision/step_probe.py``). A step that leaves its GPU waiting for the host (launch-bound:
-    small models) loses more to the copy engines' per-row DMA submissions beside its launches
-    than to a few SMs it does not use (H100 launch-bound thread: 0.80x alone with copy engines,
-    0.88x with the kernel, 0.90x beside a bare pinned copy); a step that keeps its GPU busy
-    loses its SMs to the kernel (bf16 GEMM step: 1.37x against 1.55x). The copy engines run
+class CopyRouteChoice:
+    """``memory_rows='auto'`` / ``mapped_copy='auto'``: whether registered in-memory rows and
+    ranges of mapped files reach the GPU by the copy engines or by the gather kernel, from where
+    the GPU is when the loop asks for a batch (``vision/step_probe.py``). A step that leaves its
+    GPU waiting for the host (launch-bound: small models) loses more to the copy engines' per-row
+    DMA submissions beside its launches than to a few SMs it does not use (H100 launch-bound
+    thread: 0.80x alone with copy engines, 0.88x with the kernel, 0.90x beside a bare pinned
+    copy); a step that keeps its GPU busy loses its SMs to the kernel (bf16 GEMM step as long as
+    the transfer: 1.03x with the copy engines, 1.24-1.27x with the kernel). The copy engines run
     while ``WINDOW`` batches after ``WARMUP`` are observed; the choice holds for the loader's
-    later epochs."""
+    later epochs. ``targets``: (what, the loop's setter) of each route left to 'auto'."""
 
     WARMUP, WINDOW, HOST_BOUND = 8, 24, 0.5
 
-    def __init__(self, loop, device, resources, stats):
+    def __init__(self, loop, targets, device, resources, stats):
         from .vision.step_probe import GpuStepProbe
 
-        self.loop, self.resources, self.stats = loop, resources, stats
+        self.loop, self.targets, self.resources, self.stats = loop, targets, resources, stats
         self.probe = GpuStepProbe(device)
         self.batches = 0
-        loop.set_rows_kernel(False)
+        for _, set_kernel in targets:
+            set_kernel(False)
 
     def _watching(self) -> bool:
         return self.WARMUP <= self.batches < self.WARMUP + self.WINDOW
@@ -528,10 +538,12 @@ class RowsRouteChoice:
         # engines stay
         reading = self.probe.take()
         kernel = reading is not None and reading.caught_up >= self.HOST_BOUND
-        self.loop.set_rows_kernel(kernel)
-        self.resources.rows_route = "kernel" if kernel else "dma"
+        for _, set_kernel in self.targets:
+            set_kernel(kernel)
+        self.resources.copy_route = "kernel" if kernel else "dma"
         seen = f"the GPU had caught up {reading.caught_up:.0%} at next()" if reading else "the GPU a queue behind"
-        self.stats.path += f" (registered rows: {'gather kernel' if kernel else 'copy engines'}, {seen})"
+        what = " and ".join(name for name, _ in self.targets)
+        self.stats.path += f" ({what}: {'gather kernel' if kernel else 'copy engines'}, {seen})"
         return True
 
 

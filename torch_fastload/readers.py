@@ -214,6 +214,7 @@ class EngineReader(Reader):
         self._aux_streams: list = []
         self._lock = threading.Lock()
         self.unsafe_ring_reuse = False  # tests: skip the per-chunk wait to prove it is needed
+        self.mapped_by_kernel = True  # False: mapped ranges by DMA copies (mapped_copy='dma')
 
     def _read(self, dst, paths, file_index, offsets, lengths, dst_offsets):
         common = dict(
@@ -250,9 +251,10 @@ class EngineReader(Reader):
 
     def _copy_mapped(self, dst, maps, file_index, offsets, lengths, dst_offsets) -> int:
         """Ranges of mapped files into ``dst``: the engine launches uva.py's gather kernel on
-        the copy stream (no GIL, no CPU copy), or DMA copies where it cannot be compiled."""
+        the copy stream (no GIL, no CPU copy), or DMA copies where it cannot be compiled or
+        ``mapped_copy='dma'`` asks for them (this pipeline takes 'auto' as the kernel)."""
         used = sorted(set(file_index.tolist()))
-        if not uva.available():
+        if not (self.mapped_by_kernel and uva.available()):
             return self._dma_mapped(dst, maps, used, file_index, offsets, lengths, dst_offsets)
         remap = np.zeros(len(maps), dtype=np.int64)
         remap[used] = np.arange(len(used))

@@ -48,7 +48,7 @@ class ResourceSettings:
     map_budget: int
     # config-only options, read when the loader is made (like every option): see config.py
     native: str = "auto"
-    mapped_copy: str = "kernel"
+    mapped_copy: str = "auto"
     memory_rows: str = "auto"
     nontemporal: bool = True
     remote: bool = False  # the dataset reads s3:// or http(s):// objects (loader.io says how)
@@ -69,7 +69,7 @@ class LoaderResources:
         self._file_reader: readers.Reader | None = None
         self._slot_reader: readers.Reader | None = None
         self._registered: dict = {}  # data_ptr -> (bytes, the tensor, kept alive while registered)
-        self.rows_route: str | None = None  # memory_rows='auto': what native.RowsRouteChoice chose
+        self.copy_route: str | None = None  # 'auto' routes: what native.CopyRouteChoice chose
 
     @property
     def device(self) -> torch.device:
@@ -111,6 +111,8 @@ class LoaderResources:
             if self._file_reader is None:
                 path = self._io_locked()
                 self._file_reader = readers.make_reader(path)
+                if self.settings.mapped_copy == "dma" and hasattr(self._file_reader, "mapped_by_kernel"):
+                    self._file_reader.mapped_by_kernel = False
                 self.stats.set_io(str(path))
             return self._file_reader
 
