@@ -150,11 +150,14 @@ def time_steps(batches, step, steps: int, warmup: int = 40) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def endless(make):
-    """Batches of one loader, epoch after epoch (as a training run reuses its loader)."""
+def endless(make, paths: list | None = None):
+    """Batches of one loader, epoch after epoch (as a training run reuses its loader); its
+    ``stats().path`` (the routes it chose) is appended to ``paths`` after each epoch."""
     loader = make()
     while True:
         yield from loader
+        if paths is not None and hasattr(loader, "stats"):
+            paths.append(loader.stats().path)
 
 
 def study_gemm(data, args, device) -> dict:
@@ -177,11 +180,13 @@ def study_gemm(data, args, device) -> dict:
                 dst.copy_(src, non_blocking=True)
             yield resident[i % 8]
 
+    routes: dict = {}  # feed -> the loader's stats().path after each epoch (its routes)
     rows["device-resident + a batch H2D beside"] = [
         time_steps(resident_with_link_busy(), step, args.steps) for _ in range(args.repeats)
     ]
     for name, make in selected(feeds(data, args.batch_size, device), args.only).items():
-        rows[name] = [time_steps(endless(make), step, args.steps) for _ in range(args.repeats)]
+        routes[name] = []
+        rows[name] = [time_steps(endless(make, routes[name]), step, args.steps) for _ in range(args.repeats)]
         log(f"  {name}: {statistics.median(rows[name]) * 1e3:.2f} ms/step")
     base = statistics.median(baseline)
     return {
@@ -189,6 +194,7 @@ def study_gemm(data, args, device) -> dict:
         "step_ms": step.seconds * 1e3,
         "runs_ms": {k: [v * 1e3 for v in vals] for k, vals in rows.items()},
         "ratio": {k: statistics.median(vals) / base for k, vals in rows.items()},
+        "routes": {k: sorted(set(v)) for k, v in routes.items()},
     }
 
 
@@ -257,7 +263,7 @@ def study_launches(data, args, device) -> dict:
     needs per batch at its full rate; the thread's launch rate beside the loader over its rate
     with the same K taking ready device-resident batches (the baseline, measured alternately)."""
     resident = [data["tensor"][i * args.batch_size : (i + 1) * args.batch_size].to(device) for i in range(4)]
-    out = {"alone": {}, "beside": {}, "ratio": {}, "kernels_per_batch": {}, "next_ms": {}}
+    out = {"alone": {}, "beside": {}, "ratio": {}, "kernels_per_batch": {}, "next_ms": {}, "routes": {}}
     candidates = {LINK_ONLY: lambda: _link_busy_batches(resident, args, device)}
     candidates.update(selected(feeds(data, args.batch_size, device), args.only))
     for name, make in candidates.items():
@@ -266,7 +272,9 @@ def study_launches(data, args, device) -> dict:
         alone, beside, waits = [], [], []
         for _ in range(args.repeats):
             alone.append(launches_per_second(kernels, args.steps, device, (resident[i % 4] for i in range(10**9)))[0])
-            launched, waited = launches_per_second(kernels, args.steps, device, endless(make))
+            paths = out["routes"].setdefault(name, [])
+            feed = endless(make, paths) if name != LINK_ONLY else make()
+            launched, waited = launches_per_second(kernels, args.steps, device, feed)
             beside.append(launched)
             waits.append(waited)
         out["alone"][name], out["beside"][name] = alone, beside
@@ -336,15 +344,29 @@ def plot(data: dict, plt):
 
 def gemm_table(gemm: dict) -> str:
     rows = [
-        [k, f"{statistics.median(v):.2f}", spread(v), f"{gemm['ratio'][k]:.3f}x"] for k, v in gemm["runs_ms"].items()
+        [
+            k,
+            f"{statistics.median(v):.2f}",
+            spread(v),
+            f"{gemm['ratio'][k]:.3f}x",
+            chosen_routes(gemm.get("routes", {}).get(k)),
+        ]
+        for k, v in gemm["runs_ms"].items()
     ]
     base = statistics.median(gemm["runs_ms"]["device-resident"])
     return table(
-        ["feed", "step ms (median)", "spread", "vs device-resident"],
+        ["feed", "step ms (median)", "spread", "vs device-resident", "route"],
         rows,
         title=f"GEMM step ({gemm['step_ms']:.2f} ms of GEMMs, batch transfer {gemm['transfer_ms']:.2f} ms) beside "
         f"each loader (device-resident {base:.2f} ms)",
     )
+
+
+def chosen_routes(paths) -> str:
+    """The routes a loader's ``stats().path`` names (its parenthesised notes, without what the
+    choice saw: the JSON keeps whole paths), over its runs."""
+    notes = {p.split(" (", 1)[1].removesuffix(")").split(", the GPU")[0] for p in paths or () if " (" in p}
+    return "; ".join(sorted(notes)) or "-"
 
 
 def launch_table(launches: dict) -> str:
@@ -355,11 +377,12 @@ def launch_table(launches: dict) -> str:
             f"{statistics.median(v) / 1e3:.0f}",
             f"{launches['ratio'][k]:.3f}",
             f"{launches['next_ms'][k]:.3f}",
+            chosen_routes(launches.get("routes", {}).get(k)),
         ]
         for k, v in launches["beside"].items()
     ]
     return table(
-        ["feed", "launches a batch", "k launches/s", "vs alone", "next() ms"],
+        ["feed", "launches a batch", "k launches/s", "vs alone", "next() ms", "route"],
         rows,
         title="launch-bound thread beside each loader at its full rate (vs the same launches alone)",
     )

@@ -504,7 +504,7 @@ class CopyRouteChoice:
     DMA submissions beside its launches than to a few SMs it does not use (H100 launch-bound
     thread: 0.80x alone with copy engines, 0.88x with the kernel, 0.90x beside a bare pinned
     copy); a step that keeps its GPU busy loses its SMs to the kernel (bf16 GEMM step as long as
-    the transfer: 1.03x with the copy engines, 1.24-1.27x with the kernel). The copy engines run
+    the transfer, H100: 1.01-1.03x with the copy engines, 1.23-1.27x with the kernel). The copy engines run
     while ``WINDOW`` batches after ``WARMUP`` are observed; the choice holds for the loader's
     later epochs. ``targets``: (what, the loop's setter) of each route left to 'auto'."""
 
