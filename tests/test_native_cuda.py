@@ -60,8 +60,8 @@ def test_registered_rows_by_the_gather_kernel_equal_torch_every_epoch(width):
 def test_auto_rows_route_chooses_once_and_later_epochs_keep_it():
     """memory_rows='auto' (the default): the copy engines while the first batches are watched,
     then the chosen route; every batch equals torch's across the switch, and the loader's next
-    epoch starts on the choice."""
-    data = rows_dataset(n=800, width=4096)
+    epoch starts on the choice. (128 KiB rows: rows under 64 KiB take the kernel from the start.)"""
+    data = rows_dataset(n=400, width=32768)
     kwargs = dict(batch_size=8, shuffle=True)
     theirs = list(torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(3), **kwargs))
     loader = DataLoader(data, generator=torch.Generator().manual_seed(3), **kwargs)
@@ -129,7 +129,7 @@ def test_auto_mapped_copy_chooses_once_for_the_loader(tmp_path):
     """mapped_copy='auto' (the default): the copy engines while the first batches are watched,
     then the chosen route; the batches equal the file's rows across the switch and the next
     epoch starts on the choice."""
-    x = np.random.default_rng(1).standard_normal((800, 4096)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((400, 32768)).astype(np.float32)  # 128 KiB rows
     np.save(tmp_path / "x.npy", x)
     loader = DataLoader(ArrayDataset(tmp_path / "x.npy"), batch_size=8, map_budget="100%")
     it = iter(loader)
@@ -146,6 +146,26 @@ def test_auto_mapped_copy_chooses_once_for_the_loader(tmp_path):
     assert it._pipeline._copy_route is None
     assert it._pipeline.loop.mapped_kernel == (loader.resources.copy_route == "kernel")
     it.close()
+
+
+@pytest.mark.parametrize("source", ["tensor", "file"])
+def test_auto_sends_short_rows_by_the_kernel_from_the_first_batch(tmp_path, source):
+    """Rows shorter than KERNEL_BELOW_BYTES never reach the link's rate one DMA copy each (16 KiB
+    rows: 12 GB/s against the kernel's 36), so 'auto' does not try the copy engines on them."""
+    x = torch.arange(300 * 4096, dtype=torch.float32).reshape(300, 4096)  # 16 KiB rows
+    if source == "tensor":
+        dataset = TensorDataset(x)
+    else:
+        np.save(tmp_path / "x.npy", x.numpy())
+        dataset = ArrayDataset(tmp_path / "x.npy")
+    loader = DataLoader(dataset, batch_size=16, map_budget="100%")
+    it = iter(loader)
+    pipeline = it._pipeline
+    assert pipeline._copy_route is None
+    assert pipeline.loop.rows_kernel if source == "tensor" else pipeline.loop.mapped_kernel
+    assert "gather kernel" in loader.stats().path
+    ours = torch.cat([(b[0] if source == "tensor" else b).cpu() for b in it])
+    assert torch.equal(ours, x)
 
 
 def test_consumer_stream_waits_for_delayed_loop_copies():

@@ -61,6 +61,12 @@ DEBUG_JITTER_US = 0
 #: (registered) pages; shorter ones are gathered by the CPU into a pinned slot, where one DMA per
 #: row would cost more than it saves.
 DMA_MIN_ROW_BYTES = 16 << 10
+#: Where the route is left to 'auto', rows and records shorter than this (on average) go by the
+#: gather kernel from the first batch: one DMA copy each never reaches the link's rate on short
+#: ranges (hot .npy, 48 MiB batches, the loader alone, H100, benchmarks/gpu/mapped_routes.py:
+#: 4 KiB rows 4.0 GB/s by DMA against 14.6 by the kernel, 16 KiB 12.1 against 35.6; 64 KiB 49.5
+#: against 47.1, 192 KiB 50.8 against 48.1).
+KERNEL_BELOW_BYTES = 64 << 10
 
 
 def _raw_current_stream(device_index: int) -> int:
@@ -179,6 +185,7 @@ class NativePipeline:
             self.cuda and resources.settings.memory_rows in ("kernel", "auto") and uva.available()
         )
         self._dma_rows = False  # a field of registered rows (set by _describe)
+        self._shortest = {"rows": None, "files": None}  # bytes of the shortest rows / mean record
         self._rows_note = ""  # how they go, where chosen before this iterator
         tensor_dataset = isinstance(loader.dataset, tud.TensorDataset)
         fields, self._paths, self._specs, self._keep, host_row_bytes, records = self._describe(layout, tensor_dataset)
@@ -246,6 +253,8 @@ class NativePipeline:
                     and self.resources.register_host(t)
                 )
                 self._dma_rows = self._dma_rows or bool(dma)
+                if dma:
+                    self._note_range("rows", row_bytes)
                 fields.append((_MEMORY_ROWS, len(t), row_bytes, t.data_ptr(), -1, 0, 0, message, dma))
                 specs.append((t.dtype, tuple(t.shape[1:]), 0))
                 keep.append(t)
@@ -256,6 +265,7 @@ class NativePipeline:
                 paths.append(f.path)
                 what = f"index {{}} is out of range for {f.path} ({f.rows} rows)"
                 fields.append((_FILE_ROWS, f.rows, row_bytes, 0, len(paths) - 1, f.offset, 0, what, False))
+                self._note_range("files", row_bytes)
                 specs.append((f.dtype, tuple(f.row_shape), 0))
             elif isinstance(f, Records):
                 index = np.ascontiguousarray(f.index, dtype=np.int64)
@@ -269,9 +279,14 @@ class NativePipeline:
                 specs.extend([None, (torch.int64, (), 1)])  # the slab; n + 1 offsets
                 keep.append(index)
                 records += 1
+                self._note_range("files", float(index[:, 2].mean()) if len(index) else 0)
             else:
                 raise TypeError(f"not a native layout field: {f!r}")
         return fields, paths, specs, keep, host_row_bytes, records
+
+    def _note_range(self, kind: str, nbytes: float) -> None:
+        shortest = self._shortest[kind]
+        self._shortest[kind] = nbytes if shortest is None else min(shortest, nbytes)
 
     def _lease_slots(self, batch_size: int, host_row_bytes: int, records: int):
         """The pinned slots the loop packs in-memory fields into (CUDA only): all the pool's,
@@ -292,13 +307,15 @@ class NativePipeline:
         makes it on this epoch's first batches (copy engines meanwhile)."""
         settings = self.resources.settings
         targets, notes = [], []
-        for what, capable, mode, set_kernel in (
-            ("registered rows", rows_capable and self._dma_rows, settings.memory_rows, self.loop.set_rows_kernel),
-            ("mapped files", mapped_capable, settings.mapped_copy, self.loop.set_mapped_kernel),
+        rows_capable = rows_capable and self._dma_rows
+        for what, kind, capable, mode, set_kernel in (
+            ("registered rows", "rows", rows_capable, settings.memory_rows, self.loop.set_rows_kernel),
+            ("mapped files", "files", mapped_capable, settings.mapped_copy, self.loop.set_mapped_kernel),
         ):
             if not capable or mode not in ("kernel", "auto"):
                 continue
-            chosen = self.resources.copy_route if mode == "auto" else "kernel"
+            short = mode == "auto" and (self._shortest[kind] or 0) < KERNEL_BELOW_BYTES
+            chosen = "kernel" if mode == "kernel" or short else self.resources.copy_route
             if chosen is None:
                 targets.append((what, set_kernel))
                 continue

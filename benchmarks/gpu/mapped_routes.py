@@ -1,9 +1,12 @@
-"""The loader alone over a hot .npy (2 GiB, 192 KiB rows, batch 256, shuffled), file -> GPU
-GB/s with each mapped_copy setting, 3 interleaved rounds of 2 timed epochs (after one untimed).
+"""The loader alone over a hot .npy (2 GiB, shuffled), file -> GPU GB/s with each mapped_copy
+setting, 3 interleaved rounds of 2 timed epochs (after one untimed). Rows of ROW_KIB KiB
+(default 192) in batches of BATCH_MIB MiB (default 48).
 
-    python3 benchmarks/gpu/mapped_routes.py     # ~40 s on the H100 machine
+    python3 benchmarks/gpu/mapped_routes.py                # ~40 s on the H100 machine
+    ROW_KIB=4 python3 benchmarks/gpu/mapped_routes.py      # small rows: 12,288 ranges a batch
 """
 
+import os
 import statistics
 import tempfile
 import time
@@ -18,8 +21,11 @@ from torch_fastload import ArrayDataset, DataLoader
 
 def main():
     d = Path(tempfile.mkdtemp(dir="/tmp"))
-    rows = (2 << 30) // (192 * 1024)
-    np.save(d / "x.npy", np.random.default_rng(0).integers(0, 256, (rows, 192 * 1024), dtype=np.uint8))
+    row = int(os.environ.get("ROW_KIB", "192")) * 1024
+    batch = int(os.environ.get("BATCH_MIB", "48")) * 2**20 // row
+    rows = (2 << 30) // row
+    np.save(d / "x.npy", np.random.default_rng(0).integers(0, 256, (rows, row), dtype=np.uint8))
+    print(f"rows of {row} bytes, batches of {batch}", flush=True)
     with open(d / "x.npy", "rb") as f:
         while f.read(64 << 20):
             pass
@@ -28,7 +34,7 @@ def main():
         for mode in ("kernel", "dma", "auto"):
             with torch_fastload.config.override(mapped_copy=mode):
                 loader = DataLoader(
-                    ArrayDataset(d / "x.npy"), batch_size=256, shuffle=True, drop_last=True, device="cuda"
+                    ArrayDataset(d / "x.npy"), batch_size=batch, shuffle=True, drop_last=True, device="cuda"
                 )
             for epoch in range(3):
                 torch.cuda.synchronize()
