@@ -219,7 +219,7 @@ class NativePipeline:
             DEBUG_JITTER_US,
             rows_kernel and gather != 0,
         )
-        mapped = self._map_files(resources)
+        mapped = self._map_files(resources) and mapped_kernel
         self._copy_route = self._choose_copy_route(rows_kernel and gather != 0, mapped and gather != 0)
         if not records:
             self._plans = {}
@@ -521,9 +521,9 @@ class CopyRouteChoice:
     DMA submissions beside its launches than to a few SMs it does not use (H100 launch-bound
     thread: 0.80x alone with copy engines, 0.88x with the kernel, 0.90x beside a bare pinned
     copy); a step that keeps its GPU busy loses its SMs to the kernel (bf16 GEMM step as long as
-    the transfer, H100: 1.01-1.03x with the copy engines, 1.23-1.27x with the kernel). The copy engines run
-    while ``WINDOW`` batches after ``WARMUP`` are observed; the choice holds for the loader's
-    later epochs. ``targets``: (what, the loop's setter) of each route left to 'auto'."""
+    the transfer, H100: 1.01-1.03x with the copy engines, 1.23-1.27x with the kernel). The copy
+    engines run while ``WINDOW`` batches after ``WARMUP`` are observed; the choice holds for the
+    loader's later epochs. ``targets``: (what, the loop's setter) of each route left to 'auto'."""
 
     WARMUP, WINDOW, HOST_BOUND = 8, 24, 0.5
 
