@@ -363,3 +363,64 @@ def test_copy_route_choice_follows_where_the_gpu_is_at_next(readings, kernel):
     assert choice.probe.marks == 2 * len(readings) * CopyRouteChoice.WINDOW  # only inside the windows
     assert ("gather kernel" if kernel else "copy engines") in stats.path
     assert "registered rows and mapped files" in stats.path
+
+
+class _RouteLoop:
+    def __init__(self):
+        self.rows, self.mapped = [], []
+
+    def set_rows_kernel(self, on):
+        self.rows.append(on)
+
+    def set_mapped_kernel(self, on):
+        self.mapped.append(on)
+
+
+def _route_pipeline(memory_rows="auto", mapped_copy="auto", rows_bytes=None, file_bytes=None, chosen=None):
+    """A NativePipeline with only what ``_choose_copy_route`` reads (no CUDA needed)."""
+    from types import SimpleNamespace
+
+    from torch_fastload.native import NativePipeline
+
+    pipeline = NativePipeline.__new__(NativePipeline)
+    pipeline.resources = SimpleNamespace(
+        settings=SimpleNamespace(memory_rows=memory_rows, mapped_copy=mapped_copy), copy_route=chosen
+    )
+    pipeline._dma_rows = rows_bytes is not None
+    pipeline._shortest = {"rows": rows_bytes, "files": file_bytes}
+    pipeline.loop, pipeline.device = _RouteLoop(), "cuda"
+    pipeline.stats = SimpleNamespace(path="native loop")
+    return pipeline
+
+
+@pytest.mark.parametrize(
+    "rows_bytes,file_bytes,rows,mapped,watched",
+    [
+        (192 << 10, None, [False], [], ["registered rows"]),  # long rows: the copy engines while watched
+        (16 << 10, None, [True], [], []),  # short rows: the kernel from the first batch
+        (None, 4 << 10, [], [True], []),  # short file rows or records too
+        (None, 100 << 10, [], [False], ["mapped files"]),
+        (16 << 10, 192 << 10, [True], [False], ["mapped files"]),  # each route by its own ranges
+    ],
+)
+def test_auto_watches_only_routes_whose_ranges_are_long(rows_bytes, file_bytes, rows, mapped, watched):
+    from torch_fastload.native import KERNEL_BELOW_BYTES, CopyRouteChoice
+
+    assert KERNEL_BELOW_BYTES == 64 << 10
+    pipeline = _route_pipeline(rows_bytes=rows_bytes, file_bytes=file_bytes)
+    choice = pipeline._choose_copy_route(rows_bytes is not None, file_bytes is not None)
+    assert pipeline.loop.rows == rows and pipeline.loop.mapped == mapped
+    if watched:
+        assert isinstance(choice, CopyRouteChoice) and [name for name, _ in choice.targets] == watched
+    else:
+        assert choice is None and "gather kernel" in pipeline._rows_note
+
+
+def test_explicit_routes_and_an_earlier_choice_need_no_watching():
+    explicit = _route_pipeline(memory_rows="kernel", mapped_copy="dma", rows_bytes=4 << 10, file_bytes=1 << 20)
+    assert explicit._choose_copy_route(True, True) is None
+    assert explicit.loop.rows == [True] and explicit.loop.mapped == []  # 'dma': the loop's default route
+    earlier = _route_pipeline(rows_bytes=1 << 20, file_bytes=1 << 20, chosen="kernel")
+    assert earlier._choose_copy_route(True, True) is None
+    assert earlier.loop.rows == [True] and earlier.loop.mapped == [True]
+    assert earlier._rows_note == " (registered rows: gather kernel, mapped files: gather kernel)"
