@@ -386,7 +386,6 @@ def _route_pipeline(memory_rows="auto", mapped_copy="auto", rows_bytes=None, fil
     pipeline.resources = SimpleNamespace(
         settings=SimpleNamespace(memory_rows=memory_rows, mapped_copy=mapped_copy), copy_route=chosen
     )
-    pipeline._dma_rows = rows_bytes is not None
     pipeline._shortest = {"rows": rows_bytes, "files": file_bytes}
     pipeline.loop, pipeline.device = _RouteLoop(), "cuda"
     pipeline.stats = SimpleNamespace(path="native loop")

@@ -184,8 +184,8 @@ class NativePipeline:
         self._memory_rows_kernel = (
             self.cuda and resources.settings.memory_rows in ("kernel", "auto") and uva.available()
         )
-        self._dma_rows = False  # a field of registered rows (set by _describe)
-        self._shortest = {"rows": None, "files": None}  # bytes of the shortest rows / mean record
+        # bytes of the shortest registered rows / file rows or mean record (None: no such field)
+        self._shortest = {"rows": None, "files": None}
         self._rows_note = ""  # how they go, where chosen before this iterator
         tensor_dataset = isinstance(loader.dataset, tud.TensorDataset)
         fields, self._paths, self._specs, self._keep, host_row_bytes, records = self._describe(layout, tensor_dataset)
@@ -252,7 +252,6 @@ class NativePipeline:
                     and self.resources.settings.memory_rows in ("auto", "dma", "kernel")
                     and self.resources.register_host(t)
                 )
-                self._dma_rows = self._dma_rows or bool(dma)
                 if dma:
                     self._note_range("rows", row_bytes)
                 fields.append((_MEMORY_ROWS, len(t), row_bytes, t.data_ptr(), -1, 0, 0, message, dma))
@@ -307,7 +306,7 @@ class NativePipeline:
         makes it on this epoch's first batches (copy engines meanwhile)."""
         settings = self.resources.settings
         targets, notes = [], []
-        rows_capable = rows_capable and self._dma_rows
+        rows_capable = rows_capable and self._shortest["rows"] is not None
         for what, kind, capable, mode, set_kernel in (
             ("registered rows", "rows", rows_capable, settings.memory_rows, self.loop.set_rows_kernel),
             ("mapped files", "files", mapped_capable, settings.mapped_copy, self.loop.set_mapped_kernel),
