@@ -57,6 +57,26 @@ py::dict stats_dict(const tfl::LoopStats& s) {
 }  // namespace
 
 void bind_native_loop(py::module_& m) {
+  // Host registration through the driver: the runtime's cudaHostRegister leaves a failure in the
+  // calling thread's last-error slot, and torch's next kernel-launch check raises it as its own.
+  m.def(
+      "host_register",
+      [](uintptr_t ptr, size_t nbytes, int device, unsigned flags) {
+        return tfl::cuda::in_primary_context(device, [&] {
+          return tfl::cuda::api().mem_host_register(reinterpret_cast<void*>(ptr), nbytes, flags);
+        });
+      },
+      py::arg("ptr"), py::arg("nbytes"), py::arg("device"), py::arg("flags") = 0,
+      py::call_guard<py::gil_scoped_release>(),
+      "cuMemHostRegister of [ptr, ptr + nbytes) in device `device`'s primary context; the CUresult (0: done).");
+  m.def(
+      "host_unregister",
+      [](uintptr_t ptr, int device) {
+        return tfl::cuda::in_primary_context(
+            device, [&] { return tfl::cuda::api().mem_host_unregister(reinterpret_cast<void*>(ptr)); });
+      },
+      py::arg("ptr"), py::arg("device"), py::call_guard<py::gil_scoped_release>(),
+      "cuMemHostUnregister in device `device`'s primary context; the CUresult (0: done).");
   m.def("stream_wait_stream", &tfl::cuda::stream_wait_stream, py::arg("waiter"), py::arg("producer"),
         py::call_guard<py::gil_scoped_release>(),
         "Stream `waiter` waits for the work enqueued on `producer` so far (raw CUstream handles), GIL released.");

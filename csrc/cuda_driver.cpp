@@ -33,6 +33,8 @@ const Api& api() {
     try {
       resolve(lib, "cuCtxGetCurrent", table.ctx_get_current);
       resolve(lib, "cuCtxSetCurrent", table.ctx_set_current);
+      resolve(lib, "cuDeviceGet", table.device_get);
+      resolve(lib, "cuDevicePrimaryCtxRetain", table.primary_ctx_retain);
       resolve(lib, "cuEventCreate", table.event_create);
       resolve(lib, "cuEventDestroy_v2", table.event_destroy);
       resolve(lib, "cuEventRecord", table.event_record);
@@ -55,6 +57,23 @@ const Api& api() {
   });
   if (!failure.empty()) throw Error(Error::kInvalid, failure);
   return table;
+}
+
+Result primary_context(int ordinal, Context* out) {
+  // retained once per device for the process's life, as torch's runtime holds it too
+  static std::mutex mu;
+  static Context retained[64] = {};
+  if (ordinal < 0 || ordinal >= 64) return 101;  // CUDA_ERROR_INVALID_DEVICE
+  std::lock_guard<std::mutex> lock(mu);
+  if (retained[ordinal] == nullptr) {
+    const Api& cu = api();
+    int device = 0;
+    Result r = cu.device_get(&device, ordinal);
+    if (r == kSuccess) r = cu.primary_ctx_retain(&retained[ordinal], device);
+    if (r != kSuccess) return r;
+  }
+  *out = retained[ordinal];
+  return kSuccess;
 }
 
 void check(Result r, const char* what) {

@@ -32,6 +32,8 @@ constexpr int kSrcAccessOrderStream = 1;
 struct Api {
   Result (*ctx_get_current)(Context*);
   Result (*ctx_set_current)(Context);
+  Result (*device_get)(int*, int);
+  Result (*primary_ctx_retain)(Context*, int);
   Result (*event_create)(Event*, unsigned);
   Result (*event_destroy)(Event);
   Result (*event_record)(Event, Stream);
@@ -53,6 +55,13 @@ struct Api {
 // The driver's entry points; throws tfl::Error (kInvalid) naming what is missing.
 const Api& api();
 
+// Runs `op` (returning a CUresult) with the primary context of device `ordinal` (the one torch's
+// runtime uses) current on the calling thread, then makes the thread's earlier context current
+// again (torch reads its current device from it); the first failing CUresult.
+template <class Op>
+Result in_primary_context(int ordinal, Op op);
+Result primary_context(int ordinal, Context* out);
+
 // Throws tfl::Error with the driver's message when `r` is not kSuccess.
 void check(Result r, const char* what);
 
@@ -60,5 +69,21 @@ void check(Result r, const char* what);
 // GIL: recording on a stream blocks while its command queue is full, and a thread blocked
 // there holding the GIL would stall every Python thread (the training loop's included).
 void stream_wait_stream(uintptr_t waiter, uintptr_t producer);
+
+template <class Op>
+Result in_primary_context(int ordinal, Op op) {
+  const Api& cu = api();
+  Context ctx = nullptr, before = nullptr;
+  Result r = primary_context(ordinal, &ctx);
+  if (r == kSuccess) r = cu.ctx_get_current(&before);
+  if (r != kSuccess) return r;
+  if (before != ctx && (r = cu.ctx_set_current(ctx)) != kSuccess) return r;
+  r = op();
+  if (before != ctx) {
+    const Result back = cu.ctx_set_current(before);
+    if (r == kSuccess) r = back;
+  }
+  return r;
+}
 
 }  // namespace tfl::cuda

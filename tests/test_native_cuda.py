@@ -195,3 +195,48 @@ def test_slot_is_rewritten_only_after_its_copy_ran(unsafe, monkeypatch):
     got = [rows.cpu() for rows, _ in it]
     intact = all(torch.equal(g, data.tensors[0][i * 8 : (i + 1) * 8]) for i, g in enumerate(got))
     assert intact is not unsafe  # the wait is what keeps batches intact
+
+
+def _overlapping_views():
+    """Two tensors of 64 KiB rows on one storage whose page ranges overlap: CUDA registers a
+    page once, so the second registration is refused."""
+    storage = torch.arange(80 * 16384, dtype=torch.int32)
+    first = storage[: 40 * 16384].view(40, 16384)
+    second = storage[40 * 16384 - 100 : 40 * 16384 - 100 + 30 * 16384].view(30, 16384)
+    return first, second
+
+
+@pytest.mark.parametrize("route", ["driver", "runtime"])
+def test_a_refused_registration_does_not_surface_in_torchs_next_launch(route):
+    """A refused registration (pages already registered) is the loader's business: it gathers
+    those rows on the CPU. Through the runtime the refusal stays in the thread's last-error slot
+    and torch's next launch check raises it (the control, run to show the test sees it)."""
+    from torch_fastload import engine
+
+    first, second = _overlapping_views()
+    assert engine.host_register(first.data_ptr(), first.numel() * 4) == 0
+    try:
+        if route == "driver":
+            assert engine.host_register(second.data_ptr(), second.numel() * 4) != 0
+            torch.ones(4, device="cuda").add_(1)
+        else:
+            assert int(torch.cuda.cudart().cudaHostRegister(second.data_ptr(), second.numel() * 4, 0)) != 0
+            with pytest.raises(RuntimeError):
+                torch.ones(4, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    finally:
+        assert engine.host_unregister(first.data_ptr()) == 0
+
+
+def test_loaders_over_tensors_sharing_pages_deliver_both():
+    """The second loader's rows cannot be registered (their pages are the first's); they are
+    gathered on the CPU, and both loaders' batches equal their tensors."""
+    first, second = _overlapping_views()
+    one = DataLoader(TensorDataset(first), batch_size=8, map_budget="100%")
+    it_one = iter(one)
+    assert one.resources._registered  # registered where it lies
+    two = DataLoader(TensorDataset(second), batch_size=8, map_budget="100%")
+    got_two = torch.cat([b.cpu() for (b,) in two])
+    got_one = torch.cat([b.cpu() for (b,) in it_one])
+    assert not two.resources._registered
+    assert torch.equal(got_one, first) and torch.equal(got_two, second)

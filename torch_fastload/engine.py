@@ -59,6 +59,8 @@ __all__ = [
     "RangeError",
     "ShortReadError",
     "DEFAULT_NUM_THREADS",
+    "host_register",
+    "host_unregister",
     "DEFAULT_TASK_SIZE",
 ]
 
@@ -82,6 +84,36 @@ def _require() -> Any:
             f"`python setup.py build_ext --inplace` in the torch_fastload checkout ({_IMPORT_ERROR})"
         ) from _IMPORT_ERROR
     return _C
+
+
+#: CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP: pinned for every context, and
+#: addressable from the GPU (the gather kernel reads registered rows where they lie)
+_REGISTER_FLAGS = 0x01 | 0x02
+
+
+def host_register(ptr: int, nbytes: int, device: int | None = None) -> int:
+    """Page-lock host memory ``[ptr, ptr + nbytes)`` for the GPU; 0 when done, else the CUDA
+    error code. Through the driver where the extension is built: a failed runtime
+    ``cudaHostRegister`` stays in the thread's last-error slot, and torch's next kernel-launch
+    check raises it as an error of its own (a loader that fell back to the CPU gather after a
+    refused registration broke the user's next ``.cpu()``)."""
+    import torch
+
+    torch.cuda.init()
+    device = torch.cuda.current_device() if device is None else device
+    if _C is None:
+        return int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, _REGISTER_FLAGS))
+    return int(_C.host_register(ptr, nbytes, device, _REGISTER_FLAGS))
+
+
+def host_unregister(ptr: int, device: int | None = None) -> int:
+    """Undo ``host_register``; 0 when done, else the CUDA error code (the same last-error care)."""
+    import torch
+
+    device = torch.cuda.current_device() if device is None else device
+    if _C is None:
+        return int(torch.cuda.cudart().cudaHostUnregister(ptr))
+    return int(_C.host_unregister(ptr, device))
 
 
 def default_num_threads() -> int:

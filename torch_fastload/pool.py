@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import engine
 from .errors import PoolError
 
 __all__ = ["PinnedPool", "Slot", "PAGE"]
@@ -37,6 +38,9 @@ class Slot:
     buffer: torch.Tensor  # uint8, 1-D, PAGE-aligned
     free_after: object | None = None  # torch.cuda.Event recorded after the slot's last copy
     copy_timing: tuple | None = field(default=None, repr=False)  # (start, end) events
+    # the sources a batch's device copy read where they lay (not through the slot), held until
+    # ``free_after`` completed: their memory must not be freed and reused under the copy
+    keep: list | None = field(default=None, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -68,6 +72,7 @@ class PinnedPool:
         self.nbytes = self.num_slots * self.slot_bytes
         self.pinned = False
         self._registered_ptr: int | None = None
+        self._registered_device = 0
         self._mapping: mmap.mmap | None = None
         self._memory = self._allocate(pin)
         self.slots = [Slot(i, self._memory[i * self.slot_bytes : (i + 1) * self.slot_bytes]) for i in range(num_slots)]
@@ -93,14 +98,14 @@ class PinnedPool:
                 f"({self.num_slots} slots x {self.slot_bytes} bytes): {exc}"
             ) from exc
         if pin:
-            cudart = torch.cuda.cudart()
-            err = cudart.cudaHostRegister(memory.data_ptr(), self.nbytes, 0)
-            if int(err) != 0:
+            err = engine.host_register(memory.data_ptr(), self.nbytes)
+            if err != 0:
                 raise PoolError(
                     f"cudaHostRegister of {self.nbytes} bytes failed with CUDA error {int(err)} "
                     f"({self.num_slots} slots x {self.slot_bytes} bytes); lower pool_slots or slot_bytes"
                 )
             self._registered_ptr = memory.data_ptr()
+            self._registered_device = torch.cuda.current_device()
             self.pinned = True
         return memory
 
@@ -122,9 +127,10 @@ class PinnedPool:
             try:
                 _wait_event(slot.free_after, stop, deadline, f"the copy out of pinned slot {slot.index}")
             except BaseException:
-                self.release(slot, slot.free_after, front=True)
+                self.release(slot, slot.free_after, front=True, keep=slot.keep)
                 raise
             slot.free_after = None
+        slot.keep = None
         return slot
 
     def lease_all(self, stop: threading.Event | None = None, poll: float = 0.05) -> list[Slot] | None:
@@ -142,15 +148,18 @@ class PinnedPool:
                 if slot.free_after is not None:
                     _wait_event(slot.free_after, stop, None, f"the copy out of pinned slot {slot.index}")
                     slot.free_after = None
+                slot.keep = None
         except BaseException:
             for slot in slots:
-                self.release(slot, slot.free_after)
+                self.release(slot, slot.free_after, keep=slot.keep)
             raise
         return sorted(slots, key=lambda s: s.index)
 
-    def release(self, slot: Slot, free_after=None, front: bool = False) -> None:
-        """Give a slot back; it is reused only once ``free_after`` (a CUDA event) has completed."""
+    def release(self, slot: Slot, free_after=None, front: bool = False, keep: list | None = None) -> None:
+        """Give a slot back; it is reused only once ``free_after`` (a CUDA event) has completed,
+        and ``keep`` (objects the copy reads outside the slot) is held until then."""
         slot.free_after = free_after
+        slot.keep = keep
         with self._cond:
             if front:
                 self._free.appendleft(slot)
@@ -203,7 +212,7 @@ class PinnedPool:
     def _unregister(self) -> None:
         if self._registered_ptr is not None:
             try:
-                torch.cuda.cudart().cudaHostUnregister(self._registered_ptr)
+                engine.host_unregister(self._registered_ptr, self._registered_device)
             except Exception:  # interpreter shutdown may have torn CUDA down already
                 pass
             self._registered_ptr = None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import config, readers
+from . import config, engine, readers
 from . import io as fio
 from .errors import BatchTooLargeError, PoolError
 from .pool import PinnedPool
@@ -184,7 +184,10 @@ class LoaderResources:
             nbytes = tensor.numel() * tensor.element_size()
             mapped = getattr(self._file_reader, "mapped", None)
             used = sum(n for n, _ in self._registered.values()) + (mapped.pinned_bytes if mapped else 0)
-            if nbytes == 0 or used + nbytes > self.settings.map_budget or not _REGISTRATIONS.acquire(key, nbytes):
+            if nbytes == 0 or used + nbytes > self.settings.map_budget:
+                return False
+            device = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            if not _REGISTRATIONS.acquire(key, nbytes, device):
                 return False
             self._registered[key] = (nbytes, tensor)
             return True
@@ -224,26 +227,28 @@ class _HostRegistrations:
         start = key // PAGE * PAGE
         return start, -(-(key + nbytes) // PAGE) * PAGE - start
 
-    def acquire(self, key: int, nbytes: int) -> bool:
+    def acquire(self, key: int, nbytes: int, device: int) -> bool:
         pages = self._pages(key, nbytes)
         with self._lock:
             if pages not in self._ranges:
-                if int(torch.cuda.cudart().cudaHostRegister(pages[0], pages[1], 0)) != 0:
+                if engine.host_register(pages[0], pages[1], device) != 0:
                     return False  # e.g. pages shared with another registration
-                self._ranges[pages] = 0
-            self._ranges[pages] += 1
+                self._ranges[pages] = [0, device]
+            self._ranges[pages][0] += 1
             return True
 
     def release(self, key: int, nbytes: int) -> None:
         pages = self._pages(key, nbytes)
         with self._lock:
-            users = self._ranges.get(pages, 0) - 1
-            if users > 0:
-                self._ranges[pages] = users
+            users, device = self._ranges.get(pages, (1, None))
+            if users > 1:
+                self._ranges[pages][0] = users - 1
                 return
             self._ranges.pop(pages, None)
+            if device is None:
+                return
             try:
-                torch.cuda.cudart().cudaHostUnregister(pages[0])
+                engine.host_unregister(pages[0], device)
             except Exception:  # interpreter shutdown may have torn CUDA down already
                 pass
 
