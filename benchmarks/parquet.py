@@ -350,6 +350,8 @@ def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool
     cell["batch_rows"] = batch_rows_of(args, rows, cell["read_table"]["nbytes"])
     cell["fastload"] = fastload_run(path, args, batch_rows=cell["batch_rows"])
     cell["fastload_shuffled"] = fastload_run(path, args, shuffle=True, batch_rows=cell["batch_rows"])
+    if args.device.type == "cuda":  # the same without the pinned decode arena: staged through a slot
+        cell["fastload_pageable"] = fastload_run(path, args, batch_rows=cell["batch_rows"], pinned_arena=0)
     cell["decoded_bytes"] = cell["fastload"]["gbps"] * cell["fastload"]["seconds"] * 1e9
     if torch_baseline:
         run = study.attempt(f"torch {name}", torch_run, path, args)
@@ -375,6 +377,14 @@ def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool
         + " ".join(f"{k} {v:.2f}" for k, v in run["fetch_ms_per_batch"].items())
         + f"); pool {run['pool_mib']:.0f} MiB, regrows {run['pool_regrows']}]"
     )
+    if "fastload_pageable" in cell:
+        pageable = cell["fastload_pageable"]
+        cell["arena_over_pageable"] = pageable["seconds"] / run["seconds"]
+        log(
+            f"  {'':<40} without the pinned arena {pageable['gbps']:6.2f} GB/s"
+            f" x{cell['read_table']['seconds'] / pageable['seconds']:.2f} read_table;"
+            f" the arena x{cell['arena_over_pageable']:.2f} that"
+        )
     return cell
 
 

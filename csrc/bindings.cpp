@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <optional>
 
 #include "device_stager.h"
 #include "image_probe.h"
@@ -172,7 +173,8 @@ int64_t stage_host_batch(const I64Array& copy_dst, const I64Array& copy_src, con
                          const I64Array& rebase_dst, const I64Array& rebase_src, const I64Array& rebase_counts,
                          const I64Array& rebase_shifts, const I64Array& rebase_widths, int threads, int64_t task_size,
                          bool streaming, uint64_t slot, uint64_t device_ptr, int64_t nbytes, uint64_t stream,
-                         tfl::CopyEvent* start, tfl::CopyEvent* end) {
+                         tfl::CopyEvent* start, tfl::CopyEvent* end, const std::optional<I64Array>& direct_dst,
+                         const std::optional<I64Array>& direct_src, const std::optional<I64Array>& direct_sizes) {
   tfl::HostStage s;
   s.copy_dst = to_vector(copy_dst, "copy_dst"), s.copy_src = to_vector(copy_src, "copy_src");
   s.copy_sizes = to_vector(copy_sizes, "copy_sizes");
@@ -181,6 +183,11 @@ int64_t stage_host_batch(const I64Array& copy_dst, const I64Array& copy_src, con
   s.rebase_widths = to_vector(rebase_widths, "rebase_widths");
   s.threads = threads, s.task_size = task_size, s.streaming = streaming;
   s.slot = slot, s.device_ptr = device_ptr, s.nbytes = nbytes, s.stream = stream;
+  if (direct_sizes) {
+    if (!direct_dst || !direct_src) throw py::value_error("direct_dst, direct_src and direct_sizes go together");
+    s.direct_dst = to_vector(*direct_dst, "direct_dst"), s.direct_src = to_vector(*direct_src, "direct_src");
+    s.direct_sizes = to_vector(*direct_sizes, "direct_sizes");
+  }
   py::gil_scoped_release nogil;
   return tfl::run_host_stage(s, start, end);
 }
@@ -371,9 +378,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("rebase_dst"), py::arg("rebase_src"), py::arg("rebase_counts"), py::arg("rebase_shifts"),
         py::arg("rebase_widths"), py::arg("threads"), py::arg("task_size"), py::arg("streaming"), py::arg("slot"),
         py::arg("device_ptr"), py::arg("nbytes"), py::arg("stream"), py::arg("start").none(true),
-        py::arg("end").none(true),
+        py::arg("end").none(true), py::arg("direct_dst") = py::none(), py::arg("direct_src") = py::none(),
+        py::arg("direct_sizes") = py::none(),
         "One batch staged without the GIL: copy_ranges into the slot, rebase_offsets there, then (device_ptr != 0)\n"
-        "`start` recorded, slot[0, nbytes) -> device_ptr on `stream`, `end` recorded. Returns the host bytes written.");
+        "`start` recorded, slot[0, nbytes) -> device_ptr on `stream`, `end` recorded. Returns the host bytes written.\n"
+        "direct_*: fields copied to device_ptr + direct_dst[i] from registered host memory direct_src[i] where it\n"
+        "lies; the slot's copy skips their ranges (one cuMemcpyBatchAsync for all).");
   py::class_<tfl::DeviceStager>(m, "DeviceStager",
                                  "File ranges into GPU memory through a ring of pinned chunks that stays in\n"
                                  "the CPU cache: pread into a chunk, H2D on the caller's stream, event-guarded reuse.")

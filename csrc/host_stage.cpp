@@ -1,9 +1,12 @@
 #include "host_stage.h"
 
+#include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <thread>
 
 #include "engine.h"
+#include "mapped_file.h"
 #include "offsets.h"
 
 namespace tfl {
@@ -65,6 +68,45 @@ void CopyEvent::wait(uintptr_t stream) const {
   cuda::check(cuda::api().stream_wait_event(reinterpret_cast<cuda::Stream>(stream), event_, 0), "cuStreamWaitEvent");
 }
 
+namespace {
+
+// The slot's runs between the direct fields, and the direct fields, in one batch of DMA copies.
+void enqueue_with_direct(const HostStage& s) {
+  const size_t n = s.direct_sizes.size();
+  if (s.direct_dst.size() != n || s.direct_src.size() != n)
+    throw Error(Error::kInvalid, "direct_dst, direct_src and direct_sizes need the same length");
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return s.direct_dst[a] < s.direct_dst[b]; });
+  std::vector<cuda::DevicePtr> dsts, srcs;
+  std::vector<size_t> sizes;
+  int64_t cursor = 0;
+  auto slot_run = [&](int64_t from, int64_t to) {
+    if (to <= from) return;
+    dsts.push_back(static_cast<cuda::DevicePtr>(s.device_ptr + from));
+    srcs.push_back(static_cast<cuda::DevicePtr>(s.slot + from));
+    sizes.push_back(static_cast<size_t>(to - from));
+  };
+  for (size_t i : order) {
+    const int64_t at = s.direct_dst[i], len = s.direct_sizes[i];
+    if (at < cursor || len < 0 || at + len > s.nbytes)
+      throw Error(Error::kInvalid, "direct field [" + std::to_string(at) + ", " + std::to_string(at + len) +
+                                       ") overlaps another or lies outside the batch's " + std::to_string(s.nbytes) +
+                                       " bytes");
+    slot_run(cursor, at);
+    if (len > 0) {
+      dsts.push_back(static_cast<cuda::DevicePtr>(s.device_ptr + at));
+      srcs.push_back(static_cast<cuda::DevicePtr>(s.direct_src[i]));
+      sizes.push_back(static_cast<size_t>(len));
+    }
+    cursor = at + len;
+  }
+  slot_run(cursor, s.nbytes);
+  dma_copies(dsts, srcs, sizes, s.stream);
+}
+
+}  // namespace
+
 int64_t run_host_stage(const HostStage& s, CopyEvent* start, CopyEvent* end) {
   int64_t written = 0;
   if (!s.copy_sizes.empty()) written += copy_ranges(s.copy_dst, s.copy_src, s.copy_sizes, s.threads, s.task_size, s.streaming);
@@ -80,11 +122,14 @@ int64_t run_host_stage(const HostStage& s, CopyEvent* start, CopyEvent* end) {
     cuda::check(cu.ctx_get_current(&current), "cuCtxGetCurrent");
     if (current != ctx) cuda::check(cu.ctx_set_current(ctx), "cuCtxSetCurrent");
     if (start != nullptr) start->record(s.stream);
-    if (s.nbytes > 0)
+    if (!s.direct_sizes.empty()) {
+      enqueue_with_direct(s);
+    } else if (s.nbytes > 0) {
       cuda::check(cuda::api().memcpy_htod_async(static_cast<cuda::DevicePtr>(s.device_ptr),
                                                 reinterpret_cast<const void*>(s.slot), static_cast<size_t>(s.nbytes),
                                                 stream),
                   "cuMemcpyHtoDAsync");
+    }
     if (end != nullptr) end->record(s.stream);
   }
   return written;

@@ -53,6 +53,9 @@ struct HostStage {
   // then, if device_ptr: start recorded, slot[0, nbytes) -> device_ptr on stream, end recorded
   uintptr_t slot = 0, device_ptr = 0, stream = 0;
   int64_t nbytes = 0;
+  // fields the copy engines read where they lie (registered host memory): direct_src[i] ->
+  // device_ptr + direct_dst[i]; the slot's copy then skips those ranges (all in one batch call)
+  std::vector<int64_t> direct_dst, direct_src, direct_sizes;
 };
 
 // Runs a HostStage; returns the host bytes written into the slot (copies + offsets).

@@ -230,6 +230,7 @@ def source_hooks(loader, source) -> SourceHooks:
         hooks.native,
         direct_cpu=hooks.direct_cpu,
         parallel=hooks.parallel,
+        bind=hooks.bind,
     )
 
 

@@ -124,6 +124,8 @@ class Pipeline:
             copy_threads=WORKER_COPY_THREADS if self.fetcher.uses_workers else None,
             direct_cpu=hooks.direct_cpu,
         )
+        if hooks.bind is not None and not self.fetcher.uses_workers:
+            hooks.bind(self.device)  # before any batch is fetched (the threads start below)
         self.on_delivered = hooks.delivered
         self.on_requested = hooks.requested
         self.engine = resources.engine

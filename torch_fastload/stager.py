@@ -26,6 +26,10 @@ from .transfer import InFlightCopy
 
 __all__ = ["BatchStager", "StagedBatch"]
 
+#: Fields copied to the device from where they lie are held with the slot until its copy ran
+#: (tests set False: the negative control shows the arena reused under a pending copy).
+KEEP_DIRECT_SOURCES = True
+
 
 @dataclass
 class StagedBatch:
@@ -176,7 +180,7 @@ class BatchStager:
                 self._read(reader, slot.buffer, reads)
             span = slot.buffer[:host_bytes] if slot is not None else None
             if slot is not None and not to_device and self.engine.stages_in_one_call and all(plan.leaves):
-                host_plan = self.copier.plan_copy(slot.buffer, host, self.copy_threads)
+                host_plan = self.copier.plan_copy(slot.buffer, host, self.copy_threads, direct=True)
                 if host_plan.native is None:
                     host_plan = None
             if host_plan is not None:  # the copies, the rebase and the device copy in one call
@@ -214,8 +218,12 @@ class BatchStager:
                 # a one-call stage that failed may have enqueued its device copy: the slot then
                 # waits for everything on the copy stream (a fence) before its reuse
                 one_call_failed = copy is None and host_plan is not None
+                in_place = host_plan.direct if host_plan is not None else None
                 pool.release(
-                    slot, copy.done if copy is not None else (self.engine.fence() if one_call_failed else None)
+                    slot,
+                    copy.done if copy is not None else (self.engine.fence() if one_call_failed else None),
+                    # fields copied from where they lie stay alive as long as the slot's wait
+                    keep=[src for _, src, _ in in_place] if in_place and KEEP_DIRECT_SOURCES else None,
                 )
         copy.moved = moved
         on_stream = plan.payload_bytes if not to_device or reader.copies_on_stream else sum(n for _, _, n in copies)

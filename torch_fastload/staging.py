@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections.abc
 import copy as _copy
+import dataclasses
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -38,12 +39,35 @@ __all__ = [
     "plan_batch",
     "ParallelCopier",
     "ALIGN",
+    "add_direct_region",
+    "remove_direct_region",
 ]
 
 #: Every leaf starts on this boundary inside a slot and inside the device buffer, so typed
 #: views are aligned for vectorised kernels.
 ALIGN = 256
 _MIN_CHUNK = 1 << 20  # below this, splitting a copy costs more than it saves
+
+#: (start, end) of host memory registered with CUDA whose contents never change while a batch
+#: copies from it (the Parquet source's decode arena): a batch field lying there goes to the
+#: device straight from it, not through the slot (``ParallelCopier.plan_copy(direct=True)``).
+_DIRECT_REGIONS: list = []
+
+
+def add_direct_region(start: int, nbytes: int) -> None:
+    """Declare ``[start, start + nbytes)`` readable by the copy engines in place (see above)."""
+    if nbytes > 0 and (start, start + nbytes) not in _DIRECT_REGIONS:
+        _DIRECT_REGIONS.append((start, start + nbytes))
+
+
+def remove_direct_region(start: int, nbytes: int) -> None:
+    """Undo ``add_direct_region`` (tests; the Parquet arena lives as long as the process)."""
+    if (start, start + nbytes) in _DIRECT_REGIONS:
+        _DIRECT_REGIONS.remove((start, start + nbytes))
+
+
+def _in_direct_region(ptr: int, nbytes: int) -> bool:
+    return any(start <= ptr and ptr + nbytes <= end for start, end in _DIRECT_REGIONS)
 
 
 class Pending:
@@ -409,7 +433,8 @@ class CopyPlan:
     contiguous: list  # (offset, tensor, bytes): pointer copies
     offsets: list  # (offset, PendingOffsets): rebased into the slot
     fallback: list  # (offset, source): copied by torch
-    native: tuple | None = None  # (copy arrays, rebase arrays) for the C++ engine
+    native: tuple | None = None  # (copy arrays, rebase arrays, direct arrays or None) for the C++ engine
+    direct: list = dataclasses.field(default_factory=list)  # (offset, tensor, bytes): to the device from where they lie
     task_bytes: int = 2 * _MIN_CHUNK  # the C++ copies' task size
 
 
@@ -436,7 +461,7 @@ class ParallelCopier:
         ``PendingRead`` fields are not copied here: an I/O backend (``io.Reader``) reads them."""
         plan = self.plan_copy(dst, items, threads)
         if plan.native is not None:
-            copies, rebase = plan.native
+            copies, rebase, _ = plan.native  # (no direct fields: plan_copy's default)
             if len(copies[0]):
                 _native_copy(*copies, plan.threads, plan.task_bytes, self.nontemporal)
             if rebase[0]:
@@ -448,13 +473,19 @@ class ParallelCopier:
         self.copy_fallback(dst, plan)
         return plan.total
 
-    def plan_copy(self, dst: torch.Tensor, items: list[tuple[int, Any]], threads: int | None = None) -> CopyPlan:
+    def plan_copy(
+        self, dst: torch.Tensor, items: list[tuple[int, Any]], threads: int | None = None, direct: bool = False
+    ) -> CopyPlan:
         """What ``copy_into`` does, checked and laid out: with the C++ engine, pointer arrays for
         one ``copy_ranges`` and one ``rebase_offsets`` call (``CopyPlan.native``), which the
-        copy engine may also run in one call with the device copy (``stage_host_batch``)."""
+        copy engine may also run in one call with the device copy (``stage_host_batch``).
+        ``direct``: fields lying in a direct region (``add_direct_region``) are left out of
+        the slot and listed in ``CopyPlan.direct``, for that call to copy to the device from
+        where they lie (only that call can: nothing else reads ``direct``)."""
         capacity = dst.numel()
         total = 0
-        contiguous, gathers, fallback, offsets = [], [], [], []
+        contiguous, gathers, fallback, offsets, in_place = [], [], [], [], []
+        direct = direct and self.native and bool(_DIRECT_REGIONS)
         for offset, src in items:
             nbytes = _nbytes(src.shape, src.dtype)
             if offset < 0 or offset + nbytes > capacity:
@@ -474,15 +505,23 @@ class ParallelCopier:
                 ).append((offset, src))
             elif src.device.type != "cpu" or not _plain_contiguous(src):
                 fallback.append((offset, src))
+            elif direct and _in_direct_region(src.data_ptr(), nbytes):
+                in_place.append((offset, src, nbytes))
+                total -= nbytes
             else:
                 contiguous.append((offset, src, nbytes))
         threads = min(threads or self.num_threads, self.num_threads)
-        plan = CopyPlan(total, threads, contiguous, offsets, fallback)
+        plan = CopyPlan(total, threads, contiguous, offsets, fallback, direct=in_place)
         if self.native and (_native_rebase is not None or not offsets):
             plan.native = (
                 self._copy_arrays(dst.data_ptr(), contiguous, gathers),
                 self._rebase_arrays(dst.data_ptr(), offsets),
+                self._direct_arrays(in_place) if in_place else None,
             )
+        elif in_place:  # no one-call stage to take them: into the slot like the rest
+            plan.contiguous.extend(in_place)
+            plan.total += sum(n for _, _, n in in_place)
+            plan.direct = []
         elif gathers:  # no engine (or no rebase in it): gathered rows go through torch
             plan.fallback.extend(gathers)
         return plan
@@ -516,6 +555,16 @@ class ParallelCopier:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, empty
         return np.concatenate(dst_parts), np.concatenate(src_parts), np.concatenate(size_parts)
+
+    @staticmethod
+    def _direct_arrays(fields: list) -> tuple:
+        """(batch offsets, source pointers, sizes) int64 arrays of the fields copied in place."""
+        count = len(fields)
+        return (
+            np.fromiter((off for off, _, _ in fields), np.int64, count),
+            np.fromiter((src.data_ptr() for _, src, _ in fields), np.int64, count),
+            np.fromiter((n for _, _, n in fields), np.int64, count),
+        )
 
     @staticmethod
     def _rebase_arrays(base: int, fields: list) -> tuple:

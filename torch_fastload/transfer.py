@@ -126,7 +126,9 @@ class CopyEngine:
         """``start`` for a slot whose host copies are still to run (``host_plan``, from
         ``ParallelCopier.plan_copy``): the copies into the slot, the offsets' rebase, the
         slot -> device copy and its two events in one C++ call without the GIL (NOTE [GIL-free
-        views] in staging.py: each torch call here would queue for the GIL again)."""
+        views] in staging.py: each torch call here would queue for the GIL again). Fields of
+        ``host_plan.direct`` go to the device from where they lie, in the same call; the caller
+        keeps them alive until the returned copy's event completes."""
         nbytes = span.numel()
         flat, home = self._batch_memory(nbytes, consumer, reserved)
         if self.debug_delay_cycles:
@@ -134,7 +136,7 @@ class CopyEngine:
                 torch.cuda._sleep(self.debug_delay_cycles)
         handle = self.stream.cuda_stream
         start, end = _CopyEvent(handle), _CopyEvent(handle)
-        (copy_dst, copy_src, copy_sizes), rebase = host_plan.native
+        (copy_dst, copy_src, copy_sizes), rebase, direct = host_plan.native
         _stage_host_batch(
             copy_dst,
             copy_src,
@@ -149,6 +151,7 @@ class CopyEngine:
             handle,
             start,
             end,
+            *(direct or ()),
         )
         return InFlightCopy(flat, unpack(flat), end, (start, end), home=home)
 

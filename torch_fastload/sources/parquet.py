@@ -28,6 +28,10 @@ nullable                ``c__valid``: (n,) torch.bool, False where the row is nu
 Any other type (nested structs, maps, lists of strings, large decimals) is refused when the
 files are opened, by name: leave it out with ``columns=``. ``ParquetSampler`` shuffles row
 groups, then rows within a bounded window, and shards them across ranks by rows.
+
+Delivered to a CUDA device, row groups decode into a pinned arena where the extension
+``torch_fastload._arrow`` is built (``parquet_arena.py``): the columns of a batch of
+consecutive rows go to the GPU from where they were decoded, with no copy into a slot.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from torch.utils.data import Dataset
 
 from ..resume import batch_key
 from ..staging import materialize
+from . import parquet_arena
 from .parquet_decode import AHEAD_MAX, READ_MODES, RowGroupCache
 from .parquet_plan import expand_paths, open_plan
 from .parquet_sampler import ParquetBatchSampler, ParquetSampler
@@ -68,6 +73,10 @@ class ParquetDataset(Dataset):
     pool (small files have few row groups). Footers are read and checked here, once.
     ``row_groups_at_once``: row groups decoding at the same time (default: enough to give
     each thread about two column chunks, so they finish in the order they are read).
+    ``pinned_arena``: bytes of the pinned memory row groups decode into when a loader delivers
+    to a CUDA device (module docstring; one arena per process, sized by the first dataset
+    that makes it). None: twice ``cache_bytes`` (what a full cache, batches in flight and the
+    arena's size classes take); 0: decode into pageable memory and stage through a slot.
     """
 
     __fastload_direct_cpu__ = True  # a CPU batch is copied once from Arrow's buffers, no slot
@@ -85,6 +94,7 @@ class ParquetDataset(Dataset):
         cache_bytes: int = 1 << 30,
         arrow_threads: bool = True,
         row_groups_at_once: int | None = None,
+        pinned_arena: int | None = None,
     ):
         if masks not in ("auto", "always", "never"):
             raise ValueError(f"masks must be 'auto', 'always' or 'never', got {masks!r}")
@@ -99,6 +109,9 @@ class ParquetDataset(Dataset):
         self.cache_bytes = cache_bytes
         self.arrow_threads = arrow_threads
         self.row_groups_at_once = row_groups_at_once
+        if pinned_arena is not None and pinned_arena < 0:
+            raise ValueError(f"pinned_arena must be >= 0 bytes, got {pinned_arena}")
+        self.pinned_arena = pinned_arena
         self._cache: RowGroupCache | None = None
         self._schedule: np.ndarray | None = None  # row groups in the order the sampler reads them
         self._position: dict = {}
@@ -247,6 +260,14 @@ class ParquetDataset(Dataset):
             self._calls += 1
             heapq.heappush(self._fetched, (key.number if key is not None else -1, self._calls, len(index)))
         return batch
+
+    def __fastload_bind__(self, device: torch.device) -> None:
+        """A loader delivers this source's batches to ``device``: on a CUDA device, row groups
+        decode into the pinned arena from now on (module docstring), where it can be made."""
+        if device.type != "cuda" or self.pinned_arena == 0:
+            return
+        nbytes = 2 * self.cache_bytes if self.pinned_arena is None else self.pinned_arena
+        self._reader().arena_decode = parquet_arena.decoder(device, nbytes)
 
     def __fastload_delivered__(self, device, waited_seconds: float) -> None:
         """Counts the rows the loop has received: a checkpoint knows whether its epoch was done."""

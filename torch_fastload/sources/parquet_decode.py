@@ -111,6 +111,9 @@ class RowGroupCache:
         self.local = threading.local()
         self.pool: ThreadPoolExecutor | None = None
         self.gather_pool: ThreadPoolExecutor | None = None  # not the decode pool: no queueing behind read-ahead
+        # parquet_arena's decoder (row groups decoded into pinned memory), once a loader binds
+        # the source to a CUDA device; None: pyarrow's Python API
+        self.arena_decode = None
 
     def _file(self, f: int) -> pq.ParquetFile:
         """This thread's ParquetFile of file ``f`` (readers are not shared between threads); a
@@ -156,8 +159,12 @@ class RowGroupCache:
         index: pyarrow reads a dotted name as a path into a struct."""
         leaves = self.plan.leaves[group.file]
         indices = sorted(j for name in names for j in leaves[name])
-        owner = self._file(group.file) if self.read_mode == "pyarrow" else self._span_file(group)
-        table = owner.reader.read_row_group(group.index, column_indices=indices, use_threads=self.arrow_threads)
+        decode = self.arena_decode
+        if decode is not None and self.read_mode == "pyarrow":
+            table = decode(self.plan.paths[group.file], group.index, indices, self.arrow_threads)
+        else:
+            owner = self._file(group.file) if self.read_mode == "pyarrow" else self._span_file(group)
+            table = owner.reader.read_row_group(group.index, column_indices=indices, use_threads=self.arrow_threads)
         return table.select([table.schema.get_field_index(name) for name in names])
 
     def _span_file(self, group: RowGroup) -> pq.ParquetFile:

@@ -48,6 +48,11 @@ loader looks them up once per iterator (``hooks_of``); a dataset without
     loop waited for it (the image decoders' route trial times the loop with it). It runs on the
     training thread: keep it to a few microseconds.
 
+``__fastload_bind__(device)`` (optional)
+    Called once by each iterator before it fetches a batch, with the device its batches go to:
+    a source that can produce its fields where the copy to that device reads them in place
+    sets it up here (the Parquet source decodes into a pinned arena for a CUDA device).
+
 ``__fastload_requested__(device)`` (optional)
     Called by ``next()`` as it is entered, on the training thread (the image decoders' route
     trial records a CUDA event there, to see whether the GPU is still running the step). Keep
@@ -160,6 +165,7 @@ class SourceHooks:
     collate: Callable[[list], Any] | None = None
     direct_cpu: bool = False
     parallel: bool = False  # __fastload_parallel_batches__
+    bind: Callable[[torch.device], None] | None = None
 
 
 def hooks_of(dataset: Any) -> SourceHooks:
@@ -170,6 +176,7 @@ def hooks_of(dataset: Any) -> SourceHooks:
         slot_bytes=getattr(dataset, "__fastload_slot_bytes__", None),
         delivered=getattr(dataset, "__fastload_delivered__", None),
         requested=getattr(dataset, "__fastload_requested__", None),
+        bind=getattr(dataset, "__fastload_bind__", None),
         native=getattr(dataset, "__fastload_native__", None),
         collate=getattr(dataset, "__fastload_collate__", None),
         direct_cpu=getattr(dataset, "__fastload_direct_cpu__", False) is True,

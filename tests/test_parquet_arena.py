@@ -1,0 +1,241 @@
+"""The Parquet decode arena (torch_fastload._arrow, csrc/arrow/): row groups decoded by pyarrow's
+C++ into pinned memory of ours, equal to pyarrow's own decode for every type, compression and
+writer option; errors typed as before; fields lying in the arena go to the GPU from where they
+lie and stay alive until their copy ran (negative control: without the hold, the arena is
+reused under a pending copy and batches come out wrong)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from test_parquet import every_type, expected, write
+
+from torch_fastload import DataLoader, stager, transfer
+from torch_fastload.errors import ParquetDecodeError
+from torch_fastload.pool import PinnedPool
+from torch_fastload.sources import ParquetDataset, parquet_arena
+from torch_fastload.staging import ParallelCopier, add_direct_region, remove_direct_region
+
+ARENA_BYTES = 48 << 20  # the tests' process arena (the first make_arena call sizes it)
+
+needs_arena = pytest.mark.skipif(
+    parquet_arena.unavailable_reason() is not None,
+    reason=f"torch_fastload._arrow is not built: {parquet_arena.unavailable_reason()}",
+)
+
+
+def _arena():
+    from torch_fastload import _arrow
+
+    base, size = _arrow.make_arena(ARENA_BYTES)
+    return _arrow, base, size
+
+
+@needs_arena
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(compression="snappy"),
+        dict(compression="zstd"),
+        dict(compression="gzip"),
+        dict(compression="none"),
+        dict(compression="snappy", data_page_version="2.0", use_dictionary=False, write_statistics=False),
+    ],
+    ids=["snappy", "zstd", "gzip", "none", "v2-plain-nostats"],
+)
+def test_arena_decodes_every_type_as_pyarrow_does_into_the_arena(tmp_path, options):
+    _arrow, base, size = _arena()
+    table = every_type(3000)
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=1000, **options)
+    reference = pq.ParquetFile(path)
+    columns = list(range(reference.metadata.num_columns))
+    for group in range(reference.num_row_groups):
+        ours = _arrow.read_row_group(str(path), group, columns, True)
+        assert ours.equals(reference.read_row_group(group)), (options, group)
+        large = [
+            buf
+            for column in ours.columns
+            for chunk in column.chunks
+            for buf in chunk.buffers()
+            if buf is not None and buf.size >= 4096
+        ]
+        assert large and all(base <= buf.address < base + size for buf in large)
+
+
+@needs_arena
+def test_arena_errors_are_python_errors_with_arrows_message(tmp_path):
+    _arrow, _, _ = _arena()
+    path = write(every_type(500), tmp_path / "t.parquet", row_group_size=100)
+    with pytest.raises(OSError, match="nope.parquet"):
+        _arrow.read_row_group(str(tmp_path / "nope.parquet"), 0, [0], True)
+    with pytest.raises(ValueError, match="row_group"):
+        _arrow.read_row_group(str(path), 99, [0], True)
+    not_parquet = tmp_path / "x.parquet"
+    not_parquet.write_bytes(b"PAR1" + b"\0" * 100)
+    with pytest.raises((OSError, ValueError)):
+        _arrow.read_row_group(str(not_parquet), 0, [0], True)
+
+
+@needs_arena
+def test_allocations_the_arena_cannot_hold_fall_back_and_decode_the_same(tmp_path):
+    """A column bigger than the arena's largest class decodes into Arrow's default pool."""
+    _arrow, base, size = _arena()
+    values = np.arange(6_000_000, dtype=np.int64)  # 48 MB: more than the largest class
+    path = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"v": values}), path, row_group_size=len(values), compression="none")
+    before = _arrow.arena_stats()["fallback_allocations"]
+    ours = _arrow.read_row_group(str(path), 0, [0], True)
+    assert _arrow.arena_stats()["fallback_allocations"] > before
+    assert np.array_equal(ours.column(0).to_numpy(), values)
+    data = ours.column(0).chunk(0).buffers()[1]
+    assert not (base <= data.address < base + size)
+
+
+@needs_arena
+def test_dataset_batches_decoded_in_the_arena_equal_pyarrows_and_errors_stay_typed(tmp_path):
+    """The dataset's decode through the arena (set by hand: no GPU here) gives the batches the
+    pyarrow route gives; a corrupt page still raises ParquetDecodeError naming row group and
+    column, from the arena's decode as from pyarrow's."""
+    _arrow, _, _ = _arena()
+    table = every_type(1000)
+    path = Path(write(table, tmp_path / "t.parquet", row_group_size=96))
+    dataset = ParquetDataset(path, threads=2)
+    dataset._reader().arena_decode = _arrow.read_row_group
+    reference = pq.read_table(path)
+    for start in (0, 90, 500):
+        rows = reference.slice(start, 150)
+        batch = dataset.batch(np.arange(start, start + 150))
+        for spec in dataset.plan.columns:
+            for key, want in expected(rows, spec.name, spec.masked).items():
+                assert torch.equal(batch[key], want), (start, key)
+    dataset.close()
+
+    # corrupt the page header of column "i64" in row group 2 (its bytes, not the footer)
+    chunk = pq.ParquetFile(path).metadata.row_group(2).column(2)
+    data = bytearray(path.read_bytes())
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data[start : start + 16] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+    dataset = ParquetDataset(path, threads=2)
+    dataset._reader().arena_decode = _arrow.read_row_group
+    with pytest.raises(ParquetDecodeError) as info:
+        dataset.batch(np.arange(2 * 96, 3 * 96))
+    assert info.value.row_group == 2 and info.value.column == "i64" and str(path) in str(info.value)
+    dataset.close()
+
+
+def test_fields_in_a_direct_region_are_planned_out_of_the_slot():
+    copier = ParallelCopier(2)
+    if not copier.native:
+        pytest.skip("the C++ engine is not built: no one-call stage to take direct fields")
+    inside = torch.arange(4096, dtype=torch.int64)
+    outside = torch.arange(1000, dtype=torch.int32)
+    slot = torch.empty(1 << 16, dtype=torch.uint8)
+    items = [(0, inside), (32768, outside)]
+    add_direct_region(inside.data_ptr(), inside.numel() * 8)
+    try:
+        plan = copier.plan_copy(slot, items, direct=True)
+        assert [src for _, src, _ in plan.direct] == [inside]
+        assert plan.total == 4000 and [src for _, src, _ in plan.contiguous] == [outside]
+        dst, src, sizes = plan.native[2]
+        assert dst.tolist() == [0] and src.tolist() == [inside.data_ptr()] and sizes.tolist() == [32768]
+        plain = copier.plan_copy(slot, items)  # the default: every field into the slot
+        assert not plain.direct and plain.native[2] is None and plain.total == 32768 + 4000
+    finally:
+        remove_direct_region(inside.data_ptr(), inside.numel() * 8)
+
+
+class _Pending:
+    """A CUDA event's stand-in: complete once ``done`` is set."""
+
+    def __init__(self):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+
+def test_a_slot_holds_what_its_copy_reads_until_the_copy_completed():
+    pool = PinnedPool(1, 4096, pin=False)
+    slot = pool.acquire()
+    source = torch.arange(16)
+    ref = weakref.ref(source)
+    event = _Pending()
+    pool.release(slot, event, keep=[source])
+    del source
+    gc.collect()
+    assert ref() is not None  # the copy may still read it
+    event.done = True
+    again = pool.acquire(timeout=5)
+    gc.collect()
+    assert again is slot and ref() is None  # released once the copy completed
+    pool.release(again)
+    pool.close()
+
+
+# -- on the GPU -------------------------------------------------------------------------------
+def _recording_stage(monkeypatch) -> list:
+    """Wraps the one-call stage to record the bytes each batch copied from where they lie."""
+    direct_bytes = []
+    inner = transfer._stage_host_batch
+
+    def stage(*args):
+        direct_bytes.append(int(args[-1].sum()) if len(args) == 20 else 0)  # 17 + direct_dst/src/sizes
+        return inner(*args)
+
+    monkeypatch.setattr(transfer, "_stage_host_batch", stage)
+    return direct_bytes
+
+
+@needs_arena
+@pytest.mark.cuda
+def test_gpu_batches_of_consecutive_rows_go_from_the_arena_to_the_device(tmp_path, monkeypatch):
+    table = every_type(4000)
+    path = write(table, tmp_path / "t.parquet", row_group_size=500)
+    direct_bytes = _recording_stage(monkeypatch)
+    dataset = ParquetDataset(path)
+    ours = list(DataLoader(dataset, batch_size=300, device="cuda"))
+    assert dataset._reader().arena_decode is not None and parquet_arena.arena_stats()["live_bytes"] > 0
+    reference = pq.read_table(path)
+    for k, batch in enumerate(ours):
+        rows = reference.slice(k * 300, 300)
+        for spec in dataset.plan.columns:
+            for key, want in expected(rows, spec.name, spec.masked).items():
+                assert torch.equal(batch[key].cpu(), want), (k, key)
+    # the numeric and string columns' values went from the arena (offsets and masks via the slot)
+    assert sum(1 for n in direct_bytes if n) == len(ours)
+    assert min(direct_bytes[:-1]) >= 300 * 8 * 6  # full batches: at least six 8-byte columns in place
+    dataset.close()
+
+
+@needs_arena
+@pytest.mark.cuda
+@pytest.mark.parametrize("keep", [True, False])
+def test_arena_memory_is_not_reused_under_a_pending_copy(tmp_path, monkeypatch, keep):
+    """Every copy waits ~100 ms on the stream while the decode threads run ahead with a cache of
+    one row group: the blocks of a row group whose batch is still to be copied are freed by the
+    cache and reused by the next decode unless the slot holds them (negative control)."""
+    monkeypatch.setattr(stager, "KEEP_DIRECT_SOURCES", keep)
+    rng = np.random.default_rng(3)
+    table = pa.table({"x": rng.integers(0, 1 << 60, 24 * 4096), "y": rng.standard_normal(24 * 4096)})
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=4096, compression="none")
+    dataset = ParquetDataset(path, threads=2, cache_bytes=1)
+    loader = DataLoader(dataset, batch_size=4096, device="cuda", pool_slots=2, prefetch=4)
+    loader.resources.engine.debug_delay_cycles = 200_000_000
+    got = [(b["x"].cpu(), b["y"].cpu()) for b in loader]
+    intact = all(
+        np.array_equal(x.numpy(), table.column("x").to_numpy()[k * 4096 : (k + 1) * 4096])
+        and np.array_equal(y.numpy(), table.column("y").to_numpy()[k * 4096 : (k + 1) * 4096])
+        for k, (x, y) in enumerate(got)
+    )
+    assert len(got) == 24 and intact is keep
+    dataset.close()

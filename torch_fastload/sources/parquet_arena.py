@@ -1,0 +1,76 @@
+"""The Parquet decode arena: row groups decoded by pyarrow's C++ straight into pinned memory.
+
+Decoding is the Parquet source's one unavoidable pass over the bytes; the copy of the decoded
+columns into a pinned slot was another, and on the H100 machine it and the DMA reading it held
+the loader to 0.72-0.85x of pyarrow's own decode rate (benchmarks/JOURNAL.md). With the
+extension ``torch_fastload._arrow`` (csrc/arrow/, built where pyarrow's headers are found),
+row groups decode into one arena the loader maps once, registers with CUDA once, and declares a
+direct region (``staging.add_direct_region``): the batch's columns then go to the GPU from
+where they were decoded. Offsets (rebased per batch), masks and widened columns still pass
+through the slot; allocations the arena cannot hold fall back to Arrow's default pool and go
+the same way.
+
+The arena is one per process, sized by the first dataset that asks (later ones share it).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import torch
+
+from .. import engine
+from ..staging import add_direct_region
+
+__all__ = ["decoder", "arena_stats", "unavailable_reason"]
+
+try:
+    from .. import _arrow
+except ImportError as exc:  # not built (no pyarrow at build time), or built for another pyarrow
+    _arrow, _IMPORT_ERROR = None, exc
+else:
+    _IMPORT_ERROR = None
+    if _arrow.ARROW_VERSION != pa.__version__:
+        _arrow, _IMPORT_ERROR = (
+            None,
+            ImportError(
+                f"torch_fastload._arrow was built for pyarrow {_arrow.ARROW_VERSION}, pyarrow {pa.__version__} is "
+                "installed: rebuild torch_fastload (pip install --no-build-isolation .)"
+            ),
+        )
+
+_LOCK = threading.Lock()
+_ARENA: tuple | None = None  # (address, bytes)
+_REGISTRATION: int | None = None  # its cuMemHostRegister result (0: done; portable: every device)
+
+
+def unavailable_reason() -> str | None:
+    """Why the arena cannot be used in this process (None: it can)."""
+    return None if _arrow is not None else str(_IMPORT_ERROR)
+
+
+def decoder(device: torch.device, nbytes: int):
+    """``_arrow.read_row_group`` once the arena (``nbytes``, the first caller's size) is mapped,
+    registered with CUDA and declared a direct region for ``device``; None where it cannot be
+    (extension missing, not a CUDA device, registration refused: rows are then decoded by
+    pyarrow's Python API and staged through the slot, as without the arena)."""
+    global _ARENA, _REGISTRATION
+    if _arrow is None or device.type != "cuda" or nbytes <= 0:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _LOCK:
+        if _ARENA is None:
+            _ARENA = _arrow.make_arena(int(nbytes))
+        base, size = _ARENA
+        if _REGISTRATION is None:
+            _REGISTRATION = engine.host_register(base, size, index)
+            if _REGISTRATION == 0:
+                add_direct_region(base, size)
+    return _arrow.read_row_group if _REGISTRATION == 0 else None
+
+
+def arena_stats() -> dict | None:
+    """The arena's bytes carved and live, its allocations and those that fell back to Arrow's
+    default pool; None before it is made."""
+    return _arrow.arena_stats() if _arrow is not None and _ARENA is not None else None
