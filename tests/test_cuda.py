@@ -90,7 +90,7 @@ def corrupted_batches(monkeypatch, naive: bool) -> int:
     if naive:
         original = PinnedPool.release
 
-        def release_without_waiting(self, slot, free_after=None, front=False):
+        def release_without_waiting(self, slot, free_after=None, front=False, keep=None):
             original(self, slot, None, front)  # the bug: reuse the slot before its copy ran
 
         monkeypatch.setattr(PinnedPool, "release", release_without_waiting)

@@ -2,6 +2,8 @@
 consumer's stream waits on the loop's copies, and a pinned slot is rewritten only after its
 copy ran (negative control: without the wait, delayed copies carry the next batch's bytes)."""
 
+import mmap
+
 import numpy as np
 import pytest
 import torch
@@ -199,8 +201,11 @@ def test_slot_is_rewritten_only_after_its_copy_ran(unsafe, monkeypatch):
 
 def _overlapping_views():
     """Two tensors of 64 KiB rows on one storage whose page ranges overlap: CUDA registers a
-    page once, so the second registration is refused."""
-    storage = torch.arange(80 * 16384, dtype=torch.int32)
+    page once, so the second registration is refused. The storage is a mapping of its own: from
+    the heap it could share a page with memory an earlier test left registered."""
+    mapping = mmap.mmap(-1, 80 * 16384 * 4)
+    storage = torch.frombuffer(mapping, dtype=torch.int32)
+    storage.copy_(torch.arange(80 * 16384, dtype=torch.int32))
     first = storage[: 40 * 16384].view(40, 16384)
     second = storage[40 * 16384 - 100 : 40 * 16384 - 100 + 30 * 16384].view(30, 16384)
     return first, second
