@@ -12,8 +12,9 @@ Every span is (thread, what, batch or row group, start, end) in perf_counter sec
 plus a GIL probe: a thread sleeping 200 us at a time records how late it wakes (the GIL wait).
 
   python3 benchmarks/gpu/parquet_timeline.py DATA_DIR OUT_DIR [variant ...]
-variants: default, arrow-off, prefetch8 (prefetch 8, 9 slots). Writes timeline-<variant>.json
-and a summary line per variant; benchmarks/gpu/parquet_timeline_plot.py draws the PNG.
+variants: default, arrow-off, pageable (no decode arena), prefetch8 (prefetch 8, 9 slots), stage4,
+at-onceN (VARIANTS below). Writes timeline-<variant>.json and a summary line per
+variant; benchmarks/gpu/parquet_timeline_plot.py draws the PNG.
 """
 
 import json
@@ -76,6 +77,14 @@ def instrument() -> None:
     pipeline.Pipeline._put = span("put")(pipeline.Pipeline._put)
     staging.ParallelCopier.copy_into = span("memcpy")(staging.ParallelCopier.copy_into)
     transfer.CopyEngine.start_staged = span("memcpy")(transfer.CopyEngine.start_staged)  # + the device copy
+    # the stage's parts: its layout, the batch's device memory, the C++ call, the typed views
+    from torch_fastload import stager
+
+    stager.plan_batch = span("plan")(stager.plan_batch)
+    transfer.CopyEngine.reserve = span("reserve")(transfer.CopyEngine.reserve)
+    if transfer._stage_host_batch is not None:
+        transfer._stage_host_batch = span("native")(transfer._stage_host_batch)
+    staging.StagingPlan.unpack = span("unpack")(staging.StagingPlan.unpack)
 
 
 def gil_probe(stop: threading.Event, samples: list) -> None:
@@ -92,7 +101,10 @@ def gil_probe(stop: threading.Event, samples: list) -> None:
 VARIANTS = {
     "default": ({}, {}),
     "arrow-off": ({"arrow_threads": False}, {}),
+    "pageable": ({"pinned_arena": 0}, {}),  # decode into Arrow's pool, staged through the slot (no arena)
     "prefetch8": ({}, {"prefetch": 8, "pool_slots": 9}),
+    "stage4": ({}, {"stage_threads": 4}),
+    "stage4-prefetch6": ({}, {"stage_threads": 4, "prefetch": 6, "pool_slots": 8}),
     **{f"at-once{n}": ({"row_groups_at_once": n}, {}) for n in (1, 2, 4, 6, 8, 16)},
     "python-stage": ({}, {}),  # the stage's copies and device copy as torch calls (transfer.ONE_CALL_STAGE off)
 }
