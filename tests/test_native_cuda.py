@@ -245,3 +245,33 @@ def test_loaders_over_tensors_sharing_pages_deliver_both():
     got_one = torch.cat([b.cpu() for (b,) in it_one])
     assert not two.resources._registered
     assert torch.equal(got_one, first) and torch.equal(got_two, second)
+
+
+@pytest.mark.parametrize("released", [True, False])
+def test_a_loader_collected_unclosed_unregisters_its_tensors(monkeypatch, released):
+    """A loader dropped without close() takes its tensors' registrations with it. Kept, they
+    outlive the tensor (the pages stay registered after it is freed), and later allocations
+    landing there break copies to them. Control (``released=False``): a finalizer that does
+    nothing leaves the pages registered."""
+    import gc
+    import weakref
+
+    from torch_fastload import engine, resources
+
+    if not released:
+        monkeypatch.setattr(resources, "_release_registrations", lambda registered, engines: None)
+    mapping = mmap.mmap(-1, 64 * 16384 * 4)  # pages of their own: no earlier registration shares them
+    x = torch.frombuffer(mapping, dtype=torch.int32).view(64, 16384)  # 64 KiB rows: registered
+    loader = DataLoader(TensorDataset(x), batch_size=8, map_budget="100%")
+    assert sum(int(b[0].sum()) for b in loader) == int(x.sum())
+    assert loader.resources._registered
+    alive = weakref.ref(loader.resources)
+    del loader
+    gc.collect()
+    assert alive() is None
+    code = engine.host_register(x.data_ptr(), x.numel() * 4)  # refused (712) while still registered
+    try:
+        assert (code == 0) is released
+    finally:
+        engine.host_unregister(x.data_ptr())
+        resources._REGISTRATIONS._ranges.pop(resources._HostRegistrations._pages(x.data_ptr(), x.numel() * 4), None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +70,11 @@ class LoaderResources:
         self._file_reader: readers.Reader | None = None
         self._slot_reader: readers.Reader | None = None
         self._registered: dict = {}  # data_ptr -> (bytes, the tensor, kept alive while registered)
+        # Undone when these resources close or are collected unclosed: a tensor freed while its
+        # pages stay registered leaves a stale registration that later allocations land in
+        # (the driver then refuses copies to them: "invalid argument" at a user's .cpu()).
+        self._engines: list = []  # the copy engine, once made: the finalizer waits for its stream
+        self._release_registrations = weakref.finalize(self, _release_registrations, self._registered, self._engines)
         self.copy_route: str | None = None  # 'auto' routes: what native.CopyRouteChoice chose
 
     @property
@@ -81,6 +87,7 @@ class LoaderResources:
         with self._lock:
             if self._engine is None:
                 self._engine = CopyEngine(self.device, pin_cpu_output=self.settings.pin_cpu_output)
+                self._engines.append(self._engine)
             return self._engine
 
     @property
@@ -189,6 +196,10 @@ class LoaderResources:
             device = self.device.index if self.device.index is not None else torch.cuda.current_device()
             if not _REGISTRATIONS.acquire(key, nbytes, device):
                 return False
+            if not self._release_registrations.alive:  # registering again after close()
+                self._release_registrations = weakref.finalize(
+                    self, _release_registrations, self._registered, self._engines
+                )
             self._registered[key] = (nbytes, tensor)
             return True
 
@@ -208,9 +219,7 @@ class LoaderResources:
             if self._copier is not None:
                 self._copier.close()
                 self._copier = None
-            for key, (nbytes, _) in self._registered.items():
-                _REGISTRATIONS.release(key, nbytes)
-            self._registered.clear()
+            self._release_registrations()
 
 
 class _HostRegistrations:
@@ -254,3 +263,16 @@ class _HostRegistrations:
 
 
 _REGISTRATIONS = _HostRegistrations()
+
+
+def _release_registrations(registered: dict, engines: list) -> None:
+    """Unregister a resources' tensors, then let them go (their memory is freed only after);
+    copies on its stream finish first (bounded: shutdown_timeout)."""
+    if registered and engines:
+        try:
+            engines[0].synchronize(config.get("shutdown_timeout"))
+        except Exception:  # interpreter shutdown may have torn CUDA down already
+            pass
+    for key, (nbytes, _) in list(registered.items()):
+        _REGISTRATIONS.release(key, nbytes)
+    registered.clear()
