@@ -68,7 +68,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--max-cases", type=int, default=100000)
+    parser.add_argument("--arena", action="store_true", help="decode through the pinned arena (torch_fastload._arrow)")
     args = parser.parse_args()
+    arena_decode = None
+    if args.arena:
+        from torch_fastload import _arrow  # raises where it is not built: the caller asked for it
+
+        _arrow.make_arena(32 << 20)
+        arena_decode = _arrow.read_row_group
     rng = random.Random(args.seed)
     outcomes: dict = {}
     failures = 0
@@ -85,6 +92,8 @@ def main() -> int:
                 f.write(data)
             try:
                 dataset = ParquetDataset(path, threads=2, read_mode=rng.choice(["pyarrow", "pread"]))
+                if arena_decode is not None:
+                    dataset._reader().arena_decode = arena_decode  # (read_mode "pyarrow" only)
                 try:
                     for start in range(0, len(dataset), 256):
                         dataset.batch(range(start, min(start + 256, len(dataset))))
@@ -100,7 +109,7 @@ def main() -> int:
             outcomes[(how, result)] = outcomes.get((how, result), 0) + 1
             case += 1
     summary = ", ".join(f"{h}/{r}={n}" for (h, r), n in sorted(outcomes.items()))
-    print(f"fuzz_parquet: seed={args.seed} cases={case} failures={failures} [{summary}]")
+    print(f"fuzz_parquet: seed={args.seed} arena={args.arena} cases={case} failures={failures} [{summary}]")
     return 1 if failures else 0
 
 

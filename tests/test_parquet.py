@@ -642,13 +642,21 @@ def test_a_column_chunk_of_another_physical_type_is_a_footer_error_not_an_abort(
     assert (info.value.row_group, info.value.column) == (0, "i")
 
 
-def test_fuzzed_footer_and_page_bytes_never_crash_the_process(tmp_path):
+@pytest.mark.parametrize("arena", [False, True], ids=["pyarrow", "arena"])
+def test_fuzzed_footer_and_page_bytes_never_crash_the_process(tmp_path, arena):
     """Run in a subprocess, so a crash in pyarrow's parser (found so: an abort on a level
-    histogram of the wrong length) fails this test instead of killing the run."""
+    histogram of the wrong length) fails this test instead of killing the run. ``arena``: the
+    same through the pinned decode arena's C++ (torch_fastload._arrow)."""
+    if arena:
+        from torch_fastload.sources import parquet_arena
+
+        if parquet_arena.unavailable_reason() is not None:
+            pytest.skip(f"torch_fastload._arrow is not built: {parquet_arena.unavailable_reason()}")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for seed in (0, 1):
         res = subprocess.run(
-            [sys.executable, os.path.join(REPO, "tests", "fuzz_parquet.py"), "--seed", str(seed), "--seconds", "8"],
+            [sys.executable, os.path.join(REPO, "tests", "fuzz_parquet.py"), "--seed", str(seed), "--seconds", "8"]
+            + (["--arena"] if arena else []),
             capture_output=True,
             text=True,
             timeout=300,

@@ -76,6 +76,26 @@ def test_requested_hook_runs_before_each_delivery(records):
     assert seen[2 * len(batches) :] == ["requested"]  # the call that ends the epoch
 
 
+def test_bind_hook_runs_once_per_iterator_before_its_first_fetch(records):
+    """Each iterator binds the source to its device before any batch is fetched (the Parquet
+    source sets its pinned decode up there), once, also when num_workers is set: a batch
+    source reads whole batches in the loader's threads whatever the worker count."""
+    seen = []
+    fetch = records.__fastload_batch__
+    records.__fastload_bind__ = lambda device: seen.append(("bind", str(device)))
+    records.__fastload_batch__ = lambda indices: seen.append(("batch", None)) or fetch(indices)
+    loader = DataLoader(records, batch_size=10, device="cpu")
+    for _ in range(2):
+        assert len(list(loader)) == 4
+    binds = [i for i, (what, _) in enumerate(seen) if what == "bind"]
+    assert len(binds) == 2 and binds[0] == 0 and seen[0] == ("bind", "cpu")
+    assert binds[1] == 5 and [what for what, _ in seen].count("batch") == 8
+    seen.clear()
+    with pytest.warns(UserWarning):
+        assert len(list(DataLoader(records, batch_size=10, device="cpu", num_workers=2))) == 4
+    assert seen[0] == ("bind", "cpu") and [what for what, _ in seen].count("bind") == 1
+
+
 class InMemory(torch.utils.data.Dataset):
     """A batch source of in-memory columns: one plain tensor and one joined from two chunks."""
 
