@@ -239,3 +239,24 @@ def test_arena_memory_is_not_reused_under_a_pending_copy(tmp_path, monkeypatch, 
     )
     assert len(got) == 24 and intact is keep
     dataset.close()
+
+
+@needs_arena
+def test_the_arena_decode_survives_close_and_stays_out_of_pickles(tmp_path):
+    """A dataset bound to the arena decodes there again after close() (a new cache), and a copy
+    sent to worker processes decodes with pyarrow: the arena is mapped in this process only."""
+    import pickle
+
+    _arrow, _, _ = _arena()
+    path = write(every_type(300), tmp_path / "t.parquet", row_group_size=100)
+    dataset = ParquetDataset(path, threads=2)
+    dataset._arena_decode = _arrow.read_row_group  # what __fastload_bind__ sets for a CUDA device
+    dataset._reader()
+    assert dataset._cache.arena_decode is _arrow.read_row_group
+    dataset.close()
+    assert dataset._reader().arena_decode is _arrow.read_row_group
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert copy._arena_decode is None and copy._reader().arena_decode is None
+    assert torch.equal(copy.batch(range(0, 150))["i64"], dataset.batch(range(0, 150))["i64"])
+    dataset.close()
+    copy.close()

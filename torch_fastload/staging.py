@@ -518,12 +518,13 @@ class ParallelCopier:
                 self._rebase_arrays(dst.data_ptr(), offsets),
                 self._direct_arrays(in_place) if in_place else None,
             )
-        elif in_place:  # no one-call stage to take them: into the slot like the rest
-            plan.contiguous.extend(in_place)
-            plan.total += sum(n for _, _, n in in_place)
-            plan.direct = []
-        elif gathers:  # no engine (or no rebase in it): gathered rows go through torch
-            plan.fallback.extend(gathers)
+        else:
+            if in_place:  # no one-call stage to take them: into the slot like the rest
+                plan.contiguous.extend(in_place)
+                plan.total += sum(n for _, _, n in in_place)
+                plan.direct = []
+            if gathers:  # no engine (or no rebase in it): gathered rows go through torch
+                plan.fallback.extend(gathers)
         return plan
 
     def copy_fallback(self, dst: torch.Tensor, plan: CopyPlan) -> None:

@@ -112,6 +112,7 @@ class ParquetDataset(Dataset):
         if pinned_arena is not None and pinned_arena < 0:
             raise ValueError(f"pinned_arena must be >= 0 bytes, got {pinned_arena}")
         self.pinned_arena = pinned_arena
+        self._arena_decode = None  # parquet_arena's decoder, once a loader binds to a CUDA device
         self._cache: RowGroupCache | None = None
         self._schedule: np.ndarray | None = None  # row groups in the order the sampler reads them
         self._position: dict = {}
@@ -178,6 +179,7 @@ class ParquetDataset(Dataset):
                         self.arrow_threads,
                         self.row_groups_at_once,
                     )
+                    self._cache.arena_decode = self._arena_decode
         return self._cache
 
     def _ahead(self, groups: np.ndarray) -> list:
@@ -267,7 +269,8 @@ class ParquetDataset(Dataset):
         if device.type != "cuda" or self.pinned_arena == 0:
             return
         nbytes = 2 * self.cache_bytes if self.pinned_arena is None else self.pinned_arena
-        self._reader().arena_decode = parquet_arena.decoder(device, nbytes)
+        self._arena_decode = parquet_arena.decoder(device, nbytes)
+        self._reader().arena_decode = self._arena_decode  # the cache made after a close() too
 
     def __fastload_delivered__(self, device, waited_seconds: float) -> None:
         """Counts the rows the loop has received: a checkpoint knows whether its epoch was done."""
@@ -335,6 +338,7 @@ class ParquetDataset(Dataset):
     def __getstate__(self):  # worker processes start their own threads and cache
         state = dict(self.__dict__)
         state["_cache"] = None
+        state["_arena_decode"] = None  # the arena is this process's (mapped and registered here)
         return state
 
     def state_dict(self) -> dict:
