@@ -33,17 +33,17 @@ namespace py = pybind11;
 
 namespace {
 
-// Power-of-2 size classes (4 KiB up) carved from one anonymous mapping and kept on free lists,
-// never returned to the mapping: the same row-group shapes decode again and again, so the
-// lists settle. A Reallocate within its block's class grows in place (Arrow's builders grow
-// geometrically). Allocations below the smallest class, or that find no room, go to Arrow's
-// default pool: the loader then stages them through a pinned slot as before (correct, slower).
 #ifdef MADV_POPULATE_WRITE
 constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
 #else
 constexpr int kPopulateWrite = 23;  // Linux 5.14's value; older kernels refuse it (EINVAL)
 #endif
 
+// Power-of-2 size classes (4 KiB up) carved from one anonymous mapping and kept on free lists,
+// never returned to the mapping: the same row-group shapes decode again and again, so the
+// lists settle. A Reallocate within its block's class grows in place (Arrow's builders grow
+// geometrically). Allocations below the smallest class, or that find no room, go to Arrow's
+// default pool: the loader then stages them through a pinned slot as before (correct, slower).
 class ArenaPool : public arrow::MemoryPool {
  public:
   static constexpr int64_t kSmallest = 4 << 10;
@@ -71,7 +71,7 @@ class ArenaPool : public arrow::MemoryPool {
   bool owns(const uint8_t* p) const { return p >= arena_ && p < arena_ + arena_bytes_; }
 
   arrow::Status Allocate(int64_t size, int64_t alignment, uint8_t** out) override {
-    if (size >= kSmallest && alignment <= kSmallest && take(class_of(size), out)) {
+    if (size >= kSmallest && size <= arena_bytes_ && alignment <= kSmallest && take(class_of(size), out)) {
       live_ += size, allocated_ += size, ++count_;
       return arrow::Status::OK();
     }
@@ -96,7 +96,9 @@ class ArenaPool : public arrow::MemoryPool {
     int c;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      c = class_at_.at(*ptr);
+      auto it = class_at_.find(*ptr);
+      if (it == class_at_.end()) return arrow::Status::Invalid("reallocation of a block the arena did not hand out");
+      c = it->second;
     }
     if (new_size <= capacity(c)) {
       live_ += new_size - old_size;
@@ -114,6 +116,7 @@ class ArenaPool : public arrow::MemoryPool {
     if (!owns(buffer)) return fallback()->Free(buffer, size, alignment);
     std::lock_guard<std::mutex> lock(mu_);
     auto it = class_at_.find(buffer);
+    if (it == class_at_.end()) return;  // not a block of ours (never happens with Arrow's pairing)
     free_[it->second].push_back(buffer);
     class_at_.erase(it);
     live_ -= size;
