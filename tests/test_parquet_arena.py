@@ -202,7 +202,9 @@ def test_gpu_batches_of_consecutive_rows_go_from_the_arena_to_the_device(tmp_pat
     path = write(table, tmp_path / "t.parquet", row_group_size=500)
     direct_bytes = _recording_stage(monkeypatch)
     dataset = ParquetDataset(path)
-    ours = list(DataLoader(dataset, batch_size=300, device="cuda"))
+    loader = DataLoader(dataset, batch_size=300, device="cuda")
+    ours = list(loader)
+    assert "Parquet decoded into the pinned arena" in loader.stats().path
     assert dataset._reader().arena_decode is not None and parquet_arena.arena_stats()["live_bytes"] > 0
     reference = pq.read_table(path)
     for k, batch in enumerate(ours):
@@ -260,3 +262,15 @@ def test_the_arena_decode_survives_close_and_stays_out_of_pickles(tmp_path):
     assert torch.equal(copy.batch(range(0, 150))["i64"], dataset.batch(range(0, 150))["i64"])
     dataset.close()
     copy.close()
+
+
+def test_bind_says_where_the_rows_decode(tmp_path):
+    """The loader's path names the decode's memory: nothing for a CPU loader, the slot's route
+    with pinned_arena=0 (no CUDA call needed to say so); a negative size is refused."""
+    path = write(every_type(100), tmp_path / "t.parquet")
+    assert ParquetDataset(path).__fastload_bind__(torch.device("cpu")) is None
+    off = ParquetDataset(path, pinned_arena=0)
+    assert "pageable memory (pinned_arena=0)" in off.__fastload_bind__(torch.device("cuda"))
+    assert off._arena_decode is None
+    with pytest.raises(ValueError, match="pinned_arena"):
+        ParquetDataset(path, pinned_arena=-1)

@@ -82,11 +82,12 @@ def test_bind_hook_runs_once_per_iterator_before_its_first_fetch(records):
     source reads whole batches in the loader's threads whatever the worker count."""
     seen = []
     fetch = records.__fastload_batch__
-    records.__fastload_bind__ = lambda device: seen.append(("bind", str(device)))
+    records.__fastload_bind__ = lambda device: seen.append(("bind", str(device))) or f"bound to {device}"
     records.__fastload_batch__ = lambda indices: seen.append(("batch", None)) or fetch(indices)
     loader = DataLoader(records, batch_size=10, device="cpu")
     for _ in range(2):
         assert len(list(loader)) == 4
+    assert loader.stats().path.endswith("; bound to cpu")  # the source's word, in the path
     binds = [i for i, (what, _) in enumerate(seen) if what == "bind"]
     assert len(binds) == 2 and binds[0] == 0 and seen[0] == ("bind", "cpu")
     assert binds[1] == 5 and [what for what, _ in seen].count("batch") == 8

@@ -124,8 +124,9 @@ class Pipeline:
             copy_threads=WORKER_COPY_THREADS if self.fetcher.uses_workers else None,
             direct_cpu=hooks.direct_cpu,
         )
+        bound = None
         if hooks.bind is not None and not self.fetcher.uses_workers:
-            hooks.bind(self.device)  # before any batch is fetched (the threads start below)
+            bound = hooks.bind(self.device)  # before any batch is fetched (the threads start below)
         self.on_delivered = hooks.delivered
         self.on_requested = hooks.requested
         self.engine = resources.engine
@@ -136,6 +137,8 @@ class Pipeline:
             self.stats.path = "cpu (copied once, straight into each batch)"
         else:
             self.stats.path = "cpu (pageable slots, no pinning)"
+        if bound:  # the source's own word on how it produces its fields for this device
+            self.stats.path += f"; {bound}"
         self._lock = threading.Lock()
         self.finished = False
         self._reorder: dict = {}  # staged batches that arrived ahead of their turn, by position

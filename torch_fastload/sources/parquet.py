@@ -263,14 +263,21 @@ class ParquetDataset(Dataset):
             heapq.heappush(self._fetched, (key.number if key is not None else -1, self._calls, len(index)))
         return batch
 
-    def __fastload_bind__(self, device: torch.device) -> None:
+    def __fastload_bind__(self, device: torch.device) -> str | None:
         """A loader delivers this source's batches to ``device``: on a CUDA device, row groups
-        decode into the pinned arena from now on (module docstring), where it can be made."""
-        if device.type != "cuda" or self.pinned_arena == 0:
-            return
+        decode into the pinned arena from now on (module docstring), where it can be made.
+        Returns where they decode, for ``loader.stats().path``."""
+        if device.type != "cuda":
+            return None
+        if self.pinned_arena == 0:
+            return "Parquet decoded into pageable memory (pinned_arena=0), staged through the slot"
         nbytes = 2 * self.cache_bytes if self.pinned_arena is None else self.pinned_arena
         self._arena_decode = parquet_arena.decoder(device, nbytes)
         self._reader().arena_decode = self._arena_decode  # the cache made after a close() too
+        if self._arena_decode is not None:
+            return "Parquet decoded into the pinned arena, columns copied to the GPU from there"
+        why = parquet_arena.unavailable_reason() or "its registration with CUDA was refused"
+        return f"Parquet decoded into pageable memory ({why}), staged through the slot"
 
     def __fastload_delivered__(self, device, waited_seconds: float) -> None:
         """Counts the rows the loop has received: a checkpoint knows whether its epoch was done."""

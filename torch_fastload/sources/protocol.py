@@ -48,10 +48,11 @@ loader looks them up once per iterator (``hooks_of``); a dataset without
     loop waited for it (the image decoders' route trial times the loop with it). It runs on the
     training thread: keep it to a few microseconds.
 
-``__fastload_bind__(device)`` (optional)
+``__fastload_bind__(device) -> str | None`` (optional)
     Called once by each iterator before it fetches a batch, with the device its batches go to:
     a source that can produce its fields where the copy to that device reads them in place
-    sets it up here (the Parquet source decodes into a pinned arena for a CUDA device).
+    sets it up here (the Parquet source decodes into a pinned arena for a CUDA device). A
+    string it returns is added to ``loader.stats().path`` (how it produces them, or why not).
 
 ``__fastload_requested__(device)`` (optional)
     Called by ``next()`` as it is entered, on the training thread (the image decoders' route
@@ -165,7 +166,7 @@ class SourceHooks:
     collate: Callable[[list], Any] | None = None
     direct_cpu: bool = False
     parallel: bool = False  # __fastload_parallel_batches__
-    bind: Callable[[torch.device], None] | None = None
+    bind: Callable[[torch.device], str | None] | None = None
 
 
 def hooks_of(dataset: Any) -> SourceHooks:
