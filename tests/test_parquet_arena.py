@@ -274,3 +274,14 @@ def test_bind_says_where_the_rows_decode(tmp_path):
     assert off._arena_decode is None
     with pytest.raises(ValueError, match="pinned_arena"):
         ParquetDataset(path, pinned_arena=-1)
+
+
+def test_doctor_says_whether_the_arena_is_there_and_how_to_get_it(monkeypatch):
+    from torch_fastload.doctor.cli import parquet_arena_status
+
+    if parquet_arena.unavailable_reason() is None:
+        assert parquet_arena_status().startswith("built")
+    reason = "built for pyarrow 1.0.0, pyarrow 2.0.0 is installed"
+    monkeypatch.setattr(parquet_arena, "unavailable_reason", lambda: reason)
+    line = parquet_arena_status()
+    assert "NOT available (built for pyarrow 1.0.0" in line and "--no-build-isolation" in line

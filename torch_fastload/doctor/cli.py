@@ -43,6 +43,22 @@ def _sizes(text: str) -> list[int]:
     return values
 
 
+def parquet_arena_status() -> str | None:
+    """Whether Parquet rows delivered to a GPU decode into the pinned arena (torch_fastload._arrow),
+    or why not and how to get it; None where pyarrow is not installed (no Parquet source)."""
+    try:
+        from ..sources import parquet_arena
+    except ImportError:
+        return None
+    reason = parquet_arena.unavailable_reason()
+    if reason is None:
+        return "built (rows delivered to a GPU decode into pinned memory)"
+    return (
+        f"NOT available ({reason}): Parquet batches are staged through a pinned slot (one more host "
+        "copy). To build it against the installed pyarrow: pip install --no-build-isolation --no-deps ."
+    )
+
+
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog or "python -m torch_fastload doctor",
@@ -188,7 +204,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     log(f"torch_fastload doctor: torch {torch.__version__}, C++ extension {extension.short()}, {os.cpu_count()} CPUs")
     for line in extension.missing():
         log(f"  missing: {line}")
-    results = {"extension": extension.as_dict(), **_measure(Plan.of(args))}
+    arena = parquet_arena_status()
+    if arena is not None:
+        log(f"  Parquet decode arena: {arena}")
+    results = {"extension": extension.as_dict(), "parquet_arena": arena, **_measure(Plan.of(args))}
     if args.json:
         _write_report(args.json, results, args)
     return 0
