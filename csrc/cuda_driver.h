@@ -55,11 +55,7 @@ struct Api {
 // The driver's entry points; throws tfl::Error (kInvalid) naming what is missing.
 const Api& api();
 
-// Runs `op` (returning a CUresult) with the primary context of device `ordinal` (the one torch's
-// runtime uses) current on the calling thread, then makes the thread's earlier context current
-// again (torch reads its current device from it); the first failing CUresult.
-template <class Op>
-Result in_primary_context(int ordinal, Op op);
+// The primary context of device `ordinal` (the one torch's runtime uses), retained once.
 Result primary_context(int ordinal, Context* out);
 
 // Throws tfl::Error with the driver's message when `r` is not kSuccess.
@@ -70,6 +66,9 @@ void check(Result r, const char* what);
 // there holding the GIL would stall every Python thread (the training loop's included).
 void stream_wait_stream(uintptr_t waiter, uintptr_t producer);
 
+// Runs `op` (returning a CUresult) with the primary context of device `ordinal` current on the
+// calling thread, then makes the thread's earlier context current again (torch reads its current
+// device from it); the first failing CUresult.
 template <class Op>
 Result in_primary_context(int ordinal, Op op) {
   const Api& cu = api();

@@ -74,8 +74,13 @@ class LoaderResources:
         # pages stay registered leaves a stale registration that later allocations land in
         # (the driver then refuses copies to them: "invalid argument" at a user's .cpu()).
         self._engines: list = []  # the copy engine, once made: the finalizer waits for its stream
-        self._release_registrations = weakref.finalize(self, _release_registrations, self._registered, self._engines)
+        self._release_registrations = self._registrations_finalizer()
         self.copy_route: str | None = None  # 'auto' routes: what native.CopyRouteChoice chose
+
+    def _registrations_finalizer(self) -> weakref.finalize:
+        """Releases ``_registered`` on close() or when these resources are collected (it holds
+        the dict and the engine list, never ``self``)."""
+        return weakref.finalize(self, _release_registrations, self._registered, self._engines)
 
     @property
     def device(self) -> torch.device:
@@ -197,9 +202,7 @@ class LoaderResources:
             if not _REGISTRATIONS.acquire(key, nbytes, device):
                 return False
             if not self._release_registrations.alive:  # registering again after close()
-                self._release_registrations = weakref.finalize(
-                    self, _release_registrations, self._registered, self._engines
-                )
+                self._release_registrations = self._registrations_finalizer()
             self._registered[key] = (nbytes, tensor)
             return True
 

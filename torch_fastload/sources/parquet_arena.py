@@ -58,13 +58,12 @@ def decoder(device: torch.device, nbytes: int):
     global _ARENA, _REGISTRATION
     if _arrow is None or device.type != "cuda" or nbytes <= 0:
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
     with _LOCK:
         if _ARENA is None:
             _ARENA = _arrow.make_arena(int(nbytes))
         base, size = _ARENA
         if _REGISTRATION is None:
-            _REGISTRATION = engine.host_register(base, size, index)
+            _REGISTRATION = engine.host_register(base, size, device.index)  # None: the current device
             if _REGISTRATION == 0:
                 add_direct_region(base, size)
     return _arrow.read_row_group if _REGISTRATION == 0 else None
