@@ -2,6 +2,7 @@
 serial chain between the decode threads, the fetch thread, the stage threads and ``next()``.
 
 Every span is (thread, what, batch or row group, start, end) in perf_counter seconds:
+  queued           a row group's decode submitted and not yet started by a decode thread
   decode/prepare   a row group read by pyarrow / its tensors made (decode threads)
   credit           the fetch thread waiting for a read-ahead credit (granted by next())
   rows/tensors     the batch's rows in Arrow (waits for decodes) / its column tensors
@@ -9,12 +10,16 @@ Every span is (thread, what, batch or row group, start, end) in perf_counter sec
   slot/memcpy/start-copy   a stage thread taking a pinned slot / copying into it / enqueueing H2D
                    (with the one-call stage, memcpy spans the copies and the device copy's enqueue)
   next             the consumer inside next()
-plus a GIL probe: a thread sleeping 200 us at a time records how late it wakes (the GIL wait).
+plus a GIL probe: a thread sleeping 200 us at a time records how late it wakes (the GIL wait),
+the loader's own stats (the device copies' GB/s from their events), and over three more
+untraced epochs the cores each thread group used, page faults and context switches (ThreadCPU).
 
   python3 benchmarks/gpu/parquet_timeline.py DATA_DIR OUT_DIR [variant ...]
+  env: TIMELINE_ROWS=4000000,1000000 (the two files), TIMELINE_AT_ONCE=1,2,3,4,8,16 (decode-only rows)
 variants: default, arrow-off, pageable (no decode arena), prefetch8 (prefetch 8, 9 slots), stage4,
-at-onceN (VARIANTS below). Writes timeline-<variant>.json and a summary line per
-variant; benchmarks/gpu/parquet_timeline_plot.py draws the PNG.
+at-onceN, host (batches on the CPU), switchNus (the interpreter's switch interval), cpuN and
+cpuN-at-onceM (pyarrow's CPU pool at N threads) (VARIANTS below). Writes timeline-<variant>.json
+and a summary per variant; benchmarks/gpu/parquet_timeline_plot.py draws the PNG.
 """
 
 import json
@@ -66,6 +71,20 @@ def span(what: str, key_of=None):
 
 def instrument() -> None:
     cache = parquet_decode.RowGroupCache
+    submitted: dict = {}
+    start, decode = cache._start, cache._decode
+
+    def _start(self, index):
+        if RECORDING.is_set() and index not in self.entries:
+            submitted[index] = time.perf_counter()
+        return start(self, index)
+
+    def _decode(self, index):
+        if RECORDING.is_set() and index in submitted:
+            SPANS.append((threading.current_thread().name, "queued", index, submitted.pop(index), time.perf_counter()))
+        return decode(self, index)
+
+    cache._start, cache._decode = _start, _decode
     cache._read = span("decode", lambda self, group, names: group.index)(cache._read)
     parquet_decode.prepare_row_group = span("prepare")(parquet_decode.prepare_row_group)
     cache.get = span("rows-wait")(cache.get)
@@ -105,46 +124,157 @@ VARIANTS = {
     "prefetch8": ({}, {"prefetch": 8, "pool_slots": 9}),
     "stage4": ({}, {"stage_threads": 4}),
     "stage4-prefetch6": ({}, {"stage_threads": 4, "prefetch": 6, "pool_slots": 8}),
-    **{f"at-once{n}": ({"row_groups_at_once": n}, {}) for n in (1, 2, 4, 6, 8, 16)},
+    **{
+        f"deep-at-once{n}": ({"row_groups_at_once": n}, {"stage_threads": 4, "prefetch": 8, "pool_slots": 10})
+        for n in (3, 4, 6, 8)
+    },
+    **{f"at-once{n}": ({"row_groups_at_once": n}, {}) for n in (1, 2, 4, 6, 8, 12, 16)},
     "python-stage": ({}, {}),  # the stage's copies and device copy as torch calls (transfer.ONE_CALL_STAGE off)
+    "host": ({}, {}),  # batches on the CPU: no arena, no copies to the GPU
+    # pyarrow's CPU pool (the column decodes) smaller than the machine: cores left to the
+    # pipeline's Python threads and the training thread (a GIL holder preempted by a decode
+    # thread stalls every thread waiting for the GIL)
+    **{f"cpu{n}": ({}, {}) for n in (8, 10, 12, 13, 14)},
+    **{f"cpu{n}-at-once{m}": ({"row_groups_at_once": m}, {}) for n in (10, 12, 13, 14) for m in (4, 6, 8)},
+    # the interpreter's switch interval (5 ms by default): how long a thread wanting the GIL back
+    # waits for one running Python; a shorter one tells whether the decodes wait for the GIL
+    **{f"switch{us}us": ({}, {}) for us in (100, 500, 1000)},
+    **{f"switch100us-at-once{n}": ({"row_groups_at_once": n}, {}) for n in (6, 12)},
 }
 
 
-def decode_only(path: Path, at_once: int, arrow_threads: bool = True) -> str:
+class ThreadCPU:
+    """Cores used by each thread group of this process over a window: /proc/self/task read every
+    10 ms by a thread of its own (the loader's threads end with their epoch; each keeps its last
+    reading), named by the Python thread's name, else the kernel's (pyarrow's pools, CUDA's and
+    the engine's threads); the total from getrusage."""
+
+    def __init__(self):
+        self.seen: dict = {}  # tid -> [name, cpu seconds at the first reading, latest]
+        self.stop = threading.Event()
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def _read(self) -> None:
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    comm = f.read().strip()
+                with open(f"/proc/self/task/{tid}/status") as f:
+                    waits = next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+            except (OSError, StopIteration):  # the thread ended
+                continue
+            cpu = (int(fields[11]) + int(fields[12])) / self.tick
+            entry = self.seen.setdefault(int(tid), [None, cpu, cpu, waits, waits])
+            entry[0] = entry[0] or names.get(int(tid)) or f"native:{comm}"
+            entry[2], entry[4] = cpu, waits
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.01):
+            self._read()
+
+    def __enter__(self):
+        import resource
+
+        self._read()
+        self.started, self.rusage = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        self.thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        import resource
+
+        self.stop.set()
+        self.thread.join()
+        self._read()
+        seconds = time.perf_counter() - self.started
+        now = resource.getrusage(resource.RUSAGE_SELF)
+        user, system = now.ru_utime - self.rusage.ru_utime, now.ru_stime - self.rusage.ru_stime
+        faults = now.ru_minflt - self.rusage.ru_minflt
+        waits, preempted = now.ru_nvcsw - self.rusage.ru_nvcsw, now.ru_nivcsw - self.rusage.ru_nivcsw
+        groups: dict = {}  # group -> [cpu seconds, waits]
+        for name, first, latest, first_waits, latest_waits in self.seen.values():
+            group = groups.setdefault(name.rstrip("0123456789._-").rstrip("0123456789._-"), [0.0, 0])
+            group[0] += latest - first
+            group[1] += latest_waits - first_waits
+        parts = ", ".join(
+            f"{g} {u / seconds:.2f} ({w / seconds / 1e3:.1f}k waits/s)"
+            for g, (u, w) in sorted(groups.items(), key=lambda kv: -kv[1][0])
+            if u > 0 or w > 0
+        )
+        self.report = (
+            f"cores used {(user + system) / seconds:.2f} ({system / seconds:.2f} in the kernel) over {seconds:.2f} s, "
+            f"{faults / seconds / 1e3:.0f}k page faults/s, context switches/s {waits / seconds / 1e3:.0f}k waiting, "
+            f"{preempted / seconds / 1e3:.0f}k preempted ({parts})"
+        )
+
+
+def decode_only(path: Path, at_once: int, arrow_threads: bool = True, arena: bool = False) -> str:
     """Every row group decoded in order on ``at_once`` threads (pyarrow's column threads on),
-    nothing else: the rate, and how evenly row groups finish (the gaps between completions)."""
+    nothing else: the rate, how evenly row groups finish (the gaps between completions), and
+    the cores it used. ``arena``: through ``_arrow.read_row_group`` into the decode arena (the
+    loader's own decode call) instead of pyarrow's Python API."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from torch_fastload.sources import parquet_arena
 
     meta = bench.pq.read_metadata(path)
     local = threading.local()
     done: list = []
+    columns = list(range(meta.num_columns))
+    decode = parquet_arena.decoder(torch.device("cuda"), 2 << 30) if arena else None
+    if arena and decode is None:
+        return f"decode only into the arena: unavailable ({parquet_arena.unavailable_reason()})"
 
     def read(i):
-        if not hasattr(local, "file"):
-            local.file = bench.pq.ParquetFile(path, pre_buffer=True)
-        nbytes = local.file.read_row_group(i, use_threads=arrow_threads).nbytes
+        if decode is not None:
+            nbytes = decode(str(path), i, columns, arrow_threads).nbytes
+        else:
+            if not hasattr(local, "file"):
+                local.file = bench.pq.ParquetFile(path, pre_buffer=True)
+            nbytes = local.file.read_row_group(i, use_threads=arrow_threads).nbytes
         done.append(time.perf_counter())
         return nbytes
 
     with ThreadPoolExecutor(at_once) as pool:
         list(pool.map(read, range(min(at_once, meta.num_row_groups))))
         done.clear()
-        started = time.perf_counter()
-        nbytes = sum(pool.map(read, range(meta.num_row_groups)))
-        seconds = time.perf_counter() - started
+        with ThreadCPU() as cpu:
+            started = time.perf_counter()
+            nbytes = 0
+            for _ in range(3):  # three passes: the CPU clock ticks at 10 ms
+                nbytes += sum(pool.map(read, range(meta.num_row_groups)))
+            seconds = time.perf_counter() - started
+        cores = cpu.report
     first = 1e3 * (min(done) - started)
     gaps = sorted(b - a for a, b in zip(sorted(done), sorted(done)[1:])) or [0.0]  # one row group: none
     return (
-        f"decode only, {at_once:2d} at once, arrow threads {arrow_threads}: {nbytes / seconds / 1e9:.2f} GB/s, "
-        f"first row group after {first:.1f} ms, gaps between completions median {1e3 * gaps[len(gaps) // 2]:.1f} ms "
-        f"max {1e3 * gaps[-1]:.1f} ms"
+        f"decode only{' into the arena' if arena else ''}, {at_once:2d} at once, arrow threads {arrow_threads}: "
+        f"{nbytes / seconds / 1e9:.2f} GB/s, first row group after {first:.1f} ms, gaps between completions median "
+        f"{1e3 * gaps[len(gaps) // 2]:.1f} ms max {1e3 * gaps[-1]:.1f} ms; {cores}"
     )
 
 
 def one(path: Path, variant: str, out: Path, read_table_s: float, rows: int) -> dict:
     options, settings = VARIANTS[variant]
     transfer.ONE_CALL_STAGE = variant != "python-stage"
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    switch, arrow_cpus = sys.getswitchinterval(), bench.pa.cpu_count()
+    if variant.startswith("switch"):
+        sys.setswitchinterval(int(variant[len("switch") :].split("us")[0]) * 1e-6)
+    if variant.startswith("cpu"):
+        bench.pa.set_cpu_count(int(variant[len("cpu") :].split("-")[0]))
+    try:
+        return _one(path, variant, out, read_table_s, rows, options, settings)
+    finally:
+        sys.setswitchinterval(switch)
+        bench.pa.set_cpu_count(arrow_cpus)
+
+
+def _one(path: Path, variant: str, out: Path, read_table_s: float, rows: int, options: dict, settings: dict) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() and variant != "host" else "cpu")
     with config.override(**settings):
         dataset = ParquetDataset(path, **options)
         loader = DataLoader(dataset, batch_sampler=ParquetSampler(dataset, shuffle=False).batches(rows), device=device)
@@ -172,6 +302,15 @@ def one(path: Path, variant: str, out: Path, read_table_s: float, rows: int) -> 
         stop.set()
         probe.join()
         trace = [t for t in _loader_trace(loader) if t[2] >= t0]
+        stats = str(loader.stats())  # the copy stage's GB/s: the device copies' own events
+        with ThreadCPU() as cpu:  # three more epochs, untraced, for the cores each thread group uses
+            for _ in range(3):
+                dataset.close()  # its decoded row groups dropped, as before the timed epoch
+                for _batch in loader:
+                    pass
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        cores = cpu.report
         dataset.close()
     seconds = t1 - t0
     record = {
@@ -186,9 +325,12 @@ def one(path: Path, variant: str, out: Path, read_table_s: float, rows: int) -> 
         "spans": [list(s) for s in SPANS],
         "trace": [list(t) for t in trace],
         "gil": gil,
+        "cores": cores,
+        "stats": stats,
     }
     (out / f"timeline-{variant}.json").write_text(json.dumps(record))
     print(summary(record), flush=True)
+    print("  " + stats.replace("\n", "\n  "), flush=True)
     return record
 
 
@@ -215,7 +357,7 @@ def summary(r: dict) -> str:
     return (
         f"{r['file']} {r['variant']}: {r['gbps']:.2f} GB/s x{r['x_read_table']:.2f} read_table, "
         f"{1e3 * seconds:.0f} ms, "
-        f"{r['batches']} batches; {gil}\n  ms busy: {parts}"
+        f"{r['batches']} batches; {gil}\n  ms busy: {parts}\n  three more epochs: {r['cores']}"
     )
 
 
@@ -235,8 +377,10 @@ def main() -> None:
         sizing = types.SimpleNamespace(batch_rows=65536, batch_mib=16.0)
         rows = bench.batch_rows_of(sizing, bench.pq.read_metadata(path).num_rows, baseline["nbytes"])
         print(f"{path.name}: read_table {baseline['gbps']:.2f} GB/s in {1e3 * baseline['seconds']:.0f} ms", flush=True)
-        for at_once in (1, 2, 3, 4, 8, 16):
+        for at_once in [int(n) for n in os.environ.get("TIMELINE_AT_ONCE", "1,2,3,4,8,16").split(",") if n]:
             print(f"  {decode_only(path, at_once)}", flush=True)
+            if torch.cuda.is_available():
+                print(f"  {decode_only(path, at_once, arena=True)}", flush=True)
         print(f"  {decode_only(path, 16, arrow_threads=False)}", flush=True)
         for variant in variants:
             record = one(path, variant, out, baseline["seconds"], rows)
