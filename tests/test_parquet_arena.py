@@ -7,6 +7,7 @@ reused under a pending copy and batches come out wrong)."""
 from __future__ import annotations
 
 import gc
+import os
 import weakref
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 from test_parquet import every_type, expected, write
 
-from torch_fastload import DataLoader, stager, transfer
+from torch_fastload import DataLoader, config, stager, transfer
 from torch_fastload.errors import ParquetDecodeError
 from torch_fastload.pool import PinnedPool
 from torch_fastload.sources import ParquetDataset, parquet_arena
@@ -268,12 +269,46 @@ def test_bind_says_where_the_rows_decode(tmp_path):
     """The loader's path names the decode's memory: nothing for a CPU loader, the slot's route
     with pinned_arena=0 (no CUDA call needed to say so); a negative size is refused."""
     path = write(every_type(100), tmp_path / "t.parquet")
-    assert ParquetDataset(path).__fastload_bind__(torch.device("cpu")) is None
+    with config.override(parquet_cores_left=0):  # pyarrow's pool left as it is (the next test)
+        assert ParquetDataset(path).__fastload_bind__(torch.device("cpu")) is None
     off = ParquetDataset(path, pinned_arena=0)
     assert "pageable memory (pinned_arena=0)" in off.__fastload_bind__(torch.device("cuda"))
     assert off._arena_decode is None
     with pytest.raises(ValueError, match="pinned_arena"):
         ParquetDataset(path, pinned_arena=-1)
+
+
+@pytest.fixture
+def arrow_pool():
+    """pyarrow's CPU pool size, restored after the test."""
+    before = pa.cpu_count()
+    yield
+    pa.set_cpu_count(before)
+
+
+def test_bind_leaves_cores_out_of_pyarrows_pool_never_grows_it(tmp_path, monkeypatch, arrow_pool):
+    """A loader's bind makes pyarrow's CPU pool parquet_cores_left smaller than the machine (at
+    least half of it) and says so in the loader's path; a pool already smaller stays, as does
+    every pool with parquet_cores_left=0 or without pyarrow's column threads."""
+    path = write(every_type(100), tmp_path / "t.parquet")
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    pa.set_cpu_count(16)
+    with config.override(parquet_cores_left=0):
+        assert ParquetDataset(path).__fastload_bind__(torch.device("cpu")) is None
+    assert ParquetDataset(path, arrow_threads=False).__fastload_bind__(torch.device("cpu")) is None
+    assert pa.cpu_count() == 16
+    note = ParquetDataset(path).__fastload_bind__(torch.device("cpu"))
+    assert pa.cpu_count() == 10 and "pyarrow's CPU pool made 10 threads (was 16" in note
+    with config.override(parquet_cores_left=12):
+        pa.set_cpu_count(16)
+        ParquetDataset(path).__fastload_bind__(torch.device("cpu"))
+        assert pa.cpu_count() == 8  # half the machine at least
+        pa.set_cpu_count(3)  # the user's own, smaller: kept
+        assert ParquetDataset(path).__fastload_bind__(torch.device("cpu")) is None and pa.cpu_count() == 3
+    pa.set_cpu_count(16)
+    loader = DataLoader(ParquetDataset(path), batch_size=50, device="cpu")
+    assert sum(len(b["i64"]) for b in loader) == 100
+    assert "pyarrow's CPU pool made 10 threads" in loader.stats().path
 
 
 def test_doctor_says_whether_the_arena_is_there_and_how_to_get_it(monkeypatch):

@@ -419,6 +419,14 @@ OPTIONS: dict[str, Option] = {
             "to fill PCIe Gen5, few enough SMs to leave the rest to training; measured on the H100)",
         ),
         Option(
+            "parquet_cores_left",
+            6,
+            _non_negative_int,
+            "cores a loader over a ParquetDataset leaves out of pyarrow's CPU pool (the column decodes) for "
+            "its own threads and the training thread: the pool is made the CPU count minus this (at least "
+            "half the CPUs) when it is larger, never grown; 0 leaves pyarrow's pool as it is",
+        ),
+        Option(
             "pack_verify",
             "size",
             _choice("size", "checksum"),

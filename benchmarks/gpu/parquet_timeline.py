@@ -15,11 +15,12 @@ the loader's own stats (the device copies' GB/s from their events), and over thr
 untraced epochs the cores each thread group used, page faults and context switches (ThreadCPU).
 
   python3 benchmarks/gpu/parquet_timeline.py DATA_DIR OUT_DIR [variant ...]
-  env: TIMELINE_ROWS=4000000,1000000 (the two files), TIMELINE_AT_ONCE=1,2,3,4,8,16 (decode-only rows)
+  env: TIMELINE_ROWS=4000000,1000000 (the two files), TIMELINE_AT_ONCE=1,2,3,4,8,16 (decode-only rows),
+       TIMELINE_REPEAT=1 (the variants' list run this many times, interleaved)
 variants: default, arrow-off, pageable (no decode arena), prefetch8 (prefetch 8, 9 slots), stage4,
 at-onceN, host (batches on the CPU), switchNus (the interpreter's switch interval), cpuN and
-cpuN-at-onceM (pyarrow's CPU pool at N threads) (VARIANTS below). Writes timeline-<variant>.json
-and a summary per variant; benchmarks/gpu/parquet_timeline_plot.py draws the PNG.
+cpuN-at-onceM (pyarrow's CPU pool at N threads), leftN (parquet_cores_left=N) (VARIANTS below).
+Writes timeline-<variant>.json and a summary per variant; benchmarks/gpu/parquet_timeline_plot.py draws the PNG.
 """
 
 import json
@@ -135,6 +136,11 @@ VARIANTS = {
     # pipeline's Python threads and the training thread (a GIL holder preempted by a decode
     # thread stalls every thread waiting for the GIL)
     **{f"cpu{n}": ({}, {}) for n in (8, 10, 12, 13, 14)},
+    # the loader's own setting of that (ParquetDataset._leave_cores; the default is 4)
+    **{f"left{n}": ({}, {"parquet_cores_left": n}) for n in (0, 2, 4, 6)},
+    **{
+        f"left{n}-at-once{m}": ({"row_groups_at_once": m}, {"parquet_cores_left": n}) for n in (0, 4, 6) for m in (4, 6)
+    },
     **{f"cpu{n}-at-once{m}": ({"row_groups_at_once": m}, {}) for n in (10, 12, 13, 14) for m in (4, 6, 8)},
     # the interpreter's switch interval (5 ms by default): how long a thread wanting the GIL back
     # waits for one running Python; a shorter one tells whether the decodes wait for the GIL
@@ -382,7 +388,7 @@ def main() -> None:
             if torch.cuda.is_available():
                 print(f"  {decode_only(path, at_once, arena=True)}", flush=True)
         print(f"  {decode_only(path, 16, arrow_threads=False)}", flush=True)
-        for variant in variants:
+        for variant in variants * int(os.environ.get("TIMELINE_REPEAT", "1")):  # interleaved repeats
             record = one(path, variant, out, baseline["seconds"], rows)
             os.replace(out / f"timeline-{variant}.json", out / f"timeline-{path.stem}-{variant}.json")
             del record

@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
+from .. import config
 from ..resume import batch_key
 from ..staging import materialize
 from . import parquet_arena
@@ -264,20 +265,41 @@ class ParquetDataset(Dataset):
         return batch
 
     def __fastload_bind__(self, device: torch.device) -> str | None:
-        """A loader delivers this source's batches to ``device``: on a CUDA device, row groups
-        decode into the pinned arena from now on (module docstring), where it can be made.
-        Returns where they decode, for ``loader.stats().path``."""
+        """A loader delivers this source's batches to ``device``: pyarrow's CPU pool leaves
+        cores to the loader's threads (``_leave_cores``); on a CUDA device, row groups decode
+        into the pinned arena from now on (module docstring), where it can be made. Returns
+        what it did, for ``loader.stats().path``."""
+        notes = [note] if (note := self._leave_cores()) else []
         if device.type != "cuda":
-            return None
+            return "; ".join(notes) or None
         if self.pinned_arena == 0:
-            return "Parquet decoded into pageable memory (pinned_arena=0), staged through the slot"
+            notes.insert(0, "Parquet decoded into pageable memory (pinned_arena=0), staged through the slot")
+            return "; ".join(notes)
         nbytes = 2 * self.cache_bytes if self.pinned_arena is None else self.pinned_arena
         self._arena_decode = parquet_arena.decoder(device, nbytes)
         self._reader().arena_decode = self._arena_decode  # the cache made after a close() too
         if self._arena_decode is not None:
-            return "Parquet decoded into the pinned arena, columns copied to the GPU from there"
-        why = parquet_arena.unavailable_reason() or "its registration with CUDA was refused"
-        return f"Parquet decoded into pageable memory ({why}), staged through the slot"
+            notes.insert(0, "Parquet decoded into the pinned arena, columns copied to the GPU from there")
+        else:
+            why = parquet_arena.unavailable_reason() or "its registration with CUDA was refused"
+            notes.insert(0, f"Parquet decoded into pageable memory ({why}), staged through the slot")
+        return "; ".join(notes)
+
+    def _leave_cores(self) -> str | None:
+        """pyarrow's CPU pool made ``parquet_cores_left`` smaller than the machine (at least half
+        of it), where it is larger (never grown: a pool the user made smaller stays). With every
+        core decoding, the loader's stage threads stalled for 10-20 ms at a time in steps of
+        microseconds (their threads preempted by decode threads, the GIL held meanwhile) and
+        the epoch ran at the stage's pace, not the decode's (benchmarks/JOURNAL.md, 2026-11-27,
+        ninth session: 1.09-1.24x with 6 of 16 cores left)."""
+        left = config.get("parquet_cores_left")
+        cpus = os.cpu_count() or 1
+        size = max(cpus - left, cpus // 2, 2)
+        if not self.arrow_threads or left == 0 or pa.cpu_count() <= size:
+            return None
+        before = pa.cpu_count()
+        pa.set_cpu_count(size)
+        return f"pyarrow's CPU pool made {size} threads (was {before}; parquet_cores_left={left})"
 
     def __fastload_delivered__(self, device, waited_seconds: float) -> None:
         """Counts the rows the loop has received: a checkpoint knows whether its epoch was done."""
