@@ -32,6 +32,7 @@ the fed bf16 step <= 1.05x the device-resident one when the step is at least the
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -50,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parquet_data import PROFILE_TYPES, write_alert, write_all, write_profile  # noqa: E402
 from parquet_report import plot, tables  # noqa: E402
 
-from torch_fastload import DataLoader  # noqa: E402
+from torch_fastload import DataLoader, config  # noqa: E402
 from torch_fastload._benchutil import (  # noqa: E402
     MiB,
     Study,
@@ -140,6 +141,21 @@ def _epoch(loader, args, on_batch=None) -> dict:
     sync(args.device)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "nbytes": nbytes, "batches": batches, "first_batch_s": first}
+
+
+PYARROW_CPUS = pa.cpu_count()  # pyarrow's own pool size, before a loader's bind makes it smaller
+
+
+@contextlib.contextmanager
+def pyarrow_own_pool():
+    """pyarrow's CPU pool at its own size for the baselines (a loader's bind leaves
+    ``parquet_cores_left`` cores out of it, and it stays so for the process)."""
+    size = pa.cpu_count()
+    pa.set_cpu_count(PYARROW_CPUS)
+    try:
+        yield
+    finally:
+        pa.set_cpu_count(size)
 
 
 def read_table_best(path: Path, cold: bool = False) -> dict:
@@ -342,16 +358,19 @@ def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool
     warm_page_cache([path])
     rows = pq.read_metadata(path).num_rows
     cell = {"name": name, "file": path.name, "rows": rows, "file_bytes": os.path.getsize(path)}
-    cell["read_table"] = read_table_best(path)
-    cell["read_table_h2d"] = read_table_h2d(
-        path, args.device, cell["read_table"]["use_threads"], cell["read_table"]["buffer_bytes"]
-    )
-    cell["decode_copy"] = decode_copy_best(path, args.device)
+    with pyarrow_own_pool():
+        cell["read_table"] = read_table_best(path)
+        cell["read_table_h2d"] = read_table_h2d(
+            path, args.device, cell["read_table"]["use_threads"], cell["read_table"]["buffer_bytes"]
+        )
+        cell["decode_copy"] = decode_copy_best(path, args.device)
     cell["batch_rows"] = batch_rows_of(args, rows, cell["read_table"]["nbytes"])
     cell["fastload"] = fastload_run(path, args, batch_rows=cell["batch_rows"])
     cell["fastload_shuffled"] = fastload_run(path, args, shuffle=True, batch_rows=cell["batch_rows"])
     if args.device.type == "cuda":  # the same without the pinned decode arena: staged through a slot
         cell["fastload_pageable"] = fastload_run(path, args, batch_rows=cell["batch_rows"], pinned_arena=0)
+    with pyarrow_own_pool(), config.override(parquet_cores_left=0):  # every core decoding
+        cell["fastload_all_cores"] = fastload_run(path, args, batch_rows=cell["batch_rows"])
     cell["decoded_bytes"] = cell["fastload"]["gbps"] * cell["fastload"]["seconds"] * 1e9
     if torch_baseline:
         run = study.attempt(f"torch {name}", torch_run, path, args)
@@ -385,6 +404,13 @@ def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool
             f" x{cell['read_table']['seconds'] / pageable['seconds']:.2f} read_table;"
             f" the arena x{cell['arena_over_pageable']:.2f} that"
         )
+    every_core = cell["fastload_all_cores"]
+    cell["cores_left_over_all_cores"] = every_core["seconds"] / run["seconds"]
+    log(
+        f"  {'':<40} pyarrow's pool on every core (parquet_cores_left=0) {every_core['gbps']:6.2f} GB/s"
+        f" x{cell['read_table']['seconds'] / every_core['seconds']:.2f} read_table;"
+        f" cores left x{cell['cores_left_over_all_cores']:.2f} that"
+    )
     return cell
 
 

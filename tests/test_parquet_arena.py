@@ -24,7 +24,7 @@ from torch_fastload.pool import PinnedPool
 from torch_fastload.sources import ParquetDataset, parquet_arena
 from torch_fastload.staging import ParallelCopier, add_direct_region, remove_direct_region
 
-ARENA_BYTES = 48 << 20  # the tests' process arena (the first make_arena call sizes it)
+ARENA_BYTES = 256 << 20  # the tests' process arena (the first make_arena call sizes it)
 
 needs_arena = pytest.mark.skipif(
     parquet_arena.unavailable_reason() is not None,
