@@ -89,7 +89,7 @@ def test_arena_errors_are_python_errors_with_arrows_message(tmp_path):
 def test_allocations_the_arena_cannot_hold_fall_back_and_decode_the_same(tmp_path):
     """A column bigger than the arena's largest class decodes into Arrow's default pool."""
     _arrow, base, size = _arena()
-    values = np.arange(6_000_000, dtype=np.int64)  # 48 MB: more than the largest class
+    values = np.arange(size // 8 + 4096, dtype=np.int64)  # more than the whole arena
     path = tmp_path / "big.parquet"
     pq.write_table(pa.table({"v": values}), path, row_group_size=len(values), compression="none")
     before = _arrow.arena_stats()["fallback_allocations"]
