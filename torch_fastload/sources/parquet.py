@@ -291,7 +291,7 @@ class ParquetDataset(Dataset):
         core decoding, the loader's stage threads stalled for 10-20 ms at a time in steps of
         microseconds (their threads preempted by decode threads, the GIL held meanwhile) and
         the epoch ran at the stage's pace, not the decode's (benchmarks/JOURNAL.md, 2026-11-27,
-        ninth session: 1.09-1.24x with 6 of 16 cores left)."""
+        ninth session: 1.11-1.36x with 6 of 16 cores left)."""
         left = config.get("parquet_cores_left")
         cpus = os.cpu_count() or 1
         size = max(cpus - left, cpus // 2, 2)
