@@ -17,7 +17,8 @@ untraced epochs the cores each thread group used, page faults and context switch
   python3 benchmarks/gpu/parquet_timeline.py DATA_DIR OUT_DIR [variant ...]
   env: TIMELINE_ROWS=4000000,1000000 (the two files), TIMELINE_AT_ONCE=1,2,3,4,8,16 (decode-only rows),
        TIMELINE_REPEAT=1 (the variants' list run this many times, interleaved)
-variants: default, arrow-off, pageable (no decode arena), prefetch8 (prefetch 8, 9 slots), stage4,
+variants: default, arrow-off, pageable (no decode arena), prefetch8 (prefetch 8, 9 slots), stage4
+(stage_threads=4: threads copying into a slot; the pipeline's stage threads stay 2),
 at-onceN, host (batches on the CPU), switchNus (the interpreter's switch interval), cpuN and
 cpuN-at-onceM (pyarrow's CPU pool at N threads), leftN (parquet_cores_left=N) (VARIANTS below).
 Writes timeline-<variant>.json and a summary per variant; benchmarks/gpu/parquet_timeline_plot.py draws the PNG.
