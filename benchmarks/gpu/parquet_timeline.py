@@ -20,7 +20,8 @@ untraced epochs the cores each thread group used, page faults and context switch
 variants: default, arrow-off, pageable (no decode arena), prefetch8 (prefetch 8, 9 slots), stage4
 (stage_threads=4: threads copying into a slot; the pipeline's stage threads stay 2),
 at-onceN, host (batches on the CPU), switchNus (the interpreter's switch interval), cpuN and
-cpuN-at-onceM (pyarrow's CPU pool at N threads), leftN (parquet_cores_left=N) (VARIANTS below).
+cpuN-at-onceM (pyarrow's CPU pool at N threads), leftN (parquet_cores_left=N), pipeline-stagesN
+(the pipeline's stage threads) (VARIANTS below).
 Writes timeline-<variant>.json and a summary per variant; benchmarks/gpu/parquet_timeline_plot.py draws the PNG.
 """
 
@@ -137,7 +138,9 @@ VARIANTS = {
     # pipeline's Python threads and the training thread (a GIL holder preempted by a decode
     # thread stalls every thread waiting for the GIL)
     **{f"cpu{n}": ({}, {}) for n in (8, 10, 12, 13, 14)},
-    # the loader's own setting of that (ParquetDataset._leave_cores; the default is 4)
+    # the pipeline's stage threads (pipeline.STAGE_THREADS, a constant 2; a stalled one halves the stage)
+    **{f"pipeline-stages{n}": ({}, {}) for n in (3, 4)},
+    # the loader's own setting of that (ParquetDataset._leave_cores; the default is 6)
     **{f"left{n}": ({}, {"parquet_cores_left": n}) for n in (0, 2, 4, 6)},
     **{
         f"left{n}-at-once{m}": ({"row_groups_at_once": m}, {"parquet_cores_left": n}) for n in (0, 4, 6) for m in (4, 6)
@@ -273,11 +276,15 @@ def one(path: Path, variant: str, out: Path, read_table_s: float, rows: int) -> 
         sys.setswitchinterval(int(variant[len("switch") :].split("us")[0]) * 1e-6)
     if variant.startswith("cpu"):
         bench.pa.set_cpu_count(int(variant[len("cpu") :].split("-")[0]))
+    stage_threads = pipeline.STAGE_THREADS
+    if variant.startswith("pipeline-stages"):
+        pipeline.STAGE_THREADS = int(variant[len("pipeline-stages") :])
     try:
         return _one(path, variant, out, read_table_s, rows, options, settings)
     finally:
         sys.setswitchinterval(switch)
         bench.pa.set_cpu_count(arrow_cpus)
+        pipeline.STAGE_THREADS = stage_threads
 
 
 def _one(path: Path, variant: str, out: Path, read_table_s: float, rows: int, options: dict, settings: dict) -> dict:
