@@ -378,7 +378,10 @@ def test_parquet_timeline_and_its_plot(tmp_path):
     ]
     record = json.loads(timelines[1].read_text())
     kinds = {what for _thread, what, *_ in record["spans"]}
-    assert {"decode", "get"} <= kinds and record["batches"] > 0
+    assert {"decode", "queued", "get"} <= kinds and record["batches"] > 0
+    # the cores each thread group used over three more epochs, and the loader's own stats
+    assert record["cores"].startswith("cores used") and "page faults/s" in record["cores"]
+    assert "torch_fastload stats" in record["stats"] and res.stdout.count("three more epochs: cores used") == 2
     assert any(what == "next" for what, *_ in record["trace"])
     plot = [sys.executable, str(REPO / "benchmarks" / "gpu" / "parquet_timeline_plot.py"), *map(str, timelines)]
     res = subprocess.run(plot, cwd=str(REPO), capture_output=True, text=True, timeout=120)
