@@ -269,21 +269,21 @@ class ParquetDataset(Dataset):
         cores to the loader's threads (``_leave_cores``); on a CUDA device, row groups decode
         into the pinned arena from now on (module docstring), where it can be made. Returns
         what it did, for ``loader.stats().path``."""
-        notes = [note] if (note := self._leave_cores()) else []
+        cores = self._leave_cores()
         if device.type != "cuda":
-            return "; ".join(notes) or None
+            return cores
         if self.pinned_arena == 0:
-            notes.insert(0, "Parquet decoded into pageable memory (pinned_arena=0), staged through the slot")
-            return "; ".join(notes)
-        nbytes = 2 * self.cache_bytes if self.pinned_arena is None else self.pinned_arena
-        self._arena_decode = parquet_arena.decoder(device, nbytes)
-        self._reader().arena_decode = self._arena_decode  # the cache made after a close() too
-        if self._arena_decode is not None:
-            notes.insert(0, "Parquet decoded into the pinned arena, columns copied to the GPU from there")
+            decode = "Parquet decoded into pageable memory (pinned_arena=0), staged through the slot"
         else:
-            why = parquet_arena.unavailable_reason() or "its registration with CUDA was refused"
-            notes.insert(0, f"Parquet decoded into pageable memory ({why}), staged through the slot")
-        return "; ".join(notes)
+            nbytes = 2 * self.cache_bytes if self.pinned_arena is None else self.pinned_arena
+            self._arena_decode = parquet_arena.decoder(device, nbytes)
+            self._reader().arena_decode = self._arena_decode  # the cache made after a close() too
+            if self._arena_decode is not None:
+                decode = "Parquet decoded into the pinned arena, columns copied to the GPU from there"
+            else:
+                why = parquet_arena.unavailable_reason() or "its registration with CUDA was refused"
+                decode = f"Parquet decoded into pageable memory ({why}), staged through the slot"
+        return "; ".join(note for note in (decode, cores) if note)
 
     def _leave_cores(self) -> str | None:
         """pyarrow's CPU pool made ``parquet_cores_left`` smaller than the machine (at least half
@@ -295,9 +295,9 @@ class ParquetDataset(Dataset):
         left = config.get("parquet_cores_left")
         cpus = os.cpu_count() or 1
         size = max(cpus - left, cpus // 2, 2)
-        if not self.arrow_threads or left == 0 or pa.cpu_count() <= size:
-            return None
         before = pa.cpu_count()
+        if not self.arrow_threads or left == 0 or before <= size:
+            return None
         pa.set_cpu_count(size)
         return f"pyarrow's CPU pool made {size} threads (was {before}; parquet_cores_left={left})"
 
