@@ -321,6 +321,12 @@ def test_parquet(tmp_path):
     assert all(c["fastload"]["stage_ms_per_batch"].get("fetch", 0) > 0 for c in cells)  # where time goes
     assert all(min(c["fastload"]["fetch_ms_per_batch"].values()) > 0 for c in cells)  # and inside the fetch
     assert "(fetch: rows " in res.stdout
+    # read_table and the loader's timed epochs interleaved in pairs, the median ratio kept
+    for c in cells:
+        ratios = c["over_read_table_rounds"]
+        assert len(ratios) == len(c["read_table_rounds_s"]) == len(c["fastload"]["epochs_s"]) == 2
+        assert min(ratios) <= c["over_read_table"] <= max(ratios)
+    assert "interleaved rounds" in res.stdout
     assert "data ready under" in res.stdout and "profile suite done after" in res.stdout
 
 
