@@ -326,6 +326,7 @@ def test_parquet(tmp_path):
         ratios = c["over_read_table_rounds"]
         assert len(ratios) == len(c["read_table_rounds_s"]) == len(c["fastload"]["epochs_s"]) == 2
         assert min(ratios) <= c["over_read_table"] <= max(ratios)
+        assert c["read_table"]["seconds"] in c["read_table_rounds_s"] and c["read_table"]["first_run_gbps"] > 0
     assert "interleaved rounds" in res.stdout
     assert "data ready under" in res.stdout and "profile suite done after" in res.stdout
 
