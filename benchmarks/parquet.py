@@ -164,8 +164,8 @@ PYARROW_CPUS = pa.cpu_count()  # pyarrow's own pool size, before a loader's bind
 
 @contextlib.contextmanager
 def pyarrow_own_pool():
-    """pyarrow's CPU pool at its own size for the baselines (a loader's bind leaves
-    ``parquet_cores_left`` cores out of it, and it stays so for the process)."""
+    """pyarrow's CPU pool at its own size for the baselines (a running loader's bind leaves
+    ``parquet_cores_left`` cores out of it; a baseline run while one is alive must not see that)."""
     size = pa.cpu_count()
     pa.set_cpu_count(PYARROW_CPUS)
     try:

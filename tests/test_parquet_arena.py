@@ -293,22 +293,57 @@ def test_bind_leaves_cores_out_of_pyarrows_pool_never_grows_it(tmp_path, monkeyp
     path = write(every_type(100), tmp_path / "t.parquet")
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     pa.set_cpu_count(16)
+    cpu = torch.device("cpu")
     with config.override(parquet_cores_left=0):
-        assert ParquetDataset(path).__fastload_bind__(torch.device("cpu")) is None
-    assert ParquetDataset(path, arrow_threads=False).__fastload_bind__(torch.device("cpu")) is None
+        assert ParquetDataset(path).__fastload_bind__(cpu) is None
+    assert ParquetDataset(path, arrow_threads=False).__fastload_bind__(cpu) is None
     assert pa.cpu_count() == 16
-    note = ParquetDataset(path).__fastload_bind__(torch.device("cpu"))
+    dataset = ParquetDataset(path)
+    note = dataset.__fastload_bind__(cpu)
     assert pa.cpu_count() == 10 and "pyarrow's CPU pool made 10 threads (was 16" in note
+    dataset.__fastload_unbind__(cpu)
+    assert pa.cpu_count() == 16
     with config.override(parquet_cores_left=12):
-        pa.set_cpu_count(16)
-        ParquetDataset(path).__fastload_bind__(torch.device("cpu"))
+        dataset.__fastload_bind__(cpu)
         assert pa.cpu_count() == 8  # half the machine at least
+        dataset.__fastload_unbind__(cpu)
         pa.set_cpu_count(3)  # the user's own, smaller: kept
-        assert ParquetDataset(path).__fastload_bind__(torch.device("cpu")) is None and pa.cpu_count() == 3
+        assert ParquetDataset(path).__fastload_bind__(cpu) is None and pa.cpu_count() == 3
     pa.set_cpu_count(16)
     loader = DataLoader(ParquetDataset(path), batch_size=50, device="cpu")
-    assert sum(len(b["i64"]) for b in loader) == 100
-    assert "pyarrow's CPU pool made 10 threads" in loader.stats().path
+    during = [pa.cpu_count() for _ in loader]
+    assert during == [10, 10] and "pyarrow's CPU pool made 10 threads" in loader.stats().path
+    assert pa.cpu_count() == 16  # the epoch ended: the pool's size is given back
+
+
+def test_pyarrows_pool_is_given_back_after_the_last_iterator_and_a_size_set_meanwhile_stays(
+    tmp_path, monkeypatch, arrow_pool
+):
+    """Two datasets' iterators hold the smaller pool together; it gets its size back when the
+    last ends, not before; an iterator dropped mid-epoch ends too; a size the user set while
+    it was held is kept."""
+    path = write(every_type(300), tmp_path / "t.parquet", row_group_size=50)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    pa.set_cpu_count(16)
+    a = DataLoader(ParquetDataset(path), batch_size=50, device="cpu")
+    b = DataLoader(ParquetDataset(path), batch_size=50, device="cpu")
+    first, second = iter(a), iter(b)
+    next(first), next(second)
+    assert pa.cpu_count() == 10
+    del first  # dropped mid-epoch: its pipeline shuts down
+    gc.collect()
+    assert pa.cpu_count() == 10  # the other still runs
+    assert sum(len(batch["i64"]) for batch in second) == 250
+    assert pa.cpu_count() == 16
+    # two iterators of one dataset at once; the user's own size set meanwhile is kept
+    c = DataLoader(ParquetDataset(path), batch_size=50, device="cpu")
+    one, two = iter(c), iter(c)
+    next(one), next(two)
+    assert pa.cpu_count() == 10
+    pa.set_cpu_count(12)
+    one.close()
+    two.close()
+    assert pa.cpu_count() == 12
 
 
 def test_doctor_says_whether_the_arena_is_there_and_how_to_get_it(monkeypatch):

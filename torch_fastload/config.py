@@ -424,7 +424,8 @@ OPTIONS: dict[str, Option] = {
             _non_negative_int,
             "cores a loader over a ParquetDataset leaves out of pyarrow's CPU pool (the column decodes) for "
             "its own threads and the training thread: the pool is made the CPU count minus this (at least "
-            "half the CPUs) when it is larger, never grown; 0 leaves pyarrow's pool as it is",
+            "half the CPUs) when it is larger, never grown, while the dataset's iterators run (its size given back "
+            "when the last ends); 0 leaves pyarrow's pool as it is",
         ),
         Option(
             "pack_verify",

@@ -231,6 +231,7 @@ def source_hooks(loader, source) -> SourceHooks:
         direct_cpu=hooks.direct_cpu,
         parallel=hooks.parallel,
         bind=hooks.bind,
+        unbind=hooks.unbind,
     )
 
 

@@ -125,8 +125,10 @@ class Pipeline:
             direct_cpu=hooks.direct_cpu,
         )
         bound = None
+        self._unbind = None  # the source's __fastload_unbind__, owed once by shutdown()
         if hooks.bind is not None and not self.fetcher.uses_workers:
             bound = hooks.bind(self.device)  # before any batch is fetched (the threads start below)
+            self._unbind = hooks.unbind
         self.on_delivered = hooks.delivered
         self.on_requested = hooks.requested
         self.engine = resources.engine
@@ -395,6 +397,12 @@ class Pipeline:
                     break
         if not stuck and not self.keep_workers:
             self.fetcher.shutdown_workers()
+        unbind, self._unbind = self._unbind, None
+        if unbind is not None:
+            try:
+                unbind(self.device)
+            except Exception as exc:  # the source's own undoing: never fails the shutdown
+                log.warning("torch_fastload: the source's __fastload_unbind__ failed: %s", exc)
         LIVE_PIPELINES.discard(self)
 
 

@@ -61,6 +61,46 @@ __all__ = ["ParquetDataset", "ParquetSampler", "ParquetBatchSampler"]
 _BOOKKEEPING = threading.Lock()  # the cache's creation and the fetched rows, across fetch threads
 
 
+class _ArrowPoolLease:
+    """pyarrow's CPU pool (one per process) made smaller while loaders over Parquet datasets
+    run, and given its size back when the last of them ends: a ``read_table`` elsewhere in the
+    process, between epochs or after training, gets every core again. A size the user set in
+    the meantime is kept."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.holders = 0
+        self.before: int | None = None
+        self.size: int | None = None
+
+    def take(self, size: int) -> int | None:
+        """One more holder of a pool of at most ``size`` threads (made so by the first, where
+        it was larger); the size it had before, or None where it was not made smaller."""
+        with self.lock:
+            if self.holders == 0:
+                before = pa.cpu_count()
+                if before <= size:
+                    return None  # never grown: a pool the user made smaller stays
+                pa.set_cpu_count(size)
+                self.before, self.size = before, size
+            self.holders += 1
+            return self.before
+
+    def give_back(self) -> None:
+        """One holder fewer; the last one gives the pool its size back."""
+        with self.lock:
+            if not self.holders:
+                return
+            self.holders -= 1
+            if self.holders == 0:
+                if pa.cpu_count() == self.size:
+                    pa.set_cpu_count(self.before)
+                self.before = self.size = None
+
+
+_ARROW_POOL = _ArrowPoolLease()
+
+
 class ParquetDataset(Dataset):
     """Rows of one or more Parquet files (a file, a list, a directory or a glob).
 
@@ -114,6 +154,9 @@ class ParquetDataset(Dataset):
             raise ValueError(f"pinned_arena must be >= 0 bytes, got {pinned_arena}")
         self.pinned_arena = pinned_arena
         self._arena_decode = None  # parquet_arena's decoder, once a loader binds to a CUDA device
+        self._bound = 0  # iterators bound to this dataset and not ended (``__fastload_bind__``)
+        self._pool_held = False  # one of the holds of _ARROW_POOL, while _bound > 0
+        self._cores_note: str | None = None
         self._cache: RowGroupCache | None = None
         self._schedule: np.ndarray | None = None  # row groups in the order the sampler reads them
         self._position: dict = {}
@@ -287,19 +330,41 @@ class ParquetDataset(Dataset):
 
     def _leave_cores(self) -> str | None:
         """pyarrow's CPU pool made ``parquet_cores_left`` smaller than the machine (at least half
-        of it), where it is larger (never grown: a pool the user made smaller stays). With every
-        core decoding, the loader's stage threads stalled for 10-20 ms at a time in steps of
-        microseconds (their threads preempted by decode threads, the GIL held meanwhile) and
-        the epoch ran at the stage's pace, not the decode's (benchmarks/JOURNAL.md, 2026-11-27,
-        ninth session: 1.11-1.36x with 6 of 16 cores left)."""
-        left = config.get("parquet_cores_left")
-        cpus = os.cpu_count() or 1
-        size = max(cpus - left, cpus // 2, 2)
-        before = pa.cpu_count()
-        if not self.arrow_threads or left == 0 or before <= size:
-            return None
-        pa.set_cpu_count(size)
-        return f"pyarrow's CPU pool made {size} threads (was {before}; parquet_cores_left={left})"
+        of it), where it is larger (never grown: a pool the user made smaller stays), while this
+        dataset has iterators running (``_ARROW_POOL``; ``__fastload_unbind__`` gives it back).
+        With every core decoding, the loader's stage threads stalled for 10-20 ms at a time in
+        steps of microseconds (their threads preempted by decode threads, the GIL held
+        meanwhile) and the epoch ran at the stage's pace, not the decode's
+        (benchmarks/JOURNAL.md, 2026-11-27, ninth session: 1.11-1.36x with 6 of 16 cores left)."""
+        with _BOOKKEEPING:
+            self._bound += 1
+            if self._bound > 1:
+                return self._cores_note  # the first iterator's decision holds for the others
+            self._cores_note = None
+            left = config.get("parquet_cores_left")
+            if not self.arrow_threads or left == 0:
+                return None
+            cpus = os.cpu_count() or 1
+            before = _ARROW_POOL.take(max(cpus - left, cpus // 2, 2))
+            if before is None:
+                return None
+            self._pool_held = True
+            self._cores_note = (
+                f"pyarrow's CPU pool made {_ARROW_POOL.size} threads (was {before}; parquet_cores_left={left}) "
+                "while this dataset's iterators run"
+            )
+            return self._cores_note
+
+    def __fastload_unbind__(self, device: torch.device) -> None:
+        """An iterator bound to this dataset ended: the last one gives pyarrow's pool back."""
+        with _BOOKKEEPING:
+            if not self._bound:
+                return
+            self._bound -= 1
+            if self._bound or not self._pool_held:
+                return
+            self._pool_held = False
+        _ARROW_POOL.give_back()
 
     def __fastload_delivered__(self, device, waited_seconds: float) -> None:
         """Counts the rows the loop has received: a checkpoint knows whether its epoch was done."""
@@ -368,6 +433,7 @@ class ParquetDataset(Dataset):
         state = dict(self.__dict__)
         state["_cache"] = None
         state["_arena_decode"] = None  # the arena is this process's (mapped and registered here)
+        state["_bound"], state["_pool_held"], state["_cores_note"] = 0, False, None  # this process's iterators
         return state
 
     def state_dict(self) -> dict:

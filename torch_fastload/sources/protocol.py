@@ -54,6 +54,11 @@ loader looks them up once per iterator (``hooks_of``); a dataset without
     sets it up here (the Parquet source decodes into a pinned arena for a CUDA device). A
     string it returns is added to ``loader.stats().path`` (how it produces them, or why not).
 
+``__fastload_unbind__(device)`` (optional)
+    Called once when an iterator that called ``__fastload_bind__`` ends (exhausted, dropped,
+    closed): what the source set up for its iterators' run only is undone once the last ends
+    (the Parquet source gives pyarrow's CPU pool its size back).
+
 ``__fastload_requested__(device)`` (optional)
     Called by ``next()`` as it is entered, on the training thread (the image decoders' route
     trial records a CUDA event there, to see whether the GPU is still running the step). Keep
@@ -167,6 +172,7 @@ class SourceHooks:
     direct_cpu: bool = False
     parallel: bool = False  # __fastload_parallel_batches__
     bind: Callable[[torch.device], str | None] | None = None
+    unbind: Callable[[torch.device], None] | None = None
 
 
 def hooks_of(dataset: Any) -> SourceHooks:
@@ -178,6 +184,7 @@ def hooks_of(dataset: Any) -> SourceHooks:
         delivered=getattr(dataset, "__fastload_delivered__", None),
         requested=getattr(dataset, "__fastload_requested__", None),
         bind=getattr(dataset, "__fastload_bind__", None),
+        unbind=getattr(dataset, "__fastload_unbind__", None),
         native=getattr(dataset, "__fastload_native__", None),
         collate=getattr(dataset, "__fastload_collate__", None),
         direct_cpu=getattr(dataset, "__fastload_direct_cpu__", False) is True,
