@@ -274,13 +274,19 @@ def test_bind_says_where_the_rows_decode(tmp_path):
     off = ParquetDataset(path, pinned_arena=0)
     assert "pageable memory (pinned_arena=0)" in off.__fastload_bind__(torch.device("cuda"))
     assert off._arena_decode is None
+    off.__fastload_unbind__(torch.device("cuda"))  # what the iterator's end calls
     with pytest.raises(ValueError, match="pinned_arena"):
         ParquetDataset(path, pinned_arena=-1)
 
 
 @pytest.fixture
 def arrow_pool():
-    """pyarrow's CPU pool size, restored after the test."""
+    """pyarrow's CPU pool size, restored after the test; no hold of it left by earlier tests
+    (a dataset collected while bound gives its hold back)."""
+    from torch_fastload.sources.parquet import _ARROW_POOL
+
+    gc.collect()
+    assert _ARROW_POOL.holders == 0
     before = pa.cpu_count()
     yield
     pa.set_cpu_count(before)
@@ -344,6 +350,16 @@ def test_pyarrows_pool_is_given_back_after_the_last_iterator_and_a_size_set_mean
     one.close()
     two.close()
     assert pa.cpu_count() == 12
+    # a dataset collected while bound (its iterator never ended) gives its hold back
+    from torch_fastload.sources.parquet import _ARROW_POOL
+
+    pa.set_cpu_count(16)
+    dropped = ParquetDataset(path)
+    dropped.__fastload_bind__(torch.device("cpu"))
+    assert pa.cpu_count() == 10 and _ARROW_POOL.holders == 1
+    del dropped
+    gc.collect()
+    assert pa.cpu_count() == 16 and _ARROW_POOL.holders == 0
 
 
 def test_doctor_says_whether_the_arena_is_there_and_how_to_get_it(monkeypatch):

@@ -40,6 +40,7 @@ import heapq
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 import pyarrow as pa
@@ -155,7 +156,7 @@ class ParquetDataset(Dataset):
         self.pinned_arena = pinned_arena
         self._arena_decode = None  # parquet_arena's decoder, once a loader binds to a CUDA device
         self._bound = 0  # iterators bound to this dataset and not ended (``__fastload_bind__``)
-        self._pool_held = False  # one of the holds of _ARROW_POOL, while _bound > 0
+        self._pool_held = None  # its hold of _ARROW_POOL while _bound > 0: a finalizer giving it back
         self._cores_note: str | None = None
         self._cache: RowGroupCache | None = None
         self._schedule: np.ndarray | None = None  # row groups in the order the sampler reads them
@@ -348,7 +349,8 @@ class ParquetDataset(Dataset):
             before = _ARROW_POOL.take(max(cpus - left, cpus // 2, 2))
             if before is None:
                 return None
-            self._pool_held = True
+            # given back by the last iterator's unbind, or when the dataset is collected first
+            self._pool_held = weakref.finalize(self, _ARROW_POOL.give_back)
             self._cores_note = (
                 f"pyarrow's CPU pool made {_ARROW_POOL.size} threads (was {before}; parquet_cores_left={left}) "
                 "while this dataset's iterators run"
@@ -361,10 +363,10 @@ class ParquetDataset(Dataset):
             if not self._bound:
                 return
             self._bound -= 1
-            if self._bound or not self._pool_held:
+            if self._bound or self._pool_held is None:
                 return
-            self._pool_held = False
-        _ARROW_POOL.give_back()
+            hold, self._pool_held = self._pool_held, None
+        hold()  # weakref.finalize: gives the hold back once
 
     def __fastload_delivered__(self, device, waited_seconds: float) -> None:
         """Counts the rows the loop has received: a checkpoint knows whether its epoch was done."""
@@ -433,7 +435,7 @@ class ParquetDataset(Dataset):
         state = dict(self.__dict__)
         state["_cache"] = None
         state["_arena_decode"] = None  # the arena is this process's (mapped and registered here)
-        state["_bound"], state["_pool_held"], state["_cores_note"] = 0, False, None  # this process's iterators
+        state["_bound"], state["_pool_held"], state["_cores_note"] = 0, None, None  # this process's iterators
         return state
 
     def state_dict(self) -> dict:
