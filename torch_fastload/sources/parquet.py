@@ -60,6 +60,9 @@ from .parquet_tensors import columns_to_tensors, range_tensors
 __all__ = ["ParquetDataset", "ParquetSampler", "ParquetBatchSampler"]
 
 _BOOKKEEPING = threading.Lock()  # the cache's creation and the fetched rows, across fetch threads
+# iterators bound and ended (``__fastload_bind__`` / ``__fastload_unbind__``); re-entrant: an
+# iterator collected while this thread holds it ends there (its shutdown unbinds)
+_BINDING = threading.RLock()
 
 
 class _ArrowPoolLease:
@@ -69,7 +72,7 @@ class _ArrowPoolLease:
     the meantime is kept."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # a bound dataset collected inside it gives its hold back here
         self.holders = 0
         self.before: int | None = None
         self.size: int | None = None
@@ -337,7 +340,7 @@ class ParquetDataset(Dataset):
         steps of microseconds (their threads preempted by decode threads, the GIL held
         meanwhile) and the epoch ran at the stage's pace, not the decode's
         (benchmarks/JOURNAL.md, 2026-11-27, ninth session: 1.11-1.36x with 6 of 16 cores left)."""
-        with _BOOKKEEPING:
+        with _BINDING:
             self._bound += 1
             if self._bound > 1:
                 return self._cores_note  # the first iterator's decision holds for the others
@@ -351,6 +354,7 @@ class ParquetDataset(Dataset):
                 return None
             # given back by the last iterator's unbind, or when the dataset is collected first
             self._pool_held = weakref.finalize(self, _ARROW_POOL.give_back)
+            self._pool_held.atexit = False  # nothing to give back to at exit
             self._cores_note = (
                 f"pyarrow's CPU pool made {_ARROW_POOL.size} threads (was {before}; parquet_cores_left={left}) "
                 "while this dataset's iterators run"
@@ -359,7 +363,7 @@ class ParquetDataset(Dataset):
 
     def __fastload_unbind__(self, device: torch.device) -> None:
         """An iterator bound to this dataset ended: the last one gives pyarrow's pool back."""
-        with _BOOKKEEPING:
+        with _BINDING:
             if not self._bound:
                 return
             self._bound -= 1
