@@ -146,7 +146,7 @@ def _arrow_extension():
         libs.append("-l:" + os.path.basename(found[0]))
     return Pybind11Extension(
         "torch_fastload._arrow",
-        [os.path.join("csrc", "arrow", "arrow_decode.cpp")],
+        [os.path.join("csrc", "arrow", "arrow_decode.cpp"), os.path.join("csrc", "arrow", "page_decode.cpp")],
         include_dirs=[pa.get_include()],
         cxx_std=20,
         extra_compile_args=["-O2", "-pthread"],

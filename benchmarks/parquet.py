@@ -403,6 +403,8 @@ def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool
         between=(lambda: paired.append(read_table_once(path, use_threads))) if args.rounds > 1 else None,
     )
     cell["fastload_shuffled"] = fastload_run(path, args, shuffle=True, batch_rows=cell["batch_rows"])
+    # the same with pyarrow's column reader for every column instead of the page decoder
+    cell["fastload_pyarrow_decoder"] = fastload_run(path, args, batch_rows=cell["batch_rows"], decoder="pyarrow")
     if args.device.type == "cuda":  # the same without the pinned decode arena: staged through a slot
         cell["fastload_pageable"] = fastload_run(path, args, batch_rows=cell["batch_rows"], pinned_arena=0)
     with pyarrow_own_pool(), config.override(parquet_cores_left=0):  # every core decoding
@@ -449,6 +451,13 @@ def compare_file(study: Study, args, path: Path, name: str, torch_baseline: bool
         + " (fetch: "
         + " ".join(f"{k} {v:.2f}" for k, v in run["fetch_ms_per_batch"].items())
         + f"); pool {run['pool_mib']:.0f} MiB, regrows {run['pool_regrows']}]"
+    )
+    _log_variant(
+        cell,
+        "fastload_pyarrow_decoder",
+        "pages_over_pyarrow_decoder",
+        "pyarrow's column reader for every column (decoder='pyarrow')",
+        "the page decoder",
     )
     if "fastload_pageable" in cell:
         _log_variant(cell, "fastload_pageable", "arena_over_pageable", "without the pinned arena", "the arena")

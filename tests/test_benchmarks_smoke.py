@@ -328,6 +328,9 @@ def test_parquet(tmp_path):
         assert min(ratios) <= c["over_read_table"] <= max(ratios)
         assert c["read_table"]["seconds"] in c["read_table_rounds_s"] and c["read_table"]["first_run_gbps"] > 0
     assert "interleaved rounds" in res.stdout
+    # the page decoder against pyarrow's column reader, same run, every file
+    assert all(c["fastload_pyarrow_decoder"]["gbps"] > 0 and c["pages_over_pyarrow_decoder"] > 0 for c in cells)
+    assert "decoder='pyarrow'" in res.stdout
     assert "data ready under" in res.stdout and "profile suite done after" in res.stdout
 
 

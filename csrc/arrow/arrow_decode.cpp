@@ -15,6 +15,7 @@
 #include <arrow/api.h>
 #include <arrow/io/file.h>
 #include <arrow/python/pyarrow.h>
+#include <arrow/util/thread_pool.h>
 #include <parquet/arrow/reader.h>
 #include <parquet/exception.h>
 #include <parquet/properties.h>
@@ -29,6 +30,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "page_decode.h"
+
 namespace py = pybind11;
 
 namespace {
@@ -39,14 +42,14 @@ constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
 constexpr int kPopulateWrite = 23;  // Linux 5.14's value; older kernels refuse it (EINVAL)
 #endif
 
-// Power-of-2 size classes (4 KiB up) carved from one anonymous mapping and kept on free lists,
-// never returned to the mapping: the same row-group shapes decode again and again, so the
-// lists settle. A Reallocate within its block's class grows in place (Arrow's builders grow
+// Power-of-2 size classes (1 KiB up: the page decoder sizes its buffers exactly, a 500-row int64
+// column is 4000 bytes) carved from one anonymous mapping and kept on free lists, never returned
+// to the mapping: the same row-group shapes decode again and again, so the lists settle. A Reallocate within its block's class grows in place (Arrow's builders grow
 // geometrically). Allocations below the smallest class, or that find no room, go to Arrow's
 // default pool: the loader then stages them through a pinned slot as before (correct, slower).
 class ArenaPool : public arrow::MemoryPool {
  public:
-  static constexpr int64_t kSmallest = 4 << 10;
+  static constexpr int64_t kSmallest = 1 << 10;
   static constexpr int kMaxClasses = 40;
 
   explicit ArenaPool(int64_t nbytes) {
@@ -186,14 +189,16 @@ ArenaPool& arena() {
 struct OpenReader {
   std::string path;
   bool threads;
+  arrow::MemoryPool* pool;
   std::unique_ptr<parquet::arrow::FileReader> reader;
 };
 constexpr size_t kReadersPerThread = 4;
 
-arrow::Result<parquet::arrow::FileReader*> reader_for(const std::string& path, bool threads) {
+arrow::Result<parquet::arrow::FileReader*> reader_for(const std::string& path, bool threads,
+                                                      arrow::MemoryPool* pool) {
   thread_local std::list<OpenReader> readers;
   for (auto it = readers.begin(); it != readers.end(); ++it) {
-    if (it->path == path && it->threads == threads) {
+    if (it->path == path && it->threads == threads && it->pool == pool) {
       readers.splice(readers.begin(), readers, it);
       return readers.front().reader.get();
     }
@@ -204,11 +209,11 @@ arrow::Result<parquet::arrow::FileReader*> reader_for(const std::string& path, b
   props.set_pre_buffer(true);
   parquet::arrow::FileReaderBuilder builder;
   ARROW_RETURN_NOT_OK(builder.Open(file));  // decompression scratch: Arrow's default pool
-  builder.memory_pool(&arena())->properties(props);
+  builder.memory_pool(pool)->properties(props);
   std::unique_ptr<parquet::arrow::FileReader> reader;
   ARROW_ASSIGN_OR_RAISE(reader, builder.Build());
   if (readers.size() >= kReadersPerThread) readers.pop_back();
-  readers.push_front(OpenReader{path, threads, std::move(reader)});
+  readers.push_front(OpenReader{path, threads, pool, std::move(reader)});
   return readers.front().reader.get();
 }
 
@@ -217,14 +222,89 @@ struct DecodeFailure {
   std::string message;
 };
 
-py::object read_row_group(const std::string& path, int row_group, const std::vector<int>& columns, bool threads) {
+// Columns decoded by page_decode and by pyarrow's reader (taken, or fallen back to at a page
+// page_decode does not take): what `decode_stats` reports.
+std::atomic<int64_t> g_page_columns{0}, g_pyarrow_columns{0}, g_fallbacks{0};
+
+// Leaf columns `columns` of a row group: those page_decode takes on pyarrow's CPU pool (one task
+// a column chunk), the rest by pyarrow's reader on this thread meanwhile; one table in that order.
+arrow::Status read_by_pages(parquet::arrow::FileReader* reader, int row_group, const std::vector<int>& columns,
+                            bool threads, arrow::MemoryPool* pool, std::shared_ptr<arrow::Table>* out) {
+  const size_t n = columns.size();
+  std::vector<std::shared_ptr<arrow::Field>> fields(n);
+  std::vector<std::shared_ptr<arrow::ChunkedArray>> chunks(n);
+  std::vector<size_t> by_pages, by_pyarrow;
+  for (size_t k = 0; k < n; ++k) (fastload_parquet::fast_decodable(*reader, columns[k], &fields[k]) ? by_pages : by_pyarrow).push_back(k);
+  if (by_pages.empty()) {
+    g_pyarrow_columns += n;
+    return reader->ReadRowGroups(std::vector<int>{row_group}, columns).Value(out);
+  }
+  std::shared_ptr<parquet::RowGroupReader> group = reader->parquet_reader()->RowGroup(row_group);
+  std::vector<arrow::Status> status(by_pages.size());
+  auto decode = [&](size_t i) {  // on a pool thread: nothing may be thrown out of it
+    const size_t k = by_pages[i];
+    try {
+      auto array = fastload_parquet::decode_column(*group, columns[k], fields[k]->type(), pool);
+      if (array.ok()) chunks[k] = std::make_shared<arrow::ChunkedArray>(*array);
+      status[i] = array.status();
+    } catch (const std::exception& e) {  // parquet::ParquetException: a corrupt page header, a failed read
+      status[i] = arrow::Status::Invalid(e.what());
+    }
+  };
+  std::vector<arrow::Future<>> running;
+  if (threads && by_pages.size() > 1) {
+    for (size_t i = 0; i < by_pages.size(); ++i) {
+      ARROW_ASSIGN_OR_RAISE(auto f, arrow::internal::GetCpuThreadPool()->Submit(decode, i));
+      running.push_back(std::move(f));
+    }
+  } else {
+    for (size_t i = 0; i < by_pages.size(); ++i) decode(i);
+  }
+  auto by_reader = [&](const std::vector<size_t>& which) -> arrow::Status {
+    if (which.empty()) return arrow::Status::OK();
+    std::vector<int> leaves;
+    for (size_t k : which) leaves.push_back(columns[k]);
+    ARROW_ASSIGN_OR_RAISE(auto table, reader->ReadRowGroups(std::vector<int>{row_group}, leaves));
+    for (size_t j = 0; j < which.size(); ++j) fields[which[j]] = table->schema()->field(j), chunks[which[j]] = table->column(j);
+    g_pyarrow_columns += which.size();
+    return arrow::Status::OK();
+  };
+  arrow::Status read = by_reader(by_pyarrow);
+  for (auto& f : running) f.Wait();
+  ARROW_RETURN_NOT_OK(read);
+  std::vector<size_t> fell_back;
+  for (size_t i = 0; i < by_pages.size(); ++i) {
+    if (status[i].IsNotImplemented()) {
+      fell_back.push_back(by_pages[i]);
+    } else {
+      ARROW_RETURN_NOT_OK(status[i]);
+      ++g_page_columns;
+    }
+  }
+  g_fallbacks += fell_back.size();
+  ARROW_RETURN_NOT_OK(by_reader(fell_back));
+  const int64_t rows = group->metadata()->num_rows();
+  for (size_t k = 0; k < n; ++k) {  // a corrupt footer can give pyarrow's columns another length
+    if (chunks[k]->length() != rows)
+      return arrow::Status::Invalid("column '", fields[k]->name(), "' decoded ", chunks[k]->length(),
+                                    " rows, its row group has ", rows);
+  }
+  *out = arrow::Table::Make(arrow::schema(fields), chunks, rows);
+  return arrow::Status::OK();
+}
+
+py::object read_row_group(const std::string& path, int row_group, const std::vector<int>& columns, bool threads,
+                          bool by_pages, bool into_arena) {
+  arrow::MemoryPool* pool = into_arena ? &arena() : arrow::default_memory_pool();
   std::shared_ptr<arrow::Table> table;
   DecodeFailure failure{false, ""};
   {
     py::gil_scoped_release nogil;
     try {
       arrow::Status st = [&]() -> arrow::Status {
-        ARROW_ASSIGN_OR_RAISE(auto reader, reader_for(path, threads));
+        ARROW_ASSIGN_OR_RAISE(auto reader, reader_for(path, threads, pool));
+        if (by_pages) return read_by_pages(reader, row_group, columns, threads, pool, &table);
+        g_pyarrow_columns += columns.size();
         ARROW_ASSIGN_OR_RAISE(table, reader->ReadRowGroups(std::vector<int>{row_group}, columns));
         return arrow::Status::OK();
       }();
@@ -257,7 +337,19 @@ PYBIND11_MODULE(_arrow, m) {
       "(address, bytes). The caller registers it with CUDA.");
   m.def("arena_stats", [] { return arena().stats(); }, "Bytes carved, live, allocations in and out of the arena.");
   m.def("read_row_group", &read_row_group, py::arg("path"), py::arg("row_group"), py::arg("columns"),
-        py::arg("threads") = true,
-        "Row group `row_group` of `path`, leaf columns `columns`, decoded into the arena without the GIL;\n"
-        "a pyarrow.Table. Arrow's errors raise ValueError (OSError for I/O), with Arrow's message.");
+        py::arg("threads") = true, py::arg("by_pages") = true, py::arg("into_arena") = true,
+        "Row group `row_group` of `path`, leaf columns `columns`, decoded without the GIL into the arena\n"
+        "(into_arena; else Arrow's default pool); a pyarrow.Table. by_pages: flat numeric, boolean and string columns of PLAIN or dictionary pages\n"
+        "are decoded by page_decode.cpp from pyarrow's pages, the rest by pyarrow's reader. Arrow's errors\n"
+        "raise ValueError (OSError for I/O), with Arrow's message.");
+  m.def(
+      "decode_stats",
+      [] {
+        py::dict d;
+        d["page_columns"] = int64_t(g_page_columns), d["pyarrow_columns"] = int64_t(g_pyarrow_columns);
+        d["fallbacks"] = int64_t(g_fallbacks);
+        return d;
+      },
+      "Column chunks decoded so far by page_decode, by pyarrow's reader, and fallen back to it at a page\n"
+      "page_decode does not take (counted in pyarrow_columns too).");
 }

@@ -52,7 +52,7 @@ from .. import config
 from ..resume import batch_key
 from ..staging import materialize
 from . import parquet_arena
-from .parquet_decode import AHEAD_MAX, READ_MODES, RowGroupCache
+from .parquet_decode import AHEAD_MAX, DECODERS, READ_MODES, RowGroupCache
 from .parquet_plan import expand_paths, open_plan
 from .parquet_sampler import ParquetBatchSampler, ParquetSampler
 from .parquet_tensors import columns_to_tensors, range_tensors
@@ -122,6 +122,10 @@ class ParquetDataset(Dataset):
     to a CUDA device (module docstring; one arena per process, sized by the first dataset
     that makes it). None: twice ``cache_bytes`` (what a full cache, batches in flight and the
     arena's size classes take); 0: decode into pageable memory and stage through a slot.
+    ``decoder``: ``"pages"`` (flat numeric, boolean and string columns of PLAIN or dictionary
+    pages decoded by torch_fastload's page decoder from pyarrow's pages, 2.5-3.5x faster a
+    string column; every other column by pyarrow's reader) or ``"pyarrow"`` (all by pyarrow).
+    Both give the same tables; ``"pages"`` needs the extension ``torch_fastload._arrow``.
     """
 
     __fastload_direct_cpu__ = True  # a CPU batch is copied once from Arrow's buffers, no slot
@@ -140,6 +144,7 @@ class ParquetDataset(Dataset):
         arrow_threads: bool = True,
         row_groups_at_once: int | None = None,
         pinned_arena: int | None = None,
+        decoder: str = "pages",
     ):
         if masks not in ("auto", "always", "never"):
             raise ValueError(f"masks must be 'auto', 'always' or 'never', got {masks!r}")
@@ -154,6 +159,9 @@ class ParquetDataset(Dataset):
         self.cache_bytes = cache_bytes
         self.arrow_threads = arrow_threads
         self.row_groups_at_once = row_groups_at_once
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+        self.decoder = decoder
         if pinned_arena is not None and pinned_arena < 0:
             raise ValueError(f"pinned_arena must be >= 0 bytes, got {pinned_arena}")
         self.pinned_arena = pinned_arena
@@ -226,6 +234,7 @@ class ParquetDataset(Dataset):
                         self.cache_bytes,
                         self.arrow_threads,
                         self.row_groups_at_once,
+                        self.decoder,
                     )
                     self._cache.arena_decode = self._arena_decode
         return self._cache
@@ -323,7 +332,7 @@ class ParquetDataset(Dataset):
             decode = "Parquet decoded into pageable memory (pinned_arena=0), staged through the slot"
         else:
             nbytes = 2 * self.cache_bytes if self.pinned_arena is None else self.pinned_arena
-            self._arena_decode = parquet_arena.decoder(device, nbytes)
+            self._arena_decode = parquet_arena.decoder(device, nbytes, by_pages=self.decoder == "pages")
             self._reader().arena_decode = self._arena_decode  # the cache made after a close() too
             if self._arena_decode is not None:
                 decode = "Parquet decoded into the pinned arena, columns copied to the GPU from there"

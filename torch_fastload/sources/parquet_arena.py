@@ -15,6 +15,7 @@ The arena is one per process, sized by the first dataset that asks (later ones s
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pyarrow as pa
@@ -23,7 +24,7 @@ import torch
 from .. import engine
 from ..staging import add_direct_region
 
-__all__ = ["decoder", "arena_stats", "unavailable_reason"]
+__all__ = ["decoder", "page_decoder", "decode_stats", "arena_stats", "unavailable_reason"]
 
 try:
     from .. import _arrow
@@ -50,11 +51,24 @@ def unavailable_reason() -> str | None:
     return None if _arrow is not None else str(_IMPORT_ERROR)
 
 
-def decoder(device: torch.device, nbytes: int):
-    """``_arrow.read_row_group`` once the arena (``nbytes``, the first caller's size) is mapped,
-    registered with CUDA and declared a direct region for ``device``; None where it cannot be
-    (extension missing, not a CUDA device, registration refused: rows are then decoded by
-    pyarrow's Python API and staged through the slot, as without the arena)."""
+def page_decoder():
+    """``_arrow.read_row_group`` with the page decoder, into Arrow's default pool (CPU batches,
+    or the arena off); None without the extension."""
+    if _arrow is None:
+        return None
+    return functools.partial(_arrow.read_row_group, by_pages=True, into_arena=False)
+
+
+def decode_stats() -> dict | None:
+    """Column chunks decoded by the page decoder and by pyarrow's reader so far (this process)."""
+    return _arrow.decode_stats() if _arrow is not None else None
+
+
+def decoder(device: torch.device, nbytes: int, by_pages: bool = True):
+    """``_arrow.read_row_group`` (``by_pages``: with the page decoder) once the arena (``nbytes``,
+    the first caller's size) is mapped, registered with CUDA and declared a direct region for
+    ``device``; None where it cannot be (extension missing, not a CUDA device, registration
+    refused: rows are then decoded into pageable memory and staged through the slot)."""
     global _ARENA, _REGISTRATION
     if _arrow is None or device.type != "cuda" or nbytes <= 0:
         return None
@@ -66,7 +80,7 @@ def decoder(device: torch.device, nbytes: int):
             _REGISTRATION = engine.host_register(base, size, device.index)  # None: the current device
             if _REGISTRATION == 0:
                 add_direct_region(base, size)
-    return _arrow.read_row_group if _REGISTRATION == 0 else None
+    return functools.partial(_arrow.read_row_group, by_pages=by_pages) if _REGISTRATION == 0 else None
 
 
 def arena_stats() -> dict | None:

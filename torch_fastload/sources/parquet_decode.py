@@ -21,12 +21,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ParquetDecodeError, ParquetError, ParquetFormatError
+from . import parquet_arena
 from .parquet_plan import ParquetPlan, RowGroup
 from .parquet_tensors import prepare_row_group
 
-__all__ = ["RowGroupCache", "DecodedRowGroup", "READ_MODES", "AHEAD_MAX"]
+__all__ = ["RowGroupCache", "DecodedRowGroup", "READ_MODES", "DECODERS", "AHEAD_MAX"]
 
 READ_MODES = ("pyarrow", "pread")
+DECODERS = ("pages", "pyarrow")  # ParquetDataset(decoder=): csrc/arrow/page_decode.cpp, or pyarrow's reader
 _OPEN_FILES_PER_THREAD = 4
 AHEAD_MAX = 256  # row groups of the sampler's order the read-ahead looks at
 _PARALLEL_TAKE_ROWS = 4096  # smaller gathers are not worth a thread hand-off
@@ -87,9 +89,12 @@ class RowGroupCache:
         cache_bytes: int,
         arrow_threads: bool = True,
         at_once: int | None = None,
+        decoder: str = "pages",
     ):
         if read_mode not in READ_MODES:
             raise ValueError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         self.plan = plan
         self.threads = max(1, threads)
         self.read_mode = read_mode
@@ -113,8 +118,10 @@ class RowGroupCache:
         self.pool: ThreadPoolExecutor | None = None
         self.gather_pool: ThreadPoolExecutor | None = None  # not the decode pool: no queueing behind read-ahead
         # parquet_arena's decoder (row groups decoded into pinned memory), once a loader binds
-        # the source to a CUDA device; None: pyarrow's Python API
+        # the source to a CUDA device; else the page decoder into pageable memory where the
+        # extension is built and ``decoder="pages"``; else (None) pyarrow's Python API
         self.arena_decode = None
+        self.page_decode = parquet_arena.page_decoder() if decoder == "pages" else None
 
     def _file(self, f: int) -> pq.ParquetFile:
         """This thread's ParquetFile of file ``f`` (readers are not shared between threads); a
@@ -176,7 +183,7 @@ class RowGroupCache:
         index: pyarrow reads a dotted name as a path into a struct."""
         leaves = self.plan.leaves[group.file]
         indices = sorted(j for name in names for j in leaves[name])
-        decode = self.arena_decode
+        decode = self.arena_decode or self.page_decode
         if decode is not None and self.read_mode == "pyarrow":
             table = decode(self.plan.paths[group.file], group.index, indices, self.arrow_threads)
         else:

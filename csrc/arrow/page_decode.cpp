@@ -1,0 +1,516 @@
+// See page_decode.h. Every read of page bytes is bounds-checked: a corrupt page is an Invalid
+// status naming the page, never a read past its buffer or a row invented.
+#include "page_decode.h"
+
+#include <arrow/util/bit_util.h>
+#include <arrow/util/bitmap_ops.h>
+#include <parquet/arrow/schema.h>
+#include <parquet/column_page.h>
+#include <parquet/column_reader.h>
+#include <parquet/metadata.h>
+#include <parquet/schema.h>
+#include <parquet/types.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace fastload_parquet {
+namespace {
+
+using arrow::Status;
+
+// The RLE / bit-packed hybrid of the Parquet spec (definition levels, dictionary indices).
+class Hybrid {
+ public:
+  Hybrid(const uint8_t* p, const uint8_t* end, int bit_width) : p_(p), end_(end), width_(bit_width) {}
+
+  // The next `n` values into `out`.
+  Status decode(int64_t n, uint32_t* out) {
+    while (n > 0) {
+      if (repeat_left_ == 0 && packed_left_ == 0) ARROW_RETURN_NOT_OK(next_run());
+      if (repeat_left_ > 0) {
+        const int64_t take = std::min(n, repeat_left_);
+        std::fill(out, out + take, repeat_value_);
+        out += take, n -= take, repeat_left_ -= take;
+      } else {
+        const int64_t take = std::min(n, packed_left_);
+        ARROW_RETURN_NOT_OK(unpack(take, out));
+        out += take, n -= take, packed_left_ -= take;
+      }
+    }
+    return Status::OK();
+  }
+
+  // The next `n` one-bit values (definition levels of a column with one level) as bits of
+  // `bitmap` from bit `at`; `ones` gains how many were 1.
+  Status decode_bits(int64_t n, uint8_t* bitmap, int64_t at, int64_t* ones) {
+    while (n > 0) {
+      if (repeat_left_ == 0 && packed_left_ == 0) ARROW_RETURN_NOT_OK(next_run());
+      if (repeat_left_ > 0) {
+        if (repeat_value_ > 1) return Status::Invalid("a run of one-bit values (levels or booleans) holds ", repeat_value_);
+        const int64_t take = std::min(n, repeat_left_);
+        arrow::bit_util::SetBitsTo(bitmap, at, take, repeat_value_ != 0);
+        if (repeat_value_) *ones += take;
+        at += take, n -= take, repeat_left_ -= take;
+      } else {
+        const int64_t take = std::min(n, packed_left_);
+        if (packed_at_ + take > packed_bits_) return Status::Invalid("a bit-packed run ends past its page");
+        arrow::internal::CopyBitmap(packed_, packed_at_, take, bitmap, at);
+        *ones += arrow::internal::CountSetBits(packed_, packed_at_, take);
+        packed_at_ += take, at += take, n -= take, packed_left_ -= take;
+      }
+    }
+    return Status::OK();
+  }
+
+ private:
+  Status next_run() {
+    uint64_t header = 0;
+    for (int shift = 0;; shift += 7) {
+      if (p_ >= end_ || shift > 35) return Status::Invalid("an RLE run header ends past its page");
+      const uint8_t b = *p_++;
+      header |= uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) break;
+    }
+    if (header & 1) {  // bit-packed: (header >> 1) groups of 8 values
+      const int64_t groups = static_cast<int64_t>(header >> 1);
+      if (groups == 0) return Status::Invalid("an empty bit-packed run");
+      // the last run of a page may stop short of its groups' bytes (values past the page's are padding)
+      const int64_t bytes = std::min<int64_t>(groups * width_, end_ - p_);
+      packed_ = p_, packed_at_ = 0, packed_bits_ = bytes * 8;
+      packed_left_ = width_ ? std::min<int64_t>(groups * 8, packed_bits_ / width_) : groups * 8;
+      if (packed_left_ == 0) return Status::Invalid("a bit-packed run ends past its page");
+      p_ += bytes;
+    } else {
+      repeat_left_ = static_cast<int64_t>(header >> 1);
+      if (repeat_left_ == 0) return Status::Invalid("an empty RLE run");
+      const int bytes = (width_ + 7) / 8;
+      if (end_ - p_ < bytes) return Status::Invalid("an RLE run's value ends past its page");
+      uint32_t v = 0;
+      for (int k = 0; k < bytes; ++k) v |= uint32_t(p_[k]) << (8 * k);
+      p_ += bytes;
+      repeat_value_ = v;
+    }
+    return Status::OK();
+  }
+
+  Status unpack(int64_t n, uint32_t* out) {
+    if (packed_at_ + n * width_ > packed_bits_) return Status::Invalid("a bit-packed run ends past its page");
+    const uint64_t mask = width_ == 32 ? 0xffffffffull : ((1ull << width_) - 1);
+    const int64_t bytes = packed_bits_ / 8;
+    for (int64_t i = 0; i < n; ++i, packed_at_ += width_) {
+      const int64_t byte = packed_at_ >> 3;
+      uint64_t word = 0;
+      if (byte + 8 <= bytes) {
+        std::memcpy(&word, packed_ + byte, 8);
+      } else {
+        for (int64_t k = byte; k < bytes; ++k) word |= uint64_t(packed_[k]) << (8 * (k - byte));
+      }
+      out[i] = static_cast<uint32_t>((word >> (packed_at_ & 7)) & mask);
+    }
+    return Status::OK();
+  }
+
+  const uint8_t* p_;
+  const uint8_t* end_;
+  int width_;
+  int64_t repeat_left_ = 0, packed_left_ = 0;
+  uint32_t repeat_value_ = 0;
+  const uint8_t* packed_ = nullptr;
+  int64_t packed_at_ = 0, packed_bits_ = 0;
+};
+
+enum class Kind { kFixed, kBool, kBytes };
+
+// One column chunk's output, filled page by page.
+class ColumnDecoder {
+ public:
+  ColumnDecoder(Kind kind, int width, bool large_offsets, bool nullable, int64_t rows, int64_t size_hint,
+                arrow::MemoryPool* pool)
+      : kind_(kind), width_(width), large_(large_offsets), nullable_(nullable), rows_(rows), hint_(size_hint),
+        pool_(pool) {}
+
+  Status start() {
+    if (nullable_) {
+      ARROW_ASSIGN_OR_RAISE(validity_, arrow::AllocateBuffer(arrow::bit_util::BytesForBits(rows_), pool_));
+      std::memset(validity_->mutable_data(), 0, validity_->size());
+    }
+    if (kind_ == Kind::kFixed) {
+      ARROW_ASSIGN_OR_RAISE(values_, arrow::AllocateBuffer(rows_ * width_, pool_));
+    } else if (kind_ == Kind::kBool) {
+      ARROW_ASSIGN_OR_RAISE(values_, arrow::AllocateBuffer(arrow::bit_util::BytesForBits(rows_), pool_));
+      std::memset(values_->mutable_data(), 0, values_->size());
+    } else {
+      ARROW_ASSIGN_OR_RAISE(values_, arrow::AllocateBuffer((rows_ + 1) * (large_ ? 8 : 4), pool_));
+      ARROW_ASSIGN_OR_RAISE(data_, arrow::AllocateResizableBuffer(0, pool_));
+      ARROW_RETURN_NOT_OK(data_->Reserve(std::max<int64_t>(hint_, 64)));
+      set_offset(0, 0);
+    }
+    return Status::OK();
+  }
+
+  Status dictionary(const parquet::Page* page, int32_t count) {
+    if (kind_ == Kind::kBool) return Status::NotImplemented("a dictionary of booleans");
+    if (count < 0) return Status::Invalid("a dictionary page of ", count, " values");
+    // copied: the page reader decompresses every page into one buffer it reuses
+    dict_.assign(page->data(), page->data() + page->size()), dict_count_ = count, has_dict_ = true;
+    const uint8_t* p = dict_.data();
+    const int64_t size = static_cast<int64_t>(dict_.size());
+    if (kind_ == Kind::kFixed) {
+      if (int64_t(count) * width_ > size)
+        return Status::Invalid("a dictionary page of ", count, " values holds only ", size, " bytes");
+      return Status::OK();
+    }
+    dict_start_.resize(count), dict_length_.resize(count);
+    int64_t at = 0;
+    for (int32_t i = 0; i < count; ++i) {
+      uint32_t n;
+      if (at + 4 > size) return Status::Invalid("dictionary value ", i, " starts past its page");
+      std::memcpy(&n, p + at, 4);
+      if (int64_t(n) > size - at - 4) return Status::Invalid("dictionary value ", i, " ends past its page");
+      dict_start_[i] = at + 4, dict_length_[i] = n;
+      at += 4 + int64_t(n);
+    }
+    return Status::OK();
+  }
+
+  // One data page: `n` rows, its definition levels at `levels` (`levels_end`), values at `values`.
+  Status page(int64_t n, const uint8_t* levels, const uint8_t* levels_end, const uint8_t* values,
+              const uint8_t* values_end, parquet::Encoding::type encoding) {
+    if (n < 0 || done_ + n > rows_) return Status::Invalid("the pages hold more rows than the footer's ", rows_);
+    int64_t present = n;
+    if (nullable_) {
+      present = 0;
+      Hybrid defs(levels, levels_end, 1);
+      ARROW_RETURN_NOT_OK(defs.decode_bits(n, validity_->mutable_data(), done_, &present));
+    }
+    if (encoding == parquet::Encoding::PLAIN) {
+      ARROW_RETURN_NOT_OK(plain(n, present, values, values_end));
+    } else if (encoding == parquet::Encoding::RLE_DICTIONARY || encoding == parquet::Encoding::PLAIN_DICTIONARY) {
+      ARROW_RETURN_NOT_OK(indexed(n, present, values, values_end));
+    } else if (encoding == parquet::Encoding::RLE && kind_ == Kind::kBool) {  // data page v2's booleans
+      ARROW_RETURN_NOT_OK(rle_booleans(n, present, values, values_end));
+    } else {
+      return Status::NotImplemented("data page encoding ", parquet::EncodingToString(encoding));
+    }
+    nulls_ += n - present;
+    done_ += n;
+    return Status::OK();
+  }
+
+  arrow::Result<std::shared_ptr<arrow::Array>> finish(const std::shared_ptr<arrow::DataType>& type) {
+    if (done_ != rows_) return Status::Invalid("the pages hold ", done_, " rows, the footer says ", rows_);
+    std::shared_ptr<arrow::Buffer> validity = nulls_ ? std::shared_ptr<arrow::Buffer>(std::move(validity_)) : nullptr;
+    std::vector<std::shared_ptr<arrow::Buffer>> buffers{validity, std::move(values_)};
+    if (kind_ == Kind::kBytes) {
+      ARROW_RETURN_NOT_OK(data_->Resize(used_, /*shrink_to_fit=*/false));
+      buffers.push_back(std::move(data_));
+    }
+    return arrow::MakeArray(arrow::ArrayData::Make(type, rows_, std::move(buffers), nulls_));
+  }
+
+ private:
+  bool valid(int64_t row) const { return !nullable_ || arrow::bit_util::GetBit(validity_->data(), row); }
+
+  void set_offset(int64_t row, int64_t value) {
+    if (large_) {
+      reinterpret_cast<int64_t*>(values_->mutable_data())[row] = value;
+    } else {
+      reinterpret_cast<int32_t*>(values_->mutable_data())[row] = static_cast<int32_t>(value);
+    }
+  }
+
+  Status append_bytes(const uint8_t* p, int64_t n) {
+    if (used_ + n > data_->capacity()) {
+      ARROW_RETURN_NOT_OK(data_->Reserve(std::max(used_ + n, 2 * data_->capacity())));
+    }
+    std::memcpy(data_->mutable_data() + used_, p, static_cast<size_t>(n));
+    used_ += n;
+    if (!large_ && used_ > INT32_MAX) return Status::NotImplemented("more than 2 GiB of strings for 32-bit offsets");
+    return Status::OK();
+  }
+
+  Status plain(int64_t n, int64_t present, const uint8_t* p, const uint8_t* end) {
+    const int64_t size = end - p;
+    if (kind_ == Kind::kFixed) {
+      if (present * width_ > size) return Status::Invalid("a PLAIN page of ", present, " values holds ", size, " bytes");
+      uint8_t* out = values_->mutable_data() + done_ * width_;
+      if (present == n) {
+        std::memcpy(out, p, static_cast<size_t>(n * width_));
+      } else {
+        std::memset(out, 0, static_cast<size_t>(n * width_));
+        for (int64_t r = 0; r < n; ++r) {
+          if (valid(done_ + r)) std::memcpy(out + r * width_, p, width_), p += width_;
+        }
+      }
+      return Status::OK();
+    }
+    if (kind_ == Kind::kBool) {
+      if (arrow::bit_util::BytesForBits(present) > size)
+        return Status::Invalid("a PLAIN page of ", present, " booleans holds ", size, " bytes");
+      if (present == n) {
+        arrow::internal::CopyBitmap(p, 0, n, values_->mutable_data(), done_);
+      } else {
+        int64_t k = 0;
+        for (int64_t r = 0; r < n; ++r) {
+          if (valid(done_ + r)) arrow::bit_util::SetBitTo(values_->mutable_data(), done_ + r, arrow::bit_util::GetBit(p, k++));
+        }
+      }
+      return Status::OK();
+    }
+    int64_t at = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      if (valid(done_ + r)) {
+        uint32_t length;
+        if (at + 4 > size) return Status::Invalid("value ", r, " of a PLAIN page starts past it");
+        std::memcpy(&length, p + at, 4);
+        if (int64_t(length) > size - at - 4) return Status::Invalid("value ", r, " of a PLAIN page ends past it");
+        ARROW_RETURN_NOT_OK(append_bytes(p + at + 4, length));
+        at += 4 + int64_t(length);
+      }
+      set_offset(done_ + r + 1, used_);
+    }
+    return Status::OK();
+  }
+
+  // Booleans as a 4-byte length, then the hybrid runs of one-bit values.
+  Status rle_booleans(int64_t n, int64_t present, const uint8_t* p, const uint8_t* end) {
+    uint32_t length = 0;
+    if (end - p < 4) return Status::Invalid("its booleans' length ends past it");
+    std::memcpy(&length, p, 4);
+    if (int64_t(length) > end - p - 4) return Status::Invalid("its booleans (", length, " bytes) end past it");
+    Hybrid bits(p + 4, p + 4 + length, 1);
+    int64_t ones = 0;
+    if (present == n) return bits.decode_bits(n, values_->mutable_data(), done_, &ones);
+    std::vector<uint8_t> dense(static_cast<size_t>(arrow::bit_util::BytesForBits(present)), 0);
+    ARROW_RETURN_NOT_OK(bits.decode_bits(present, dense.data(), 0, &ones));
+    int64_t k = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      if (valid(done_ + r)) arrow::bit_util::SetBitTo(values_->mutable_data(), done_ + r, arrow::bit_util::GetBit(dense.data(), k++));
+    }
+    return Status::OK();
+  }
+
+  Status indexed(int64_t n, int64_t present, const uint8_t* p, const uint8_t* end) {
+    if (!has_dict_) return Status::Invalid("a dictionary-encoded page and no dictionary page before it");
+    if (p >= end) return Status::Invalid("a dictionary-encoded page with no index bit width");
+    const int width = *p++;
+    if (width > 32) return Status::Invalid("dictionary indices of ", width, " bits");
+    codes_.resize(static_cast<size_t>(present));
+    Hybrid hybrid(p, end, width);
+    ARROW_RETURN_NOT_OK(hybrid.decode(present, codes_.data()));
+    for (int64_t k = 0; k < present; ++k) {
+      if (codes_[k] >= uint32_t(dict_count_))
+        return Status::Invalid("dictionary index ", codes_[k], " of a dictionary of ", dict_count_);
+    }
+    const uint8_t* dict = dict_.data();
+    if (kind_ == Kind::kFixed && present == n && (width_ == 4 || width_ == 8)) {
+      if (width_ == 4) {
+        gather<uint32_t>(dict, n);
+      } else {
+        gather<uint64_t>(dict, n);
+      }
+      return Status::OK();
+    }
+    if (kind_ == Kind::kFixed) {
+      uint8_t* out = values_->mutable_data() + done_ * width_;
+      int64_t k = 0;
+      for (int64_t r = 0; r < n; ++r, out += width_) {
+        if (valid(done_ + r)) {
+          std::memcpy(out, dict + int64_t(codes_[k++]) * width_, width_);
+        } else {
+          std::memset(out, 0, width_);
+        }
+      }
+      return Status::OK();
+    }
+    int64_t k = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      if (valid(done_ + r)) {
+        const uint32_t c = codes_[k++];
+        ARROW_RETURN_NOT_OK(append_bytes(dict + dict_start_[c], dict_length_[c]));
+      }
+      set_offset(done_ + r + 1, used_);
+    }
+    return Status::OK();
+  }
+
+  template <typename Word>
+  void gather(const uint8_t* dict, int64_t n) {
+    const Word* from = reinterpret_cast<const Word*>(dict);  // dict_ is a vector: aligned for any Word
+    Word* out = reinterpret_cast<Word*>(values_->mutable_data()) + done_;
+    for (int64_t k = 0; k < n; ++k) out[k] = from[codes_[k]];
+  }
+
+  Kind kind_;
+  int width_;
+  bool large_, nullable_;
+  int64_t rows_, hint_;
+  arrow::MemoryPool* pool_;
+  std::unique_ptr<arrow::Buffer> validity_, values_;
+  std::unique_ptr<arrow::ResizableBuffer> data_;
+  int64_t used_ = 0, done_ = 0, nulls_ = 0;
+  std::vector<uint8_t> dict_;
+  bool has_dict_ = false;
+  int32_t dict_count_ = 0;
+  std::vector<int64_t> dict_start_;
+  std::vector<uint32_t> dict_length_, codes_;
+};
+
+bool unit_matches(const std::shared_ptr<const parquet::LogicalType>& logical, arrow::TimeUnit::type unit) {
+  using U = parquet::LogicalType::TimeUnit;
+  U::unit want = unit == arrow::TimeUnit::MILLI   ? U::MILLIS
+                 : unit == arrow::TimeUnit::MICRO ? U::MICROS
+                 : unit == arrow::TimeUnit::NANO  ? U::NANOS
+                                                  : U::UNKNOWN;
+  if (logical->is_timestamp()) return static_cast<const parquet::TimestampLogicalType&>(*logical).time_unit() == want;
+  if (logical->is_time()) return static_cast<const parquet::TimeLogicalType&>(*logical).time_unit() == want;
+  return false;
+}
+
+bool int_matches(const std::shared_ptr<const parquet::LogicalType>& logical, int bits, bool is_signed) {
+  if (logical->is_none()) return is_signed;
+  if (!logical->is_int()) return false;
+  const auto& i = static_cast<const parquet::IntLogicalType&>(*logical);
+  return i.bit_width() == bits && i.is_signed() == is_signed;
+}
+
+// The decoder's kind for a column, or false where pyarrow converts values (or it is not flat).
+bool kind_of(const parquet::ColumnDescriptor& d, const arrow::DataType& type, Kind* kind, int* width) {
+  if (d.max_repetition_level() != 0 || d.max_definition_level() > 1) return false;
+  const auto& logical = d.logical_type();
+  using T = arrow::Type;
+  switch (d.physical_type()) {
+    case parquet::Type::BOOLEAN:
+      *kind = Kind::kBool, *width = 0;
+      return type.id() == T::BOOL;
+    case parquet::Type::INT32:
+      *kind = Kind::kFixed, *width = 4;
+      switch (type.id()) {
+        case T::INT32: return int_matches(logical, 32, true);
+        case T::UINT32: return int_matches(logical, 32, false);
+        case T::DATE32: return logical->is_date();
+        case T::TIME32: return unit_matches(logical, static_cast<const arrow::Time32Type&>(type).unit());
+        default: return false;
+      }
+    case parquet::Type::INT64:
+      *kind = Kind::kFixed, *width = 8;
+      switch (type.id()) {
+        case T::INT64: return int_matches(logical, 64, true);
+        case T::UINT64: return int_matches(logical, 64, false);
+        case T::TIMESTAMP: return unit_matches(logical, static_cast<const arrow::TimestampType&>(type).unit());
+        case T::TIME64: return unit_matches(logical, static_cast<const arrow::Time64Type&>(type).unit());
+        default: return false;
+      }
+    case parquet::Type::FLOAT:
+      *kind = Kind::kFixed, *width = 4;
+      return type.id() == T::FLOAT && logical->is_none();
+    case parquet::Type::DOUBLE:
+      *kind = Kind::kFixed, *width = 8;
+      return type.id() == T::DOUBLE && logical->is_none();
+    case parquet::Type::BYTE_ARRAY:
+      *kind = Kind::kBytes, *width = 0;
+      switch (type.id()) {
+        case T::STRING:
+        case T::LARGE_STRING: return logical->is_string() || logical->is_none();
+        case T::BINARY:
+        case T::LARGE_BINARY: return logical->is_none();
+        default: return false;
+      }
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+bool fast_decodable(const parquet::arrow::FileReader& reader, int column, std::shared_ptr<arrow::Field>* field) {
+  const auto& manifest = reader.manifest();
+  const parquet::arrow::SchemaField* sf = nullptr;
+  if (!manifest.GetColumnField(column, &sf).ok() || sf == nullptr || !sf->children.empty()) return false;
+  if (manifest.GetParent(sf) != nullptr || sf->field == nullptr) return false;
+  const parquet::ColumnDescriptor* d = reader.parquet_reader()->metadata()->schema()->Column(column);
+  Kind kind;
+  int width;
+  if (!kind_of(*d, *sf->field->type(), &kind, &width)) return false;
+  *field = sf->field;
+  return true;
+}
+
+arrow::Result<std::shared_ptr<arrow::Array>> decode_column(parquet::RowGroupReader& row_group, int column,
+                                                           const std::shared_ptr<arrow::DataType>& type,
+                                                           arrow::MemoryPool* pool) {
+  const parquet::ColumnDescriptor* d = row_group.metadata()->schema()->Column(column);
+  Kind kind;
+  int width;
+  if (!kind_of(*d, *type, &kind, &width)) return Status::NotImplemented("column type");
+  const bool large = type->id() == arrow::Type::LARGE_STRING || type->id() == arrow::Type::LARGE_BINARY;
+  const bool nullable = d->max_definition_level() == 1;
+  const int64_t rows = row_group.metadata()->num_rows();
+  const int64_t hint = row_group.metadata()->ColumnChunk(column)->total_uncompressed_size();
+  ColumnDecoder out(kind, width, large, nullable, rows, hint, pool);
+  ARROW_RETURN_NOT_OK(out.start());
+  std::unique_ptr<parquet::PageReader> pages = row_group.GetColumnPageReader(column);
+  int index = 0;
+  for (std::shared_ptr<parquet::Page> page = pages->NextPage(); page; page = pages->NextPage(), ++index) {
+    Status st;
+    const uint8_t* data = page->data();
+    const uint8_t* end = data + page->size();
+    switch (page->type()) {
+      case parquet::PageType::DICTIONARY_PAGE: {
+        const auto& dict = static_cast<const parquet::DictionaryPage&>(*page);
+        if (dict.encoding() != parquet::Encoding::PLAIN && dict.encoding() != parquet::Encoding::PLAIN_DICTIONARY)
+          return Status::NotImplemented("dictionary page encoding");
+        st = out.dictionary(page.get(), dict.num_values());
+        break;
+      }
+      case parquet::PageType::DATA_PAGE: {
+        const auto& v1 = static_cast<const parquet::DataPageV1&>(*page);
+        const uint8_t* levels = data;
+        const uint8_t* levels_end = data;
+        if (nullable) {
+          if (v1.definition_level_encoding() != parquet::Encoding::RLE)
+            return Status::NotImplemented("definition level encoding");
+          uint32_t n = 0;
+          if (end - data < 4) {
+            st = Status::Invalid("its definition levels' length ends past it");
+            break;
+          }
+          std::memcpy(&n, data, 4);
+          if (int64_t(n) > end - data - 4) {
+            st = Status::Invalid("its definition levels (", n, " bytes) end past it");
+            break;
+          }
+          levels = data + 4, levels_end = levels + n;
+        }
+        st = out.page(v1.num_values(), levels, levels_end, levels_end, end, v1.encoding());
+        break;
+      }
+      case parquet::PageType::DATA_PAGE_V2: {
+        const auto& v2 = static_cast<const parquet::DataPageV2&>(*page);
+        const int64_t def = v2.definition_levels_byte_length(), rep = v2.repetition_levels_byte_length();
+        if (rep != 0 || def < 0 || def > end - data) {
+          st = Status::Invalid("its level lengths (", rep, ", ", def, ") do not fit a flat column of ", page->size(),
+                               " bytes");
+          break;
+        }
+        st = out.page(v2.num_values(), data, data + def, data + def, end, v2.encoding());
+        break;
+      }
+      default:
+        break;  // index pages and unknown kinds carry no values
+    }
+    if (!st.ok()) {
+      if (st.IsNotImplemented()) return st;
+      return st.WithMessage("column '", d->path()->ToDotString(), "', page ", index, ": ", st.message());
+    }
+  }
+  auto result = out.finish(type);
+  if (!result.ok() && result.status().IsInvalid())
+    return result.status().WithMessage("column '", d->path()->ToDotString(), "': ", result.status().message());
+  return result;
+}
+
+}  // namespace fastload_parquet

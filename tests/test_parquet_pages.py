@@ -1,0 +1,186 @@
+"""The page decoder (csrc/arrow/page_decode.cpp): flat numeric, boolean and string columns of
+PLAIN or dictionary pages decoded from pyarrow's pages into the same arrays pyarrow's reader
+makes, for every writer option that changes the pages (compression, data page v2, dictionary
+on/off and its fallback to PLAIN mid-chunk, many small pages, nulls, required columns, 64-bit
+offsets); every other column left to pyarrow's reader. The decoder's counters prove which path
+each column took, so an equality test cannot pass by never reaching the new code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_parquet import every_type
+
+from torch_fastload.errors import ParquetDecodeError
+from torch_fastload.sources import ParquetDataset, parquet_arena
+
+needs_extension = pytest.mark.skipif(
+    parquet_arena.unavailable_reason() is not None,
+    reason=f"torch_fastload._arrow is not built: {parquet_arena.unavailable_reason()}",
+)
+
+# every_type's columns the page decoder takes; the rest (int8/uint16 widened by pyarrow,
+# decimals, duration, float16, lists) are pyarrow's
+BY_PAGES = {"i32", "i64", "u64", "f32", "f64", "flag", "ts_us", "ts_ms_tz", "clock", "day64", "day"}
+BY_PAGES |= {"name", "blob", "maybe"}
+
+WRITER_OPTIONS = {
+    "snappy": dict(compression="snappy"),
+    "zstd": dict(compression="zstd"),
+    "gzip": dict(compression="gzip"),
+    "none": dict(compression="none"),
+    "v2-plain-nostats": dict(
+        compression="snappy", data_page_version="2.0", use_dictionary=False, write_statistics=False
+    ),
+    "v2-dictionary": dict(compression="none", data_page_version="2.0"),
+    # pages of ~512 bytes and a dictionary that overflows: dictionary pages, then PLAIN ones, in one chunk
+    "small-pages-dictionary-fallback": dict(compression="zstd", data_page_size=512, dictionary_pagesize_limit=256),
+}
+
+
+def _decode(path, group, columns, threads=True):
+    from torch_fastload import _arrow
+
+    before = _arrow.decode_stats()
+    table = _arrow.read_row_group(str(path), group, columns, threads, by_pages=True, into_arena=False)
+    after = _arrow.decode_stats()
+    return table, {k: after[k] - before[k] for k in after}
+
+
+@needs_extension
+@pytest.mark.parametrize("options", WRITER_OPTIONS.values(), ids=WRITER_OPTIONS.keys())
+@pytest.mark.parametrize("threads", [True, False], ids=["column-threads", "one-thread"])
+def test_page_decoder_equals_pyarrows_reader(tmp_path, options, threads):
+    table = every_type(3000)
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=1000, **options)
+    reference = pq.ParquetFile(path)
+    names = reference.schema_arrow.names
+    for group in range(reference.num_row_groups):
+        ours, counted = _decode(path, group, list(range(len(names))), threads)
+        assert ours.equals(reference.read_row_group(group)), (options, group)
+        assert counted["page_columns"] == len(BY_PAGES), counted
+        assert counted["fallbacks"] == 0, counted  # no page kind of these writers is left to pyarrow
+        assert counted["pyarrow_columns"] == len(names) - len(BY_PAGES)
+    for name in names:  # each column alone takes the path the table's did
+        _, counted = _decode(path, 0, [names.index(name)], threads)
+        assert counted["page_columns"] == (name in BY_PAGES), name
+
+
+@needs_extension
+def test_required_columns_large_offsets_and_edge_values(tmp_path):
+    """Required (non-nullable) columns carry no definition levels; large_string/large_binary
+    take 64-bit offsets; empty strings, all-null columns and null booleans decode as pyarrow's."""
+    n = 5000
+    rng = np.random.default_rng(1)
+    words = [f"w{k}" * int(k % 7) for k in rng.integers(0, 300, n)]  # "" every 7th
+    schema = pa.schema(
+        [
+            pa.field("req_i64", pa.int64(), nullable=False),
+            pa.field("req_str", pa.string(), nullable=False),
+            pa.field("big_str", pa.large_string()),
+            pa.field("big_bin", pa.large_binary()),
+            pa.field("all_null", pa.int32()),
+            pa.field("null_str", pa.string()),
+            pa.field("maybe_flag", pa.bool_()),
+            pa.field("f64_dict", pa.float64()),
+        ]
+    )
+    table = pa.table(
+        [
+            pa.array(rng.integers(0, 10, n)),
+            pa.array(words),
+            pa.array([None if k % 5 == 0 else w for k, w in enumerate(words)], pa.large_string()),
+            pa.array([w.encode() for w in words], pa.large_binary()),
+            pa.nulls(n, pa.int32()),
+            pa.nulls(n, pa.string()),
+            pa.array([None if k % 3 == 0 else bool(k % 2) for k in range(n)]),
+            pa.array(rng.integers(0, 4, n).astype(np.float64)),  # four values: dictionary pages
+        ],
+        schema=schema,
+    )
+    for k, options in enumerate(WRITER_OPTIONS.values()):
+        path = tmp_path / f"edge{k}.parquet"
+        pq.write_table(table, path, row_group_size=2000, **options)
+        reference = pq.ParquetFile(path)
+        for group in range(reference.num_row_groups):
+            ours, counted = _decode(path, group, list(range(len(schema))))
+            assert ours.equals(reference.read_row_group(group)), (options, group)
+            assert counted["page_columns"] == len(schema) and counted["fallbacks"] == 0, (options, counted)
+
+
+@needs_extension
+def test_dataset_batches_equal_with_either_decoder(tmp_path):
+    """ParquetDataset(decoder='pages') gives the batches decoder='pyarrow' does: in order,
+    across row groups, shuffled rows."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(every_type(2500), path, row_group_size=700, compression="snappy")
+    pages, reader = ParquetDataset(path, decoder="pages"), ParquetDataset(path, decoder="pyarrow")
+    rng = np.random.default_rng(0)
+    for indices in (range(0, 1000), range(650, 2500), rng.permutation(2500)[:900]):
+        a, b = pages.batch(indices), reader.batch(indices)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].dtype == b[key].dtype and bool((a[key] == b[key]).all()), key
+    assert pages._reader().page_decode is not None and reader._reader().page_decode is None
+
+
+def test_decoder_argument_is_checked(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"a": [1, 2]}), path)
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        ParquetDataset(path, decoder="gpu")
+
+
+def _corrupt_first_length(path, value: bytes, new_length: int) -> None:
+    data = bytearray(path.read_bytes())
+    at = data.index(len(value).to_bytes(4, "little") + value)
+    data[at : at + 4] = new_length.to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+
+
+@needs_extension
+@pytest.mark.parametrize("decoder", ["pages", "pyarrow"])
+def test_a_string_running_past_its_page_is_a_typed_error_naming_the_column(tmp_path, decoder):
+    """A PLAIN string whose length prefix points past its page: ParquetDecodeError naming the
+    file, row group and column, from either decoder (nothing read past the page)."""
+    n = 3000
+    values = [f"value-{k:06d}" for k in range(n)]
+    path = tmp_path / "s.parquet"
+    pq.write_table(
+        pa.table({"ok": np.arange(n), "s": values}), path, row_group_size=1000, compression="none", use_dictionary=False
+    )
+    _corrupt_first_length(path, b"value-001500", 1 << 30)  # row group 1
+    dataset = ParquetDataset(path, decoder=decoder)
+    assert dataset.batch(range(0, 1000))["s__offsets"].shape == (1001,)  # row group 0 is intact
+    with pytest.raises(ParquetDecodeError) as caught:
+        dataset.batch(range(1000, 2000))
+    err = caught.value
+    assert err.row_group == 1 and err.column == "s" and str(path) in str(err)
+    if decoder == "pages":
+        assert "page" in str(err) and "past" in str(err)
+
+
+@needs_extension
+def test_a_dictionary_value_running_past_its_page_is_a_typed_error(tmp_path):
+    """A dictionary page whose last value's length points past the page: the page decoder
+    refuses it by name rather than reading past the page."""
+    from torch_fastload import _arrow
+
+    n = 2000
+    path = tmp_path / "d.parquet"
+    words = [f"word-{k % 50:03d}" for k in range(n)]
+    pq.write_table(pa.table({"w": words}), path, row_group_size=n, compression="none")
+    # the dictionary page stores word-000 .. word-049 in order: give word-049's slot a length
+    # that swallows the rest of the page, then ask for the page's values
+    data = bytearray(path.read_bytes())
+    at = data.index((8).to_bytes(4, "little") + b"word-049")
+    data[at : at + 4] = (1 << 20).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="dictionary value 49 ends past its page"):
+        _arrow.read_row_group(str(path), 0, [0], False, by_pages=True, into_arena=False)
+    with pytest.raises(ParquetDecodeError) as caught:
+        ParquetDataset(path).batch(range(0, 10))
+    assert caught.value.column == "w" and caught.value.row_group == 0
