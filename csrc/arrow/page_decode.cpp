@@ -173,6 +173,12 @@ class ColumnDecoder {
       dict_start_[i] = at + 4, dict_length_[i] = n;
       at += 4 + int64_t(n);
     }
+    // the rows to come are drawn from this dictionary: room for them at its mean length, so the
+    // bytes are not copied at each doubling (the chunk's own size, the first guess, is far less)
+    if (count > 0) {
+      const int64_t expected = used_ + (rows_ - done_) * ((at - 4 * int64_t(count)) / count + 1);
+      if (expected > data_->capacity()) ARROW_RETURN_NOT_OK(data_->Reserve(expected));
+    }
     return Status::OK();
   }
 
