@@ -23,7 +23,9 @@ file (said in its row). read_table + H2D: one pinned buffer and one device buffe
 before its clock starts, every Arrow buffer copied in, one H2D copy. The decode + copy ceiling:
 every row group decoded and copied to the device on its own thread (half or three quarters of
 the CPUs, the faster), no batches or pipeline: what pyarrow's decode plus one copy allow on the
-machine, and the share of it the loader reaches. Also: pyarrow's own file
+machine, and the share of it the loader reaches (the page decoder's loader can pass it). The
+loader with decoder="pyarrow" (pyarrow's column reader for every column) beside every file's
+default row, one timed epoch. Also: pyarrow's own file
 reads vs one pread per row group decoded from memory (read_mode), pyarrow's column threads
 on/off, a threads x row-group-size table, and a bf16 step fed by the loader vs the same step
 on device-resident batches.
@@ -609,6 +611,7 @@ def verdicts(study: Study) -> None:
         study.figure(f"{c['name']}_gbps".replace(" ", "_"), c["fastload"]["gbps"])
         study.figure(f"{c['name']}_over_read_table".replace(" ", "_"), c["over_read_table"])
         study.figure(f"{c['name']}_of_decode_copy_ceiling".replace(" ", "_"), c["of_ceiling"])
+        study.figure(f"{c['name']}_pages_over_pyarrow_decoder".replace(" ", "_"), c["pages_over_pyarrow_decoder"])
 
 
 def profile_cells(args) -> list:
