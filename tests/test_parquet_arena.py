@@ -266,11 +266,12 @@ def test_the_arena_decode_survives_close_and_stays_out_of_pickles(tmp_path):
 
 
 def test_bind_says_where_the_rows_decode(tmp_path):
-    """The loader's path names the decode's memory: nothing for a CPU loader, the slot's route
-    with pinned_arena=0 (no CUDA call needed to say so); a negative size is refused."""
+    """The loader's path names the decode's memory: only the decoder for a CPU loader, the
+    slot's route with pinned_arena=0 (no CUDA call needed to say so); a negative size is refused."""
     path = write(every_type(100), tmp_path / "t.parquet")
     with config.override(parquet_cores_left=0):  # pyarrow's pool left as it is (the next test)
-        assert ParquetDataset(path).__fastload_bind__(torch.device("cpu")) is None
+        dataset = ParquetDataset(path)
+        assert dataset.__fastload_bind__(torch.device("cpu")) == dataset._decoder_note()
     off = ParquetDataset(path, pinned_arena=0)
     assert "pageable memory (pinned_arena=0)" in off.__fastload_bind__(torch.device("cuda"))
     assert off._arena_decode is None
@@ -301,8 +302,8 @@ def test_bind_leaves_cores_out_of_pyarrows_pool_never_grows_it(tmp_path, monkeyp
     pa.set_cpu_count(16)
     cpu = torch.device("cpu")
     with config.override(parquet_cores_left=0):
-        assert ParquetDataset(path).__fastload_bind__(cpu) is None
-    assert ParquetDataset(path, arrow_threads=False).__fastload_bind__(cpu) is None
+        assert "CPU pool" not in ParquetDataset(path).__fastload_bind__(cpu)
+    assert "CPU pool" not in ParquetDataset(path, arrow_threads=False).__fastload_bind__(cpu)
     assert pa.cpu_count() == 16
     dataset = ParquetDataset(path)
     note = dataset.__fastload_bind__(cpu)
@@ -314,7 +315,7 @@ def test_bind_leaves_cores_out_of_pyarrows_pool_never_grows_it(tmp_path, monkeyp
         assert pa.cpu_count() == 8  # half the machine at least
         dataset.__fastload_unbind__(cpu)
         pa.set_cpu_count(3)  # the user's own, smaller: kept
-        assert ParquetDataset(path).__fastload_bind__(cpu) is None and pa.cpu_count() == 3
+        assert "CPU pool" not in ParquetDataset(path).__fastload_bind__(cpu) and pa.cpu_count() == 3
     pa.set_cpu_count(16)
     loader = DataLoader(ParquetDataset(path), batch_size=50, device="cpu")
     during = [pa.cpu_count() for _ in loader]

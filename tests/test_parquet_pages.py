@@ -184,3 +184,29 @@ def test_a_dictionary_value_running_past_its_page_is_a_typed_error(tmp_path):
     with pytest.raises(ParquetDecodeError) as caught:
         ParquetDataset(path).batch(range(0, 10))
     assert caught.value.column == "w" and caught.value.row_group == 0
+
+
+def test_the_loaders_path_says_which_decoder_read_the_columns(tmp_path, monkeypatch):
+    """loader.stats().path names the decoder; where the page decoder was asked for and the
+    extension is missing, it says so and the batches are the same (pyarrow's reader)."""
+    from torch_fastload import DataLoader
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"a": np.arange(1000), "s": [f"v{k}" for k in range(1000)]}), path, row_group_size=300)
+
+    def run(**options):
+        loader = DataLoader(ParquetDataset(path, **options), batch_size=256)
+        batches = list(loader)
+        return batches, loader.stats().path
+
+    reference, said = run(decoder="pyarrow")
+    assert "read by pyarrow's reader (decoder='pyarrow')" in said
+    if parquet_arena.unavailable_reason() is None:
+        batches, said = run()
+        assert "decoded by the page decoder" in said
+        assert all(bool((b["s"] == r["s"]).all()) for b, r in zip(batches, reference))
+    monkeypatch.setattr(parquet_arena, "unavailable_reason", lambda: "not built here")
+    monkeypatch.setattr(parquet_arena, "page_decoder", lambda: None)
+    batches, said = run()
+    assert "the page decoder is not available (not built here)" in said
+    assert all(bool((b["a"] == r["a"]).all()) and bool((b["s"] == r["s"]).all()) for b, r in zip(batches, reference))

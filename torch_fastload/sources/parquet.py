@@ -326,8 +326,9 @@ class ParquetDataset(Dataset):
         into the pinned arena from now on (module docstring), where it can be made. Returns
         what it did, for ``loader.stats().path``."""
         cores = self._leave_cores()
+        pages = self._decoder_note()
         if device.type != "cuda":
-            return cores
+            return "; ".join(note for note in (pages, cores) if note)
         if self.pinned_arena == 0:
             decode = "Parquet decoded into pageable memory (pinned_arena=0), staged through the slot"
         else:
@@ -339,7 +340,17 @@ class ParquetDataset(Dataset):
             else:
                 why = parquet_arena.unavailable_reason() or "its registration with CUDA was refused"
                 decode = f"Parquet decoded into pageable memory ({why}), staged through the slot"
-        return "; ".join(note for note in (decode, cores) if note)
+        return "; ".join(note for note in (pages, decode, cores) if note)
+
+    def _decoder_note(self) -> str:
+        """Which decoder reads the column chunks, and why not the page decoder where it was
+        asked for and cannot be used (for ``loader.stats().path``)."""
+        if self.decoder == "pyarrow":
+            return "Parquet columns read by pyarrow's reader (decoder='pyarrow')"
+        why = parquet_arena.unavailable_reason()
+        if why is not None:
+            return f"Parquet columns read by pyarrow's reader: the page decoder is not available ({why})"
+        return "Parquet column chunks of flat numbers, booleans and strings decoded by the page decoder"
 
     def _leave_cores(self) -> str | None:
         """pyarrow's CPU pool made ``parquet_cores_left`` smaller than the machine (at least half
