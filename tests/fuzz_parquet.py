@@ -25,7 +25,7 @@ from torch_fastload.errors import ParquetError
 from torch_fastload.sources import ParquetDataset
 
 
-def valid_file(path: str, seed: int) -> None:
+def valid_file(path: str, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     n = 600
     table = pa.table(
@@ -35,9 +35,21 @@ def valid_file(path: str, seed: int) -> None:
             "s": pa.array([None if k % 11 == 0 else f"id-{k % 37}" for k in range(n)]),
             "t": pa.array(rng.integers(0, 10**12, n), pa.timestamp("ms")),
             "l": pa.array([list(range(k % 5)) for k in range(n)], pa.list_(pa.int32())),
+            "b": pa.array([None if k % 7 == 0 else bool(k % 3) for k in range(n)]),
+            "w": pa.array([f"word-{k % 13}" * (k % 3) for k in range(n)]),
         }
     )
-    pq.write_table(table, path, row_group_size=200, compression=random.Random(seed).choice(["snappy", "zstd", "none"]))
+    # the seed also picks the pages' kinds the page decoder meets: v1 or v2 data pages,
+    # dictionary or PLAIN, one page a chunk or many small ones
+    choose = random.Random(seed)
+    options = dict(
+        compression=choose.choice(["snappy", "zstd", "none"]),
+        data_page_version=choose.choice(["1.0", "2.0"]),
+        use_dictionary=choose.choice([True, False]),
+        data_page_size=choose.choice([1 << 20, 256]),
+    )
+    pq.write_table(table, path, row_group_size=200, **options)
+    return options
 
 
 def damage(data: bytearray, rng: random.Random) -> tuple[bytearray, str]:
@@ -81,7 +93,7 @@ def main() -> int:
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         base = os.path.join(tmp, "base.parquet")
-        valid_file(base, args.seed)
+        written = valid_file(base, args.seed)
         original = bytearray(open(base, "rb").read())
         path = os.path.join(tmp, "case.parquet")
         deadline = time.monotonic() + args.seconds
@@ -109,7 +121,7 @@ def main() -> int:
             outcomes[(how, result)] = outcomes.get((how, result), 0) + 1
             case += 1
     summary = ", ".join(f"{h}/{r}={n}" for (h, r), n in sorted(outcomes.items()))
-    print(f"fuzz_parquet: seed={args.seed} arena={args.arena} cases={case} failures={failures} [{summary}]")
+    print(f"fuzz_parquet: seed={args.seed} arena={args.arena} written {written} cases={case} failures={failures} [{summary}]")
     return 1 if failures else 0
 
 

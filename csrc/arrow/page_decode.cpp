@@ -452,10 +452,15 @@ arrow::Result<std::shared_ptr<arrow::Array>> decode_column(parquet::RowGroupRead
   Kind kind;
   int width;
   if (!kind_of(*d, *type, &kind, &width)) return Status::NotImplemented("column type");
+  const auto chunk = row_group.metadata()->ColumnChunk(column);
+  if (chunk->type() != d->physical_type())  // a corrupt footer: refused as pyarrow's reader does
+    return Status::Invalid("column '", d->path()->ToDotString(), "': its chunk's metadata says type ",
+                           parquet::TypeToString(chunk->type()), ", its schema ",
+                           parquet::TypeToString(d->physical_type()));
   const bool large = type->id() == arrow::Type::LARGE_STRING || type->id() == arrow::Type::LARGE_BINARY;
   const bool nullable = d->max_definition_level() == 1;
   const int64_t rows = row_group.metadata()->num_rows();
-  const int64_t hint = row_group.metadata()->ColumnChunk(column)->total_uncompressed_size();
+  const int64_t hint = chunk->total_uncompressed_size();
   ColumnDecoder out(kind, width, large, nullable, rows, hint, pool);
   ARROW_RETURN_NOT_OK(out.start());
   std::unique_ptr<parquet::PageReader> pages = row_group.GetColumnPageReader(column);
