@@ -121,7 +121,10 @@ def main() -> int:
             outcomes[(how, result)] = outcomes.get((how, result), 0) + 1
             case += 1
     summary = ", ".join(f"{h}/{r}={n}" for (h, r), n in sorted(outcomes.items()))
-    print(f"fuzz_parquet: seed={args.seed} arena={args.arena} written {written} cases={case} failures={failures} [{summary}]")
+    print(
+        f"fuzz_parquet: seed={args.seed} arena={args.arena} written {written} cases={case} failures={failures} "
+        f"[{summary}]"
+    )
     return 1 if failures else 0
 
 

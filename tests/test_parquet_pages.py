@@ -230,10 +230,14 @@ def _same_values(a: pa.Table, b: pa.Table) -> bool:
 @needs_extension
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_page_decoder_agrees_with_pyarrow_on_damaged_files(tmp_path, seed):
-    """The fuzzer's damaged files (footer bytes, pages, runs), read row group by row group by
-    both decoders: where pyarrow's reader raises, the page decoder raises too, and where it
-    reads, the page decoder reads the same values: the page decoder neither invents rows from
-    a file pyarrow refuses nor refuses one pyarrow reads. The seed picks the writer options
+    """The fuzzer's damaged files (footer bytes, pages, runs), read column chunk by column chunk
+    by both decoders: where pyarrow's reader raises, the page decoder raises too, and where it
+    reads, the page decoder reads the same values: it neither invents rows from a chunk pyarrow
+    refuses nor refuses one pyarrow reads. Chunk by chunk, because pyarrow itself reads a
+    damaged list chunk differently alone and beside other columns (pyarrow 25: 202 rows beside
+    them, 200 alone), and the page decoder hands such columns to pyarrow alone. A table of other
+    rows than the footer's (pyarrow's reader gave 0 of 200 where a page header was damaged) is
+    refused by read_row_group whichever decoder made it. The seed picks the writer options
     (v1/v2 pages, dictionary or PLAIN, page size)."""
     import random
 
@@ -246,26 +250,28 @@ def test_page_decoder_agrees_with_pyarrow_on_damaged_files(tmp_path, seed):
     original = bytearray(base.read_bytes())
     rng = random.Random(seed)
     compared = 0
-    for case in range(400):
+    for case in range(250):
         data, how = damage(bytearray(original), rng)
         path = tmp_path / f"case{case}.parquet"  # a new name each time: readers are cached by path
         path.write_bytes(bytes(data))
         try:
             meta = pq.ParquetFile(path).metadata
-            groups, columns = meta.num_row_groups, list(range(meta.num_columns))
+            groups, columns = meta.num_row_groups, meta.num_columns
         except Exception:
             continue  # refused before any page is read: the plan's check, not a decoder's
         for group in range(groups):
-            outcomes = []
-            for by_pages in (False, True):
-                try:
-                    outcomes.append(_arrow.read_row_group(str(path), group, columns, False, by_pages, False))
-                except (OSError, ValueError) as exc:
-                    outcomes.append(exc)
-            reference, ours = outcomes
-            if isinstance(reference, Exception) or isinstance(ours, Exception):
-                assert isinstance(reference, Exception) and isinstance(ours, Exception), (case, how, group, outcomes)
-            else:
-                assert _same_values(reference, ours), (case, how, group)
-            compared += 1
-    assert compared > 300
+            for column in range(columns):
+                outcomes = []
+                for by_pages in (False, True):
+                    try:
+                        outcomes.append(_arrow.read_row_group(str(path), group, [column], False, by_pages, False))
+                    except (OSError, ValueError) as exc:
+                        outcomes.append(exc)
+                reference, ours = outcomes
+                if isinstance(reference, Exception) or isinstance(ours, Exception):
+                    failed = isinstance(reference, Exception) and isinstance(ours, Exception)
+                    assert failed, (case, how, group, column, outcomes)
+                else:
+                    assert _same_values(reference, ours), (case, how, group, column)
+                compared += 1
+    assert compared > 1000

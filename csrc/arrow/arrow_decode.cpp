@@ -226,6 +226,19 @@ struct DecodeFailure {
 // page_decode does not take): what `decode_stats` reports.
 std::atomic<int64_t> g_page_columns{0}, g_pyarrow_columns{0}, g_fallbacks{0};
 
+// Every column of a row group's table as long as the footer says the row group is: a damaged
+// page or footer can make pyarrow's reader return other rows (0 of 200 where a page header is
+// damaged; a list column's levels read differently alone and beside other columns).
+arrow::Status check_rows(parquet::arrow::FileReader* reader, int row_group, const arrow::Table& table) {
+  const int64_t rows = reader->parquet_reader()->metadata()->RowGroup(row_group)->num_rows();
+  for (int k = 0; k < table.num_columns(); ++k) {
+    if (table.column(k)->length() != rows)
+      return arrow::Status::Invalid("column '", table.field(k)->name(), "' decoded ", table.column(k)->length(),
+                                    " rows, its row group has ", rows);
+  }
+  return arrow::Status::OK();
+}
+
 // Leaf columns `columns` of a row group: those page_decode takes on pyarrow's CPU pool (one task
 // a column chunk), the rest by pyarrow's reader on this thread meanwhile; one table in that order.
 arrow::Status read_by_pages(parquet::arrow::FileReader* reader, int row_group, const std::vector<int>& columns,
@@ -237,7 +250,8 @@ arrow::Status read_by_pages(parquet::arrow::FileReader* reader, int row_group, c
   for (size_t k = 0; k < n; ++k) (fastload_parquet::fast_decodable(*reader, columns[k], &fields[k]) ? by_pages : by_pyarrow).push_back(k);
   if (by_pages.empty()) {
     g_pyarrow_columns += n;
-    return reader->ReadRowGroups(std::vector<int>{row_group}, columns).Value(out);
+    ARROW_ASSIGN_OR_RAISE(*out, reader->ReadRowGroups(std::vector<int>{row_group}, columns));
+    return check_rows(reader, row_group, **out);
   }
   std::shared_ptr<parquet::RowGroupReader> group = reader->parquet_reader()->RowGroup(row_group);
   std::vector<arrow::Status> status(by_pages.size());
@@ -283,14 +297,8 @@ arrow::Status read_by_pages(parquet::arrow::FileReader* reader, int row_group, c
   }
   g_fallbacks += fell_back.size();
   ARROW_RETURN_NOT_OK(by_reader(fell_back));
-  const int64_t rows = group->metadata()->num_rows();
-  for (size_t k = 0; k < n; ++k) {  // a corrupt footer can give pyarrow's columns another length
-    if (chunks[k]->length() != rows)
-      return arrow::Status::Invalid("column '", fields[k]->name(), "' decoded ", chunks[k]->length(),
-                                    " rows, its row group has ", rows);
-  }
-  *out = arrow::Table::Make(arrow::schema(fields), chunks, rows);
-  return arrow::Status::OK();
+  *out = arrow::Table::Make(arrow::schema(fields), chunks, group->metadata()->num_rows());
+  return check_rows(reader, row_group, **out);
 }
 
 py::object read_row_group(const std::string& path, int row_group, const std::vector<int>& columns, bool threads,
@@ -306,7 +314,7 @@ py::object read_row_group(const std::string& path, int row_group, const std::vec
         if (by_pages) return read_by_pages(reader, row_group, columns, threads, pool, &table);
         g_pyarrow_columns += columns.size();
         ARROW_ASSIGN_OR_RAISE(table, reader->ReadRowGroups(std::vector<int>{row_group}, columns));
-        return arrow::Status::OK();
+        return check_rows(reader, row_group, *table);
       }();
       if (!st.ok()) failure = {st.IsIOError(), st.ToString()};
     } catch (const std::exception& e) {  // parquet::ParquetException out of the footer's accessors
