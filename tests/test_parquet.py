@@ -92,7 +92,9 @@ def expected(table: pa.Table, column: str, masked: bool) -> dict:
         ints = arr.cast(pa.int32()).cast(pa.int64()) if narrow else arr.cast(pa.int64())
         out[column] = torch.tensor([v if v is not None else 0 for v in ints.to_pylist()], dtype=torch.int64)
     else:
-        out[column] = torch.from_numpy(np.array([v if v is not None else 0 for v in values], dtype=t.to_pandas_dtype()))
+        # the type's numpy dtype without DataType.to_pandas_dtype (pyarrow < 26 imports pandas for it)
+        dtype = pa.array([], t).to_numpy(zero_copy_only=False).dtype
+        out[column] = torch.from_numpy(np.array([v if v is not None else 0 for v in values], dtype=dtype))
     assert masked or not arr.null_count, column  # a column with nulls always has a mask
     if masked:
         out[column + "__valid"] = torch.tensor(valid)
