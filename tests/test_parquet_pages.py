@@ -70,6 +70,28 @@ def test_page_decoder_equals_pyarrows_reader(tmp_path, options, threads):
 
 
 @needs_extension
+def test_page_decoder_equals_pyarrow_on_a_polars_file(tmp_path):
+    """A second writer: polars (large_string/large_binary in its Arrow schema, its own page
+    layout, millisecond timestamps for dates, nanosecond times)."""
+    polars = pytest.importorskip("polars")
+    table = every_type(3000)
+    table = table.select([c for c in table.column_names if c not in ("u16", "u64", "half")])  # not in polars
+    path = tmp_path / "polars.parquet"
+    polars.from_arrow(table).write_parquet(path, compression="snappy", row_group_size=1000)
+    reference = pq.ParquetFile(path)
+    assert reference.metadata.created_by.startswith("Polars")
+    names = reference.schema_arrow.names
+    by_pages = {"i32", "i64", "f32", "f64", "flag", "ts_us", "ts_ms_tz", "clock", "day64", "day", "name", "blob"}
+    by_pages.add("maybe")
+    for group in range(reference.num_row_groups):
+        ours, counted = _decode(path, group, list(range(reference.metadata.num_columns)))
+        assert ours.equals(reference.read_row_group(group)), group
+        assert counted["page_columns"] == len(by_pages) and counted["fallbacks"] == 0, counted
+    assert pa.types.is_large_string(ours.schema.field("name").type)  # 64-bit offsets taken by the decoder
+    assert set(names) >= by_pages
+
+
+@needs_extension
 def test_required_columns_large_offsets_and_edge_values(tmp_path):
     """Required (non-nullable) columns carry no definition levels; large_string/large_binary
     take 64-bit offsets; empty strings, all-null columns and null booleans decode as pyarrow's."""
