@@ -48,6 +48,15 @@ def valid_file(path: str, seed: int) -> dict:
         use_dictionary=choose.choice([True, False]),
         data_page_size=choose.choice([1 << 20, 256]),
     )
+    if choose.random() < 0.5:  # the DELTA_* and BYTE_STREAM_SPLIT pages of data page v2 writers
+        options["use_dictionary"] = False
+        options["column_encoding"] = {
+            "i": "DELTA_BINARY_PACKED",
+            "t": "DELTA_BINARY_PACKED",
+            "f": "BYTE_STREAM_SPLIT",
+            "s": "DELTA_BYTE_ARRAY",
+            "w": "DELTA_LENGTH_BYTE_ARRAY",
+        }
     pq.write_table(table, path, row_group_size=200, **options)
     return options
 

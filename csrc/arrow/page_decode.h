@@ -5,9 +5,10 @@
 // of a string column cannot be split across threads. This decoder takes the pages pyarrow's own
 // PageReader hands out (page headers, decompression, checksums: all pyarrow's) and decodes the
 // common kinds in tight loops: flat columns (no repetition, at most one definition level) of
-// fixed-width numbers, booleans and byte arrays, PLAIN or dictionary-encoded. Anything else (an
-// encoding it does not take, a nested field, a type pyarrow converts) is left to pyarrow's reader:
-// `decode_column` returns NotImplemented and the caller reads that column the usual way.
+// fixed-width numbers, booleans and byte arrays, PLAIN or dictionary-encoded, and byte arrays of
+// DELTA_LENGTH_BYTE_ARRAY or DELTA_BYTE_ARRAY pages. Anything else (an encoding it does not take
+// or that pyarrow decodes faster, a nested field, a type pyarrow converts) is left to pyarrow's
+// reader: `decode_column` returns NotImplemented and the caller reads that column the usual way.
 #pragma once
 
 #include <arrow/api.h>
