@@ -44,9 +44,10 @@ constexpr int kPopulateWrite = 23;  // Linux 5.14's value; older kernels refuse 
 
 // Power-of-2 size classes (1 KiB up: the page decoder sizes its buffers exactly, a 500-row int64
 // column is 4000 bytes) carved from one anonymous mapping and kept on free lists, never returned
-// to the mapping: the same row-group shapes decode again and again, so the lists settle. A Reallocate within its block's class grows in place (Arrow's builders grow
-// geometrically). Allocations below the smallest class, or that find no room, go to Arrow's
-// default pool: the loader then stages them through a pinned slot as before (correct, slower).
+// to the mapping: the same row-group shapes decode again and again, so the lists settle. A
+// Reallocate within its block's class grows in place (Arrow's builders grow geometrically).
+// Allocations below the smallest class, or that find no room, go to Arrow's default pool: the
+// loader then stages them through a pinned slot as before (correct, slower).
 class ArenaPool : public arrow::MemoryPool {
  public:
   static constexpr int64_t kSmallest = 1 << 10;
@@ -247,7 +248,10 @@ arrow::Status read_by_pages(parquet::arrow::FileReader* reader, int row_group, c
   std::vector<std::shared_ptr<arrow::Field>> fields(n);
   std::vector<std::shared_ptr<arrow::ChunkedArray>> chunks(n);
   std::vector<size_t> by_pages, by_pyarrow;
-  for (size_t k = 0; k < n; ++k) (fastload_parquet::fast_decodable(*reader, columns[k], &fields[k]) ? by_pages : by_pyarrow).push_back(k);
+  for (size_t k = 0; k < n; ++k) {
+    const bool ours = fastload_parquet::fast_decodable(*reader, columns[k], &fields[k]);
+    (ours ? by_pages : by_pyarrow).push_back(k);
+  }
   if (by_pages.empty()) {
     g_pyarrow_columns += n;
     ARROW_ASSIGN_OR_RAISE(*out, reader->ReadRowGroups(std::vector<int>{row_group}, columns));
@@ -279,7 +283,10 @@ arrow::Status read_by_pages(parquet::arrow::FileReader* reader, int row_group, c
     std::vector<int> leaves;
     for (size_t k : which) leaves.push_back(columns[k]);
     ARROW_ASSIGN_OR_RAISE(auto table, reader->ReadRowGroups(std::vector<int>{row_group}, leaves));
-    for (size_t j = 0; j < which.size(); ++j) fields[which[j]] = table->schema()->field(j), chunks[which[j]] = table->column(j);
+    for (size_t j = 0; j < which.size(); ++j) {
+      fields[which[j]] = table->schema()->field(j);
+      chunks[which[j]] = table->column(j);
+    }
     g_pyarrow_columns += which.size();
     return arrow::Status::OK();
   };
@@ -347,9 +354,10 @@ PYBIND11_MODULE(_arrow, m) {
   m.def("read_row_group", &read_row_group, py::arg("path"), py::arg("row_group"), py::arg("columns"),
         py::arg("threads") = true, py::arg("by_pages") = true, py::arg("into_arena") = true,
         "Row group `row_group` of `path`, leaf columns `columns`, decoded without the GIL into the arena\n"
-        "(into_arena; else Arrow's default pool); a pyarrow.Table. by_pages: flat numeric, boolean and string columns of PLAIN or dictionary pages\n"
-        "are decoded by page_decode.cpp from pyarrow's pages, the rest by pyarrow's reader. Arrow's errors\n"
-        "raise ValueError (OSError for I/O), with Arrow's message.");
+        "(into_arena; else Arrow's default pool); a pyarrow.Table. by_pages: the columns page_decode.cpp\n"
+        "takes are decoded by it from pyarrow's pages, the rest by pyarrow's reader. A table whose columns\n"
+        "hold other rows than the footer's is refused. Arrow's errors raise ValueError (OSError for I/O),\n"
+        "with Arrow's message.");
   m.def(
       "decode_stats",
       [] {

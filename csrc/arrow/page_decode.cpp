@@ -49,7 +49,8 @@ class Hybrid {
     while (n > 0) {
       if (repeat_left_ == 0 && packed_left_ == 0) ARROW_RETURN_NOT_OK(next_run());
       if (repeat_left_ > 0) {
-        if (repeat_value_ > 1) return Status::Invalid("a run of one-bit values (levels or booleans) holds ", repeat_value_);
+        if (repeat_value_ > 1)
+          return Status::Invalid("a run of one-bit values (levels or booleans) holds ", repeat_value_);
         const int64_t take = std::min(n, repeat_left_);
         arrow::bit_util::SetBitsTo(bitmap, at, take, repeat_value_ != 0);
         if (repeat_value_) *ones += take;
@@ -322,6 +323,7 @@ class ColumnDecoder {
 
  private:
   bool valid(int64_t row) const { return !nullable_ || arrow::bit_util::GetBit(validity_->data(), row); }
+  void set_bool(int64_t row, bool v) { arrow::bit_util::SetBitTo(values_->mutable_data(), row, v); }
 
   void set_offset(int64_t row, int64_t value) {
     if (large_) {
@@ -344,7 +346,8 @@ class ColumnDecoder {
   Status plain(int64_t n, int64_t present, const uint8_t* p, const uint8_t* end) {
     const int64_t size = end - p;
     if (kind_ == Kind::kFixed) {
-      if (present * width_ > size) return Status::Invalid("a PLAIN page of ", present, " values holds ", size, " bytes");
+      if (present * width_ > size)
+        return Status::Invalid("a PLAIN page of ", present, " values holds ", size, " bytes");
       uint8_t* out = values_->mutable_data() + done_ * width_;
       if (present == n) {
         std::memcpy(out, p, static_cast<size_t>(n * width_));
@@ -364,7 +367,7 @@ class ColumnDecoder {
       } else {
         int64_t k = 0;
         for (int64_t r = 0; r < n; ++r) {
-          if (valid(done_ + r)) arrow::bit_util::SetBitTo(values_->mutable_data(), done_ + r, arrow::bit_util::GetBit(p, k++));
+          if (valid(done_ + r)) set_bool(done_ + r, arrow::bit_util::GetBit(p, k++));
         }
       }
       return Status::OK();
@@ -443,7 +446,7 @@ class ColumnDecoder {
     ARROW_RETURN_NOT_OK(bits.decode_bits(present, dense.data(), 0, &ones));
     int64_t k = 0;
     for (int64_t r = 0; r < n; ++r) {
-      if (valid(done_ + r)) arrow::bit_util::SetBitTo(values_->mutable_data(), done_ + r, arrow::bit_util::GetBit(dense.data(), k++));
+      if (valid(done_ + r)) set_bool(done_ + r, arrow::bit_util::GetBit(dense.data(), k++));
     }
     return Status::OK();
   }
