@@ -223,6 +223,8 @@ def test_the_loaders_path_says_which_decoder_read_the_columns(tmp_path, monkeypa
 
     reference, said = run(decoder="pyarrow")
     assert "read by pyarrow's reader (decoder='pyarrow')" in said
+    _, said = run(read_mode="pread")
+    assert "read by pyarrow's reader from each row group's bytes (read_mode='pread')" in said
     if parquet_arena.unavailable_reason() is None:
         batches, said = run()
         assert "decoded by the page decoder" in said

@@ -348,6 +348,9 @@ class ParquetDataset(Dataset):
         asked for and cannot be used (for ``loader.stats().path``)."""
         if self.decoder == "pyarrow":
             return "Parquet columns read by pyarrow's reader (decoder='pyarrow')"
+        if self.read_mode != "pyarrow":  # the page decoder reads files by path
+            mode = f"read_mode={self.read_mode!r}"
+            return f"Parquet columns read by pyarrow's reader from each row group's bytes ({mode})"
         why = parquet_arena.unavailable_reason()
         if why is not None:
             return f"Parquet columns read by pyarrow's reader: the page decoder is not available ({why})"
