@@ -270,6 +270,14 @@ arrow::Status read_by_pages(parquet::arrow::FileReader* reader, int row_group, c
     }
   };
   std::vector<arrow::Future<>> running;
+  // the tasks use this frame's vectors: every one is waited for before the frame goes, whatever
+  // leaves it (a failed submit, an error or an exception out of pyarrow's reader below)
+  struct WaitAll {
+    std::vector<arrow::Future<>>& futures;
+    ~WaitAll() {
+      for (auto& f : futures) f.Wait();
+    }
+  } wait_all{running};
   if (threads && by_pages.size() > 1) {
     for (size_t i = 0; i < by_pages.size(); ++i) {
       ARROW_ASSIGN_OR_RAISE(auto f, arrow::internal::GetCpuThreadPool()->Submit(decode, i));
