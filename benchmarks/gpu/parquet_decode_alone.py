@@ -2,7 +2,9 @@
 arena (torch_fastload._arrow.read_row_group) with 1, 3 and 8 row groups at once on persistent
 threads (their readers opened first), 5 rounds each (median GB/s of Arrow bytes, range, and
 when the first row group came back); then each column of the first file's row group 2 on one
-thread, and that whole row group on one thread.
+thread, and that whole row group on one thread. parquet_timeline.py's decode-only rows time the
+same call inside its run (with the cores used); this one gives each round's spread and the
+per-column times.
 
     python3 benchmarks/gpu/parquet_decode_alone.py FILE.parquet [FILE.parquet ...]
 """

@@ -240,6 +240,14 @@ arrow::Status check_rows(parquet::arrow::FileReader* reader, int row_group, cons
   return arrow::Status::OK();
 }
 
+// Leaf columns `columns` of a row group, all by pyarrow's reader.
+arrow::Status read_by_pyarrow(parquet::arrow::FileReader* reader, int row_group, const std::vector<int>& columns,
+                              std::shared_ptr<arrow::Table>* out) {
+  g_pyarrow_columns += columns.size();
+  ARROW_ASSIGN_OR_RAISE(*out, reader->ReadRowGroups(std::vector<int>{row_group}, columns));
+  return check_rows(reader, row_group, **out);
+}
+
 // Leaf columns `columns` of a row group: those page_decode takes on pyarrow's CPU pool (one task
 // a column chunk), the rest by pyarrow's reader on this thread meanwhile; one table in that order.
 arrow::Status read_by_pages(parquet::arrow::FileReader* reader, int row_group, const std::vector<int>& columns,
@@ -252,11 +260,7 @@ arrow::Status read_by_pages(parquet::arrow::FileReader* reader, int row_group, c
     const bool ours = fastload_parquet::fast_decodable(*reader, columns[k], &fields[k]);
     (ours ? by_pages : by_pyarrow).push_back(k);
   }
-  if (by_pages.empty()) {
-    g_pyarrow_columns += n;
-    ARROW_ASSIGN_OR_RAISE(*out, reader->ReadRowGroups(std::vector<int>{row_group}, columns));
-    return check_rows(reader, row_group, **out);
-  }
+  if (by_pages.empty()) return read_by_pyarrow(reader, row_group, columns, out);
   std::shared_ptr<parquet::RowGroupReader> group = reader->parquet_reader()->RowGroup(row_group);
   std::vector<arrow::Status> status(by_pages.size());
   auto decode = [&](size_t i) {  // on a pool thread: nothing may be thrown out of it
@@ -327,9 +331,7 @@ py::object read_row_group(const std::string& path, int row_group, const std::vec
       arrow::Status st = [&]() -> arrow::Status {
         ARROW_ASSIGN_OR_RAISE(auto reader, reader_for(path, threads, pool));
         if (by_pages) return read_by_pages(reader, row_group, columns, threads, pool, &table);
-        g_pyarrow_columns += columns.size();
-        ARROW_ASSIGN_OR_RAISE(table, reader->ReadRowGroups(std::vector<int>{row_group}, columns));
-        return check_rows(reader, row_group, *table);
+        return read_by_pyarrow(reader, row_group, columns, &table);
       }();
       if (!st.ok()) failure = {st.IsIOError(), st.ToString()};
     } catch (const std::exception& e) {  // parquet::ParquetException out of the footer's accessors

@@ -21,6 +21,44 @@ namespace {
 
 using arrow::Status;
 
+// An unsigned LEB128 varint of at most `max_bits` bits (RLE run headers are 32-bit, as pyarrow
+// reads them; DELTA headers 64-bit).
+Status uleb(const uint8_t*& p, const uint8_t* end, uint64_t* v, int max_bits = 64) {
+  uint64_t r = 0;
+  for (int shift = 0; shift < max_bits; shift += 7) {
+    if (p >= end) return Status::Invalid("a varint ends past its page");
+    const uint8_t b = *p++;
+    r |= uint64_t(b & 0x7f) << shift;
+    if (!(b & 0x80)) {
+      *v = r;
+      return Status::OK();
+    }
+  }
+  return Status::Invalid("a varint of more than ", max_bits, " bits");
+}
+
+// Bits [at, at + width) of `p` (width <= 64), least significant first; the caller checked they lie
+// inside the `bytes` given.
+uint64_t bits_at(const uint8_t* p, int64_t bytes, int64_t at, int width) {
+  if (width == 0) return 0;
+  const int64_t first = at >> 3;
+  const int shift = static_cast<int>(at & 7);
+  uint64_t low = 0;
+  uint8_t high = 0;  // the 9th byte: up to 7 + 64 bits
+  if (first + 9 <= bytes) {
+    std::memcpy(&low, p + first, 8);
+    high = p[first + 8];
+  } else {
+    uint8_t window[9] = {0};
+    std::memcpy(window, p + first, static_cast<size_t>(bytes - first));
+    std::memcpy(&low, window, 8);
+    high = window[8];
+  }
+  uint64_t v = low >> shift;
+  if (shift && shift + width > 64) v |= uint64_t(high) << (64 - shift);
+  return width == 64 ? v : v & ((uint64_t(1) << width) - 1);
+}
+
 // The RLE / bit-packed hybrid of the Parquet spec (definition levels, dictionary indices).
 class Hybrid {
  public:
@@ -69,13 +107,7 @@ class Hybrid {
  private:
   Status next_run() {
     uint64_t header = 0;
-    for (int shift = 0;; shift += 7) {
-      if (p_ >= end_ || shift > 28)  // a 32-bit varint, as pyarrow's reader reads it
-        return Status::Invalid("an RLE run header ends past its page, or is longer than 5 bytes");
-      const uint8_t b = *p_++;
-      header |= uint64_t(b & 0x7f) << shift;
-      if (!(b & 0x80)) break;
-    }
+    ARROW_RETURN_NOT_OK(uleb(p_, end_, &header, 32));
     if (header & 1) {  // bit-packed: (header >> 1) groups of 8 values
       const int64_t groups = static_cast<int64_t>(header >> 1);
       if (groups == 0) return Status::Invalid("an empty bit-packed run");
@@ -99,6 +131,8 @@ class Hybrid {
     return Status::OK();
   }
 
+  // Its own loop, not bits_at: dictionary indices are the hot path, and a width of at most 32
+  // bits needs one 8-byte load, without bits_at's ninth byte.
   Status unpack(int64_t n, uint32_t* out) {
     if (packed_at_ + n * width_ > packed_bits_) return Status::Invalid("a bit-packed run ends past its page");
     const uint64_t mask = width_ == 32 ? 0xffffffffull : ((1ull << width_) - 1);
@@ -130,40 +164,11 @@ class Hybrid {
 // bit-packed deltas. Values wrap around as the column's type does (int32 or int64). Read here for
 // the lengths of DELTA_LENGTH_BYTE_ARRAY and DELTA_BYTE_ARRAY pages; fixed-width columns of
 // DELTA_BINARY_PACKED or BYTE_STREAM_SPLIT pages are left to pyarrow's reader.
-Status uleb(const uint8_t*& p, const uint8_t* end, uint64_t* v) {
-  uint64_t r = 0;
-  for (int shift = 0; shift < 64; shift += 7) {
-    if (p >= end) return Status::Invalid("a varint ends past its page");
-    const uint8_t b = *p++;
-    r |= uint64_t(b & 0x7f) << shift;
-    if (!(b & 0x80)) {
-      *v = r;
-      return Status::OK();
-    }
-  }
-  return Status::Invalid("a varint of more than 64 bits");
-}
-
 Status zigzag(const uint8_t*& p, const uint8_t* end, int64_t* v) {
   uint64_t u;
   ARROW_RETURN_NOT_OK(uleb(p, end, &u));
   *v = static_cast<int64_t>((u >> 1) ^ (~(u & 1) + 1));
   return Status::OK();
-}
-
-// Bits [at, at + width) of `p` (width <= 64), least significant first; the caller checked they lie
-// inside the `bytes` given.
-uint64_t bits_at(const uint8_t* p, int64_t bytes, int64_t at, int width) {
-  if (width == 0) return 0;
-  const int64_t first = at >> 3;
-  const int shift = static_cast<int>(at & 7);
-  uint8_t window[16] = {0};  // up to 7 + 64 bits: 9 bytes
-  std::memcpy(window, p + first, static_cast<size_t>(std::min<int64_t>(9, bytes - first)));
-  uint64_t low;
-  std::memcpy(&low, window, 8);
-  uint64_t v = low >> shift;
-  if (shift && shift + width > 64) v |= uint64_t(window[8]) << (64 - shift);
-  return width == 64 ? v : v & ((uint64_t(1) << width) - 1);
 }
 
 // The values of a DELTA_BINARY_PACKED run starting at `p` into `out`: its first `needed` (the

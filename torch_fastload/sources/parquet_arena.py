@@ -24,7 +24,7 @@ import torch
 from .. import engine
 from ..staging import add_direct_region
 
-__all__ = ["decoder", "page_decoder", "decode_stats", "arena_stats", "unavailable_reason"]
+__all__ = ["decoder", "page_decoder", "arena_stats", "unavailable_reason"]
 
 try:
     from .. import _arrow
@@ -57,11 +57,6 @@ def page_decoder():
     if _arrow is None:
         return None
     return functools.partial(_arrow.read_row_group, by_pages=True, into_arena=False)
-
-
-def decode_stats() -> dict | None:
-    """Column chunks decoded by the page decoder and by pyarrow's reader so far (this process)."""
-    return _arrow.decode_stats() if _arrow is not None else None
 
 
 def decoder(device: torch.device, nbytes: int, by_pages: bool = True):
