@@ -91,12 +91,20 @@ def test_allocations_the_arena_cannot_hold_fall_back_and_decode_the_same(tmp_pat
     arena is the process's, made by the first test that asked (2 GiB where a CUDA test's
     dataset made it first): sixteen large_binary values of a sixteenth of it each, one row
     group, so the bytes exceed any arena size (an int64 column cannot: a row group is at most
-    64 Mi rows)."""
+    64 Mi rows), one value a page."""
     _arrow, base, size = _arena()
     width = size // 16 + 4096
     values = pa.array([np.full(width, k, dtype=np.uint8).tobytes() for k in range(16)], pa.large_binary())
     path = tmp_path / "big.parquet"
-    pq.write_table(pa.table({"v": values}), path, compression="none", use_dictionary=False)
+    # one value a page: a page of them all would pass pyarrow's 2 GiB page limit on a large arena
+    pq.write_table(
+        pa.table({"v": values}),
+        path,
+        compression="none",
+        use_dictionary=False,
+        write_batch_size=1,
+        data_page_size=1 << 20,
+    )
     del values
     before = _arrow.arena_stats()["fallback_allocations"]
     ours = _arrow.read_row_group(str(path), 0, [0], True)
