@@ -723,3 +723,47 @@ def test_gpu_corrupt_page_is_raised_by_its_own_next(tmp_path):
     with pytest.raises(ParquetDecodeError) as info:
         next(it)
     assert (info.value.row_group, info.value.column) == (2, "b")
+
+
+def test_batches_never_import_pandas(tmp_path):
+    """pyarrow imports pandas, where it is installed, from ``pa.array``/``pa.scalar`` (a boolean
+    column's ``fill_null``, a shuffled batch's take indices): a fraction of a second holding
+    the GIL inside a user's first epoch. A stand-in ``pandas`` that records its import (and
+    refuses it) must stay untouched by range, shuffled and loader batches with nullable and
+    plain booleans. Before the numpy bit unpack both batch kinds imported it."""
+    rng = np.random.default_rng(0)
+    n = 3000
+    table = pa.table(
+        {
+            "flag": pa.array(rng.random(n) < 0.5, mask=rng.random(n) < 0.2),
+            "plain": pa.array(rng.random(n) < 0.5),
+            "x": pa.array(np.arange(n)),
+            "s": pa.array([f"v{i}" for i in range(n)]),
+        }
+    )
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=700)
+    fake = tmp_path / "fake" / "pandas"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import os\nopen(os.environ['PANDAS_MARKER'], 'a').write('imported')\nraise ImportError('blocked')\n"
+    )
+    marker = tmp_path / "marker"
+    script = f"""
+import numpy as np, torch
+from torch_fastload import DataLoader
+from torch_fastload.sources import ParquetDataset, ParquetSampler
+ds = ParquetDataset({str(path)!r}, masks="always")
+ranged = ds.batch(np.arange(100, 1600))
+shuffled = ds.batch(np.random.default_rng(0).permutation({n})[:2000])
+rows = sum(len(b["x"]) for b in DataLoader(ds, batch_sampler=ParquetSampler(ds, shuffle=True).batches(512)))
+assert rows == {n}, rows
+print(int(ranged["flag"].sum()), int(shuffled["plain"].sum()))
+"""
+    env = dict(os.environ, PANDAS_MARKER=str(marker), PYTHONPATH=os.pathsep.join([str(fake.parent), os.getcwd()]))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists(), "pandas was imported by a batch"
+    flag = table.column("flag").to_pylist()
+    want = sum(bool(v) for v in flag[100:1600])
+    assert int(done.stdout.split()[0]) == want

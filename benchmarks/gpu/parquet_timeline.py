@@ -17,7 +17,7 @@ untraced epochs the cores each thread group used, page faults and context switch
   python3 benchmarks/gpu/parquet_timeline.py DATA_DIR OUT_DIR [variant ...]
   env: TIMELINE_ROWS=4000000,1000000 (the two files), TIMELINE_AT_ONCE=1,2,3,4,8,16 (decode-only rows),
        TIMELINE_REPEAT=1 (the variants' list run this many times, interleaved)
-variants: default, arrow-off, pageable (no decode arena), prefetch8 (prefetch 8, 9 slots), stage4
+variants: default, arrow-off, pageable (no decode arena), prefetch8 (prefetch 8, 9 slots), prefetchP-slotsS, stage4
 (stage_threads=4: threads copying into a slot; the pipeline's stage threads stay 2),
 at-onceN, host (batches on the CPU), switchNus (the interpreter's switch interval), cpuN and
 cpuN-at-onceM (pyarrow's CPU pool at N threads), leftN (parquet_cores_left=N), pipeline-stagesN
@@ -126,6 +126,8 @@ VARIANTS = {
     "pageable": ({"pinned_arena": 0}, {}),  # decode into Arrow's pool, staged through the slot (no arena)
     "prefetch8": ({}, {"prefetch": 8, "pool_slots": 9}),
     "stage4": ({}, {"stage_threads": 4}),
+    # the pipeline's depth (read-ahead credits) apart from its pinned slots
+    **{f"prefetch{p}-slots{s}": ({}, {"prefetch": p, "pool_slots": s}) for p in (2, 4, 5, 8) for s in (3, 4, 6, 9)},
     "stage4-prefetch6": ({}, {"stage_threads": 4, "prefetch": 6, "pool_slots": 8}),
     **{
         f"deep-at-once{n}": ({"row_groups_at_once": n}, {"stage_threads": 4, "prefetch": 8, "pool_slots": 10})

@@ -304,7 +304,10 @@ class RowGroupCache:
         """Rows ``rows`` of ``table``, its columns gathered in parallel (pyarrow's take runs one
         column after another, without the GIL): a shuffled batch's gather was a serial step on
         the fetch thread as long as the decode of its rows."""
-        indices = pa.array(rows)
+        # from the buffer, not pa.array(rows): that imports pandas where it is installed (once
+        # a process, a fraction of a second holding the GIL in the first shuffled batch)
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        indices = pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
         if table.num_columns < 2 or len(rows) < _PARALLEL_TAKE_ROWS or self.threads < 2:
             return table.take(indices)
         with self.lock:

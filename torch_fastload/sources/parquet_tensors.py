@@ -50,10 +50,28 @@ def _buffer_view(buf, numpy_dtype, offset: int, length: int) -> np.ndarray:
     return np.frombuffer(buf, dtype=numpy_dtype)[offset : offset + length]
 
 
+def _bits(buf, offset: int, length: int) -> np.ndarray:
+    """Arrow's bitmap ``buf`` (LSB first) from bit ``offset``, ``length`` bits, as numpy bools."""
+    if length == 0:
+        return np.zeros(0, dtype=bool)
+    packed = np.frombuffer(buf, dtype=np.uint8, count=(offset + length + 7) // 8)
+    return np.unpackbits(packed, count=offset + length, bitorder="little")[offset:].view(bool)
+
+
 def _validity(arr: pa.Array) -> np.ndarray:
     if arr.null_count == 0:
         return np.ones(len(arr), dtype=bool)
-    return arr.is_valid().to_numpy(zero_copy_only=False)
+    return _bits(arr.buffers()[0], arr.offset, len(arr))
+
+
+def _bools(arr: pa.Array) -> torch.Tensor:
+    """A boolean array's values, False where null, unpacked with numpy. Not ``fill_null``:
+    its fill scalar makes pyarrow import pandas where pandas is installed, a fraction of a
+    second holding the GIL on a decode thread inside the first epoch (H100 machine)."""
+    values = _bits(arr.buffers()[1], arr.offset, len(arr))
+    if arr.null_count:
+        values &= _validity(arr)
+    return torch.from_numpy(values)
 
 
 def _fixed(spec: ColumnSpec, arr: pa.Array) -> torch.Tensor:
@@ -146,7 +164,7 @@ def _array_tensors(path: str, spec: ColumnSpec, arr: pa.Array) -> dict:
     if spec.kind == "fixed":
         out[name] = _fixed(spec, arr)
     elif spec.kind == "bool":
-        out[name] = torch.from_numpy(arr.fill_null(False).to_numpy(zero_copy_only=False))
+        out[name] = _bools(arr)
     elif spec.kind == "decimal":
         words = np.frombuffer(arr.buffers()[1], dtype=np.int64).reshape(-1, 2)
         out[name] = _tensor(_zero_nulls(words[arr.offset : arr.offset + len(arr), 0], arr))
@@ -223,7 +241,7 @@ def _prepare_column(spec: ColumnSpec, column: pa.ChunkedArray) -> _Column | None
     if spec.kind == "fixed":
         values = _fixed(spec, arr)
     elif spec.kind == "bool":
-        values = torch.from_numpy(arr.fill_null(False).to_numpy(zero_copy_only=False))
+        values = _bools(arr)
     elif spec.kind == "decimal":
         words = np.frombuffer(arr.buffers()[1], dtype=np.int64).reshape(-1, 2)
         values = _tensor(_zero_nulls(words[arr.offset : arr.offset + len(arr), 0], arr))

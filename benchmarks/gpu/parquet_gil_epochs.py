@@ -1,0 +1,58 @@
+"""Issue 21: loader epochs over one alert file, back to back for SECONDS, for a sampling profiler
+run beside them (``py-spy record --gil``: only the thread holding the GIL is sampled, so the
+samples say what the pipeline's Python costs, thread by thread, when the GIL is the bound).
+
+  python3 benchmarks/gpu/parquet_gil_epochs.py DATA_DIR [ROWS] [COMPRESSION] [SECONDS]
+  (defaults 1000000 none 4; the file is written under DATA_DIR once)
+
+Each epoch drops the decoded row groups first, as benchmarks/parquet.py's timed epochs do; the
+epochs' median time is printed at the end.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, "benchmarks")
+import parquet_data  # noqa: E402
+
+from torch_fastload import DataLoader  # noqa: E402
+from torch_fastload.sources import ParquetDataset, ParquetSampler  # noqa: E402
+
+BATCH_ROWS = 67394  # 16 MiB of the alert table's decoded columns (benchmarks/parquet.py's sizing)
+
+
+def main() -> None:
+    root = Path(sys.argv[1])
+    rows = int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000
+    compression = sys.argv[3] if len(sys.argv) > 3 else "none"
+    seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 4.0
+    root.mkdir(parents=True, exist_ok=True)
+    path = parquet_data.write_alert(root, rows, compression, 131072)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dataset = ParquetDataset(path)
+    batches = ParquetSampler(dataset, shuffle=False).batches(BATCH_ROWS)
+    loader = DataLoader(dataset, batch_sampler=batches, device=device)
+    for _ in loader:  # the pool, the threads, the arena
+        pass
+    epochs = []
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        dataset.close()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _batch in loader:
+            pass
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        epochs.append(time.perf_counter() - started)
+    epochs.sort()
+    print(f"{path.name}: {len(epochs)} epochs, median {1e3 * epochs[len(epochs) // 2]:.1f} ms", flush=True)
+    print(loader.stats(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
