@@ -760,7 +760,8 @@ rows = sum(len(b["x"]) for b in DataLoader(ds, batch_sampler=ParquetSampler(ds, 
 assert rows == {n}, rows
 print(int(ranged["flag"].sum()), int(shuffled["plain"].sum()))
 """
-    env = dict(os.environ, PANDAS_MARKER=str(marker), PYTHONPATH=os.pathsep.join([str(fake.parent), os.getcwd()]))
+    path_dirs = [str(fake.parent), REPO, os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PANDAS_MARKER=str(marker), PYTHONPATH=os.pathsep.join(path_dirs))
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert not marker.exists(), "pandas was imported by a batch"

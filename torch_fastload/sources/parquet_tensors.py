@@ -52,8 +52,8 @@ def _buffer_view(buf, numpy_dtype, offset: int, length: int) -> np.ndarray:
 
 def _bits(buf, offset: int, length: int) -> np.ndarray:
     """Arrow's bitmap ``buf`` (LSB first) from bit ``offset``, ``length`` bits, as numpy bools."""
-    if length == 0:
-        return np.zeros(0, dtype=bool)
+    if length == 0 or buf is None:
+        return np.zeros(length, dtype=bool)
     packed = np.frombuffer(buf, dtype=np.uint8, count=(offset + length + 7) // 8)
     return np.unpackbits(packed, count=offset + length, bitorder="little")[offset:].view(bool)
 
