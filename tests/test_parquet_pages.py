@@ -134,6 +134,82 @@ def test_required_columns_large_offsets_and_edge_values(tmp_path):
 
 
 @needs_extension
+@pytest.mark.parametrize("dictionary", [True, False], ids=["dictionary", "plain"])
+def test_strings_of_every_length_around_the_wide_copies(tmp_path, dictionary):
+    """Pages without nulls copy each value 16 bytes at a time, reading and writing past it where
+    there is room: lengths 0-80 (every multiple of 16 and one either side), values ending at a
+    page's last byte (small pages), the dictionary's last value, 32- and 64-bit offsets."""
+    rng = np.random.default_rng(7)
+    n = 4000
+    pool = [bytes(rng.integers(0, 256, length, dtype=np.uint8)) for length in range(81)]
+    values = [pool[int(k)] for k in rng.integers(0, len(pool), n)]
+    values[-1] = pool[80]  # the longest value last: its copy ends at the page's (or dictionary's) end
+    table = pa.table(
+        {
+            "bin": pa.array(values, pa.binary()),
+            "big": pa.array(values, pa.large_binary()),
+            "text": pa.array([v.hex() for v in values], pa.string()),
+        },
+        schema=pa.schema(
+            [
+                pa.field(name, t, nullable=False)
+                for name, t in [("bin", pa.binary()), ("big", pa.large_binary()), ("text", pa.string())]
+            ]
+        ),
+    )
+    for page_size in (300, 1 << 20):
+        path = tmp_path / f"s{page_size}.parquet"
+        pq.write_table(
+            table, path, row_group_size=1500, use_dictionary=dictionary, data_page_size=page_size, compression="none"
+        )
+        reference = pq.ParquetFile(path)
+        for group in range(reference.num_row_groups):
+            ours, counted = _decode(path, group, [0, 1, 2])
+            assert ours.equals(reference.read_row_group(group)), (page_size, group)
+            assert counted["page_columns"] == 3 and counted["fallbacks"] == 0, counted
+
+
+@needs_extension
+def test_row_groups_decode_in_the_order_they_were_asked_for():
+    """Column chunks of row groups decoding at once queue by their row group's order, not in
+    the pool's arrival order: the first row group (the next batch's) is not finished last with
+    the others. Negative control: queued in arrival order, the same tasks run as they came."""
+    from torch_fastload import _arrow
+
+    before = pa.cpu_count()
+    pa.set_cpu_count(1)  # one pool thread: the queue's order is the order they run
+    try:
+        asked = [5, 3, 9, 1, 7, 2, 8]
+        assert _arrow.ordered_probe(asked) == sorted(asked)
+        assert _arrow.ordered_probe(asked, ordered=False) == asked  # FIFO: what it replaced
+    finally:
+        pa.set_cpu_count(before)
+
+
+@needs_extension
+def test_the_cache_asks_for_row_groups_in_the_samplers_order(tmp_path):
+    """Each decode is given an order that grows with the order the cache started it in."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"x": np.arange(8000)}), path, row_group_size=1000)
+    dataset = ParquetDataset(path, threads=4)
+    cache = dataset._reader()
+    seen = []
+    decode = cache._decode
+
+    def recorded(index, order=-1):
+        seen.append((order, index))
+        return decode(index, order)
+
+    cache._decode = recorded
+    cache.get([0], ahead=[0, 5, 2, 7])
+    cache.get([5, 2, 7])
+    started = [index for _, index in sorted(seen)]
+    assert started[:4] == [0, 5, 2, 7], seen
+    assert all(order >= 0 for order, _ in seen)
+    dataset.close()
+
+
+@needs_extension
 def test_dataset_batches_equal_with_either_decoder(tmp_path):
     """ParquetDataset(decoder='pages') gives the batches decoder='pyarrow' does: in order,
     across row groups, shuffled rows."""

@@ -10,6 +10,7 @@ measures both; the faster on the reference machine is the default.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections import OrderedDict
@@ -32,6 +33,9 @@ DECODERS = ("pages", "pyarrow")  # ParquetDataset(decoder=): csrc/arrow/page_dec
 _OPEN_FILES_PER_THREAD = 4
 AHEAD_MAX = 256  # row groups of the sampler's order the read-ahead looks at
 _PARALLEL_TAKE_ROWS = 4096  # smaller gathers are not worth a thread hand-off
+# the order row groups are asked for, across every cache of the process: their column chunks
+# decode on pyarrow's pool in this order (``_arrow.read_row_group(order=)``)
+_ASKED = itertools.count()
 
 
 class _SpanFile:
@@ -135,11 +139,11 @@ class RowGroupCache:
         files[f] = pq.ParquetFile(self.plan.paths[f], metadata=self.plan.metadata[f], pre_buffer=True)
         return files[f]
 
-    def _decode(self, index: int) -> DecodedRowGroup:
+    def _decode(self, index: int, order: int = -1) -> DecodedRowGroup:
         group: RowGroup = self.plan.row_groups[index]
         path = self.plan.paths[group.file]
         try:
-            table = self._read_checked(group, path)
+            table = self._read_checked(group, path, order)
         finally:
             self._read_finished()
         if table.num_rows != group.rows:
@@ -149,7 +153,7 @@ class RowGroupCache:
         columns, extra = prepare_row_group(self.plan.columns, table)
         return DecodedRowGroup(table, table.nbytes + extra, columns)
 
-    def _read_checked(self, group: RowGroup, path: str) -> pa.Table:
+    def _read_checked(self, group: RowGroup, path: str, order: int = -1) -> pa.Table:
         """The row group's table, its file checked unchanged first; errors named by file, row
         group and (where it can be found) column."""
         try:
@@ -164,7 +168,7 @@ class RowGroupCache:
                 row_group=group.index,
             )
         try:
-            return self._read(group, self.names)
+            return self._read(group, self.names, order)
         except ParquetError:
             raise
         except (OSError, pa.ArrowException, ValueError, IndexError) as exc:
@@ -178,14 +182,15 @@ class RowGroupCache:
             self.reading -= 1
             self._read_ahead()
 
-    def _read(self, group: RowGroup, names: list) -> pa.Table:
+    def _read(self, group: RowGroup, names: list, order: int = -1) -> pa.Table:
         """Columns ``names`` of a row group, in that order. They are selected by leaf column
-        index: pyarrow reads a dotted name as a path into a struct."""
+        index: pyarrow reads a dotted name as a path into a struct. ``order``: where its column
+        chunks queue among those of row groups decoding at once (``_ASKED``; -1: last)."""
         leaves = self.plan.leaves[group.file]
         indices = sorted(j for name in names for j in leaves[name])
         decode = self.arena_decode or self.page_decode
         if decode is not None and self.read_mode == "pyarrow":
-            table = decode(self.plan.paths[group.file], group.index, indices, self.arrow_threads)
+            table = decode(self.plan.paths[group.file], group.index, indices, self.arrow_threads, order=order)
         else:
             owner = self._file(group.file) if self.read_mode == "pyarrow" else self._span_file(group)
             table = owner.reader.read_row_group(group.index, column_indices=indices, use_threads=self.arrow_threads)
@@ -223,7 +228,7 @@ class RowGroupCache:
             return future
         if self.pool is None:
             self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fastload-parquet")
-        future = self.pool.submit(self._decode, index)
+        future = self.pool.submit(self._decode, index, next(_ASKED))
         self.entries[index] = future
         self.running += 1
         self.reading += 1
