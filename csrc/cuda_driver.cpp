@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -49,14 +50,25 @@ const Api& api() {
       table.event_elapsed_time =
           reinterpret_cast<decltype(table.event_elapsed_time)>(::dlsym(lib, "cuEventElapsedTime_v2"));
       if (table.event_elapsed_time == nullptr) resolve(lib, "cuEventElapsedTime", table.event_elapsed_time);
-      table.memcpy_batch_async =
-          reinterpret_cast<decltype(table.memcpy_batch_async)>(::dlsym(lib, "cuMemcpyBatchAsync_v2"));
+      // TORCH_FASTLOAD_DMA_BATCH=0: one cuMemcpyHtoDAsync a range instead (probes compare the two)
+      const char* batch = ::getenv("TORCH_FASTLOAD_DMA_BATCH");
+      if (batch == nullptr || std::string(batch) != "0")
+        table.memcpy_batch_async =
+            reinterpret_cast<decltype(table.memcpy_batch_async)>(::dlsym(lib, "cuMemcpyBatchAsync_v2"));
     } catch (const Error& e) {
       failure = e.what();
     }
   });
   if (!failure.empty()) throw Error(Error::kInvalid, failure);
   return table;
+}
+
+int dma_src_access_order() {
+  static const int order = [] {
+    const char* v = ::getenv("TORCH_FASTLOAD_DMA_ORDER");
+    return v != nullptr && std::string(v) == "stream" ? kSrcAccessOrderStream : kSrcAccessOrderAny;
+  }();
+  return order;
 }
 
 Result primary_context(int ordinal, Context* out) {

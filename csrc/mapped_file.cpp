@@ -120,7 +120,7 @@ int64_t dma_copies(std::vector<cuda::DevicePtr>& dsts, std::vector<cuda::DeviceP
     return total;
   }
   cuda::MemcpyAttributes attrs{};
-  attrs.src_access_order = cuda::kSrcAccessOrderStream;
+  attrs.src_access_order = cuda::dma_src_access_order();
   size_t first = 0;
   cuda::check(cu.memcpy_batch_async(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs, &first, 1, s),
               "cuMemcpyBatchAsync (registered host memory -> device)");

@@ -12,7 +12,8 @@ divided by the rate with ready device-resident batches (alternated, 3 repeats, m
 and the loader's batches/s alone and beside the thread. With small rows (argv[1] = 4) the copy
 engines' work per batch is negligible and the driver calls per batch are the same.
 
-    python3 benchmarks/gpu/launch_bound_routes.py [ROW_KIB]      (env ROUTES="dma shuffled,...")
+    python3 benchmarks/gpu/launch_bound_routes.py [ROW_KIB]
+    env ROUTES="copy engines, shuffled;gather kernel, shuffled" (names separated by ";")
 """
 
 import os
@@ -71,7 +72,7 @@ ROUTES = {
     "CPU gather, shuffled": make(memory_rows="gather"),
     "auto, shuffled": make(),
 }
-only = [r for r in os.environ.get("ROUTES", "").split(",") if r]
+only = [r.strip() for r in os.environ.get("ROUTES", "").split(";") if r.strip()]
 print(f"rows of {row_bytes // 1024} KiB, batch {batch}", flush=True)
 for name, build in ROUTES.items():
     if only and name not in only:

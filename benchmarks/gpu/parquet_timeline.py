@@ -82,13 +82,13 @@ def instrument() -> None:
             submitted[index] = time.perf_counter()
         return start(self, index)
 
-    def _decode(self, index):
+    def _decode(self, index, order=-1):
         if RECORDING.is_set() and index in submitted:
             SPANS.append((threading.current_thread().name, "queued", index, submitted.pop(index), time.perf_counter()))
-        return decode(self, index)
+        return decode(self, index, order)
 
     cache._start, cache._decode = _start, _decode
-    cache._read = span("decode", lambda self, group, names: group.index)(cache._read)
+    cache._read = span("decode", lambda self, group, names, order=-1: group.index)(cache._read)
     parquet_decode.prepare_row_group = span("prepare")(parquet_decode.prepare_row_group)
     cache.get = span("rows-wait")(cache.get)
     fetch.ReadAhead.take = span("credit")(fetch.ReadAhead.take)
