@@ -124,7 +124,7 @@ class ParquetDataset(Dataset):
     arena's size classes take); 0: decode into pageable memory and stage through a slot.
     ``decoder``: ``"pages"`` (flat numeric, boolean and string columns of PLAIN or dictionary
     pages, and strings of DELTA_* pages, decoded by torch_fastload's page decoder from pyarrow's
-    pages, 2.5-3.5x faster a string column; every other column by pyarrow's reader) or
+    pages, 3.3-5.6x faster a string column on one thread; every other column by pyarrow's reader) or
     ``"pyarrow"`` (all by pyarrow).
     Both give the same tables; ``"pages"`` needs the extension ``torch_fastload._arrow``.
     """
