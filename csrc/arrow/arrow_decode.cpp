@@ -256,8 +256,12 @@ class OrderedTasks {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push(Entry{order, next_++, std::move(task)});
     }
-    // never fails while the pool is open; at exit, the task is run here (one runner per task)
-    if (!arrow::internal::GetCpuThreadPool()->Spawn([this] { run_one(); }).ok()) run_one();
+    // never fails while the pool is open; at exit, every queued task is run here (this one
+    // among them: its caller waits for it)
+    if (!arrow::internal::GetCpuThreadPool()->Spawn([this] { run_one(); }).ok()) {
+      while (run_one()) {
+      }
+    }
   }
 
  private:
@@ -269,14 +273,18 @@ class OrderedTasks {
     }
   };
 
-  void run_one() {
+  // Runs the queued task of the lowest order; false where none was queued (its runner's task
+  // already ran on a thread that drained the queue).
+  bool run_one() {
     std::function<void()> task;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty()) return false;
       task = std::move(const_cast<Entry&>(queue_.top()).task);  // moved out, then popped
       queue_.pop();
     }
     task();
+    return true;
   }
 
   std::mutex mu_;
