@@ -48,10 +48,15 @@ def check(epoch: int, number: int, x: torch.Tensor, y: torch.Tensor, seen: torch
 
 
 def run(route: str, seconds: float) -> int:
-    with torch_fastload.config.override(memory_rows=route):
-        loader = torch_fastload.DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True, device=device)
-        deadline, epochs, batches = time.monotonic() + seconds, 0, 0
-        while time.monotonic() < deadline:
+    """Loaders made and closed one after another (the main job makes one a round: each
+    registers the dataset's pages and unregisters them at close), two epochs each."""
+    deadline, loaders, epochs, batches = time.monotonic() + seconds, 0, 0, 0
+    path = ""
+    while time.monotonic() < deadline:
+        with torch_fastload.config.override(memory_rows=route):
+            loader = torch_fastload.DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True, device=device)
+        loaders += 1
+        for _ in range(2):
             seen = torch.zeros(samples, dtype=torch.bool, device=device)
             for number, (x, y) in enumerate(loader):
                 with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -61,15 +66,16 @@ def run(route: str, seconds: float) -> int:
                 optimizer.zero_grad(set_to_none=True)
                 problem = check(epochs, number, x, y, seen)
                 if problem is not None:
-                    print(f"{route}: epoch {epochs} batch {number}: {problem} ({loader.stats().path})", flush=True)
+                    print(f"{route}: loader {loaders} epoch {epochs} batch {number}: {problem} ({loader.stats().path})")
                     return 1
                 batches += 1
             if int(seen.sum()) != samples // batch * batch:
-                print(f"{route}: epoch {epochs} delivered {int(seen.sum())} distinct samples", flush=True)
+                print(f"{route}: loader {loaders} epoch {epochs} delivered {int(seen.sum())} distinct samples")
                 return 1
             epochs += 1
-        print(f"{route}: {epochs} epochs, {batches} batches checked, none bad ({loader.stats().path})", flush=True)
+        path = loader.stats().path
         loader.close()
+    print(f"{route}: {loaders} loaders, {epochs} epochs, {batches} batches checked, none bad ({path})", flush=True)
     return 0
 
 
