@@ -22,7 +22,7 @@ constexpr unsigned kHostRegisterReadOnly = 0x08;  // CU_MEMHOSTREGISTER_READ_ONL
 
 // CUmemcpyAttributes of cuMemcpyBatchAsync (CUDA 12.8+).
 struct MemcpyAttributes {
-  int src_access_order;  // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
+  int src_access_order;  // kSrcAccessOrderStream or kSrcAccessOrderAny (dma_src_access_order)
   int src_loc_type, src_loc_id;
   int dst_loc_type, dst_loc_id;
   unsigned flags;

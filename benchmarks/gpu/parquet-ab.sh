@@ -19,10 +19,10 @@ fi
 for turn in $(seq 1 "${AB_TURNS:-3}"); do
     for side in new old; do
         tree=$PWD
-        settings="AB_SIDE=new"
+        settings=""
         if [ "$side" = old ]; then
             [ -n "$OLD" ] && tree=$(cd "$OLD" && pwd)
-            settings="AB_SIDE=old $OLD_ENV"
+            settings=$OLD_ENV
         fi
         env $settings PYTHONPATH="$tree" timeout 200 python3 benchmarks/gpu/parquet_ab.py "$DATA" "$side" \
             "${AB_ROUNDS:-7}" 2>> "$OUT/ab.err" | tee -a "$OUT/ab.jsonl" | python3 -c "
