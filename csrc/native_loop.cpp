@@ -68,7 +68,7 @@ NativeLoop::~NativeLoop() {
     cu.ctx_set_current(ctx_);
     for (Slot& s : slots_) cu.event_destroy(s.done);
     for (auto& [position, job] : jobs_)
-      for (cuda::Event e : {job.ready, job.timing_start, job.timing_end})
+      for (cuda::Event e : {job.ready, job.timing_start, job.timing_end, job.allocated})
         if (e != nullptr) cu.event_destroy(e);
     for (auto& [a, b] : timings_) cu.event_destroy(a), cu.event_destroy(b);
     for (cuda::Event e : spare_events_) cu.event_destroy(e);
@@ -153,9 +153,28 @@ std::vector<int64_t> NativeLoop::row_layout(int64_t n) const {
   return layout_of(std::vector<int64_t>(static_cast<size_t>(n), 0));
 }
 
+cuda::Event NativeLoop::mark_allocation(uintptr_t home) {
+  if (!cfg_.cuda || home == cfg_.stream) return nullptr;
+  // Handle 0 is the legacy default stream, where a plain training loop allocates: the caching
+  // allocator may hand out memory its queued kernels still use, so it needs the wait as much as
+  // any other stream (the copy stream is non-blocking: nothing orders it after stream 0 for us).
+  const auto& cu = cuda::api();
+  cuda::Event e = make_event(false);
+  cuda::Result r = cu.ctx_set_current(ctx_);
+  if (r == cuda::kSuccess) r = cu.event_record(e, reinterpret_cast<cuda::Stream>(home));
+  if (r != cuda::kSuccess) {
+    std::lock_guard<std::mutex> lock(mu_);
+    recycle(e, false);
+  }
+  cuda::check(r, "cuEventRecord (the output's allocation on its stream)");
+  return e;
+}
+
 void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes, uintptr_t home) {
+  cuda::Event allocated = mark_allocation(home);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    AllocationLease lease{this, allocated};
     Job& job = startable(position);
     if (out_bytes < job.layout[0] || (out == 0 && job.layout[0] > 0))
       throw Error(Error::kInvalid, "the output buffer of batch " + std::to_string(position) + " holds " +
@@ -164,6 +183,7 @@ void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes, uintp
     job.at.assign(job.layout.size() / 2, 0);
     for (size_t o = 0; o < job.at.size(); ++o) job.at[o] = job.layout[1 + 2 * o];
     job.out = out, job.out_bytes = out_bytes;
+    job.allocated = lease.release();
     if (!enqueue(job, home)) return;
   }
   work_cv_.notify_one();
@@ -171,8 +191,10 @@ void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes, uintp
 
 void NativeLoop::start_fields(int64_t position, const std::vector<int64_t>& outs,
                               const std::vector<int64_t>& capacities, uintptr_t home) {
+  cuda::Event allocated = mark_allocation(home);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    AllocationLease lease{this, allocated};
     Job& job = startable(position);
     const size_t fields = job.layout.size() / 2;
     if (outs.size() != fields || capacities.size() != fields)
@@ -194,6 +216,7 @@ void NativeLoop::start_fields(int64_t position, const std::vector<int64_t>& outs
     job.at.assign(fields, 0);
     for (size_t o = 0; o < fields; ++o) job.at[o] = job.layout[2 + 2 * o] > 0 ? outs[o] - low : 0;
     job.out = static_cast<uintptr_t>(low), job.out_bytes = high - low;
+    job.allocated = lease.release();
     if (!enqueue(job, home)) return;
   }
   work_cv_.notify_one();
@@ -352,17 +375,17 @@ void NativeLoop::run_cuda(Job& job) {
   const auto& cu = cuda::api();
   const auto stream = reinterpret_cast<cuda::Stream>(cfg_.stream);
   const auto out = static_cast<cuda::DevicePtr>(job.out);
-  // The output was allocated on its own stream (the consumer's) at submit; the copy stream waits
-  // for that stream up to now, before this batch waits for a slot. Recorded later, the event
-  // would also cover steps enqueued meanwhile, and the copy would queue behind the very step it
-  // should overlap (a host running ahead of the GPU made every copy wait for the latest step).
-  if (job.home != 0 && job.home != cfg_.stream) {
-    cuda::Event allocated = make_event(false);
-    const cuda::Result r = cu.event_record(allocated, reinterpret_cast<cuda::Stream>(job.home));
-    const cuda::Result w = r == cuda::kSuccess ? cu.stream_wait_event(stream, allocated, 0) : r;
+  // The output was allocated on its own stream (the consumer's) at start; the copy stream waits
+  // for that stream's work up to then (the event start() recorded), before this batch waits for
+  // a slot. Recorded here instead, the event would also cover steps enqueued meanwhile, and the
+  // copy would queue behind the very step it should overlap.
+  if (job.allocated != nullptr) {
+    const cuda::Result w =
+        cfg_.unsafe_skip_allocation_wait ? cuda::kSuccess : cu.stream_wait_event(stream, job.allocated, 0);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      recycle(allocated, false);  // the wait captured it: it may be recorded again
+      recycle(job.allocated, false);  // the wait captured it: it may be recorded again
+      job.allocated = nullptr;
     }
     cuda::check(w, "cuStreamWaitEvent (the copy stream on the output's stream)");
   }
@@ -628,6 +651,8 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
     if (!done_cv_.wait_until(lock, deadline, [&] { return it->second.done; })) return false;
     job = std::move(it->second);
     jobs_.erase(it);
+    recycle(job.allocated, false);  // a job stopped before it ran still holds it
+    job.allocated = nullptr;
     if (job.error) {
       recycle(job.ready, false);
       if (job.timing_start != nullptr) timings_.emplace_back(job.timing_start, job.timing_end);

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda_driver.h"
@@ -67,6 +68,7 @@ struct LoopConfig {
   int piece_bytes = 64 << 10;
   int blocks = 32;
   bool unsafe_slot_reuse = false;  // tests only: skip the wait for a slot's last copy (a negative control)
+  bool unsafe_skip_allocation_wait = false;  // tests only: copy before the output's stream is done with its memory
   int debug_jitter_us = 0;         // tests only: each batch first sleeps a random 0..jitter us
 };
 
@@ -142,6 +144,7 @@ class NativeLoop {
     bool rows_kernel = false;    // registered rows by the gather kernel (rows_kernel_ at its start)
     bool mapped_kernel = false;  // mapped file ranges by the gather kernel (mapped_kernel_ at its start)
     std::exception_ptr error;
+    cuda::Event allocated = nullptr;  // recorded on `home` at start (null: home is the copy stream)
     cuda::Event ready = nullptr;                          // recorded after the batch's copies
     cuda::Event timing_start = nullptr, timing_end = nullptr;  // the H2D copies, for stats
   };
@@ -156,6 +159,16 @@ class NativeLoop {
   std::vector<int64_t> layout_of(const std::vector<int64_t>& indices) const;
   Job& startable(int64_t position);
   bool enqueue(Job& job, uintptr_t home);
+  // An event recorded on `home` now (null where the copies need no wait): the copy stream waits
+  // on it, so memory the caching allocator recycled is written only after its last use there.
+  cuda::Event mark_allocation(uintptr_t home);
+  // Gives the event back (under mu_) unless a started job took it: start() may throw midway.
+  struct AllocationLease {
+    NativeLoop* loop;
+    cuda::Event event;
+    cuda::Event release() { return std::exchange(event, nullptr); }
+    ~AllocationLease() { loop->recycle(event, false); }
+  };
   void worker_loop();
   void run(Job& job);
   void run_host(Job& job);

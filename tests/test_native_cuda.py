@@ -199,6 +199,39 @@ def test_slot_is_rewritten_only_after_its_copy_ran(unsafe, monkeypatch):
     assert intact is not unsafe  # the wait is what keeps batches intact
 
 
+@pytest.mark.parametrize("unsafe", [False, True])
+@pytest.mark.parametrize(
+    "width, route",
+    [(1, "auto"), (4096, "dma"), (4096, "kernel")],  # 8-byte rows through a slot; 32 KiB rows from the dataset
+)
+def test_outputs_are_written_after_the_training_streams_last_use_of_their_memory(unsafe, width, route, monkeypatch):
+    """A plain loop on the legacy default stream (handle 0): the caching allocator gives a batch's
+    output memory that the stream's queued kernels still write (here a fill queued behind a
+    sleep). The loop's copies must wait for them (negative control: without the wait the fill
+    lands on top of the batch, as the labels nll_loss once found out of range)."""
+    monkeypatch.setattr(native, "UNSAFE_SKIP_ALLOCATION_WAIT", unsafe)
+    n, batch = 512, 32
+    rows = torch.arange(n * width, dtype=torch.int64).reshape(n, width)
+    assert torch.cuda.current_stream().cuda_stream == 0
+    with torch_fastload.config.override(memory_rows=route):
+        loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
+        it = iter(loader)
+        assert isinstance(it._pipeline, NativePipeline)
+        got = []
+        for _ in range(len(loader)):
+            torch.cuda._sleep(DELAY_CYCLES // 20)  # ~5 ms: the loop stages meanwhile
+            scratch = torch.full((batch, width), -1, dtype=torch.int64, device="cuda")  # runs after the sleep
+            del scratch  # its memory is free on this stream at once: next() allocates a batch there
+            (got_rows,) = next(it)
+            got.append(got_rows)
+        with pytest.raises(StopIteration):
+            next(it)
+        loader.close()
+    torch.cuda.synchronize()
+    intact = all(torch.equal(g.cpu(), rows[i * batch : (i + 1) * batch]) for i, g in enumerate(got))
+    assert intact is not unsafe  # the wait is what keeps batches intact
+
+
 def _overlapping_views():
     """Two tensors of 64 KiB rows on one storage whose page ranges overlap: CUDA registers a
     page once, so the second registration is refused. The storage is a mapping of its own: from

@@ -55,6 +55,9 @@ class _PoolBusy(Exception):
 _LEAKED_LOOPS: list = []  # loops whose copies outlived stop(): kept so the memory they read stays valid
 #: Tests only: slots are rewritten without waiting for their last copy (proves the wait matters).
 UNSAFE_SLOT_REUSE = False
+#: Tests only: the copies skip their wait for the output's stream to be done with the memory the
+#: caching allocator recycled for the batch (proves the wait matters).
+UNSAFE_SKIP_ALLOCATION_WAIT = False
 #: Tests only: each batch first sleeps a random 0..N microseconds (batches finish out of order).
 DEBUG_JITTER_US = 0
 #: In-memory rows at least this long are copied by the copy engines out of the dataset's own
@@ -218,6 +221,7 @@ class NativePipeline:
             UNSAFE_SLOT_REUSE,
             DEBUG_JITTER_US,
             rows_kernel and gather != 0,
+            UNSAFE_SKIP_ALLOCATION_WAIT,
         )
         mapped = self._map_files(resources) and mapped_kernel
         self._copy_route = self._choose_copy_route(rows_kernel and gather != 0, mapped and gather != 0)
