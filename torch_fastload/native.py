@@ -42,6 +42,7 @@ from .resources import LoaderResources
 from .resume import EpochProgress
 from .sampling import OrderPass
 from .sources.protocol import FileRows, MemoryRows, NativeLayout, Records, SourceHooks
+from .transfer import raw_current_stream
 
 __all__ = ["native_layout", "NativePipeline"]
 
@@ -70,17 +71,6 @@ DMA_MIN_ROW_BYTES = 16 << 10
 #: 4 KiB rows 4.0 GB/s by DMA against 14.6 by the kernel, 16 KiB 12.1 against 35.6; 64 KiB 49.5
 #: against 47.1, 192 KiB 50.8 against 48.1).
 KERNEL_BELOW_BYTES = 64 << 10
-
-
-def _raw_current_stream(device_index: int) -> int:
-    """The current CUDA stream's handle without building a ``torch.cuda.Stream``."""
-    return torch._C._cuda_getCurrentRawStream(device_index)
-
-
-if not hasattr(torch._C, "_cuda_getCurrentRawStream"):  # a torch without the raw getter
-
-    def _raw_current_stream(device_index: int) -> int:  # noqa: F811
-        return torch.cuda.current_stream(device_index).cuda_stream
 
 
 def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources) -> NativeLayout | None:
@@ -416,7 +406,7 @@ class NativePipeline:
             self.shutdown(wait_for_copies=False)
             raise StopIteration
         batch = self._inflight.popleft()
-        stream = _raw_current_stream(self._device_index) if self.cuda else 0
+        stream = raw_current_stream(self._device_index) if self.cuda else 0
         try:
             try:
                 if not self.loop.take(batch.position, stream, self.poll):  # not staged yet: wait
@@ -466,7 +456,7 @@ class NativePipeline:
         training thread, so every microsecond here delays a launch-bound step)."""
         if not self.cuda:
             return 0
-        return _raw_current_stream(self._device_index)
+        return raw_current_stream(self._device_index)
 
     @staticmethod
     def _payload(batch: _Batch) -> int:

@@ -67,7 +67,10 @@ def remove_direct_region(start: int, nbytes: int) -> None:
 
 
 def _in_direct_region(ptr: int, nbytes: int) -> bool:
-    return any(start <= ptr and ptr + nbytes <= end for start, end in _DIRECT_REGIONS)
+    for start, end in _DIRECT_REGIONS:  # a loop, not any(generator): once per field per batch
+        if start <= ptr and ptr + nbytes <= end:
+            return True
+    return False
 
 
 class Pending:
@@ -259,6 +262,11 @@ def map_batch(fn: Callable[[Any], Any], data: Any) -> Any:
     """
     if isinstance(data, (torch.Tensor, Pending)):
         return fn(data)
+    kind = type(data)
+    if kind is dict:  # the usual batch: the same result as below, without the ABC checks and copy
+        return {k: map_batch(fn, v) for k, v in data.items()}
+    if kind is list or kind is tuple:
+        return kind([map_batch(fn, v) for v in data])
     if isinstance(data, (str, bytes)):
         return data
     if isinstance(data, collections.abc.Mapping):
@@ -393,15 +401,15 @@ def plan_batch(batch: Any, collated: bool = True) -> StagingPlan:
         nonlocal cursor, samples
         if isinstance(item, Pending):
             shape, dtype = item.shape, item.dtype
-        elif item.device.type == "cpu" and item.layout == torch.strided and not item.is_nested:
-            shape, dtype = tuple(item.shape), item.dtype
+            nbytes = _nbytes(shape, dtype)
+        elif item.is_cpu and item.layout is torch.strided and not item.is_nested:  # the cheapest checks
+            shape, dtype, nbytes = item.shape, item.dtype, item.nbytes
         else:
             leaves.append(None)
             return item
         if samples < 0:
             samples = shape[0] if len(shape) >= (1 if collated else 2) else 1
-        nbytes = _nbytes(shape, dtype)
-        cursor = _round_up(cursor, ALIGN)
+        cursor = -(-cursor // ALIGN) * ALIGN
         leaves.append(_Leaf(shape, dtype, cursor, nbytes, item))
         cursor += nbytes
         return item
@@ -487,7 +495,7 @@ class ParallelCopier:
         contiguous, gathers, fallback, offsets, in_place = [], [], [], [], []
         direct = direct and self.native and bool(_DIRECT_REGIONS)
         for offset, src in items:
-            nbytes = _nbytes(src.shape, src.dtype)
+            nbytes = src.nbytes if isinstance(src, torch.Tensor) else _nbytes(src.shape, src.dtype)
             if offset < 0 or offset + nbytes > capacity:
                 raise ValueError(
                     f"staging range [{offset}, {offset + nbytes}) is outside the {capacity}-byte destination"
@@ -503,7 +511,7 @@ class ParallelCopier:
                     if self.native and _plain_contiguous(src.source) and src.source.device.type == "cpu"
                     else fallback
                 ).append((offset, src))
-            elif src.device.type != "cpu" or not _plain_contiguous(src):
+            elif not src.is_cpu or not _plain_contiguous(src):
                 fallback.append((offset, src))
             elif direct and _in_direct_region(src.data_ptr(), nbytes):
                 in_place.append((offset, src, nbytes))

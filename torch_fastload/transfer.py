@@ -49,6 +49,7 @@ class CopyEngine:
         self.is_cuda = device.type == "cuda"
         self.pin_cpu_output = pin_cpu_output
         self.stream = torch.cuda.Stream(device=device) if self.is_cuda else None
+        self._index = self.stream.device_index if self.is_cuda else -1
         self.debug_delay_cycles = 0  # tests: delay every copy to widen race windows
 
     def start(
@@ -103,19 +104,33 @@ class CopyEngine:
         """``(the batch's device bytes, the stream they were allocated on or None)``: ``reserved``
         (made by ``reserve`` on the consumer's stream), else allocated on the consumer's stream,
         else on the copy stream (None)."""
-        with torch.cuda.device(self.device):
-            if reserved is not None:
-                return reserved, consumer
-            if consumer is not None:
-                # The batch lives on the consumer's stream, as a ``.to(non_blocking=True)`` made
-                # there would: next() then needs no record_stream, and frees need no events. The
-                # copy stream first waits for the consumer's work up to the allocation (rule 2).
-                with torch.cuda.stream(consumer):
-                    flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-                _order_after(self.stream, consumer)
-                return flat, consumer
-            with torch.cuda.stream(self.stream):
-                return torch.empty(nbytes, dtype=torch.uint8, device=self.device), None
+        if reserved is not None:
+            return reserved, consumer
+        if consumer is not None:
+            # The batch lives on the consumer's stream, as a ``.to(non_blocking=True)`` made
+            # there would: next() then needs no record_stream, and frees need no events. The
+            # copy stream first waits for the consumer's work up to the allocation (rule 2).
+            flat = self._empty_on(consumer, nbytes)
+            _order_after(self.stream, consumer)
+            return flat, consumer
+        return self._empty_on(self.stream, nbytes), None
+
+    def _empty_on(self, stream: torch.cuda.Stream, nbytes: int) -> torch.Tensor:
+        """``nbytes`` of device memory allocated on ``stream`` (the caching allocator keys blocks
+        by the current stream). Set and reset through torch's own calls, not its context
+        managers: those cost ~10x as much, and on a stage thread every Python call beside the
+        training loop may queue for the GIL again."""
+        if _cuda_get_device() != self._index:  # another device current on this thread
+            with torch.cuda.device(self.device), torch.cuda.stream(stream):
+                return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        prior = torch._C._cuda_getCurrentStream(self._index)
+        torch._C._cuda_setStream(
+            stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type
+        )
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        finally:
+            torch._C._cuda_setStream(stream_id=prior[0], device_index=prior[1], device_type=prior[2])
 
     @property
     def stages_in_one_call(self) -> bool:
@@ -200,13 +215,21 @@ class CopyEngine:
         step just enqueued), which would show up as time in ``next()``."""
         if not self.is_cuda:
             return
-        consumer = torch.cuda.current_stream(self.device)
-        if not copy.done.query():
-            consumer.wait_event(copy.done)
-        if copy.flat is not None and copy.home != consumer:
-            copy.flat.record_stream(consumer)
-        for tensor in copy.moved:
-            tensor.record_stream(consumer)
+        raw = raw_current_stream(self._index)  # no torch.cuda.Stream built unless one is needed
+        done = copy.done
+        if done is not None and not done.query():
+            if _CopyEvent is not None and isinstance(done, _CopyEvent):
+                done.wait(raw)
+            else:
+                done.wait(torch.cuda.current_stream(self.device))
+        home = copy.home
+        foreign = copy.flat is not None and (home is None or home.cuda_stream != raw)
+        if foreign or copy.moved:
+            consumer = torch.cuda.current_stream(self.device)
+            if foreign:
+                copy.flat.record_stream(consumer)
+            for tensor in copy.moved:
+                tensor.record_stream(consumer)
 
     def move_passthrough(self, tensor: torch.Tensor, moved: list) -> torch.Tensor:
         """A tensor that was not staged (sparse, nested, on another GPU): moved on the copy stream.
@@ -250,6 +273,23 @@ def _order_after(waiter: torch.cuda.Stream, producer: torch.cuda.Stream) -> None
         _stream_wait_stream(waiter.cuda_stream, producer.cuda_stream)
     else:
         waiter.wait_stream(producer)
+
+
+def raw_current_stream(device_index: int) -> int:
+    """The current CUDA stream's handle (0: the legacy default) without building a
+    ``torch.cuda.Stream``: torch's raw getter costs a fraction of ``current_stream()``, and
+    next() runs on the training thread, where every microsecond delays a launch-bound step."""
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+if not hasattr(torch._C, "_cuda_getCurrentRawStream"):  # a torch without the raw getter
+
+    def raw_current_stream(device_index: int) -> int:  # noqa: F811
+        return torch.cuda.current_stream(device_index).cuda_stream
+
+
+def _cuda_get_device() -> int:
+    return torch._C._cuda_getDevice()
 
 
 #: Stage with ``start_staged`` where it can run (benchmarks flip it to measure the Python route).
