@@ -15,7 +15,6 @@ from test_loader import assert_same
 
 from torch_fastload import ArrayDataset, ArrayFile, DataLoader, RecordDataset, pack, pack_image_folder
 from torch_fastload.sources import FeatureStore, PackedImageFolder
-from torch_fastload.sources.parquet_decode import DECODE_THREAD_PREFIX
 
 ROWS, DIM = 1500, 33
 
@@ -112,14 +111,8 @@ def features_match(local_path, url, cache_dir=None) -> None:
 
 
 def remote_threads() -> list:
-    """Live threads of torch_fastload's loaders and remote readers (not the process's shared
-    Parquet decode threads, which outlive every dataset as pyarrow's own pool does)."""
-    shared = DECODE_THREAD_PREFIX + "_"
-    return sorted(
-        t.name
-        for t in threading.enumerate()
-        if t.name.startswith("fastload-") and not t.name.startswith(shared) and t.is_alive()
-    )
+    """Live threads of torch_fastload's loaders and remote readers."""
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("fastload-") and t.is_alive())
 
 
 def assert_no_threads_left() -> None:

@@ -71,28 +71,3 @@ def test_a_checkpoint_counts_the_rows_delivered_when_later_batches_were_fetched_
     rest = list(resumed)
     assert_same(head + rest, full)
     assert len(rest) == 1 and torch.equal(rest[0]["x"], full[-1]["x"])
-
-
-def _decode_threads() -> set:
-    from torch_fastload.sources.parquet_decode import DECODE_THREAD_PREFIX
-
-    return {t for t in threading.enumerate() if t.name.startswith(DECODE_THREAD_PREFIX + "_") and t.is_alive()}
-
-
-def test_decode_threads_outlive_close_and_close_returns_the_files(tmp_path):
-    """The decode threads are the process's (as pyarrow's pool is): a dataset closed between
-    epochs decodes its next epoch on the same threads instead of starting new ones, and close()
-    still waits for its decodes and closes the files those threads opened for it."""
-    path = write(every_type(900), tmp_path / "t.parquet", row_group_size=100)
-    dataset = ParquetDataset(path, threads=2, decoder="pyarrow")
-    loader = DataLoader(dataset, batch_sampler=ParquetSampler(dataset).batches(64), device="cpu")
-    first = list(loader)
-    used = _decode_threads()
-    assert used and dataset._reader().thread_files  # decoded on shared threads, files open per thread
-    dataset.close()
-    assert not dataset._reader().thread_files  # closed with the cache, though the threads live on
-    assert used <= _decode_threads()
-    again = list(loader)
-    assert_same(again, first)
-    assert used <= _decode_threads()
-    dataset.close()

@@ -62,7 +62,7 @@ def run(seconds: float, device: str) -> None:
     root = Path("/tmp/pqdata")
     root.mkdir(exist_ok=True)
     dataset = ParquetDataset(write_alert(root, 1_000_000, "none", 131072))
-    loader = DataLoader(dataset, batch_sampler=ParquetSampler(dataset).batches(65536), device=device)
+    loader = DataLoader(dataset, batch_sampler=ParquetSampler(dataset, shuffle=False).batches(65536), device=device)
     deadline, times = time.monotonic() + seconds, []
     while time.monotonic() < deadline:
         dataset.close()  # every epoch decodes every row group again, as benchmarks/parquet.py's do

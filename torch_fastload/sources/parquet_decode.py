@@ -14,7 +14,7 @@ import itertools
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -31,45 +31,11 @@ __all__ = ["RowGroupCache", "DecodedRowGroup", "READ_MODES", "DECODERS", "AHEAD_
 READ_MODES = ("pyarrow", "pread")
 DECODERS = ("pages", "pyarrow")  # ParquetDataset(decoder=): csrc/arrow/page_decode.cpp, or pyarrow's reader
 _OPEN_FILES_PER_THREAD = 4
-#: Names of the shared decode threads (they outlive loaders: tests looking for leaked threads skip them).
-DECODE_THREAD_PREFIX = "fastload-parquet"
 AHEAD_MAX = 256  # row groups of the sampler's order the read-ahead looks at
 _PARALLEL_TAKE_ROWS = 4096  # smaller gathers are not worth a thread hand-off
 # the order row groups are asked for, across every cache of the process: their column chunks
 # decode on pyarrow's pool in this order (``_arrow.read_row_group(order=)``)
 _ASKED = itertools.count()
-
-
-_POOL_LOCK = threading.Lock()
-_POOL: ThreadPoolExecutor | None = None
-_POOL_SIZE = 0
-
-
-def _decode_pool(threads: int) -> ThreadPoolExecutor:
-    """The process's decode threads, shared by every ``RowGroupCache`` and kept across close()
-    and epochs, as pyarrow keeps its own pool: a thread start waits until the new thread runs
-    (0.2-0.7 ms each beside the loader's busy GIL, H200 machine), and a pool of its own made a
-    dataset closed between epochs pay one per decode thread every epoch, some on the first
-    batch's path. Grown to the largest ``threads`` asked, never shrunk: each cache bounds its
-    own decodes at once (``at_once``)."""
-    global _POOL, _POOL_SIZE
-    with _POOL_LOCK:
-        if _POOL is None or _POOL_SIZE < threads:
-            old = _POOL
-            _POOL, _POOL_SIZE = ThreadPoolExecutor(threads, thread_name_prefix=DECODE_THREAD_PREFIX), threads
-            if old is not None:
-                old.shutdown(wait=False)  # what it holds still runs; its threads exit after
-        return _POOL
-
-
-def _forget_pool() -> None:
-    """In a forked child the pool's threads do not exist: the next decode starts a new pool."""
-    global _POOL, _POOL_LOCK, _POOL_SIZE
-    _POOL, _POOL_LOCK, _POOL_SIZE = None, threading.Lock(), 0
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
 
 
 class _SpanFile:
@@ -152,8 +118,8 @@ class RowGroupCache:
         self.at_once = max(2, -(-2 * self.threads // leaves)) if arrow_threads else self.threads
         self.at_once = min(at_once or self.at_once, self.threads)
         self.lock = threading.RLock()  # a decode that is already done runs its callback at once
-        self.thread_files: dict = {}  # thread ident -> that thread's open ParquetFiles (``_file``)
-        self.open = False  # decodes may be submitted (to the shared pool, ``_decode_pool``)
+        self.local = threading.local()
+        self.pool: ThreadPoolExecutor | None = None
         self.gather_pool: ThreadPoolExecutor | None = None  # not the decode pool: no queueing behind read-ahead
         # parquet_arena's decoder (row groups decoded into pinned memory), once a loader binds
         # the source to a CUDA device; else the page decoder into pageable memory where the
@@ -164,7 +130,7 @@ class RowGroupCache:
     def _file(self, f: int) -> pq.ParquetFile:
         """This thread's ParquetFile of file ``f`` (readers are not shared between threads); a
         few stay open per thread, so thousands of files do not hold thousands of descriptors."""
-        files = self.thread_files.setdefault(threading.get_ident(), OrderedDict())
+        files = self.local.__dict__.setdefault("files", OrderedDict())
         if f in files:
             files.move_to_end(f)
             return files[f]
@@ -260,8 +226,9 @@ class RowGroupCache:
         if future is not None:
             self.entries.move_to_end(index)
             return future
-        future = _decode_pool(self.threads).submit(self._decode, index, next(_ASKED))
-        self.open = True
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fastload-parquet")
+        future = self.pool.submit(self._decode, index, next(_ASKED))
         self.entries[index] = future
         self.running += 1
         self.reading += 1
@@ -290,7 +257,7 @@ class RowGroupCache:
         """Start decoding the next row groups the sampler reads (lock held), as decodes finish:
         the decode threads run ahead of the batches, never waiting for a batch to be asked
         for, and hold at most half the cache in row groups decoded and not yet read."""
-        if not self.open or not self.upcoming:
+        if self.pool is None or not self.upcoming:
             return
         mean = self.decoded[1] / self.decoded[0] if self.decoded[0] else 0
         limit = max(self.at_once, int(self.cache_bytes // 2 // mean)) if mean else self.at_once
@@ -359,19 +326,12 @@ class RowGroupCache:
     def close(self) -> None:
         with self.lock:
             gather, self.gather_pool = self.gather_pool, None
-            self.open = False
-            pending = list(self.entries.values())
+            pool, self.pool = self.pool, None
             self.entries.clear()
             self.held = 0
             self.upcoming = []
             self.failed = set()
-        for future in pending:  # not started: dropped; running: waited for (they write this cache's memory)
-            future.cancel()
-        wait(pending)
-        # the decode threads outlive the cache: the files they opened for it are closed here
-        opened, self.thread_files = self.thread_files, {}
-        for files in opened.values():
-            for handle in files.values():
-                handle.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         if gather is not None:
             gather.shutdown(wait=True)
