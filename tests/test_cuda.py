@@ -241,3 +241,32 @@ def test_non_zero_device_and_its_streams():
                 assert bool(torch.all(rows == float(index)))
     assert torch.cuda.current_device() == 0
     assert pipeline_threads() == []
+
+
+@pytest.mark.parametrize("unsafe", [False, True])
+def test_python_pipeline_copies_wait_for_the_training_streams_last_use_of_their_memory(unsafe, monkeypatch):
+    """The Python pipeline allocates each batch on the training loop's stream (here the legacy
+    default, handle 0) from a stage thread; the caching allocator may hand it a block whose
+    queued kernels still write it (a fill queued behind a sleep). The copy stream waits for that
+    stream up to the allocation (negative control: without it the fill lands on the batch)."""
+    from torch_fastload import config, transfer
+
+    monkeypatch.setattr(transfer, "UNSAFE_SKIP_ALLOCATION_WAIT", unsafe)
+    n, batch, width = 512, 32, 4096
+    rows = torch.arange(n * width, dtype=torch.int64).reshape(n, width)
+    assert torch.cuda.current_stream().cuda_stream == 0
+    with config.override(native="off"):
+        loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
+        it = iter(loader)
+        got = []
+        for _ in range(len(loader)):
+            torch.cuda._sleep(DELAY_CYCLES // 4)  # ~5 ms: the stage threads copy meanwhile
+            scratch = torch.full((batch, width), -1, dtype=torch.int64, device="cuda")  # runs after the sleep
+            del scratch  # its block is free on this stream at once: a stage thread may take it
+            (got_rows,) = next(it)
+            got.append(got_rows)
+        assert "pinned-pool" in loader.stats().path
+        loader.close()
+    torch.cuda.synchronize()
+    intact = all(torch.equal(g.cpu(), rows[i * batch : (i + 1) * batch]) for i, g in enumerate(got))
+    assert intact is not unsafe  # the wait is what keeps batches intact

@@ -111,7 +111,8 @@ class CopyEngine:
             # there would: next() then needs no record_stream, and frees need no events. The
             # copy stream first waits for the consumer's work up to the allocation (rule 2).
             flat = self._empty_on(consumer, nbytes)
-            _order_after(self.stream, consumer)
+            if not UNSAFE_SKIP_ALLOCATION_WAIT:
+                _order_after(self.stream, consumer)
             return flat, consumer
         return self._empty_on(self.stream, nbytes), None
 
@@ -300,6 +301,10 @@ try:
     from ._C import stage_host_batch as _stage_host_batch
 except ImportError:  # a source tree without the built extension, or one built before them
     _CopyEvent = _stage_host_batch = None
+#: Tests only: copies skip their wait for the consumer's stream up to the batch's allocation
+#: (the negative control: the caching allocator's recycled blocks then take copies early).
+UNSAFE_SKIP_ALLOCATION_WAIT = False
+
 try:
     from ._C import stream_wait_stream as _stream_wait_stream
 except ImportError:  # a source tree without the built extension
