@@ -121,7 +121,7 @@ class CopyEngine:
         by the current stream). Set and reset through torch's own calls, not its context
         managers: those cost ~10x as much, and on a stage thread every Python call beside the
         training loop may queue for the GIL again."""
-        if _cuda_get_device() != self._index:  # another device current on this thread
+        if torch._C._cuda_getDevice() != self._index:  # another device current on this thread
             with torch.cuda.device(self.device), torch.cuda.stream(stream):
                 return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         prior = torch._C._cuda_getCurrentStream(self._index)
@@ -287,10 +287,6 @@ if not hasattr(torch._C, "_cuda_getCurrentRawStream"):  # a torch without the ra
 
     def raw_current_stream(device_index: int) -> int:  # noqa: F811
         return torch.cuda.current_stream(device_index).cuda_stream
-
-
-def _cuda_get_device() -> int:
-    return torch._C._cuda_getDevice()
 
 
 #: Stage with ``start_staged`` where it can run (benchmarks flip it to measure the Python route).
