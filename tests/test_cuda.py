@@ -245,17 +245,18 @@ def test_non_zero_device_and_its_streams():
 
 @pytest.mark.parametrize("unsafe", [False, True])
 def test_python_pipeline_copies_wait_for_the_training_streams_last_use_of_their_memory(unsafe, monkeypatch):
-    """The Python pipeline allocates each batch on the training loop's stream (here the legacy
-    default, handle 0) from a stage thread; the caching allocator may hand it a block whose
-    queued kernels still write it (a fill queued behind a sleep). The copy stream waits for that
-    stream up to the allocation (negative control: without it the fill lands on the batch)."""
+    """With ``output_stream='consumer'``, the Python pipeline allocates each batch on the
+    training loop's stream (here the legacy default, handle 0) from a stage thread; the caching
+    allocator may hand it a block whose queued kernels still write it (a fill queued behind a
+    sleep). The copy stream waits for that stream up to the allocation (negative control:
+    without it the fill lands on the batch)."""
     from torch_fastload import config, transfer
 
     monkeypatch.setattr(transfer, "UNSAFE_SKIP_ALLOCATION_WAIT", unsafe)
     n, batch, width = 512, 32, 4096
     rows = torch.arange(n * width, dtype=torch.int64).reshape(n, width)
     assert torch.cuda.current_stream().cuda_stream == 0
-    with config.override(native="off"):
+    with config.override(native="off", output_stream="consumer"):
         loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
         it = iter(loader)
         got = []
@@ -270,3 +271,30 @@ def test_python_pipeline_copies_wait_for_the_training_streams_last_use_of_their_
     torch.cuda.synchronize()
     intact = all(torch.equal(g.cpu(), rows[i * batch : (i + 1) * batch]) for i, g in enumerate(got))
     assert intact is not unsafe  # the wait is what keeps batches intact
+
+
+@pytest.mark.parametrize("unsafe", [False, True])
+def test_python_pipeline_copies_do_not_rewrite_a_batch_the_training_stream_still_reads(unsafe, monkeypatch):
+    """By default the Python pipeline allocates each batch on its copy stream and hands it over
+    with record_stream: a batch freed while the training stream's kernels still read it (a
+    clone queued behind a sleep) must not take the next batch's copy before they ran (negative
+    control: without the record_stream the clone reads the next batch's rows)."""
+    from torch_fastload import config, transfer
+
+    monkeypatch.setattr(transfer, "UNSAFE_SKIP_HANDOVER", unsafe)
+    n, batch, width = 512, 32, 4096
+    rows = torch.arange(n * width, dtype=torch.int64).reshape(n, width)
+    assert torch.cuda.current_stream().cuda_stream == 0
+    with config.override(native="off", output_stream="copy"):
+        loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
+        seen = []
+        for (got_rows,) in loader:
+            torch.cuda._sleep(DELAY_CYCLES // 4)  # ~5 ms: the stage threads copy meanwhile
+            seen.append(got_rows.clone())  # reads the batch after the sleep
+            del got_rows  # free on the copy stream: a stage thread's next allocation may take it
+        assert "pinned-pool" in loader.stats().path
+        loader.close()
+    torch.cuda.synchronize()
+    assert len(seen) == n // batch
+    intact = all(torch.equal(g.cpu(), rows[i * batch : (i + 1) * batch]) for i, g in enumerate(seen))
+    assert intact is not unsafe  # the hand-over is what keeps batches intact

@@ -205,15 +205,16 @@ def test_slot_is_rewritten_only_after_its_copy_ran(unsafe, monkeypatch):
     [(1, "auto"), (4096, "dma"), (4096, "kernel")],  # 8-byte rows through a slot; 32 KiB rows from the dataset
 )
 def test_outputs_are_written_after_the_training_streams_last_use_of_their_memory(unsafe, width, route, monkeypatch):
-    """A plain loop on the legacy default stream (handle 0): the caching allocator gives a batch's
-    output memory that the stream's queued kernels still write (here a fill queued behind a
-    sleep). The loop's copies must wait for them (negative control: without the wait the fill
-    lands on top of the batch, as the labels nll_loss once found out of range)."""
+    """Outputs allocated on the consumer's stream, a plain loop on the legacy default stream
+    (handle 0): the caching allocator gives a batch's output memory that the stream's queued
+    kernels still write (here a fill queued behind a sleep). The loop's copies must wait for them
+    (negative control: without the wait the fill lands on top of the batch, as the labels
+    nll_loss once found out of range)."""
     monkeypatch.setattr(native, "UNSAFE_SKIP_ALLOCATION_WAIT", unsafe)
     n, batch = 512, 32
     rows = torch.arange(n * width, dtype=torch.int64).reshape(n, width)
     assert torch.cuda.current_stream().cuda_stream == 0
-    with torch_fastload.config.override(memory_rows=route):
+    with torch_fastload.config.override(memory_rows=route, output_stream="consumer"):
         loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
         it = iter(loader)
         assert isinstance(it._pipeline, NativePipeline)
@@ -230,6 +231,33 @@ def test_outputs_are_written_after_the_training_streams_last_use_of_their_memory
     torch.cuda.synchronize()
     intact = all(torch.equal(g.cpu(), rows[i * batch : (i + 1) * batch]) for i, g in enumerate(got))
     assert intact is not unsafe  # the wait is what keeps batches intact
+
+
+@pytest.mark.parametrize("unsafe", [False, True])
+@pytest.mark.parametrize("width, route", [(1, "auto"), (4096, "dma"), (4096, "kernel")])
+def test_copy_stream_outputs_are_not_rewritten_while_the_training_stream_reads_them(unsafe, width, route, monkeypatch):
+    """Outputs allocated on the copy stream (the default): a batch freed by the training loop
+    while its kernels still read it (a clone queued behind a sleep) must not be handed to the next
+    batch's copies before those kernels ran. next()'s record_stream is what holds the block back
+    (negative control: without it the clone reads the next batch's rows)."""
+    monkeypatch.setattr(native, "UNSAFE_SKIP_HANDOVER", unsafe)
+    n, batch = 512, 32
+    rows = torch.arange(n * width, dtype=torch.int64).reshape(n, width)
+    assert torch.cuda.current_stream().cuda_stream == 0
+    with torch_fastload.config.override(memory_rows=route, output_stream="copy"):
+        loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
+        it = iter(loader)
+        assert isinstance(it._pipeline, NativePipeline)
+        seen = []
+        for (got_rows,) in it:
+            torch.cuda._sleep(DELAY_CYCLES // 20)  # ~5 ms: the loop stages the next batches meanwhile
+            seen.append(got_rows.clone())  # reads the batch after the sleep
+            del got_rows  # free on the copy stream: the next allocation there may take its block
+        loader.close()
+    torch.cuda.synchronize()
+    assert len(seen) == n // batch
+    intact = all(torch.equal(g.cpu(), rows[i * batch : (i + 1) * batch]) for i, g in enumerate(seen))
+    assert intact is not unsafe  # the hand-over is what keeps batches intact
 
 
 def _overlapping_views():

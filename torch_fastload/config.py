@@ -343,6 +343,15 @@ OPTIONS: dict[str, Option] = {
             "waiting for the host (the choice memory_rows='auto' makes, made once for both)",
         ),
         Option(
+            "output_stream",
+            "copy",
+            _choice("copy", "consumer"),
+            "the CUDA stream a batch's device memory is allocated on: 'copy' (the loader's copy stream; "
+            "handed to the training loop's stream with record_stream, so a copy never waits for the step), "
+            "'consumer' (the training loop's stream, as .to(device, non_blocking=True) would; each copy then "
+            "first waits for that stream's work up to the allocation, which a GEMM-bound step feels)",
+        ),
+        Option(
             "memory_rows",
             "auto",
             _choice("auto", "dma", "kernel", "gather"),

@@ -179,6 +179,7 @@ class DataLoader(TorchDataLoader[T_co]):
                 mapped_copy=config.get("mapped_copy"),
                 memory_rows=config.get("memory_rows"),
                 nontemporal=config.get("nontemporal"),
+                output_stream=config.get("output_stream"),
                 remote=bool(urls_of(dataset)),
             )
         )

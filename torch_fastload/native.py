@@ -9,7 +9,7 @@ every one of those GIL holds delays the step. Where a loader's batches are plann
 - ``next()`` on the training thread takes the oldest batch (the consumer's stream waits on its
   copies' event; its output tensors, one per field, become the batch), then pulls the next
   batch's indices (an int64 slice of the epoch's order where torch's sampler is drawn in bulk,
-  ``sampling.py``), allocates its output tensors on the consumer's stream and submits them in
+  ``sampling.py``), allocates its output tensors on the copy stream and submits them in
   one call: ~70 us of host time a batch inside a real training loop on the H200 host;
 - the loop's C++ workers validate the indices, gather in-memory rows into a pinned slot, read
   file rows and records through the pinned ring or straight out of registered page cache, enqueue
@@ -59,6 +59,9 @@ UNSAFE_SLOT_REUSE = False
 #: Tests only: the copies skip their wait for the output's stream to be done with the memory the
 #: caching allocator recycled for the batch (proves the wait matters).
 UNSAFE_SKIP_ALLOCATION_WAIT = False
+#: Tests only: next() hands copy-stream outputs over without record_stream (the allocator may then
+#: give their memory to the next batch's copies while the training stream still reads it).
+UNSAFE_SKIP_HANDOVER = False
 #: Tests only: each batch first sleeps a random 0..N microseconds (batches finish out of order).
 DEBUG_JITTER_US = 0
 #: In-memory rows at least this long are copied by the copy engines out of the dataset's own
@@ -172,6 +175,8 @@ class NativePipeline:
         )
         self._pin_output = self.device.type == "cpu" and resources.settings.pin_cpu_output
         self.engine = resources.engine
+        self._copy_stream = self.engine.stream.cuda_stream if self.cuda else 0
+        self._streams: dict = {}  # raw handle -> torch.cuda.Stream, for record_stream
         # registered in-memory rows moved by the gather kernel (a few SMs) instead of the copy
         # engines, whose per-row DMA submissions hold the driver beside a launch-bound step
         self._memory_rows_kernel = (
@@ -335,9 +340,10 @@ class NativePipeline:
     # -- the training thread's side -----------------------------------------------------------
     def _fill(self, stream: int = 0) -> None:
         """Submit batches until ``depth`` are in flight: indices from the sampler and one output
-        tensor per field on ``stream`` (the training loop's, as ``.to(device, non_blocking=True)``
-        would allocate it, so handing it over needs no record_stream; the loop's copies first
-        wait for that stream's work up to the allocation)."""
+        tensor per field, allocated on the copy stream (config ``output_stream``; next() hands
+        them to ``stream`` with record_stream) or on ``stream`` itself (the loop's copies then
+        first wait for that stream's work up to the allocation)."""
+        home = self._copy_stream if (self.cuda and self.engine.output_stream == "copy") else stream
         while not self._exhausted and self._fatal is None and len(self._inflight) < self.depth:
             try:
                 indices = next(self._index_arrays) if self._index_arrays is not None else self.source._next_index()
@@ -356,8 +362,8 @@ class NativePipeline:
                 plan = self._plans[n] = (layout, self._output_plan(n, layout))
             if plan is not None:  # allocate first, submit and start in one call
                 layout, shapes = plan
-                outs = self._allocate(shapes)
-                got = self.loop.submit_fields(position, indices, [t.data_ptr() for t in outs], shapes[1], stream)
+                outs = self._allocate(shapes, home)
+                got = self.loop.submit_fields(position, indices, [t.data_ptr() for t in outs], shapes[1], home)
                 if got[0] < 0:
                     layout, outs = got, None
             else:  # records: the sizes depend on the indices
@@ -365,9 +371,9 @@ class NativePipeline:
                 outs = None
                 if layout[0] >= 0:
                     shapes = self._output_plan(n, layout)
-                    outs = self._allocate(shapes)
-                    self.loop.start_fields(position, [t.data_ptr() for t in outs], shapes[1], stream)
-            self._inflight.append(_Batch(position, number, n, layout, outs, stream, indices))
+                    outs = self._allocate(shapes, home)
+                    self.loop.start_fields(position, [t.data_ptr() for t in outs], shapes[1], home)
+            self._inflight.append(_Batch(position, number, n, layout, outs, home, indices))
 
     def _output_plan(self, n: int, layout) -> tuple[list, list]:
         """``([(shape, dtype) per output field], [bytes per output field])`` of an n-sample batch."""
@@ -378,11 +384,14 @@ class NativePipeline:
             sizes.append(nbytes)
         return fields, sizes
 
-    def _allocate(self, shapes: tuple[list, list]) -> list:
-        """The batch's output tensors: each field is its own tensor, as torch's collate makes
-        them (keeping one field, say the labels, does not keep the others' memory alive)."""
+    def _allocate(self, shapes: tuple[list, list], home: int) -> list:
+        """The batch's output tensors on stream ``home``: each field is its own tensor, as
+        torch's collate makes them (keeping one field, say the labels, does not keep the others'
+        memory alive)."""
         if not self.cuda:
             return [torch.empty(shape, dtype=dtype, pin_memory=self._pin_output) for shape, dtype in shapes[0]]
+        if home == self._copy_stream:
+            return self.engine.allocate_on(self.engine.stream, shapes[0])
         device = self.device
         return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes[0]]
 
@@ -425,8 +434,10 @@ class NativePipeline:
         tracing = stats.trace is not None
         if tracing:
             stats.mark("next:take", batch.number, started)
-        if stream != batch.home:  # the loop switched streams since it was allocated
-            current = torch.cuda.current_stream(self.device)
+        if stream != batch.home and not UNSAFE_SKIP_HANDOVER:  # on the copy stream, or streams switched
+            current = self._streams.get(stream)
+            if current is None:
+                current = self._streams[stream] = torch.cuda.current_stream(self.device)
             for t in batch.out:
                 t.record_stream(current)
         result = self.build(batch.out)

@@ -52,6 +52,7 @@ class ResourceSettings:
     mapped_copy: str = "auto"
     memory_rows: str = "auto"
     nontemporal: bool = True
+    output_stream: str = "copy"  # where batches' device memory is allocated: 'copy' or 'consumer'
     remote: bool = False  # the dataset reads s3:// or http(s):// objects (loader.io says how)
 
 
@@ -91,7 +92,11 @@ class LoaderResources:
         """Copies slots to the device on the loader's own stream and hands batches over."""
         with self._lock:
             if self._engine is None:
-                self._engine = CopyEngine(self.device, pin_cpu_output=self.settings.pin_cpu_output)
+                self._engine = CopyEngine(
+                    self.device,
+                    pin_cpu_output=self.settings.pin_cpu_output,
+                    output_stream=self.settings.output_stream,
+                )
                 self._engines.append(self._engine)
             return self._engine
 

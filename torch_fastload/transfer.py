@@ -44,12 +44,15 @@ class InFlightCopy:
 class CopyEngine:
     """Copies one staged byte span to ``device`` per batch."""
 
-    def __init__(self, device: torch.device, *, pin_cpu_output: bool = False):
+    def __init__(self, device: torch.device, *, pin_cpu_output: bool = False, output_stream: str = "copy"):
         self.device = device
+        self.output_stream = output_stream  # where batches are allocated: 'copy' or 'consumer'
+
         self.is_cuda = device.type == "cuda"
         self.pin_cpu_output = pin_cpu_output
         self.stream = torch.cuda.Stream(device=device) if self.is_cuda else None
         self._index = self.stream.device_index if self.is_cuda else -1
+        self._streams: dict = {}  # raw handle -> torch.cuda.Stream, for hand_off's record_stream
         self.debug_delay_cycles = 0  # tests: delay every copy to widen race windows
 
     def start(
@@ -102,11 +105,12 @@ class CopyEngine:
 
     def _batch_memory(self, nbytes: int, consumer, reserved) -> tuple:
         """``(the batch's device bytes, the stream they were allocated on or None)``: ``reserved``
-        (made by ``reserve`` on the consumer's stream), else allocated on the consumer's stream,
-        else on the copy stream (None)."""
+        (made by ``reserve`` on the consumer's stream), else allocated on the copy stream (None;
+        ``hand_off`` gives them to the consumer with record_stream), or with ``output_stream`` at
+        ``consumer`` on the consumer's stream."""
         if reserved is not None:
             return reserved, consumer
-        if consumer is not None:
+        if consumer is not None and self.output_stream == "consumer":
             # The batch lives on the consumer's stream, as a ``.to(non_blocking=True)`` made
             # there would: next() then needs no record_stream, and frees need no events. The
             # copy stream first waits for the consumer's work up to the allocation (rule 2).
@@ -117,19 +121,24 @@ class CopyEngine:
         return self._empty_on(self.stream, nbytes), None
 
     def _empty_on(self, stream: torch.cuda.Stream, nbytes: int) -> torch.Tensor:
-        """``nbytes`` of device memory allocated on ``stream`` (the caching allocator keys blocks
-        by the current stream). Set and reset through torch's own calls, not its context
-        managers: those cost ~10x as much, and on a stage thread every Python call beside the
-        training loop may queue for the GIL again."""
+        """``nbytes`` of device memory allocated on ``stream``."""
+        return self.allocate_on(stream, [((nbytes,), torch.uint8)])[0]
+
+    def allocate_on(self, stream: torch.cuda.Stream, shapes: Sequence[tuple]) -> list:
+        """One device tensor per ``(shape, dtype)``, allocated on ``stream`` (the caching
+        allocator keys blocks by the current stream). Set and reset through torch's own calls,
+        not its context managers: those cost ~10x as much, and on a stage thread every Python
+        call beside the training loop may queue for the GIL again."""
+        device = self.device
         if torch._C._cuda_getDevice() != self._index:  # another device current on this thread
-            with torch.cuda.device(self.device), torch.cuda.stream(stream):
-                return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
         prior = torch._C._cuda_getCurrentStream(self._index)
         torch._C._cuda_setStream(
             stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type
         )
         try:
-            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
         finally:
             torch._C._cuda_setStream(stream_id=prior[0], device_index=prior[1], device_type=prior[2])
 
@@ -177,8 +186,8 @@ class CopyEngine:
         batch waits for a slot: ordered later, the copy would also wait for the steps enqueued
         meanwhile and queue behind the very step it should overlap (a host running ahead of the
         GPU then serialises every copy with the latest step)."""
-        if not self.is_cuda or consumer is None:
-            return None
+        if not self.is_cuda or consumer is None or self.output_stream != "consumer":
+            return None  # allocated on the copy stream at start: no order to set up
         return self._batch_memory(nbytes, consumer, None)[0]
 
     def run(self, produce: Callable[[], Any]) -> InFlightCopy:
@@ -226,8 +235,10 @@ class CopyEngine:
         home = copy.home
         foreign = copy.flat is not None and (home is None or home.cuda_stream != raw)
         if foreign or copy.moved:
-            consumer = torch.cuda.current_stream(self.device)
-            if foreign:
+            consumer = self._streams.get(raw)
+            if consumer is None:
+                consumer = self._streams[raw] = torch.cuda.current_stream(self.device)
+            if foreign and not UNSAFE_SKIP_HANDOVER:
                 copy.flat.record_stream(consumer)
             for tensor in copy.moved:
                 tensor.record_stream(consumer)
@@ -300,6 +311,9 @@ except ImportError:  # a source tree without the built extension, or one built b
 #: Tests only: copies skip their wait for the consumer's stream up to the batch's allocation
 #: (the negative control: the caching allocator's recycled blocks then take copies early).
 UNSAFE_SKIP_ALLOCATION_WAIT = False
+#: Tests only: hand_off gives copy-stream memory to the consumer without record_stream (the
+#: allocator may then give it to the next batch's copy while the training stream still reads it).
+UNSAFE_SKIP_HANDOVER = False
 
 try:
     from ._C import stream_wait_stream as _stream_wait_stream

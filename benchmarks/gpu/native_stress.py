@@ -10,7 +10,9 @@ ahead as in a training loop; the first bad batch is printed (epoch, batch, what 
 the script exits 1. The cause (fourteenth session): the loop's copies skipped their wait for the
 training stream when that stream was the legacy default (handle 0), so a batch could land in
 memory the step's queued kernels were still to write. STRESS_UNSAFE=1 brings that back (the
-negative control: the script must then fail).
+negative control: the script must then fail); it runs with output_stream='consumer', the
+allocation that wait protects (the default allocates on the copy stream, where the hand-over's
+record_stream is the guard, and its own control lives in tests/test_native_cuda.py).
 
   python3 benchmarks/gpu/native_stress.py [SECONDS] [ROUTE ...]     (routes: memory_rows values,
   default: auto dma kernel gather; run again under TORCH_FASTLOAD_DMA_ORDER=stream to compare)
@@ -22,8 +24,11 @@ import time
 
 import torch
 
-import torch_fastload
-from torch_fastload import native
+if os.environ.get("STRESS_UNSAFE") == "1":
+    os.environ["TORCH_FASTLOAD_OUTPUT_STREAM"] = "consumer"
+
+import torch_fastload  # noqa: E402
+from torch_fastload import native  # noqa: E402
 
 native.UNSAFE_SKIP_ALLOCATION_WAIT = os.environ.get("STRESS_UNSAFE") == "1"
 
