@@ -92,7 +92,10 @@ def tables(study: Study) -> list:
         ]
         out.append(
             table(
-                ["feed", "step ms", "x resident"], rows, f"bf16 step of {ov['gemms_per_step']} GEMMs beside the loader"
+                ["feed", "step ms", "x resident"],
+                rows,
+                f"bf16 step of {ov['gemms_per_step']} GEMMs beside the loader "
+                f"(medians of {ov.get('rounds', 1)} interleaved pairs)",
             )
         )
     return out
