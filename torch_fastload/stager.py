@@ -62,7 +62,7 @@ class BatchStager:
         self.poll = poll
         self.finish = finish
         self.slot_bytes_bound = slot_bytes_bound
-        self.consumer = consumer  # the training loop's stream, where batches are allocated
+        self.consumer = consumer  # the training loop's stream: batches are handed to it
         self.copy_threads = copy_threads  # memcpy threads per batch (None: the copier's own)
         self.direct_cpu = direct_cpu and not resources.engine.is_cuda  # the source's __fastload_direct_cpu__
         self.engine = resources.engine

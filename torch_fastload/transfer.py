@@ -181,8 +181,9 @@ class CopyEngine:
         return InFlightCopy(flat, unpack(flat), end, (start, end), home=home)
 
     def reserve(self, nbytes: int, consumer) -> torch.Tensor | None:
-        """The batch's device bytes, allocated on the consumer's stream, with the copy stream
-        ordered after that stream up to now; for ``start(reserved=...)``. Call it before the
+        """With ``output_stream='consumer'``: the batch's device bytes, allocated on the
+        consumer's stream, with the copy stream ordered after that stream up to now; for
+        ``start(reserved=...)`` (None with the default copy-stream allocation). Call it before the
         batch waits for a slot: ordered later, the copy would also wait for the steps enqueued
         meanwhile and queue behind the very step it should overlap (a host running ahead of the
         GPU then serialises every copy with the latest step)."""
