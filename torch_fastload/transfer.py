@@ -47,7 +47,6 @@ class CopyEngine:
     def __init__(self, device: torch.device, *, pin_cpu_output: bool = False, output_stream: str = "copy"):
         self.device = device
         self.output_stream = output_stream  # where batches are allocated: 'copy' or 'consumer'
-
         self.is_cuda = device.type == "cuda"
         self.pin_cpu_output = pin_cpu_output
         self.stream = torch.cuda.Stream(device=device) if self.is_cuda else None
