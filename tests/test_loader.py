@@ -368,6 +368,19 @@ def test_config_env_and_override(monkeypatch):
         DataLoader(Ids(4), device="cpu", prefetch_depth=3)
 
 
+def test_output_stream_reaches_the_copy_engine_and_is_validated(monkeypatch):
+    """Where batches are allocated (``output_stream``): the copy stream by default, the
+    consumer's by config or environment; anything else is refused with the option's name."""
+    assert DataLoader(Ids(4), device="cpu").resources.engine.output_stream == "copy"
+    with torch_fastload.config.override(output_stream="consumer"):
+        assert DataLoader(Ids(4), device="cpu").resources.engine.output_stream == "consumer"
+    monkeypatch.setenv("TORCH_FASTLOAD_OUTPUT_STREAM", "consumer")
+    assert DataLoader(Ids(4), device="cpu").resources.engine.output_stream == "consumer"
+    monkeypatch.setenv("TORCH_FASTLOAD_OUTPUT_STREAM", "training")
+    with pytest.raises(ValueError, match="'output_stream' must be one of"):
+        DataLoader(Ids(4), device="cpu")
+
+
 def test_stats_report_wait_and_stages():
     loader = DataLoader(Ids(64, jitter=0.001), batch_size=8, device="cpu")
     for _ in loader:
