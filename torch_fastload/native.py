@@ -176,7 +176,6 @@ class NativePipeline:
         self._pin_output = self.device.type == "cpu" and resources.settings.pin_cpu_output
         self.engine = resources.engine
         self._copy_stream = self.engine.stream.cuda_stream if self.cuda else 0
-        self._streams: dict = {}  # raw handle -> torch.cuda.Stream, for record_stream
         # registered in-memory rows moved by the gather kernel (a few SMs) instead of the copy
         # engines, whose per-row DMA submissions hold the driver beside a launch-bound step
         self._memory_rows_kernel = (
@@ -435,9 +434,7 @@ class NativePipeline:
         if tracing:
             stats.mark("next:take", batch.number, started)
         if stream != batch.home and not UNSAFE_SKIP_HANDOVER:  # on the copy stream, or streams switched
-            current = self._streams.get(stream)
-            if current is None:
-                current = self._streams[stream] = torch.cuda.current_stream(self.device)
+            current = self.engine.stream_of(stream)
             for t in batch.out:
                 t.record_stream(current)
         result = self.build(batch.out)

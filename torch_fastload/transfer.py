@@ -51,7 +51,7 @@ class CopyEngine:
         self.pin_cpu_output = pin_cpu_output
         self.stream = torch.cuda.Stream(device=device) if self.is_cuda else None
         self._index = self.stream.device_index if self.is_cuda else -1
-        self._streams: dict = {}  # raw handle -> torch.cuda.Stream, for hand_off's record_stream
+        self._streams: dict = {}  # raw handle -> torch.cuda.Stream: stream_of()
         self.debug_delay_cycles = 0  # tests: delay every copy to widen race windows
 
     def start(
@@ -231,17 +231,24 @@ class CopyEngine:
             if _CopyEvent is not None and isinstance(done, _CopyEvent):
                 done.wait(raw)
             else:
-                done.wait(torch.cuda.current_stream(self.device))
+                done.wait(self.stream_of(raw))
         home = copy.home
         foreign = copy.flat is not None and (home is None or home.cuda_stream != raw)
         if foreign or copy.moved:
-            consumer = self._streams.get(raw)
-            if consumer is None:
-                consumer = self._streams[raw] = torch.cuda.current_stream(self.device)
+            consumer = self.stream_of(raw)
             if foreign and not UNSAFE_SKIP_HANDOVER:
                 copy.flat.record_stream(consumer)
             for tensor in copy.moved:
                 tensor.record_stream(consumer)
+
+    def stream_of(self, raw: int) -> torch.cuda.Stream:
+        """The ``torch.cuda.Stream`` of the current stream, whose raw handle is ``raw`` (for
+        ``record_stream``), built once per handle: ``current_stream()`` costs several times the
+        raw getter on the training thread."""
+        stream = self._streams.get(raw)
+        if stream is None:
+            stream = self._streams[raw] = torch.cuda.current_stream(self.device)
+        return stream
 
     def move_passthrough(self, tensor: torch.Tensor, moved: list) -> torch.Tensor:
         """A tensor that was not staged (sparse, nested, on another GPU): moved on the copy stream.
