@@ -19,12 +19,12 @@ stamp "wheels"
 mkdir -p /tmp/peerparts
 cp .gpu/wheels/parts/peers.tar.part-* /tmp/peerparts/ 2>/dev/null || true
 ls -l /tmp/peerparts
-EXPECT=61a29850e4c03d498299b7b7ab322b8c601811fa40bccc6aac0eae8704d35217
+EXPECT=89314faa99438bafb3dbdcbc8cb07b912cc1d9344e1a58549f1754504f304eb3
 if [ ! -d $SITE/nvidia/dali ]; then
     cat /tmp/peerparts/peers.tar.part-* > /tmp/peers.tar
     GOT=$(sha256sum /tmp/peers.tar | cut -d' ' -f1)
     if [ "$GOT" != "$EXPECT" ]; then
-        echo "peers.tar sha256 $GOT, expected $EXPECT: a part is missing or damaged (parts aa..af)"
+        echo "peers.tar sha256 $GOT, expected $EXPECT: a part is missing or damaged (parts aa..ae)"
         echo "the peer rows will say 'not installed'"
     else
         rm -rf /tmp/peerwheels && mkdir -p /tmp/peerwheels && tar -xf /tmp/peers.tar -C /tmp/peerwheels
