@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 20's floors at the defaults, after peers-part.sh carried parts aa..ad (ae carried with
+# Issue 20's floors at the defaults, after peers-part.sh carried parts aa..ae (af carried with
 # this call): imagenet_loader (rows in one process, default order; then --peers-first with the
 # JPEG engines in the trial off and on), ResNet-18 and ResNet-50 fed by fastload and by DALI.
 # Run from the repo root:  bash benchmarks/gpu/peers-check.sh   (~5 min; logs, JSON under $OUT)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 20: ResNet-18 fed by torch_fastload and by DALI in the same run, twice (peers.sh's install,
 # then imagenet_train.py only). The rest of the header is peers.sh's.
-# Needs the 5 parts of peers.tar in /tmp/peerparts (earlier calls of peers-part.sh) or carried now.
+# Needs the 6 parts of peers.tar in /tmp/peerparts (earlier calls of peers-part.sh) or carried now.
 export PEERS_BUDGET_S=${PEERS_BUDGET_S:-520}
 source benchmarks/gpu/peers-setup.sh
 

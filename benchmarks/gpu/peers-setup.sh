@@ -24,7 +24,7 @@ if [ ! -d $SITE/nvidia/dali ]; then
     cat /tmp/peerparts/peers.tar.part-* > /tmp/peers.tar
     GOT=$(sha256sum /tmp/peers.tar | cut -d' ' -f1)
     if [ "$GOT" != "$EXPECT" ]; then
-        echo "peers.tar sha256 $GOT, expected $EXPECT: a part is missing or damaged (parts aa..ae)"
+        echo "peers.tar sha256 $GOT, expected $EXPECT: a part is missing or damaged (parts aa..af)"
         echo "the peer rows will say 'not installed'"
     else
         rm -rf /tmp/peerwheels && mkdir -p /tmp/peerwheels && tar -xf /tmp/peers.tar -C /tmp/peerwheels

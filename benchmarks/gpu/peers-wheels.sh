@@ -2,7 +2,7 @@
 # Builds the peers' wheel tarball for the offline GPU machine (run here, with the package index
 # reachable): downloads the Python 3.12 manylinux wheels of DALI 2.4 (cuda130) and its needs,
 # SPDL 0.8 with PyAV 19.0.2 (its FFmpeg), torchdata 0.11 and a few pure packages the machine may
-# lack; tars them in name order and splits the tar into 60 MiB parts under .gpu/wheels/parts/
+# lack; tars them in name order and splits the tar into 50 MiB parts (a call carries 64 MiB with the tree) under .gpu/wheels/parts/
 # (one part a device call: peers-part.sh). Prints the tar's sha256: peers-setup.sh pins it (EXPECT).
 set -euo pipefail
 top=$(git rev-parse --show-toplevel); cd "$top"
@@ -17,7 +17,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   packaging==26.3 charset-normalizer==3.5.3 idna==3.20 certifi==2026.10.19.post1
 tar -cf "$dl/peers.tar" -C "$dl" --sort=name --owner=0 --group=0 --mtime=2026-11-27 $(cd "$dl" && ls *.whl)
 mkdir -p .gpu/wheels/parts && rm -f .gpu/wheels/parts/peers.tar.part-*
-split -b 60M -a 2 "$dl/peers.tar" .gpu/wheels/parts/peers.tar.part-
+split -b 50M -a 2 "$dl/peers.tar" .gpu/wheels/parts/peers.tar.part-
 ls -l .gpu/wheels/parts
 sha256sum "$dl/peers.tar"
 rm -rf "$dl"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 20: the peers (DALI, SPDL, torchdata, FFCV) beside torch_fastload on the GPU machine.
-# Needs the 5 parts of peers.tar (benchmarks/gpu/peers-wheels.sh) in /tmp/peerparts (earlier calls of peers-part.sh) or
+# Needs the 6 parts of peers.tar (benchmarks/gpu/peers-wheels.sh) in /tmp/peerparts (earlier calls of peers-part.sh) or
 # carried now under .gpu/wheels/parts/. Reduced sizes so everything ends in <= 9 minutes (PEERS_BUDGET_S=540):
 #   imagenet_loader  100 classes x 100 (10,000 JPEGs), 2 timed epochs, each row in its own process,
 #                    torch stopped after 10 batches, fastload-packed left out (peers-loader.sh: this step alone)
