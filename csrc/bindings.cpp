@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -95,9 +96,11 @@ int64_t read_ranges(std::vector<std::string> paths, const I64Array& file_index, 
 
 py::list plan_ranges(std::vector<std::string> paths, const I64Array& file_index, const I64Array& offsets,
                      const I64Array& lengths, int64_t dst_size, const I64Array& dst_offsets, int64_t task_size,
-                     bool o_direct) {
-  const tfl::ReadRequest req = make_request(std::move(paths), file_index, offsets, lengths, 0, dst_size,
-                                            dst_offsets, 1, task_size, o_direct);
+                     bool o_direct, std::vector<int64_t> dst_breaks) {
+  tfl::ReadRequest req = make_request(std::move(paths), file_index, offsets, lengths, 0, dst_size, dst_offsets, 1,
+                                      task_size, o_direct);
+  std::sort(dst_breaks.begin(), dst_breaks.end());
+  req.dst_breaks = std::move(dst_breaks);
   std::vector<std::vector<tfl::PlannedRead>> tasks;
   {
     py::gil_scoped_release nogil;
@@ -340,9 +343,10 @@ PYBIND11_MODULE(_C, m) {
         "the GIL is released throughout. Returns the total bytes read.");
   m.def("plan_ranges", &plan_ranges, py::arg("paths"), py::arg("file_index"), py::arg("offsets"),
         py::arg("lengths"), py::arg("dst_size"), py::arg("dst_offsets"), py::arg("task_size") = int64_t(4) << 20,
-        py::arg("o_direct") = false,
+        py::arg("o_direct") = false, py::arg("dst_breaks") = std::vector<int64_t>{},
         "The tasks read_ranges would run, each a list of (file_index, offset, length, dst_offset) reads\n"
-        "after coalescing and slicing; validates and opens the files like read_ranges, reads nothing.");
+        "after coalescing and slicing; validates and opens the files like read_ranges, reads nothing.\n"
+        "dst_breaks: destination offsets where a separate allocation starts (no read coalesced across).");
   m.def("copy_ranges", &copy_ranges, py::arg("dst_ptrs"), py::arg("src_ptrs"), py::arg("sizes"),
         py::arg("num_threads") = 16, py::arg("task_size") = int64_t(4) << 20, py::arg("streaming") = false,
         "memcpy(dst_ptrs[i], src_ptrs[i], sizes[i]) for every i on the pool; ranges must not overlap.\n"

@@ -128,7 +128,8 @@ int64_t DeviceStager::read(const ReadRequest& req, uintptr_t stream_handle, bool
           pos = 0;
           for (size_t j = plan.bounds[t]; j <= plan.bounds[t + 1]; ++j) {
             const bool last = j == plan.bounds[t + 1];
-            if (!last && run_len > 0 && plan.pieces[j].dst == run_dst + run_len) {
+            if (!last && run_len > 0 && plan.pieces[j].dst == run_dst + run_len &&
+                !starts_allocation(r, plan.pieces[j].dst)) {
               run_len += plan.pieces[j].len;
             } else {
               if (run_len > 0)

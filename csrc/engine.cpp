@@ -395,7 +395,8 @@ Plan make_plan(const ReadRequest& r) {
     ReadPiece p{{static_cast<int32_t>(r.file_index[k]), r.offsets[k], r.lengths[k], r.dst_offsets[k]}};
     if (!pieces.empty()) {
       ReadPiece& last = pieces.back();
-      if (last.file == p.file && last.off + last.len == p.off && last.dst + last.len == p.dst) {
+      if (last.file == p.file && last.off + last.len == p.off && last.dst + last.len == p.dst &&
+          !starts_allocation(r, p.dst)) {
         last.len += p.len;  // both sums are bounded by the checked file and buffer sizes
         continue;
       }

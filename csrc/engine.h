@@ -77,6 +77,10 @@ struct ReadRequest {
   // Order (and so group into tasks) by destination rather than by file offset: a task then
   // fills one contiguous stretch of the destination (one H2D copy per task for DeviceStager).
   bool order_by_destination = false;
+  // Sorted destination offsets where a separate allocation starts (a batch's output fields are
+  // separate device tensors that may lie back to back): no coalesced piece or copy runs across
+  // one, since a DMA copy spanning two allocations is refused (CUDA_ERROR_INVALID_VALUE).
+  std::vector<int64_t> dst_breaks;
 };
 
 // One read of a plan: file bytes [offset, offset + length) to dst_offset.

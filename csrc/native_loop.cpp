@@ -478,9 +478,13 @@ std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, Ranges& r) {
     mapped = mapped_;
   }
   ReadRequest direct, ringed;  // ranges of mapped files / of the rest
+  std::vector<int64_t> fields_at;  // each output field is its own tensor: no copy spans two
+  for (size_t o = 0; o < job.at.size(); ++o)
+    if (job.layout[2 + 2 * o] > 0) fields_at.push_back(job.at[o]);
+  std::sort(fields_at.begin(), fields_at.end());
   for (ReadRequest* q : {&direct, &ringed}) {
     q->paths = cfg_.paths;
-    q->dst_ptr = job.out, q->dst_size = job.out_bytes;
+    q->dst_ptr = job.out, q->dst_size = job.out_bytes, q->dst_breaks = fields_at;
     q->num_threads = cfg_.io_threads, q->task_size = cfg_.task_size, q->o_direct = cfg_.o_direct;
   }
   for (size_t k = 0; k < r.offsets.size(); ++k) {
@@ -513,10 +517,11 @@ int64_t NativeLoop::copy_registered_rows(const Job& job) {
     const int64_t at = job.at[o];
     o += f.kind == LoopField::kRecords ? 2 : 1;
     if (f.kind != LoopField::kMemoryRows || !f.dma) continue;
+    const size_t field_first = sizes.size();  // fields are separate tensors: no copy spans two
     for (size_t k = 0; k < job.indices.size(); ++k) {
       const auto src = static_cast<cuda::DevicePtr>(f.memory + job.indices[k] * f.row_bytes);
       const auto dst = static_cast<cuda::DevicePtr>(job.out + at + static_cast<int64_t>(k) * f.row_bytes);
-      if (!sizes.empty() && srcs.back() + sizes.back() == src && dsts.back() + sizes.back() == dst)
+      if (sizes.size() > field_first && srcs.back() + sizes.back() == src && dsts.back() + sizes.back() == dst)
         sizes.back() += static_cast<size_t>(f.row_bytes);  // consecutive rows: one copy
       else
         dsts.push_back(dst), srcs.push_back(src), sizes.push_back(static_cast<size_t>(f.row_bytes));

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -47,6 +48,11 @@ struct Plan {
 // coalesces and slices into tasks of about task_size bytes. Reads nothing, so a hostile
 // request fails here before any byte is written.
 Plan make_plan(const ReadRequest& r);
+
+// Whether dst starts a separate allocation of the destination (ReadRequest::dst_breaks).
+inline bool starts_allocation(const ReadRequest& r, int64_t dst) {
+  return !r.dst_breaks.empty() && std::binary_search(r.dst_breaks.begin(), r.dst_breaks.end(), dst);
+}
 
 // Reads one piece to dst (which must hold p.len bytes), looping over short reads; O_DIRECT
 // goes through an aligned per-thread bounce buffer unless everything is aligned.

@@ -182,6 +182,20 @@ def test_coalescing_merges_only_ranges_adjacent_in_file_and_destination(files):
     assert dst.tobytes() == contents[0][100:200] + contents[0][0:100] + contents[3][0:100] + contents[3][500:600]
 
 
+def test_no_range_is_coalesced_across_a_separate_allocation(files):
+    """The C++ loop's output fields are separate tensors that may lie back to back: a read
+    coalesced across their boundary would become one DMA copy spanning two allocations, which
+    the driver refuses (the ring route failed that way on an H100 with features + labels)."""
+    paths, contents = files
+    off, dsto = [1000, 1100, 1200, 1300], [0, 100, 200, 300]
+    assert engine.plan_ranges(paths, [0] * 4, off, [100] * 4, 400, dsto) == [[(0, 1000, 400, 0)]]
+    plan = engine.plan_ranges(paths, [0] * 4, off, [100] * 4, 400, dsto, dst_breaks=[200])
+    assert plan == [[(0, 1000, 200, 0), (0, 1200, 200, 200)]]
+    dst = np.full(400, SENTINEL, dtype=np.uint8)
+    engine.read_ranges(paths, [0] * 4, off, [100] * 4, dst, dsto)
+    assert dst.tobytes() == contents[0][1000:1400]
+
+
 def test_big_range_is_sliced_into_task_size_tasks(files):
     paths, contents = files
     plan = engine.plan_ranges(paths, [0], [3], [1_000_000], 1_000_000, [0], task_size=300_000)

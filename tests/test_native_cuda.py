@@ -113,6 +113,44 @@ def test_file_sources_on_the_loop_equal_torch(tmp_path, mapped_copy, map_budget)
         assert (stats.io_bytes.get("mapped", 0) > 0) == (map_budget != 0), stats.io_bytes
 
 
+BACK_TO_BACK_SCRIPT = """
+import sys
+import numpy as np, torch
+from torch_fastload import ArrayDataset, DataLoader
+root, rows, width = sys.argv[1], 1024, 49152  # 192 KiB float32 rows: a 256-row field is 48 MiB
+np.save(f"{root}/x.npy", np.arange(rows * width, dtype=np.float32).reshape(rows, width))
+np.save(f"{root}/y.npy", np.arange(rows, dtype=np.int64) * 7)
+x, y = np.load(f"{root}/x.npy"), np.load(f"{root}/y.npy")
+loader = DataLoader(ArrayDataset(f"{root}/x.npy", f"{root}/y.npy"), batch_size=256, shuffle=True,
+                    generator=torch.Generator().manual_seed(0), map_budget=0, device="cuda")
+adjacent = 0
+for features, labels in loader:
+    ends = {features.data_ptr() + features.nbytes, labels.data_ptr() + labels.nbytes}
+    adjacent += features.data_ptr() in ends or labels.data_ptr() in ends
+    ids = labels.cpu().numpy() // 7
+    assert np.array_equal(features.cpu().numpy(), x[ids]), "features"
+    assert np.array_equal(labels.cpu().numpy(), y[ids]), "labels"
+print("ring", loader.stats().io_bytes.get("engine-posix", 0) > 0, "adjacent", adjacent)
+"""
+
+
+def test_ring_reads_into_output_fields_that_lie_back_to_back(tmp_path):
+    """Each output field is its own tensor; a fresh process puts a 48 MiB field's segment right
+    before the next field's, so a pinned-ring copy coalesced across the boundary spans two
+    allocations and the driver refuses it (found on the H100: every ArrayDataset(features,
+    labels) epoch through the ring failed at batch 0). Run in a fresh process: the layout that
+    exposes it is the allocator's first one."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", BACK_TO_BACK_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ring True" in done.stdout, done.stdout
+    assert "adjacent 0" not in done.stdout, f"no batch had back-to-back fields (case not exercised): {done.stdout}"
+
+
 @pytest.mark.parametrize("mapped_copy,kernel", [("kernel", True), ("dma", False)])
 def test_mapped_copy_names_the_route_of_mapped_files(tmp_path, mapped_copy, kernel):
     """mapped_copy picks how mapped file ranges move on the loop, whatever memory_rows says (it

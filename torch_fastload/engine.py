@@ -240,9 +240,12 @@ def plan_ranges(
     *,
     task_size: int | None = None,
     o_direct: bool = False,
+    dst_breaks: Sequence[int] = (),
 ) -> list:
     """The tasks :func:`read_ranges` would run, as lists of ``(file_index, offset, length,
-    dst_offset)`` reads after coalescing and slicing. Same checks (files are opened), no reads."""
+    dst_offset)`` reads after coalescing and slicing. Same checks (files are opened), no reads.
+    ``dst_breaks``: destination offsets where a separate allocation starts (the C++ loop's output
+    fields): no read is coalesced across one."""
     engine = _require()
     encoded, file_index, offsets, lengths, dst_offsets = _prepare(paths, file_index, offsets, lengths, dst_offsets)
     return engine.plan_ranges(
@@ -254,6 +257,7 @@ def plan_ranges(
         dst_offsets,
         task_size=default_task_size() if task_size is None else _check_task_size(task_size),
         o_direct=bool(o_direct),
+        dst_breaks=[int(b) for b in dst_breaks],
     )
 
 
