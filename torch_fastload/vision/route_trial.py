@@ -161,6 +161,7 @@ class RouteTrial:
         self.split = bool(split) and self._splittable(self.candidates)
         self.three_way = bool(three_way)  # the engines and nvJPEG both timed: split the three at once
         self._splits_added = False
+        self._alone = 1 << 30  # candidates[:_alone] are routes alone, the rest splits (once added)
         self.periods: dict = {}  # candidate -> seconds a batch (the slower clock)
         self.clocks: dict = {}  # candidate -> (decodes, deliveries)
         self.waited: dict = {}  # candidate -> the loop's wait for a batch, share of its period
@@ -218,15 +219,30 @@ class RouteTrial:
             self.choice = share  # the loop hardly waits at the GPU's pace: no other route can do better
         elif self._turn == len(self.candidates) - 1 and self._split_next():
             self._splits_added = True
+            self._alone = len(self.candidates)
             self.candidates.extend(self._splits())
             self._turn += 1
         elif self._turn == len(self.candidates) - 1:
-            first = self.candidates[0]
-            others = min(self.candidates[1:], key=lambda c: self.periods[c])
-            self.choice = first if self.periods[first] < (1 - self.margin) * self.periods[others] else others
+            self.choice = self._fastest()
         else:
             self._turn += 1
         return self.choice is not None
+
+    def _fastest(self):
+        """The route kept once every candidate was timed (lock held): the CPU route where it beats
+        the best of the others by ``margin``; a split only where it beats the best GPU route alone
+        by ``margin`` too. A split keeps more cores busy, and a 10-batch window is worth about
+        +-15% (H100, the loader alone: splits timed 2-4% faster than nvJPEG were kept and fed
+        14.5k and 18.5k images/s; nvJPEG alone fed 16.7-21.0k in five processes)."""
+        period = self.periods.__getitem__
+        first = self.candidates[0]
+        others = min(self.candidates[1 : self._alone], key=period)
+        splits = self.candidates[self._alone :]
+        if splits:
+            split = min(splits, key=period)
+            if period(split) < (1 - self.margin) * period(others):
+                others = split
+        return first if period(first) < (1 - self.margin) * period(others) else others
 
     def _split_next(self) -> bool:
         """Whether the splits are timed next: every route was timed alone, so the CPU route alone
