@@ -44,31 +44,32 @@ def copy_seconds(fn, reps=5) -> float:
     return (time.perf_counter() - t) / reps
 
 
+def _h2d_in_4_mib_copies():
+    for k in range(0, 48, 4):
+        dev_a[k * MiB : (k + 4) * MiB].copy_(host[k * MiB : (k + 4) * MiB], non_blocking=True)
+
+
+def _h2d_then_idle():
+    dev_a.copy_(host, non_blocking=True)
+    torch.cuda._sleep(int(T["h2d"] * 1.7e9))  # ~ one copy's time of idle link (cycles at ~1.7 GHz)
+
+
+#: condition -> (one unit of copies, the key of its time in T, link time it takes in units of that)
+UNITS = {
+    "h2d 48 MiB": (lambda: dev_a.copy_(host, non_blocking=True), "h2d", 1),
+    "h2d 4 MiB": (_h2d_in_4_mib_copies, "h2d", 1),
+    "d2h 48 MiB": (lambda: host_out.copy_(dev_a, non_blocking=True), "d2h", 1),
+    "d2d 48 MiB": (lambda: dev_b.copy_(dev_a, non_blocking=True), "d2d", 1),
+    "h2d paced 50%": (_h2d_then_idle, "h2d", 2),
+}
+
+
 def queue(kind: str, seconds: float) -> None:
-    """Copies on the side stream covering ~seconds of link time, queued now."""
+    """Copies on the side stream covering ~seconds, queued now."""
+    unit, key, spans = UNITS[kind]
     with torch.cuda.stream(side):
-        if kind == "h2d 48 MiB":
-            n = max(1, round(seconds / T["h2d"]))
-            for _ in range(n):
-                dev_a.copy_(host, non_blocking=True)
-        elif kind == "h2d 4 MiB":
-            n = max(1, round(seconds / T["h2d"]))
-            for _ in range(n):
-                for k in range(0, 48, 4):
-                    dev_a[k * MiB : (k + 4) * MiB].copy_(host[k * MiB : (k + 4) * MiB], non_blocking=True)
-        elif kind == "d2h 48 MiB":
-            n = max(1, round(seconds / T["d2h"]))
-            for _ in range(n):
-                host_out.copy_(dev_a, non_blocking=True)
-        elif kind == "d2d 48 MiB":
-            n = max(1, round(seconds / T["d2d"]))
-            for _ in range(n):
-                dev_b.copy_(dev_a, non_blocking=True)
-        elif kind == "h2d paced 50%":
-            n = max(1, round(seconds / (2 * T["h2d"])))
-            for _ in range(n):
-                dev_a.copy_(host, non_blocking=True)
-                torch.cuda._sleep(int(T["h2d"] * 1.7e9))  # ~ one copy's time of idle link (cycles at ~1.7 GHz)
+        for _ in range(max(1, round(seconds / (spans * T[key])))):
+            unit()
 
 
 def launches_per_second(kind: str | None) -> tuple[float, float]:
@@ -93,7 +94,7 @@ T = {
 for _ in range(3):
     launches_per_second(None)
 RATE_ALONE = statistics.median(launches_per_second(None)[0] for _ in range(3))
-KINDS = ["h2d 48 MiB", "h2d 4 MiB", "d2h 48 MiB", "d2d 48 MiB", "h2d paced 50%"]
+KINDS = list(UNITS)
 ratios = {k: [] for k in KINDS}
 lags = {k: [] for k in ["alone", *KINDS]}
 for _ in range(ROUNDS):
