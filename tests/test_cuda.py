@@ -9,6 +9,7 @@ import textwrap
 import psutil
 import pytest
 import torch
+from batch_memory import batches_intact, numbered_rows
 from conftest import pipeline_threads
 from test_loader import Nested, assert_same
 from torch.utils.data import Dataset, TensorDataset
@@ -254,8 +255,7 @@ def test_python_pipeline_copies_wait_for_the_training_streams_last_use_of_their_
 
     monkeypatch.setattr(transfer, "UNSAFE_SKIP_ALLOCATION_WAIT", unsafe)
     n, batch, width = 512, 32, 4096
-    rows = torch.arange(n * width, dtype=torch.int64).reshape(n, width)
-    assert torch.cuda.current_stream().cuda_stream == 0
+    rows = numbered_rows(n, width)
     with config.override(native="off", output_stream="consumer"):
         loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
         it = iter(loader)
@@ -268,8 +268,7 @@ def test_python_pipeline_copies_wait_for_the_training_streams_last_use_of_their_
             got.append(got_rows)
         assert "pinned-pool" in loader.stats().path
         loader.close()
-    torch.cuda.synchronize()
-    intact = all(torch.equal(g.cpu(), rows[i * batch : (i + 1) * batch]) for i, g in enumerate(got))
+    intact = batches_intact(got, rows, batch)
     assert intact is not unsafe  # the wait is what keeps batches intact
 
 
@@ -283,8 +282,7 @@ def test_python_pipeline_copies_do_not_rewrite_a_batch_the_training_stream_still
 
     monkeypatch.setattr(transfer, "UNSAFE_SKIP_HANDOVER", unsafe)
     n, batch, width = 512, 32, 4096
-    rows = torch.arange(n * width, dtype=torch.int64).reshape(n, width)
-    assert torch.cuda.current_stream().cuda_stream == 0
+    rows = numbered_rows(n, width)
     with config.override(native="off", output_stream="copy"):
         loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
         seen = []
@@ -294,7 +292,6 @@ def test_python_pipeline_copies_do_not_rewrite_a_batch_the_training_stream_still
             del got_rows  # free on the copy stream: a stage thread's next allocation may take it
         assert "pinned-pool" in loader.stats().path
         loader.close()
-    torch.cuda.synchronize()
     assert len(seen) == n // batch
-    intact = all(torch.equal(g.cpu(), rows[i * batch : (i + 1) * batch]) for i, g in enumerate(seen))
+    intact = batches_intact(seen, rows, batch)
     assert intact is not unsafe  # the hand-over is what keeps batches intact

@@ -7,6 +7,7 @@ import mmap
 import numpy as np
 import pytest
 import torch
+from batch_memory import batches_intact, numbered_rows
 from torch.utils.data import TensorDataset
 
 import torch_fastload
@@ -250,8 +251,7 @@ def test_outputs_are_written_after_the_training_streams_last_use_of_their_memory
     nll_loss once found out of range)."""
     monkeypatch.setattr(native, "UNSAFE_SKIP_ALLOCATION_WAIT", unsafe)
     n, batch = 512, 32
-    rows = torch.arange(n * width, dtype=torch.int64).reshape(n, width)
-    assert torch.cuda.current_stream().cuda_stream == 0
+    rows = numbered_rows(n, width)
     with torch_fastload.config.override(memory_rows=route, output_stream="consumer"):
         loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
         it = iter(loader)
@@ -266,8 +266,7 @@ def test_outputs_are_written_after_the_training_streams_last_use_of_their_memory
         with pytest.raises(StopIteration):
             next(it)
         loader.close()
-    torch.cuda.synchronize()
-    intact = all(torch.equal(g.cpu(), rows[i * batch : (i + 1) * batch]) for i, g in enumerate(got))
+    intact = batches_intact(got, rows, batch)
     assert intact is not unsafe  # the wait is what keeps batches intact
 
 
@@ -280,8 +279,7 @@ def test_copy_stream_outputs_are_not_rewritten_while_the_training_stream_reads_t
     (negative control: without it the clone reads the next batch's rows)."""
     monkeypatch.setattr(native, "UNSAFE_SKIP_HANDOVER", unsafe)
     n, batch = 512, 32
-    rows = torch.arange(n * width, dtype=torch.int64).reshape(n, width)
-    assert torch.cuda.current_stream().cuda_stream == 0
+    rows = numbered_rows(n, width)
     with torch_fastload.config.override(memory_rows=route, output_stream="copy"):
         loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
         it = iter(loader)
@@ -292,9 +290,8 @@ def test_copy_stream_outputs_are_not_rewritten_while_the_training_stream_reads_t
             seen.append(got_rows.clone())  # reads the batch after the sleep
             del got_rows  # free on the copy stream: the next allocation there may take its block
         loader.close()
-    torch.cuda.synchronize()
     assert len(seen) == n // batch
-    intact = all(torch.equal(g.cpu(), rows[i * batch : (i + 1) * batch]) for i, g in enumerate(seen))
+    intact = batches_intact(seen, rows, batch)
     assert intact is not unsafe  # the hand-over is what keeps batches intact
 
 
