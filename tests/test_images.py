@@ -8,6 +8,7 @@ import io
 import logging
 import os
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -535,6 +536,19 @@ def test_loader_yields_decoded_transformed_batches_with_labels(folder, no_leaked
     stats = loader.stats()
     assert sum(stats.decoded.values()) == len(ds) and set(stats.decoded) <= {"cpu:device-cpu", "cpu:png"}
     assert "nvJPEG takes host bitstreams" in stats.io
+
+
+def test_image_batches_are_staged_three_at_once(folder, no_leaked_threads):
+    """An image batch's stage is serial (probe, nvJPEG's call, the CPU share, the kernel): the
+    loader stages prefetch + 1 of them at once, and delivers them in order all the same."""
+    _, val = folder
+    ds = ImageFolder(val, "val")
+    loader = DataLoader(ds, batch_size=4, device="cpu")
+    it = iter(loader)
+    labels = [next(it)[1]]
+    assert len([t for t in threading.enumerate() if t.name.startswith("fastload-stage")]) == 3
+    labels += [y for _, y in it]
+    assert torch.cat(labels).tolist() == ds.targets
 
 
 def test_train_batches_are_deterministic_per_seed(folder):

@@ -1,6 +1,7 @@
 """The source protocol as README's "Writing your own source" shows it, run as a user would."""
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -131,3 +132,35 @@ def test_direct_cpu_sources_are_copied_once_into_their_batch_without_a_slot(dire
     assert batches[0]["x"].data_ptr() != source.values.data_ptr()  # never the source's memory
     batches[0]["x"].fill_(-1)
     assert int(source.values[0]) == 0
+
+
+class Staged(FixedRecords):
+    """FixedRecords asking for ``want`` batches staged at once."""
+
+    def __init__(self, path, want):
+        super().__init__(path)
+        self.__fastload_staged_at_once__ = want
+
+
+@pytest.mark.parametrize(
+    "want, prefetch, threads",
+    [(None, 2, 2), (4, 2, 3), (4, 0, 2), (3, 5, 3), (True, 4, 2), (-1, 4, 2), (2.5, 4, 2)],
+)
+def test_a_source_may_ask_for_more_batches_staged_at_once(tmp_path, no_leaked_threads, want, prefetch, threads):
+    """``__fastload_staged_at_once__``: more stage threads than the default two, never more than
+    the prefetch + 1 batches a loader has in flight, never fewer than two; a value that is not a
+    positive int is ignored."""
+    path = tmp_path / "records.bin"
+    path.write_bytes(np.arange(64 * 4096 // 8, dtype=np.int64).tobytes())
+    ds = FixedRecords(str(path)) if want is None else Staged(str(path), want)
+    loader = DataLoader(ds, batch_size=4, device="cpu", prefetch=prefetch)
+    it = iter(loader)
+    first = next(it)
+    names = [t.name for t in threading.enumerate() if t.name.startswith("fastload-stage")]
+    assert len(names) == threads, names
+    rest = list(it)
+    assert torch.equal(torch.cat([first, *rest]).view(-1, 4096), ds_rows(path))
+
+
+def ds_rows(path) -> torch.Tensor:
+    return torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).view(-1, 4096)

@@ -232,6 +232,7 @@ def source_hooks(loader, source) -> SourceHooks:
         parallel=hooks.parallel,
         bind=hooks.bind,
         unbind=hooks.unbind,
+        staged_at_once=hooks.staged_at_once,
     )
 
 

@@ -47,7 +47,7 @@ from .resume import EpochProgress
 from .sources.protocol import SourceHooks
 from .stager import BatchStager, StagedBatch
 
-__all__ = ["Pipeline", "STAGE_THREADS", "LIVE_PIPELINES"]
+__all__ = ["Pipeline", "STAGE_THREADS", "LIVE_PIPELINES", "stage_thread_count"]
 
 #: Batches staged at once: while one's read or copy runs in C++ without the GIL, the other's
 #: per-batch Python (plan, slot, stream calls) runs; the consumer restores the order.
@@ -56,6 +56,14 @@ STAGE_THREADS = 2
 #: and each thread taken from them slows the whole pipeline (H100 machine, 16 workers: 8 threads
 #: gave 2,772 images/s on ResNet-18, 1 thread 3,678).
 WORKER_COPY_THREADS = 2
+
+
+def stage_thread_count(hooks: SourceHooks, prefetch: int) -> int:
+    """STAGE_THREADS, or more where the source asks to have more batches staged at once
+    (``__fastload_staged_at_once__``), up to the ``prefetch + 1`` batches the read-ahead
+    credits let be in flight: a thread beyond those would only wait."""
+    return max(STAGE_THREADS, min(hooks.staged_at_once, prefetch + 1))
+
 
 #: batches an iterator over remote objects fetches ahead at most (NOTE [remote depth])
 MAX_REMOTE_AHEAD = 64
@@ -151,7 +159,7 @@ class Pipeline:
         self.fetch_thread = threading.Thread(target=self._fetch_loop, name=f"fastload-fetch-{uid}", daemon=True)
         self.stage_threads = [
             threading.Thread(target=self._stage_loop, name=f"fastload-stage-{uid}.{k}", daemon=True)
-            for k in range(STAGE_THREADS)
+            for k in range(stage_thread_count(hooks, loader.prefetch))
         ]
         LIVE_PIPELINES.add(self)
         # The stage threads first: they block on the empty queue at once, whereas a fetch thread
@@ -236,7 +244,7 @@ class Pipeline:
 
     # -- stage threads --------------------------------------------------------------------
     def _stage_loop(self) -> None:
-        """One of STAGE_THREADS; batches leave in any order, ``next()`` restores it."""
+        """One of the stage threads; batches leave in any order, ``next()`` restores it."""
         try:
             while True:
                 item = self._get(self.fetched)

@@ -39,7 +39,7 @@ from ..remote import objects as files
 from ..resume import batch_key, batch_numpy_rng
 from ..staging import ALIGN, PendingRead
 from ..vision.decode import BatchDecoder, ImageDecodeError, decode_cpu
-from ..vision.settings import GPU_MAX_PIXELS
+from ..vision.settings import GPU_MAX_PIXELS, IMAGE_BATCHES_STAGED_AT_ONCE
 from ..vision.transforms import EvalTransform, TrainTransform
 from .records import largest_batch_bytes
 
@@ -70,6 +70,8 @@ def _resolve_transform(transform) -> Transform:
 
 class _EncodedImageSource(Dataset):
     """What folders and packs share: batches as read plans, decoding, transforms, errors."""
+
+    __fastload_staged_at_once__ = IMAGE_BATCHES_STAGED_AT_ONCE  # a batch's decode is serial
 
     def __init__(self, transform, on_error: str, seed: int | None, gpu_max_pixels: int, max_pixels: int | None):
         if on_error not in ("raise", "skip"):

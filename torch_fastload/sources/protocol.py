@@ -43,6 +43,13 @@ loader looks them up once per iterator (``hooks_of``); a dataset without
     order). For a source whose batch is mostly waits or GIL-free work (the Parquet source
     waits for row groups to decode); ``resume.batch_key()`` names the batch being fetched.
 
+``__fastload_staged_at_once__`` (optional attribute, int)
+    How many of its batches a source's ``__fastload_finish__`` wants staged at once: more than
+    the loader's two stage threads where a batch passes serially through several resources on
+    its stage thread (an image batch: its header probe, nvJPEG's host call, the CPU decoders,
+    the transform kernel), so that each batch's idle phases are another's busy ones. Capped at
+    the batches a loader has in flight (``prefetch + 1``); never fewer than two.
+
 ``__fastload_delivered__(device, waited_seconds)`` (optional)
     Called by ``next()`` after each batch is handed to the training loop, with how long the
     loop waited for it (the image decoders' route trial times the loop with it). It runs on the
@@ -171,6 +178,7 @@ class SourceHooks:
     collate: Callable[[list], Any] | None = None
     direct_cpu: bool = False
     parallel: bool = False  # __fastload_parallel_batches__
+    staged_at_once: int = 0  # __fastload_staged_at_once__ (0: the loader's default)
     bind: Callable[[torch.device], str | None] | None = None
     unbind: Callable[[torch.device], None] | None = None
 
@@ -189,4 +197,10 @@ def hooks_of(dataset: Any) -> SourceHooks:
         collate=getattr(dataset, "__fastload_collate__", None),
         direct_cpu=getattr(dataset, "__fastload_direct_cpu__", False) is True,
         parallel=getattr(dataset, "__fastload_parallel_batches__", False) is True,
+        staged_at_once=_count(getattr(dataset, "__fastload_staged_at_once__", 0)),
     )
+
+
+def _count(value) -> int:
+    """A source's count attribute: a non-negative int, anything else ignored as 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
