@@ -538,15 +538,19 @@ def test_loader_yields_decoded_transformed_batches_with_labels(folder, no_leaked
     assert "nvJPEG takes host bitstreams" in stats.io
 
 
-def test_image_batches_are_staged_three_at_once(folder, no_leaked_threads):
+@pytest.mark.parametrize("option, threads", [(None, 3), (2, 2), (8, 3)])
+def test_image_batches_are_staged_three_at_once(folder, no_leaked_threads, option, threads):
     """An image batch's stage is serial (probe, nvJPEG's call, the CPU share, the kernel): the
-    loader stages prefetch + 1 of them at once, and delivers them in order all the same."""
+    loader stages ``image_batches_staged`` (3) of them at once, at most prefetch + 1, and
+    delivers them in order all the same."""
     _, val = folder
     ds = ImageFolder(val, "val")
-    loader = DataLoader(ds, batch_size=4, device="cpu")
-    it = iter(loader)
-    labels = [next(it)[1]]
-    assert len([t for t in threading.enumerate() if t.name.startswith("fastload-stage")]) == 3
+    settings = {} if option is None else {"image_batches_staged": option}
+    with torch_fastload.config.override(**settings):
+        loader = DataLoader(ds, batch_size=4, device="cpu")
+        it = iter(loader)
+        labels = [next(it)[1]]
+    assert len([t for t in threading.enumerate() if t.name.startswith("fastload-stage")]) == threads
     labels += [y for _, y in it]
     assert torch.cat(labels).tolist() == ds.targets
 

@@ -186,6 +186,11 @@ def cpus_per_process() -> int:
     return max(1, cpus // local)
 
 
+# image_batches_staged's default (H100, loader alone, 4,000 JPEGs, shares 0 / 0.25: 2 at once
+# 14.6k / 14.0k images/s, 3 at once 18.6k / 21.6k; benchmarks/gpu/split_probe.py)
+IMAGE_BATCHES_STAGED = 3
+
+
 def _default_stage_threads() -> int:
     # The pageable -> pinned memcpy is the CPU bottleneck; 8 threads reach ~40 GB/s on the
     # reference machine, more mostly burns cores.
@@ -303,6 +308,14 @@ OPTIONS: dict[str, Option] = {
             "GPU-decodable JPEGs decoded on the GPU's hardware JPEG engines while nvJPEG decodes the rest, all at "
             "once (a three-way split beside the CPU's share; its sum with cpu_decode_share at most 1; baseline "
             "JPEGs only); 0: none",
+        ),
+        Option(
+            "image_batches_staged",
+            IMAGE_BATCHES_STAGED,
+            _positive_int,
+            "image batches decoded at once on the loader's stage threads (at most prefetch + 1 take effect, "
+            "at least 2): a batch's decode is serial (header probe, nvJPEG's host call, the CPU decoders' share, "
+            "the transform kernel), so with two at once a CPU share left nvJPEG idle. RESULTS.md",
         ),
         Option(
             "cpu_decode_threads",

@@ -309,14 +309,12 @@ def main() -> int:
     result["raw"] = raw_rates(jpegs, device, args.seconds) if not args.skip_raw else None
     result["loader"] = []
 
-    from torch_fastload.sources import images
-
     for stage_threads in [int(x) for x in args.stage_threads.split(",")]:
-        # the image source's ask (the loader keeps at least 2, at most prefetch + 1 = 3)
-        images._EncodedImageSource.__fastload_staged_at_once__ = stage_threads
+        # image_batches_staged (the loader keeps at least 2, at most prefetch + 1 = 3)
         log(f"-- {stage_threads} stage threads")
         for share in [x if x == "auto" else float(x) for x in args.shares.split(",")]:
-            r = loader_rate(train, share)
+            with torch_fastload.config.override(image_batches_staged=stage_threads):
+                r = loader_rate(train, share)
             r["stage_threads"] = stage_threads
             result["loader"].append(r)
             print_loader_row(r)

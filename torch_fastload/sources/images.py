@@ -39,7 +39,7 @@ from ..remote import objects as files
 from ..resume import batch_key, batch_numpy_rng
 from ..staging import ALIGN, PendingRead
 from ..vision.decode import BatchDecoder, ImageDecodeError, decode_cpu
-from ..vision.settings import GPU_MAX_PIXELS, IMAGE_BATCHES_STAGED_AT_ONCE
+from ..vision.settings import GPU_MAX_PIXELS
 from ..vision.transforms import EvalTransform, TrainTransform
 from .records import largest_batch_bytes
 
@@ -71,7 +71,11 @@ def _resolve_transform(transform) -> Transform:
 class _EncodedImageSource(Dataset):
     """What folders and packs share: batches as read plans, decoding, transforms, errors."""
 
-    __fastload_staged_at_once__ = IMAGE_BATCHES_STAGED_AT_ONCE  # a batch's decode is serial
+    @property
+    def __fastload_staged_at_once__(self) -> int:
+        """The ``image_batches_staged`` option: a batch's decode is serial (probe, nvJPEG's host
+        call, the CPU share, the kernel), so more than two at once keep each part busy."""
+        return config.resolve("image_batches_staged", None)
 
     def __init__(self, transform, on_error: str, seed: int | None, gpu_max_pixels: int, max_pixels: int | None):
         if on_error not in ("raise", "skip"):

@@ -23,7 +23,6 @@ __all__ = [
     "STEAL_CHUNKS_PER_BATCH",
     "NVIMGCODEC_CPU_THREADS",
     "ENGINE_BATCH_HINT",
-    "IMAGE_BATCHES_STAGED_AT_ONCE",
 ]
 
 # ImageFolder's gpu_max_pixels: larger JPEGs go to the CPU ('cpu:huge'), not to nvJPEG.
@@ -69,10 +68,3 @@ NVIMGCODEC_CPU_THREADS = 4
 # (nvImageCodec's nvjpeg_hw_decoder:preallocate_batch_size; DALI passes its batch size); the
 # loader's first batch sets it where it is known.
 ENGINE_BATCH_HINT = 256
-# Image batches staged at once (the source's __fastload_staged_at_once__; the loader caps it
-# at prefetch + 1). A batch's stage is serial: header probe, nvJPEG's host call (~50 us an
-# image, one at a time process-wide in torchvision), the CPU decoders' share, the transform
-# kernel; with two batches at once a CPU share left nvJPEG idle and the split fed fewer images
-# than nvJPEG alone. H100, loader alone, shares 0 / 0.25: 2 threads 12.9k / 12.7k images/s,
-# 3 threads 13.9k / 15.8k, 4 threads 14.2k / 16.6k (benchmarks/gpu/split_probe.py).
-IMAGE_BATCHES_STAGED_AT_ONCE = 3
