@@ -202,5 +202,5 @@ def hooks_of(dataset: Any) -> SourceHooks:
 
 
 def _count(value) -> int:
-    """A source's count attribute: a non-negative int, anything else ignored as 0."""
+    """A source's count attribute: a positive int, or 0 for anything else (ignored)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
