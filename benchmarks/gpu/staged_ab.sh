@@ -6,12 +6,7 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/out/staged_ab}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
+source benchmarks/gpu/kvikio-env.sh
 S=$SECONDS
 timeout 150 python3 setup.py build_ext --inplace -q > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
 echo "built in $((SECONDS - S)) s"

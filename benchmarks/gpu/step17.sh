@@ -8,12 +8,7 @@ set -uo pipefail
 OUT=${OUT:-$PWD/out/step17}; mkdir -p "$OUT"
 mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 "$@"\n' > /tmp/bin/python && chmod +x /tmp/bin/python
 export PATH=/tmp/bin:$PATH PYTHONUNBUFFERED=1 OUT
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
+source benchmarks/gpu/kvikio-env.sh
 S=$SECONDS
 nvidia-smi -L
 timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
