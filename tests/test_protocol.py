@@ -144,7 +144,7 @@ class Staged(FixedRecords):
 
 @pytest.mark.parametrize(
     "want, prefetch, threads",
-    [(None, 2, 2), (4, 2, 3), (4, 0, 2), (3, 5, 3), (True, 4, 2), (-1, 4, 2), (2.5, 4, 2)],
+    [(None, 2, 2), (4, 2, 3), (4, 0, 2), (3, 5, 3), (6, 5, 6), (True, 4, 2), (-1, 4, 2), (2.5, 4, 2)],
 )
 def test_a_source_may_ask_for_more_batches_staged_at_once(tmp_path, no_leaked_threads, want, prefetch, threads):
     """``__fastload_staged_at_once__``: more stage threads than the default two, never more than
@@ -159,8 +159,5 @@ def test_a_source_may_ask_for_more_batches_staged_at_once(tmp_path, no_leaked_th
     names = [t.name for t in threading.enumerate() if t.name.startswith("fastload-stage")]
     assert len(names) == threads, names
     rest = list(it)
-    assert torch.equal(torch.cat([first, *rest]).view(-1, 4096), ds_rows(path))
-
-
-def ds_rows(path) -> torch.Tensor:
-    return torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).view(-1, 4096)
+    every_row = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).view(-1, 4096)
+    assert torch.equal(torch.cat([first, *rest]).view(-1, 4096), every_row)  # all, in order
