@@ -183,13 +183,14 @@ def instrument() -> Phases:
     return phases
 
 
-def loader_rate(train_dir: str, share, epochs: int = 3) -> dict:
+def loader_rate(train_dir: str, share, epochs: int = 3, batch: int = BATCH, device: str = "cuda") -> dict:
     """The loader alone at a cpu_decode_share: best of ``epochs`` after one untimed ("auto":
     after the route trial chose, its choice in ``chosen``)."""
     with torch_fastload.config.override(cpu_decode_share=share):
         loader = torch_fastload.DataLoader(
-            ImageFolder(train_dir, TrainTransform(), seed=0), BATCH, shuffle=True, drop_last=True, device="cuda"
+            ImageFolder(train_dir, TrainTransform(), seed=0), batch, shuffle=True, drop_last=True, device=device
         )
+        on_gpu = torch.device(device).type == "cuda"
         rates, cpu = [], []
         phases = instrument()
         untimed = 1
@@ -200,13 +201,15 @@ def loader_rate(train_dir: str, share, epochs: int = 3) -> dict:
                     pass
                 untimed += 1
         for epoch in range(untimed - 1, untimed + epochs):
-            torch.cuda.synchronize()
+            if on_gpu:
+                torch.cuda.synchronize()
             t0, c0, images = time.perf_counter(), time.process_time(), 0
             if epoch == untimed:
                 timed_from = t0
             for _x, y in loader:
                 images += len(y)
-            torch.cuda.synchronize()
+            if on_gpu:
+                torch.cuda.synchronize()
             wall = time.perf_counter() - t0
             if epoch >= untimed:
                 rates.append(images / wall)
