@@ -83,7 +83,7 @@ def fed(train_dir: str, step: Step, share, batch: int, warmup: int, steps: int) 
             ImageFolder(train_dir, TrainTransform(), seed=0), batch, shuffle=True, drop_last=True, device=step.device
         )
         phases = instrument()
-        done, waited, started, timed_from = 0, 0.0, None, None
+        done, waited, started = 0, 0.0, None
         while done < warmup + steps:
             it = iter(loader)
             while done < warmup + steps:
@@ -94,8 +94,7 @@ def fed(train_dir: str, step: Step, share, batch: int, warmup: int, steps: int) 
                     break
                 if done == warmup:
                     sync(step.device)
-                    started = timed_from = time.perf_counter()
-                    t0 = started
+                    started = t0 = time.perf_counter()
                 if done >= warmup:
                     waited += time.perf_counter() - t0
                 step(images, labels)
@@ -109,7 +108,7 @@ def fed(train_dir: str, step: Step, share, batch: int, warmup: int, steps: int) 
         "chosen": chosen,
         "step_ms": 1e3 * wall / steps,
         "wait_fraction": waited / wall,
-        "phases": phases.summary(timed_from),
+        "phases": phases.summary(started),
     }
 
 

@@ -29,7 +29,9 @@ from torch_fastload.vision import TrainTransform
 from torch_fastload.vision.cpu import NativeJpegs
 from torch_fastload.vision.gpu_backend import gpu_backend
 from torch_fastload.vision.probe import probe
+from torch_fastload.vision.routing import route
 from torch_fastload.vision.sample_data import make_image_folder
+from torch_fastload.vision.settings import GPU_MAX_PIXELS
 
 BATCH = 256
 
@@ -39,15 +41,15 @@ def log(*a):
 
 
 class Jpegs:
-    """Every JPEG nvJPEG takes, in one pinned slab, with probed sizes and crop regions."""
+    """Every JPEG the loader would send to nvJPEG (its own ``route``), in one pinned slab, with
+    probed sizes and crop regions."""
 
     def __init__(self, train_dir: str):
-        blobs = []
-        for path in ImageFolder(train_dir, transform=None).paths:
-            data = Path(path).read_bytes()
-            info = probe(np.frombuffer(data, np.uint8), np.array([0, len(data)]))
-            if data[:2] == b"\xff\xd8" and info[0, 1] * info[0, 2] < 1 << 22 and b"\xff\xc2" not in data[:4096]:
-                blobs.append(data)
+        blobs = [Path(path).read_bytes() for path in ImageFolder(train_dir, transform=None).paths]
+        every = np.frombuffer(b"".join(blobs), np.uint8)
+        bounds = np.cumsum([0] + [len(b) for b in blobs]).astype(np.int64)
+        routes = route(probe(every, bounds), torch.device("cuda"), GPU_MAX_PIXELS)
+        blobs = [b for b, r in zip(blobs, routes) if r == "nvjpeg"]
         self.offsets = np.cumsum([0] + [len(b) for b in blobs]).astype(np.int64)
         self.slab = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8).pin_memory()
         self.info = probe(self.slab.numpy(), self.offsets)
