@@ -1,6 +1,7 @@
 """The GPU JPEG decode's library (vision/gpu_backend.py): nvImageCodec where usable, torchvision's
 nvJPEG as the fallback; the choice and its errors on the CPU, with the import monkeypatched."""
 
+import ctypes
 import io
 import types
 
@@ -19,8 +20,11 @@ GPU = torch.device("cuda", 0)  # only named: nothing below touches a device
 
 
 @pytest.fixture(autouse=True)
-def fresh_choice():
+def fresh_choice(monkeypatch):
+    """A fresh choice a test, and nvJPEG called directly not usable unless a test says so (a GPU
+    box would otherwise set up the real one)."""
     gpu_backend._reset_for_tests()
+    monkeypatch.setattr(gpu_backend, "_direct_nvjpeg", lambda device: "not in these tests")
     yield
     gpu_backend._reset_for_tests()
 
@@ -155,6 +159,81 @@ def test_missing_nvjpeg_library_is_named(monkeypatch):
     monkeypatch.setattr(gpu_backend, "_load_nvjpeg", lambda: False)
     reason = gpu_backend.nvimgcodec_missing()
     assert "libnvjpeg.so.13" in reason and "nvidia-nvjpeg" in reason
+
+
+class FakeDirect:
+    name = "nvjpeg"
+    library = "libnvjpeg-fake.so"
+
+
+def test_nvjpeg_called_directly_is_taken_when_asked_not_by_auto(monkeypatch):
+    """'nvjpeg' takes it; auto does not yet (faster alone, not yet measured faster inside the
+    loader: RESULTS.md); 'torchvision' never tries it."""
+    direct = FakeDirect()
+    monkeypatch.setattr(gpu_backend, "_direct_nvjpeg", lambda device: direct)
+    monkeypatch.setattr(gpu_backend, "torchvision_nvjpeg_available", lambda: True)
+    assert gpu_backend.gpu_backend(GPU, "nvjpeg") is direct
+    assert isinstance(gpu_backend.gpu_backend(GPU, "auto"), TorchvisionNvjpeg)
+    assert isinstance(gpu_backend.gpu_backend(GPU, "torchvision"), TorchvisionNvjpeg)
+
+
+def test_nvjpeg_that_cannot_be_used_is_named(monkeypatch):
+    monkeypatch.setattr(gpu_backend, "_direct_nvjpeg", lambda device: "libnvjpeg was not found")
+    with pytest.raises(DecodeBackendError, match=r"decode_backend='nvjpeg': libnvjpeg was not found.*nvidia-nvjpeg"):
+        gpu_backend.gpu_backend(GPU, "nvjpeg")
+
+
+def test_direct_nvjpeg_is_not_tried_off_the_gpu(monkeypatch):
+    monkeypatch.undo()  # the real _direct_nvjpeg
+    reason = gpu_backend._direct_nvjpeg(torch.device("cpu"))
+    assert isinstance(reason, str) and "CUDA device" in reason
+
+
+class FakeNvjpegLibrary:
+    """libnvjpeg's batched calls, recorded: what DirectNvjpeg hands nvJPEG, checked on the CPU."""
+
+    def __init__(self, fail_batches_over: int = 1 << 30):
+        self.fail_batches_over = fail_batches_over
+        self.batches = []
+
+    def nvjpegDecodeBatchedInitialize(self, handle, state, n, threads, output_format):
+        self.initialized = (n, threads, output_format)
+        return 0
+
+    def nvjpegDecodeBatched(self, handle, state, data, lengths, images, stream):
+        from torch_fastload.vision.nvjpeg_direct import IMAGE_T
+
+        n = self.initialized[0]
+        as_array = lambda address, dtype: np.frombuffer(  # noqa: E731
+            (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(address), dtype=dtype
+        ).copy()
+        self.batches.append((as_array(data, np.uint64), as_array(lengths, np.uint64), as_array(images, IMAGE_T)))
+        return 3 if n > self.fail_batches_over else 0  # NVJPEG_STATUS_BAD_JPEG for a batch with a bad one
+
+
+def test_direct_nvjpeg_hands_planar_rgb_planes_and_bitstreams_in_place():
+    """Each image's three planes (R, G, B) one after another in its view, pitch its width, and
+    the bitstreams read where they lie (no copy)."""
+    from torch_fastload.vision.nvjpeg_direct import _OUTPUT_RGB, DirectNvjpeg
+
+    direct = DirectNvjpeg.__new__(DirectNvjpeg)
+    direct.lib, direct.handle = FakeNvjpegLibrary(), None
+    slab = torch.arange(40, dtype=torch.uint8)
+    encoded = [slab[0:10], slab[10:25]]
+    block = torch.empty(3 * 4 * 6 + 3 * 2 * 5, dtype=torch.uint8)
+    views = [block[:72].view(3, 4, 6), block[72:].view(3, 2, 5)]
+    stream = types.SimpleNamespace(cuda_stream=0)
+    assert direct._decode_batch(None, stream, encoded, views)
+    assert direct.lib.initialized == (2, 1, _OUTPUT_RGB)
+    data, lengths, images = direct.lib.batches[0]
+    assert data.tolist() == [slab.data_ptr(), slab.data_ptr() + 10] and lengths.tolist() == [10, 15]
+    base = block.data_ptr()
+    assert images["channel"][0].tolist() == [base, base + 24, base + 48, 0]
+    assert images["channel"][1].tolist() == [base + 72, base + 82, base + 92, 0]
+    assert images["pitch"][0].tolist() == [6, 6, 6, 0] and images["pitch"][1].tolist() == [5, 5, 5, 0]
+    direct.lib = FakeNvjpegLibrary(fail_batches_over=1)
+    assert not direct._decode_batch(None, stream, encoded, views)  # the caller then decodes each alone
+    assert direct._decode_batch(None, stream, encoded[:1], views[:1])
 
 
 def test_decode_backend_option_and_environment(monkeypatch):

@@ -675,13 +675,65 @@ def gpu_folder(tmp_path_factory):
 
 
 @pytest.mark.cuda
-def test_nvjpeg_decode_matches_cpu_decode(gpu_folder):
-    """torchvision's nvJPEG (decode_backend='torchvision', the fallback) vs libjpeg-turbo on the
-    CPU, same files: nvJPEG's IDCT and chroma upsampling differ slightly, so the tolerance is on
-    the mean and the 99.9th percentile."""
-    means, tails = gpu_decode_errors(gpu_folder, "torchvision")
-    print(f"nvJPEG (torchvision) vs CPU: mean |diff| max {means.max():.3f}, 99.9th percentile max {tails.max():.1f}")
+@pytest.mark.parametrize("backend", ["nvjpeg", "torchvision"])
+def test_nvjpeg_decode_matches_cpu_decode(gpu_folder, backend):
+    """nvJPEG, called directly (decode_backend='nvjpeg') or through torchvision's op (auto's
+    choice), vs libjpeg-turbo on the CPU, same files: nvJPEG's IDCT and
+    chroma upsampling differ slightly, so the tolerance is on the mean and the 99.9th percentile."""
+    means, tails = gpu_decode_errors(gpu_folder, backend)
+    print(f"nvJPEG ({backend}) vs CPU: mean |diff| max {means.max():.3f}, 99.9th percentile max {tails.max():.1f}")
     assert means.max() <= 1.5 and tails.max() <= 16
+
+
+@pytest.mark.cuda
+def test_direct_nvjpeg_gives_torchvisions_pixels_from_threads_at_once_and_refuses_only_the_bad(gpu_folder):
+    """The same library as torchvision's op, so the same pixels; three threads decoding at once
+    (a state and a stream each) give what one does; a damaged JPEG in a batch costs only itself
+    (the batch fails as a whole in nvJPEG, then each image is decoded alone)."""
+    from torch_fastload.vision.cpu import RGB, torchvision_ops
+    from torch_fastload.vision.gpu_backend import gpu_backend
+
+    train, _ = gpu_folder
+    paths = [p for p in ImageFolder(train, transform=None).paths if p.lower().endswith((".jpeg", ".jpg"))][:48]
+    encoded = [torch.frombuffer(bytearray(open(p, "rb").read()), dtype=torch.uint8) for p in paths]
+    ops = torchvision_ops()
+    reference = []
+    for tensor in encoded:
+        try:
+            reference.append(ops.decode_jpegs_cuda([tensor], RGB, torch.device("cuda"))[0])
+        except RuntimeError:
+            reference.append(None)
+    direct = gpu_backend(torch.device("cuda", torch.cuda.current_device()), "nvjpeg")
+    assert direct.name == "nvjpeg"
+    results = [None] * 3
+
+    def decode(k):
+        out = direct.decode(encoded)
+        torch.cuda.current_stream().synchronize()
+        results[k] = out
+
+    threads = [threading.Thread(target=decode, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    compared = 0
+    for out in results:
+        for image, expected in zip(out, reference):
+            if expected is not None and image is not None:
+                assert torch.equal(image, expected)
+                compared += 1
+    assert compared >= 3 * 40
+    damaged = list(encoded)
+    cut = damaged[5].numel() // 3
+    damaged[5] = torch.cat([damaged[5][:cut], torch.zeros(64, dtype=torch.uint8)])  # truncated mid-scan
+    damaged[9] = torch.zeros(100, dtype=torch.uint8)  # not a JPEG
+    out = direct.decode(damaged)
+    torch.cuda.current_stream().synchronize()
+    assert out[9] is None
+    for k in range(len(damaged)):
+        if k not in (5, 9) and reference[k] is not None:
+            assert out[k] is not None and torch.equal(out[k], reference[k]), k
 
 
 def gpu_decode_errors(gpu_folder, backend: str) -> tuple[np.ndarray, np.ndarray]:

@@ -283,13 +283,16 @@ OPTIONS: dict[str, Option] = {
         Option(
             "decode_backend",
             "auto",
-            _choice("auto", "nvimgcodec", "torchvision", "hardware"),
-            "the library that decodes JPEGs on the GPU: 'nvimgcodec' (NVIDIA nvImageCodec: batched, the GPU's "
-            "hardware JPEG engines; pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg), 'torchvision' (its "
-            "nvJPEG decode_jpeg, deprecated from 0.29), 'hardware' (nvImageCodec's hardware JPEG engines alone, "
-            "no CUDA cores: what they refuse goes to the CPU), 'auto' (torchvision while it offers nvJPEG, measured "
-            "faster; else nvImageCodec where it imports and decodes; cpu_decode_share='auto' also times the "
-            "hardware engines where they work)",
+            _choice("auto", "nvjpeg", "nvimgcodec", "torchvision", "hardware"),
+            "the library that decodes JPEGs on the GPU: 'nvjpeg' (nvJPEG called directly: batched on the GPU's "
+            "hardware JPEG engines, one state per stage thread, no host wait; the libnvjpeg torchvision ships or "
+            "nvidia-nvjpeg's; faster alone, not yet measured faster in the loader), 'nvimgcodec' (NVIDIA "
+            "nvImageCodec: batched, the hardware JPEG engines; pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg), "
+            "'torchvision' (its nvJPEG decode_jpeg, deprecated from 0.29: one batch at a time a process), "
+            "'hardware' (nvImageCodec's hardware JPEG engines alone, no CUDA cores: what they refuse goes to the "
+            "CPU), 'auto' (torchvision while it offers nvJPEG, measured faster; else nvImageCodec where it "
+            "imports and decodes; cpu_decode_share='auto' also times the hardware engines where they work). "
+            "RESULTS.md",
         ),
         Option(
             "trial_engines",

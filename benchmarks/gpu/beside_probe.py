@@ -123,6 +123,7 @@ def main() -> int:
     p.add_argument("--share", default="0.25", help="cpu_decode_share: a number or 'auto'")
     p.add_argument("--warmup", type=int, default=40, help="untimed fed steps (use ~100 with --share auto)")
     p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--backend", default="auto", help="decode_backend")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     share = args.share if args.share == "auto" else float(args.share)
@@ -131,6 +132,8 @@ def main() -> int:
     result = {"device": str(device), "arch": args.arch, "batch": args.batch, "share": share}
     result["synthetic_ms"] = synthetic_ms(step, args.batch, 224, args.classes, min(args.steps, 50))
     log(f"{args.arch} on a resident batch: {result['synthetic_ms']:.1f} ms a step")
+    torch_fastload.config.set(decode_backend=args.backend)
+    result["decode_backend"] = args.backend
     alone = loader_rate(train, share, batch=args.batch, device=str(device))
     alone["ms_a_batch"] = 1e3 * args.batch / alone["images_per_s"]
     result["alone"] = alone

@@ -300,6 +300,7 @@ def main() -> int:
     p.add_argument("--shares", default="0,0.17,0.25,0.35")
     p.add_argument("--stage-threads", default="2")
     p.add_argument("--skip-raw", action="store_true", help="only the loader rows")
+    p.add_argument("--backends", default="auto", help="decode_backend values of the loader rows, in turn")
     args = p.parse_args()
     device = torch.device("cuda")
     result: dict = {
@@ -318,11 +319,13 @@ def main() -> int:
         # image_batches_staged (the loader keeps at least 2, at most prefetch + 1 = 3)
         log(f"-- {stage_threads} stage threads")
         for share in [x if x == "auto" else float(x) for x in args.shares.split(",")]:
-            with torch_fastload.config.override(image_batches_staged=stage_threads):
-                r = loader_rate(train, share)
-            r["stage_threads"] = stage_threads
-            result["loader"].append(r)
-            print_loader_row(r)
+            for backend in args.backends.split(","):
+                with torch_fastload.config.override(image_batches_staged=stage_threads, decode_backend=backend):
+                    r = loader_rate(train, share)
+                r["stage_threads"], r["decode_backend"] = stage_threads, backend
+                result["loader"].append(r)
+                log(f"decode_backend={backend}:")
+                print_loader_row(r)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     return 0
 

@@ -1,4 +1,5 @@
-"""The library behind the GPU's JPEG decode: NVIDIA nvImageCodec, or torchvision's nvJPEG.
+"""The library behind the GPU's JPEG decode: nvJPEG called directly, NVIDIA nvImageCodec, or
+torchvision's nvJPEG op.
 
 torchvision 0.29 deprecates its image decoding, so the GPU route does not depend on it alone.
 nvImageCodec (``pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg``) decodes a batch with the
@@ -8,13 +9,14 @@ owns the memory, nvImageCodec allocates no output image): no host copy, no layou
 IDCT and chroma upsampling may round differently from nvJPEG's in torchvision and from
 libjpeg-turbo's; tests compare it with the CPU decode within a tolerance.
 
-``decode_backend`` (option, ``TORCH_FASTLOAD_DECODE_BACKEND``): 'auto' takes torchvision's nvJPEG
-while torchvision offers it (measured faster on an H200: 21,012 against 14,177 decoded images/s
-alone and 9,388 against 2,268 images/s through the loader; benchmarks/RESULTS.md), and
-nvImageCodec where torchvision's op is gone, if nvImageCodec imports, finds libnvjpeg and decodes a
-test image on the device; 'nvimgcodec' takes it or raises ``DecodeBackendError`` saying what is
-missing; 'torchvision' never tries it.
-Both backends return, per image, a ``(3, H, W)`` uint8 CUDA tensor or None where refused (the
+``decode_backend`` (option, ``TORCH_FASTLOAD_DECODE_BACKEND``): 'auto' takes torchvision's
+nvJPEG while torchvision offers it (measured faster than nvImageCodec on an H200: 21,012 against
+14,177 decoded images/s alone and 9,388 against 2,268 images/s through the loader); else
+nvImageCodec, if it imports, finds libnvjpeg and decodes a test image on the device. 'nvjpeg'
+calls nvJPEG directly (nvjpeg_direct.py: no process-wide lock, no host wait; faster alone, not
+yet measured faster inside the loader), 'nvimgcodec' and 'torchvision' take that library ('nvjpeg'
+and 'nvimgcodec' raise ``DecodeBackendError`` saying what is missing).
+Every backend returns, per image, a ``(3, H, W)`` uint8 CUDA tensor or None where refused (the
 caller decodes those on the CPU).
 """
 
@@ -248,6 +250,15 @@ def gpu_backend(device: torch.device, choice: str | None = None):
 
 
 def _make(choice: str, device: torch.device):
+    if choice == "nvjpeg":
+        made = _direct_nvjpeg(device)
+        if isinstance(made, str):
+            raise DecodeBackendError(
+                f"decode_backend='nvjpeg': {made}. It needs a libnvjpeg (torchvision's CUDA wheels ship one; "
+                "else pip install nvidia-nvjpeg) and a CUDA device"
+            )
+        log.info("torch_fastload: GPU JPEG decode by nvJPEG (%s) on %s", made.library, device)
+        return made
     if choice == "torchvision" or (choice == "auto" and torchvision_nvjpeg_available()):
         return TorchvisionNvjpeg(device)
     reason = nvimgcodec_missing()
@@ -268,6 +279,21 @@ def _make(choice: str, device: torch.device):
         )
     log.info("torch_fastload: GPU JPEG decode by torchvision's nvJPEG (nvImageCodec not used: %s)", reason)
     return TorchvisionNvjpeg(device)
+
+
+def _direct_nvjpeg(device: torch.device):
+    """nvJPEG called directly on ``device`` (nvjpeg_direct.py), set up and self-tested; or why
+    it cannot be used here (str)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"nvJPEG decodes on a CUDA device, not on {device}"
+    from .nvjpeg_direct import DirectNvjpeg, NvjpegError
+
+    try:
+        backend = DirectNvjpeg(device)
+        reason = _self_test(backend)
+    except (NvjpegError, OSError, RuntimeError) as exc:
+        return f"nvJPEG could not be set up on {device}: {exc}"
+    return backend if reason is None else reason
 
 
 def torchvision_nvjpeg_available() -> bool:
@@ -352,22 +378,26 @@ def _stderr_to_log():
                 log.debug("torch_fastload: nvImageCodec's import said: %s", text)
 
 
-def _self_test(backend: NvImageCodec) -> str | None:
+def _self_test(backend) -> str | None:
     """Decode a small JPEG on the device: None where it decodes, else why not (no JPEG decoder
-    registered, no hardware engine and no CUDA decoder, a driver problem)."""
+    registered, no hardware engine and no CUDA decoder, a driver problem). Its size is the
+    backend's ``self_test_size`` where it has one (the JPEG engines are tested at ImageNet's)."""
     from PIL import Image
 
+    who = "nvImageCodec" if backend.name == "nvimgcodec" else "nvJPEG"
+    width, height = getattr(backend, "self_test_size", (32, 16))
     out = io.BytesIO()
-    Image.new("RGB", (32, 16), (200, 40, 90)).save(out, format="JPEG", quality=95)
+    Image.new("RGB", (width, height), (200, 40, 90)).save(out, format="JPEG", quality=95)
     encoded = torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8)
     image = backend.decode([encoded])[0]
     torch.cuda.current_stream(backend.device).synchronize()
     if image is None:
-        return "nvImageCodec decoded no JPEG (no nvJPEG decoder registered)"
-    if tuple(image.shape) != (3, 16, 32) or not image.is_cuda:
-        return f"nvImageCodec decoded a 32x16 JPEG to {tuple(image.shape)} on {image.device}"
-    if (image[:, 8, 16].cpu().int() - torch.tensor([200, 40, 90])).abs().max() > 8:
-        return f"nvImageCodec decoded (200, 40, 90) as {image[:, 8, 16].tolist()}"
+        return f"{who} decoded no JPEG (no nvJPEG decoder registered)"
+    if tuple(image.shape) != (3, height, width) or not image.is_cuda:
+        return f"{who} decoded a {width}x{height} JPEG to {tuple(image.shape)} on {image.device}"
+    centre = image[:, height // 2, width // 2]
+    if (centre.cpu().int() - torch.tensor([200, 40, 90])).abs().max() > 8:
+        return f"{who} decoded (200, 40, 90) as {centre.tolist()}"
     return None
 
 

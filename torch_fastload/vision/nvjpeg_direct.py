@@ -1,0 +1,209 @@
+"""nvJPEG's batched decode called directly (ctypes), for ``decode_backend='nvjpeg'``.
+
+torchvision's ``decode_jpegs_cuda`` calls the same library with the same hardware backend, but
+behind one process-wide mutex (one batch at a time however many stage threads ask), and it
+waits on the host for every batch. Here each calling thread keeps its own nvJPEG state and
+stream, so the loader's stage threads can decode at once, and the host does not wait for its
+own batch: the caller's stream waits for the decode by an event, and a state is reused only once
+its previous batch is done. Measured on an H100 (benchmarks/gpu/nvjpeg_stream_probe.py, 256
+ImageNet-sized JPEGs a batch, nothing else running): one thread 22.8-24.7k images/s against
+torchvision's 13.1-21.3k on the same instances, three threads 23.8k against 18.3k, the same
+pixels (max difference 0). Not yet auto's choice: inside the loader, with the decode ordered
+behind the loader's shared copy stream (since removed, not yet measured), it fed 5.1-6.3k
+images/s against torchvision's 17-18k (RESULTS.md, 2026-11-27 eighteenth session).
+
+What no GPU decoder escapes: the engines' decode needs the SMs too. Beside a ResNet-18 step
+replayed from a CUDA graph (the SMs 100% busy), torchvision's nvJPEG decoded 1.05-1.1k images/s
+(21k alone) and the engines sat idle (``nvidia-smi dmon``: jpg 0-1%). That is why the route trial
+times the CPU route on the run itself.
+
+The library is the libnvjpeg torchvision ships (``torchvision.libs``), the ``nvidia-nvjpeg``
+wheel's, or the system's. ``decode`` takes what torchvision's op takes (1-D uint8 CPU tensors,
+best pinned: nvJPEG reads them in place) and returns, per image, a ``(3, H, W)`` uint8 CUDA view
+of one block, or None where nvJPEG refuses it (the caller decodes those on the CPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+import threading
+
+import numpy as np
+import torch
+
+__all__ = ["DirectNvjpeg", "NvjpegError", "find_libnvjpeg"]
+
+_SUCCESS = 0
+_ARCH_MISMATCH = 7
+_BACKEND_DEFAULT = 0
+_BACKEND_GPU_HYBRID = 2
+_BACKEND_HARDWARE = 3
+_OUTPUT_RGB = 3
+_MAX_COMPONENT = 4
+
+# nvjpegImage_t: unsigned char* channel[4]; size_t pitch[4]
+IMAGE_T = np.dtype([("channel", np.uint64, (_MAX_COMPONENT,)), ("pitch", np.uint64, (_MAX_COMPONENT,))])
+
+
+class NvjpegError(RuntimeError):
+    """nvJPEG could not be set up (its status named)."""
+
+
+def find_libnvjpeg() -> str | None:
+    """The path of a libnvjpeg that loads: torchvision's bundled copy first (the one its op
+    uses), then the nvidia-nvjpeg wheel's, then the loader's search path (None where none)."""
+    candidates = []
+    try:
+        import torchvision
+
+        libs = os.path.join(os.path.dirname(os.path.dirname(torchvision.__file__)), "torchvision.libs")
+        candidates += sorted(glob.glob(os.path.join(libs, "libnvjpeg*.so*")))
+    except ImportError:
+        pass
+    for entry in sys.path:
+        candidates += glob.glob(os.path.join(entry or ".", "nvidia", "cu13", "lib", "libnvjpeg.so.13"))
+        candidates += glob.glob(os.path.join(entry or ".", "nvidia", "nvjpeg", "lib", "libnvjpeg.so.1*"))
+    for name in (*candidates, "libnvjpeg.so.13", "libnvjpeg.so"):
+        try:
+            ctypes.CDLL(name)
+            return name
+        except OSError:
+            continue
+    return None
+
+
+class DirectNvjpeg:
+    """Batched nvJPEG decode on ``device``: the GPU's hardware JPEG engines where it has them
+    (``engines=False``: nvJPEG's CUDA decoder, kept to measure against), one nvJPEG state and
+    one stream per calling thread."""
+
+    name = "nvjpeg"
+    self_test_size = (320, 240)  # the engines' kind of JPEG (gpu_backend's self-test): a tiny one may go elsewhere
+
+    def __init__(self, device: torch.device, library: str | None = None, priority: str = "high", engines=True):
+        if priority not in ("high", "normal"):
+            raise ValueError(f"priority must be 'high' or 'normal', not {priority!r}")
+        self.device = torch.device(device)
+        path = library or find_libnvjpeg()
+        if path is None:
+            raise NvjpegError("libnvjpeg was not found (torchvision's copy, nvidia-nvjpeg, or the system's)")
+        self.library = path
+        self.lib = ctypes.CDLL(path)  # CDLL: the decode call releases the GIL
+        # the header read (microseconds an image) keeps it: giving it up and taking it back 256
+        # times a batch, beside the loader's other Python threads, could wait a switch interval each
+        self.header = ctypes.PyDLL(path)
+        self.priority = priority
+        self._declare()
+        self.handle = ctypes.c_void_p()
+        backend = _BACKEND_HARDWARE if engines else _BACKEND_GPU_HYBRID
+        status = self.lib.nvjpegCreateEx(backend, None, None, 0, ctypes.byref(self.handle))
+        self.hardware = engines and status == _SUCCESS
+        if status == _ARCH_MISMATCH:  # no engines on this GPU: nvJPEG's CUDA decoder
+            status = self.lib.nvjpegCreateEx(_BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
+        if status != _SUCCESS:
+            raise NvjpegError(f"nvjpegCreateEx failed: nvJPEG status {status}")
+        self._local = threading.local()
+
+    def _declare(self) -> None:
+        lib, p, i, u = self.lib, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
+        for name, args in {
+            "nvjpegCreateEx": (i, p, p, u, p),
+            "nvjpegJpegStateCreate": (p, p),
+            "nvjpegDecodeBatchedInitialize": (p, p, i, i, i),
+            "nvjpegDecodeBatched": (p, p, p, p, p, p),
+        }.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int
+        info = self.header.nvjpegGetImageInfo
+        info.argtypes, info.restype = (p, p, ctypes.c_size_t, p, p, p, p), ctypes.c_int
+
+    def _thread_state(self):
+        """The calling thread's nvJPEG state, stream, and event after its last batch."""
+        local = self._local
+        if getattr(local, "state", None) is None:
+            state = ctypes.c_void_p()
+            status = self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state))
+            if status != _SUCCESS:
+                raise NvjpegError(f"nvjpegJpegStateCreate failed: nvJPEG status {status}")
+            # torch maps a priority beyond the device's range to its highest
+            local.stream = torch.cuda.Stream(device=self.device, priority=-64 if self.priority == "high" else 0)
+            local.state, local.done = state, None
+        return local
+
+    def decode(self, encoded: list) -> list:
+        """Each JPEG of ``encoded`` as a (3, H, W) uint8 view on the device, written before any
+        later work of the caller's current stream; None where refused."""
+        if not encoded:
+            return []
+        shapes = [self._shape(t) for t in encoded]
+        index = [k for k, s in enumerate(shapes) if s is not None]
+        out: list = [None] * len(encoded)
+        if not index:
+            return out
+        local = self._thread_state()
+        stream = local.stream
+        if local.done is not None:  # the state's buffers are free once its previous batch is decoded
+            local.done.synchronize()
+        caller = torch.cuda.current_stream(self.device)
+        sizes = [3 * shapes[k][0] * shapes[k][1] for k in index]
+        with torch.cuda.stream(stream):  # from this stream's pool: ordered after its own earlier use
+            # no wait for the caller's stream: the decode reads host bytes only, and the loader's
+            # copy stream, shared by every stage thread, holds other batches' transforms (ordered
+            # behind them, the loader fed 5.1-6.3k images/s against torchvision's 17-18k on an H100)
+            block = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
+        views, offset = {}, 0
+        for k, size in zip(index, sizes):
+            h, w = shapes[k]
+            views[k] = block[offset : offset + size].view(3, h, w)
+            offset += size
+        if self._decode_batch(local.state, stream, [encoded[k] for k in index], [views[k] for k in index]):
+            for k in index:
+                out[k] = views[k]
+        else:  # one bad JPEG fails the batch: each alone, so it costs only itself
+            for k in index:
+                if self._decode_batch(local.state, stream, [encoded[k]], [views[k]]):
+                    out[k] = views[k]
+        local.done = torch.cuda.Event()
+        local.done.record(stream)
+        caller.wait_event(local.done)
+        block.record_stream(caller)
+        return out
+
+    def _decode_batch(self, state, stream, encoded: list, views: list) -> bool:
+        n = len(encoded)
+        data = np.array([t.data_ptr() for t in encoded], dtype=np.uint64)
+        lengths = np.array([t.numel() for t in encoded], dtype=np.uint64)
+        images = np.zeros(n, dtype=IMAGE_T)
+        for j, view in enumerate(views):  # planar RGB: three planes of H x W, pitch W
+            h, w = view.shape[1], view.shape[2]
+            base = view.data_ptr()
+            images["channel"][j, :3] = (base, base + h * w, base + 2 * h * w)
+            images["pitch"][j, :3] = w
+        status = self.lib.nvjpegDecodeBatchedInitialize(self.handle, state, n, 1, _OUTPUT_RGB)
+        if status != _SUCCESS:
+            return False
+        status = self.lib.nvjpegDecodeBatched(
+            self.handle, state, data.ctypes.data, lengths.ctypes.data, images.ctypes.data, stream.cuda_stream
+        )
+        return status == _SUCCESS
+
+    def _shape(self, tensor) -> tuple | None:
+        """(height, width) from nvJPEG's own header read: the output block is sized by what it
+        will write, never by another parser's reading."""
+        comps, sampling = ctypes.c_int(), ctypes.c_int()
+        widths, heights = (ctypes.c_int * _MAX_COMPONENT)(), (ctypes.c_int * _MAX_COMPONENT)()
+        status = self.header.nvjpegGetImageInfo(
+            self.handle,
+            tensor.data_ptr(),
+            tensor.numel(),
+            ctypes.byref(comps),
+            ctypes.byref(sampling),
+            widths,
+            heights,
+        )
+        if status != _SUCCESS or widths[0] <= 0 or heights[0] <= 0 or sampling.value < 0:
+            return None
+        return heights[0], widths[0]
