@@ -686,6 +686,39 @@ def test_nvjpeg_decode_matches_cpu_decode(gpu_folder, backend):
 
 
 @pytest.mark.cuda
+def test_direct_nvjpeg_does_not_wait_for_the_callers_stream(gpu_folder):
+    """The loader's copy stream, shared by every stage thread, holds other batches' crops and
+    resizes; a decode ordered after it waits for all of them (so ordered, the loader fed a third
+    of torchvision's rate on an H100). With the caller's stream held ~1 s by a sleeping kernel
+    (one block: the SMs stay free for nvJPEG), the decode completes long before the sleep ends,
+    and the caller's stream still sees its images (ordered after the decode by an event)."""
+    import time
+
+    from torch_fastload.vision.gpu_backend import gpu_backend
+
+    train, _ = gpu_folder
+    paths = [p for p in ImageFolder(train, transform=None).paths if p.lower().endswith((".jpeg", ".jpg"))][:16]
+    encoded = [torch.frombuffer(bytearray(open(p, "rb").read()), dtype=torch.uint8) for p in paths]
+    direct = gpu_backend(torch.device("cuda", torch.cuda.current_device()), "nvjpeg")
+    expected = direct.decode(encoded)  # also sets up this thread's state and stream
+    torch.cuda.synchronize()
+    busy = torch.cuda.Stream()
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU clocks on one block
+        t0 = time.perf_counter()
+        out = direct.decode(encoded)
+        direct._local.done.synchronize()  # this decode's own completion
+        took = time.perf_counter() - t0
+        still_busy = not busy.query()
+        copies = [image.clone() for image in out if image is not None]  # on the busy stream: after the decode
+    busy.synchronize()
+    assert still_busy, "the sleep ended before the decode did: the test proves nothing on this GPU"
+    assert took < 0.5, f"the decode waited {took:.2f} s for the caller's stream"
+    assert [image is None for image in out] == [image is None for image in expected]
+    assert all(torch.equal(a, b) for a, b in zip(copies, [e for e in expected if e is not None]))
+
+
+@pytest.mark.cuda
 def test_direct_nvjpeg_gives_torchvisions_pixels_from_threads_at_once_and_refuses_only_the_bad(gpu_folder):
     """The same library as torchvision's op, so the same pixels; three threads decoding at once
     (a state and a stream each) give what one does; a damaged JPEG in a batch costs only itself
