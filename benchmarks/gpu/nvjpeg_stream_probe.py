@@ -35,7 +35,7 @@ from torch_fastload.vision.sample_data import make_image_folder  # noqa: E402
 REFUSED: dict = {}  # backend name -> images it refused (None), counted not asserted
 
 
-def decoder_work(jpegs: Jpegs, backend, offset: int, name: str = ""):
+def decoder_work(jpegs: Jpegs, backend, offset: int, name: str):
     def work(k: int, size: int) -> None:
         which = jpegs.batch(k + offset, size)
         out = backend.decode([jpegs.views[i] for i in which])
@@ -141,9 +141,9 @@ def main() -> int:
     log(f"nvJPEG's CUDA decoder vs torchvision (engines) pixels: {result['same_pixels_hybrid']}")
     if args.only:
         backends = {k: v for k, v in backends.items() if k in args.only.split(",")}
-    for backend in backends.values():  # warm every decoder (allocations, engines)
+    for name, backend in backends.items():  # warm every decoder (allocations, engines)
         for k in range(3):
-            decoder_work(jpegs, backend, 0)(k, BATCH)
+            decoder_work(jpegs, backend, 0, name)(k, BATCH)
     sync(device)
     step = Step(args.arch, 100, device)
     x = torch.randn(BATCH, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)

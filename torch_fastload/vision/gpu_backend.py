@@ -286,12 +286,12 @@ def _direct_nvjpeg(device: torch.device):
     it cannot be used here (str)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return f"nvJPEG decodes on a CUDA device, not on {device}"
-    from .nvjpeg_direct import DirectNvjpeg, NvjpegError
+    from .nvjpeg_direct import DirectNvjpeg
 
     try:
         backend = DirectNvjpeg(device)
         reason = _self_test(backend)
-    except (NvjpegError, OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError) as exc:  # NvjpegError is a RuntimeError
         return f"nvJPEG could not be set up on {device}: {exc}"
     return backend if reason is None else reason
 
