@@ -223,7 +223,7 @@ def test_direct_nvjpeg_hands_planar_rgb_planes_and_bitstreams_in_place():
     block = torch.empty(3 * 4 * 6 + 3 * 2 * 5, dtype=torch.uint8)
     views = [block[:72].view(3, 4, 6), block[72:].view(3, 2, 5)]
     stream = types.SimpleNamespace(cuda_stream=0)
-    assert direct._decode_batch(None, stream, encoded, views)
+    assert direct._decode_batch(None, stream, encoded, views) == 0
     assert direct.lib.initialized == (2, 1, _OUTPUT_RGB)
     data, lengths, images = direct.lib.batches[0]
     assert data.tolist() == [slab.data_ptr(), slab.data_ptr() + 10] and lengths.tolist() == [10, 15]
@@ -232,8 +232,30 @@ def test_direct_nvjpeg_hands_planar_rgb_planes_and_bitstreams_in_place():
     assert images["channel"][1].tolist() == [base + 72, base + 82, base + 92, 0]
     assert images["pitch"][0].tolist() == [6, 6, 6, 0] and images["pitch"][1].tolist() == [5, 5, 5, 0]
     direct.lib = FakeNvjpegLibrary(fail_batches_over=1)
-    assert not direct._decode_batch(None, stream, encoded, views)  # the caller then decodes each alone
-    assert direct._decode_batch(None, stream, encoded[:1], views[:1])
+    assert direct._decode_batch(None, stream, encoded, views) == 3  # the caller then decodes each alone
+    assert direct._decode_batch(None, stream, encoded[:1], views[:1]) == 0
+
+
+def test_direct_nvjpeg_lanes_one_per_call_at_once_reused_by_later_threads():
+    """Calls at once each hold a lane (an nvJPEG state holds one batch); a lane given back is
+    taken by the next call whichever thread makes it, so threads made anew each epoch add none."""
+    import threading
+
+    from torch_fastload.vision.nvjpeg_direct import DirectNvjpeg
+
+    direct = DirectNvjpeg.__new__(DirectNvjpeg)
+    direct._lanes_lock, direct._free_lanes, direct.lanes_made = threading.Lock(), [], 0
+    direct._new_lane = lambda: object()
+    first, second = direct._take_lane(), direct._take_lane()
+    assert first is not second and direct.lanes_made == 2
+    direct._give_back(first)
+    direct._give_back(second)
+    taken = []
+    for _ in range(4):  # four short-lived threads, one after another
+        thread = threading.Thread(target=lambda: (taken.append(direct._take_lane()), direct._give_back(taken[-1])))
+        thread.start()
+        thread.join()
+    assert all(lane is second for lane in taken) and direct.lanes_made == 2
 
 
 def test_decode_backend_option_and_environment(monkeypatch):

@@ -707,7 +707,7 @@ def test_direct_nvjpeg_does_not_wait_for_the_callers_stream(gpu_folder):
         torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU clocks on one block
         t0 = time.perf_counter()
         out = direct.decode(encoded)
-        direct._local.done.synchronize()  # this decode's own completion
+        direct.synchronize()  # this decode's own completion
         took = time.perf_counter() - t0
         still_busy = not busy.query()
         copies = [image.clone() for image in out if image is not None]  # on the busy stream: after the decode
@@ -716,6 +716,28 @@ def test_direct_nvjpeg_does_not_wait_for_the_callers_stream(gpu_folder):
     assert took < 0.5, f"the decode waited {took:.2f} s for the caller's stream"
     assert [image is None for image in out] == [image is None for image in expected]
     assert all(torch.equal(a, b) for a, b in zip(copies, [e for e in expected if e is not None]))
+
+
+@pytest.mark.cuda
+def test_direct_nvjpeg_reuses_its_states_across_short_lived_threads(gpu_folder):
+    """The loader's stage threads are made anew each epoch: one nvJPEG state (with its device
+    and pinned buffers) a thread would be made again every epoch and never freed. Five threads
+    one after another share one state; the decode is right from each."""
+    from torch_fastload.vision.nvjpeg_direct import DirectNvjpeg
+
+    train, _ = gpu_folder
+    paths = [p for p in ImageFolder(train, transform=None).paths if p.lower().endswith((".jpeg", ".jpg"))][:8]
+    encoded = [torch.frombuffer(bytearray(open(p, "rb").read()), dtype=torch.uint8) for p in paths]
+    direct = DirectNvjpeg(torch.device("cuda", torch.cuda.current_device()))
+    expected = [image.clone() for image in direct.decode(encoded)]
+    results = []
+    for _ in range(5):
+        thread = threading.Thread(target=lambda: results.append([i.clone() for i in direct.decode(encoded)]))
+        thread.start()
+        thread.join()
+    torch.cuda.synchronize()
+    assert direct.lanes_made == 1
+    assert len(results) == 5 and all(all(torch.equal(a, b) for a, b in zip(r, expected)) for r in results)
 
 
 @pytest.mark.cuda

@@ -181,6 +181,11 @@ def instrument() -> Phases:
         phases.wrap(dec.BatchDecoder, name, name)
     phases.wrap(dec.CpuSide, "wait", "cpu.wait")
     phases.wrap(TorchvisionNvjpeg, "decode", "torchvision decode call")
+    from torch_fastload.vision.nvjpeg_direct import DirectNvjpeg
+
+    phases.wrap(DirectNvjpeg, "decode", "nvjpeg decode call")
+    phases.wrap(DirectNvjpeg, "_decode_batch", "nvjpeg batched call (retries too)")
+    phases.wrap(DirectNvjpeg, "_shape", "nvjpeg header read")
     phases.wrap(TrainTransform, "apply", "transform.apply")
     return phases
 
@@ -226,7 +231,16 @@ def loader_rate(train_dir: str, share, epochs: int = 3, batch: int = BATCH, devi
         "phases": phases.summary(timed_from),
         "chosen": trial_chose(loader) if share == "auto" else None,
         "decoded": getattr(stats, "decoded", None) if not isinstance(stats, dict) else stats.get("decoded"),
+        "failed_batches": direct_failures(device),
     }
+
+
+def direct_failures(device: str) -> dict | None:
+    """The direct nvJPEG decoder's failed batched calls by nvJPEG status, where it was made."""
+    from torch_fastload.vision import gpu_backend as backends
+
+    made = [b for (choice, _), b in backends._chosen.items() if choice == "nvjpeg"]
+    return {str(k): v for k, v in made[0].failed_batches.items()} if made else None
 
 
 def raw_rates(jpegs: Jpegs, device: torch.device, s: float) -> dict:
@@ -282,6 +296,7 @@ def print_loader_row(r: dict) -> None:
         f"loader share {r['share']} (chosen {r.get('chosen')}): {r['images_per_s']:,.0f} images/s "
         f"(epochs {[round(x) for x in r['epochs']]}), "
         f"cores {[round(c, 1) for c in r['cores']]}, decoded {r['decoded']}"
+        + (f", direct nvJPEG's failed batches {r['failed_batches']}" if r.get("failed_batches") is not None else "")
     )
     for label, row in sorted(r["phases"].items(), key=lambda kv: -kv[1]["wall_ms"]):
         log(

@@ -2,15 +2,19 @@
 
 torchvision's ``decode_jpegs_cuda`` calls the same library with the same hardware backend, but
 behind one process-wide mutex (one batch at a time however many stage threads ask), and it
-waits on the host for every batch. Here each calling thread keeps its own nvJPEG state and
-stream, so the loader's stage threads can decode at once, and the host does not wait for its
-own batch: the caller's stream waits for the decode by an event, and a state is reused only once
-its previous batch is done. Measured on an H100 (benchmarks/gpu/nvjpeg_stream_probe.py, 256
-ImageNet-sized JPEGs a batch, nothing else running): one thread 22.8-24.7k images/s against
-torchvision's 13.1-21.3k on the same instances, three threads 23.8k against 18.3k, the same
-pixels (max difference 0). Not yet auto's choice: inside the loader, with the decode ordered
-behind the loader's shared copy stream (since removed, not yet measured), it fed 5.1-6.3k
-images/s against torchvision's 17-18k (RESULTS.md, 2026-11-27 eighteenth session).
+waits on the host for every batch. Here calls at once each run on a lane of their own (an nvJPEG
+state and a stream), lanes pooled and reused whichever thread calls next (the loader's stage
+threads are made anew each epoch: a state per thread was remade every epoch, its buffers
+allocated inside the next batches, and never freed: with it the loader fed 0.36x
+torchvision's rate, with lanes 0.85-0.97x). The host
+does not wait for its own batch: the caller's stream waits for the decode by an event, and a
+lane is reused only once its previous batch is done.
+
+Measured on H100s (RESULTS.md, 2026-11-28): alone, one thread 18.4-24.7k images/s against
+torchvision's 13.1-21.3k on the same instances, the same pixels (max difference 0); in the loader
+(3 stage threads) 12.7-15.5k against torchvision's 14.8-16.0k; beside a ResNet-18 step its
+decode does not slow (38 -> 39 ms a batch, torchvision's 26 -> 49 ms) but its high-priority
+stream slows the step (fed step 32.3 ms against torchvision's 30.6). Hence opt-in, not ``auto``.
 
 What no GPU decoder escapes: the engines' decode needs the SMs too. Beside a ResNet-18 step
 replayed from a CUDA graph (the SMs 100% busy), torchvision's nvJPEG decoded 1.05-1.1k images/s
@@ -75,10 +79,20 @@ def find_libnvjpeg() -> str | None:
     return None
 
 
+class _Lane:
+    """One nvJPEG state (its buffers hold one batch at a time), the stream its decodes run on,
+    and the event of its last batch."""
+
+    __slots__ = ("state", "stream", "done")
+
+    def __init__(self, state, stream):
+        self.state, self.stream, self.done = state, stream, None
+
+
 class DirectNvjpeg:
     """Batched nvJPEG decode on ``device``: the GPU's hardware JPEG engines where it has them
-    (``engines=False``: nvJPEG's CUDA decoder, kept to measure against), one nvJPEG state and
-    one stream per calling thread."""
+    (``engines=False``: nvJPEG's CUDA decoder, kept to measure against); calls at once each on a
+    lane of their own (an nvJPEG state and a stream), lanes reused from call to call."""
 
     name = "nvjpeg"
     self_test_size = (320, 240)  # the engines' kind of JPEG (gpu_backend's self-test): a tiny one may go elsewhere
@@ -105,7 +119,10 @@ class DirectNvjpeg:
             status = self.lib.nvjpegCreateEx(_BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
         if status != _SUCCESS:
             raise NvjpegError(f"nvjpegCreateEx failed: nvJPEG status {status}")
-        self._local = threading.local()
+        self._lanes_lock = threading.Lock()
+        self._free_lanes: list = []
+        self.lanes_made = 0  # as many as calls ever ran at once
+        self.failed_batches: dict = {}  # nvJPEG status -> batches it failed (then decoded one image at a time)
 
     def _declare(self) -> None:
         lib, p, i, u = self.lib, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
@@ -120,18 +137,31 @@ class DirectNvjpeg:
         info = self.header.nvjpegGetImageInfo
         info.argtypes, info.restype = (p, p, ctypes.c_size_t, p, p, p, p), ctypes.c_int
 
-    def _thread_state(self):
-        """The calling thread's nvJPEG state, stream, and event after its last batch."""
-        local = self._local
-        if getattr(local, "state", None) is None:
-            state = ctypes.c_void_p()
-            status = self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state))
-            if status != _SUCCESS:
-                raise NvjpegError(f"nvjpegJpegStateCreate failed: nvJPEG status {status}")
-            # torch maps a priority beyond the device's range to its highest
-            local.stream = torch.cuda.Stream(device=self.device, priority=-64 if self.priority == "high" else 0)
-            local.state, local.done = state, None
-        return local
+    def _take_lane(self) -> _Lane:
+        """A lane no other call holds: the last one given back (its buffers warm), or a new one.
+        Lanes outlive the threads that use them: the loader's stage threads are made anew each
+        epoch, and a state a thread kept would be made again (its buffers allocated, with the
+        device-wide waits that brings, inside the next batches) and never freed."""
+        with self._lanes_lock:
+            if self._free_lanes:
+                return self._free_lanes.pop()
+        lane = self._new_lane()
+        with self._lanes_lock:
+            self.lanes_made += 1
+        return lane
+
+    def _give_back(self, lane: _Lane) -> None:
+        with self._lanes_lock:
+            self._free_lanes.append(lane)
+
+    def _new_lane(self) -> _Lane:
+        state = ctypes.c_void_p()
+        status = self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state))
+        if status != _SUCCESS:
+            raise NvjpegError(f"nvjpegJpegStateCreate failed: nvJPEG status {status}")
+        # torch maps a priority beyond the device's range to its highest
+        stream = torch.cuda.Stream(device=self.device, priority=-64 if self.priority == "high" else 0)
+        return _Lane(state, stream)
 
     def decode(self, encoded: list) -> list:
         """Each JPEG of ``encoded`` as a (3, H, W) uint8 view on the device, written before any
@@ -143,36 +173,52 @@ class DirectNvjpeg:
         out: list = [None] * len(encoded)
         if not index:
             return out
-        local = self._thread_state()
-        stream = local.stream
-        if local.done is not None:  # the state's buffers are free once its previous batch is decoded
-            local.done.synchronize()
+        lane = self._take_lane()
+        try:
+            return self._decode_on(lane, encoded, shapes, index, out)
+        finally:
+            self._give_back(lane)
+
+    def _decode_on(self, lane: _Lane, encoded: list, shapes: list, index: list, out: list) -> list:
+        stream = lane.stream
+        if lane.done is not None:  # the state's buffers are free once its previous batch is decoded
+            lane.done.synchronize()
         caller = torch.cuda.current_stream(self.device)
         sizes = [3 * shapes[k][0] * shapes[k][1] for k in index]
         with torch.cuda.stream(stream):  # from this stream's pool: ordered after its own earlier use
             # no wait for the caller's stream: the decode reads host bytes only, and the loader's
-            # copy stream, shared by every stage thread, holds other batches' transforms (ordered
-            # behind them, the loader fed 5.1-6.3k images/s against torchvision's 17-18k on an H100)
+            # copy stream, shared by every stage thread, holds other batches' transforms
             block = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
         views, offset = {}, 0
         for k, size in zip(index, sizes):
             h, w = shapes[k]
             views[k] = block[offset : offset + size].view(3, h, w)
             offset += size
-        if self._decode_batch(local.state, stream, [encoded[k] for k in index], [views[k] for k in index]):
+        status = self._decode_batch(lane.state, stream, [encoded[k] for k in index], [views[k] for k in index])
+        if status == _SUCCESS:
             for k in index:
                 out[k] = views[k]
         else:  # one bad JPEG fails the batch: each alone, so it costs only itself
+            with self._lanes_lock:
+                self.failed_batches[status] = self.failed_batches.get(status, 0) + 1
             for k in index:
-                if self._decode_batch(local.state, stream, [encoded[k]], [views[k]]):
+                if self._decode_batch(lane.state, stream, [encoded[k]], [views[k]]) == _SUCCESS:
                     out[k] = views[k]
-        local.done = torch.cuda.Event()
-        local.done.record(stream)
-        caller.wait_event(local.done)
+        lane.done = torch.cuda.Event()
+        lane.done.record(stream)
+        caller.wait_event(lane.done)
         block.record_stream(caller)
         return out
 
-    def _decode_batch(self, state, stream, encoded: list, views: list) -> bool:
+    def synchronize(self) -> None:
+        """Wait until every batch handed to nvJPEG so far is decoded."""
+        with self._lanes_lock:
+            events = [lane.done for lane in self._free_lanes if lane.done is not None]
+        for event in events:
+            event.synchronize()
+
+    def _decode_batch(self, state, stream, encoded: list, views: list) -> int:
+        """nvJPEG's status for decoding ``encoded`` into ``views`` on ``stream``."""
         n = len(encoded)
         data = np.array([t.data_ptr() for t in encoded], dtype=np.uint64)
         lengths = np.array([t.numel() for t in encoded], dtype=np.uint64)
@@ -184,11 +230,10 @@ class DirectNvjpeg:
             images["pitch"][j, :3] = w
         status = self.lib.nvjpegDecodeBatchedInitialize(self.handle, state, n, 1, _OUTPUT_RGB)
         if status != _SUCCESS:
-            return False
-        status = self.lib.nvjpegDecodeBatched(
+            return status
+        return self.lib.nvjpegDecodeBatched(
             self.handle, state, data.ctypes.data, lengths.ctypes.data, images.ctypes.data, stream.cuda_stream
         )
-        return status == _SUCCESS
 
     def _shape(self, tensor) -> tuple | None:
         """(height, width) from nvJPEG's own header read: the output block is sized by what it
