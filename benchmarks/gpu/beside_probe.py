@@ -124,6 +124,9 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=40, help="untimed fed steps (use ~100 with --share auto)")
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--backend", default="auto", help="decode_backend")
+    p.add_argument(
+        "--nvjpeg-priority", default="normal", choices=["high", "normal"], help="the direct decoder's streams' priority"
+    )
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     share = args.share if args.share == "auto" else float(args.share)
@@ -134,6 +137,13 @@ def main() -> int:
     log(f"{args.arch} on a resident batch: {result['synthetic_ms']:.1f} ms a step")
     torch_fastload.config.set(decode_backend=args.backend)
     result["decode_backend"] = args.backend
+    if args.backend == "nvjpeg" and args.nvjpeg_priority != "normal":
+        from torch_fastload.vision import gpu_backend
+        from torch_fastload.vision.nvjpeg_direct import DirectNvjpeg
+
+        index = torch.device("cuda", torch.cuda.current_device())
+        gpu_backend._chosen[("nvjpeg", index)] = DirectNvjpeg(index, priority=args.nvjpeg_priority)
+    result["nvjpeg_priority"] = args.nvjpeg_priority
     alone = loader_rate(train, share, batch=args.batch, device=str(device))
     alone["ms_a_batch"] = 1e3 * args.batch / alone["images_per_s"]
     result["alone"] = alone

@@ -12,9 +12,11 @@ lane is reused only once its previous batch is done.
 
 Measured on H100s (RESULTS.md, 2026-11-28): alone, one thread 18.4-24.7k images/s against
 torchvision's 13.1-21.3k on the same instances, the same pixels (max difference 0); in the loader
-(3 stage threads) 12.7-15.5k against torchvision's 14.8-16.0k; beside a ResNet-18 step its
-decode does not slow (38 -> 39 ms a batch, torchvision's 26 -> 49 ms) but its high-priority
-stream slows the step (fed step 32.3 ms against torchvision's 30.6). Hence opt-in, not ``auto``.
+(3 stage threads) 12.7-15.5k against torchvision's 14.8-20.5k. Beside a ResNet-18 step (21.8 ms
+alone) its decode slows little (37 -> 41 ms a batch; torchvision's 24 -> 55 ms) and the fed step
+is 2-3% shorter than torchvision's (30.7 against 31.1-31.3 ms at CPU share 0, 27.3 against 28.0
+at 0.5), within one instance's spread. Its streams run at the step's (normal) priority: at high
+priority it took SMs from the step (31.3 ms). Opt-in, not ``auto``: alone it feeds less.
 
 What no GPU decoder escapes: the engines' decode needs the SMs too. Beside a ResNet-18 step
 replayed from a CUDA graph (the SMs 100% busy), torchvision's nvJPEG decoded 1.05-1.1k images/s
@@ -97,7 +99,7 @@ class DirectNvjpeg:
     name = "nvjpeg"
     self_test_size = (320, 240)  # the engines' kind of JPEG (gpu_backend's self-test): a tiny one may go elsewhere
 
-    def __init__(self, device: torch.device, library: str | None = None, priority: str = "high", engines=True):
+    def __init__(self, device: torch.device, library: str | None = None, priority: str = "normal", engines=True):
         if priority not in ("high", "normal"):
             raise ValueError(f"priority must be 'high' or 'normal', not {priority!r}")
         self.device = torch.device(device)
@@ -222,12 +224,15 @@ class DirectNvjpeg:
         n = len(encoded)
         data = np.array([t.data_ptr() for t in encoded], dtype=np.uint64)
         lengths = np.array([t.numel() for t in encoded], dtype=np.uint64)
+        # planar RGB: three planes of H x W one after another, pitch W (whole arrays at once: a
+        # per-image loop over the record fields held the GIL ~2 ms a batch of 256)
+        base = np.array([v.data_ptr() for v in views], dtype=np.uint64)
+        height = np.array([v.shape[1] for v in views], dtype=np.uint64)
+        width = np.array([v.shape[2] for v in views], dtype=np.uint64)
         images = np.zeros(n, dtype=IMAGE_T)
-        for j, view in enumerate(views):  # planar RGB: three planes of H x W, pitch W
-            h, w = view.shape[1], view.shape[2]
-            base = view.data_ptr()
-            images["channel"][j, :3] = (base, base + h * w, base + 2 * h * w)
-            images["pitch"][j, :3] = w
+        plane = height * width
+        images["channel"][:, :3] = base[:, None] + plane[:, None] * np.arange(3, dtype=np.uint64)
+        images["pitch"][:, :3] = width[:, None]
         status = self.lib.nvjpegDecodeBatchedInitialize(self.handle, state, n, 1, _OUTPUT_RGB)
         if status != _SUCCESS:
             return status
