@@ -5,18 +5,17 @@ behind one process-wide mutex (one batch at a time however many stage threads as
 waits on the host for every batch. Here calls at once each run on a lane of their own (an nvJPEG
 state and a stream), lanes pooled and reused whichever thread calls next (the loader's stage
 threads are made anew each epoch: a state per thread was remade every epoch, its buffers
-allocated inside the next batches, and never freed: with it the loader fed 0.36x
-torchvision's rate, with lanes 0.85-0.97x). The host
-does not wait for its own batch: the caller's stream waits for the decode by an event, and a
-lane is reused only once its previous batch is done.
+allocated inside the next batches, and never freed; the loader then fed 0.36x torchvision's
+rate). The host does not wait for its own batch: the caller's stream waits for the decode by an
+event, and a lane is reused only once its previous batch is done.
 
 Measured on H100s (RESULTS.md, 2026-11-28): alone, one thread 18.4-24.7k images/s against
 torchvision's 13.1-21.3k on the same instances, the same pixels (max difference 0); in the loader
-(3 stage threads) 12.7-15.5k against torchvision's 14.8-20.5k. Beside a ResNet-18 step (21.8 ms
-alone) its decode slows little (37 -> 41 ms a batch; torchvision's 24 -> 55 ms) and the fed step
-is 2-3% shorter than torchvision's (30.7 against 31.1-31.3 ms at CPU share 0, 27.3 against 28.0
-at 0.5), within one instance's spread. Its streams run at the step's (normal) priority: at high
-priority it took SMs from the step (31.3 ms). Opt-in, not ``auto``: alone it feeds less.
+(3 stage threads) 0.68-0.97x torchvision's rate. Beside a ResNet-18 step (21.8 ms alone) its
+decode slows little (37 -> 41 ms a batch; torchvision's 24 -> 55 ms), and the fed step was
+27.0-30.7 ms against torchvision's 28.0-31.3: ahead on two instances, behind on a third, within
+one instance's spread. Its streams run at the step's (normal) priority: at high priority it took
+SMs from the step (31.3 ms against 30.7). Opt-in, not ``auto``: alone it feeds less.
 
 What no GPU decoder escapes: the engines' decode needs the SMs too. Beside a ResNet-18 step
 replayed from a CUDA graph (the SMs 100% busy), torchvision's nvJPEG decoded 1.05-1.1k images/s
