@@ -244,7 +244,7 @@ def test_direct_nvjpeg_lanes_one_per_call_at_once_reused_by_later_threads():
     from torch_fastload.vision.nvjpeg_direct import DirectNvjpeg
 
     direct = DirectNvjpeg.__new__(DirectNvjpeg)
-    direct._lanes_lock, direct._free_lanes, direct.lanes_made = threading.Lock(), [], 0
+    direct._lanes_lock, direct._free_lanes, direct._lanes, direct.lanes_made = threading.Lock(), [], [], 0
     direct._new_lane = lambda: object()
     first, second = direct._take_lane(), direct._take_lane()
     assert first is not second and direct.lanes_made == 2
@@ -256,6 +256,7 @@ def test_direct_nvjpeg_lanes_one_per_call_at_once_reused_by_later_threads():
         thread.start()
         thread.join()
     assert all(lane is second for lane in taken) and direct.lanes_made == 2
+    assert direct._lanes == [first, second]  # synchronize() waits on each
 
 
 def test_decode_backend_option_and_environment(monkeypatch):

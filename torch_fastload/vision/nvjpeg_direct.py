@@ -122,6 +122,7 @@ class DirectNvjpeg:
             raise NvjpegError(f"nvjpegCreateEx failed: nvJPEG status {status}")
         self._lanes_lock = threading.Lock()
         self._free_lanes: list = []
+        self._lanes: list = []  # every lane made, free or held by a call
         self.lanes_made = 0  # as many as calls ever ran at once
         self.failed_batches: dict = {}  # nvJPEG status -> batches it failed (then decoded one image at a time)
 
@@ -149,6 +150,7 @@ class DirectNvjpeg:
         lane = self._new_lane()
         with self._lanes_lock:
             self.lanes_made += 1
+            self._lanes.append(lane)
         return lane
 
     def _give_back(self, lane: _Lane) -> None:
@@ -205,16 +207,17 @@ class DirectNvjpeg:
             for k in index:
                 if self._decode_batch(lane.state, stream, [encoded[k]], [views[k]]) == _SUCCESS:
                     out[k] = views[k]
-        lane.done = torch.cuda.Event()
-        lane.done.record(stream)
-        caller.wait_event(lane.done)
+        done = torch.cuda.Event()
+        done.record(stream)
+        lane.done = done  # recorded before synchronize() can see it
+        caller.wait_event(done)
         block.record_stream(caller)
         return out
 
     def synchronize(self) -> None:
-        """Wait until every batch handed to nvJPEG so far is decoded."""
+        """Wait until every batch whose decode call has returned is decoded."""
         with self._lanes_lock:
-            events = [lane.done for lane in self._free_lanes if lane.done is not None]
+            events = [lane.done for lane in self._lanes if lane.done is not None]
         for event in events:
             event.synchronize()
 
