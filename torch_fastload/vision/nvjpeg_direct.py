@@ -142,8 +142,8 @@ class DirectNvjpeg:
     def _take_lane(self) -> _Lane:
         """A lane no other call holds: the last one given back (its buffers warm), or a new one.
         Lanes outlive the threads that use them: the loader's stage threads are made anew each
-        epoch, and a state a thread kept would be made again (its buffers allocated, with the
-        device-wide waits that brings, inside the next batches) and never freed."""
+        epoch, and a state a thread kept would be made again (its buffers allocated again inside
+        the next batches) and never freed."""
         with self._lanes_lock:
             if self._free_lanes:
                 return self._free_lanes.pop()
@@ -227,7 +227,8 @@ class DirectNvjpeg:
         data = np.array([t.data_ptr() for t in encoded], dtype=np.uint64)
         lengths = np.array([t.numel() for t in encoded], dtype=np.uint64)
         # planar RGB: three planes of H x W one after another, pitch W (whole arrays at once: a
-        # per-image loop over the record fields held the GIL ~2 ms a batch of 256)
+        # per-image loop over the record fields held the GIL 0.65 ms a batch of 256, this 0.23,
+        # on the 2-core build machine)
         base = np.array([v.data_ptr() for v in views], dtype=np.uint64)
         height = np.array([v.shape[1] for v in views], dtype=np.uint64)
         width = np.array([v.shape[2] for v in views], dtype=np.uint64)
