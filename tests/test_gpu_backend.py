@@ -167,8 +167,8 @@ class FakeDirect:
 
 
 def test_nvjpeg_called_directly_is_taken_when_asked_not_by_auto(monkeypatch):
-    """'nvjpeg' takes it; auto does not yet (faster alone, not yet measured faster inside the
-    loader: RESULTS.md); 'torchvision' never tries it."""
+    """'nvjpeg' takes it; auto does not (faster alone, not faster inside the loader or beside a
+    step: RESULTS.md); 'torchvision' never tries it."""
     direct = FakeDirect()
     monkeypatch.setattr(gpu_backend, "_direct_nvjpeg", lambda device: direct)
     monkeypatch.setattr(gpu_backend, "torchvision_nvjpeg_available", lambda: True)

@@ -285,8 +285,8 @@ OPTIONS: dict[str, Option] = {
             "auto",
             _choice("auto", "nvjpeg", "nvimgcodec", "torchvision", "hardware"),
             "the library that decodes JPEGs on the GPU: 'nvjpeg' (nvJPEG called directly: batched on the GPU's "
-            "hardware JPEG engines, one state per stage thread, no host wait; the libnvjpeg torchvision ships or "
-            "nvidia-nvjpeg's; faster alone, not yet measured faster in the loader), 'nvimgcodec' (NVIDIA "
+            "hardware JPEG engines, states pooled across stage threads, no host wait; the libnvjpeg torchvision ships "
+            "or nvidia-nvjpeg's; faster alone, not faster in the loader or beside a step), 'nvimgcodec' (NVIDIA "
             "nvImageCodec: batched, the hardware JPEG engines; pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg), "
             "'torchvision' (its nvJPEG decode_jpeg, deprecated from 0.29: one batch at a time a process), "
             "'hardware' (nvImageCodec's hardware JPEG engines alone, no CUDA cores: what they refuse goes to the "

@@ -231,11 +231,11 @@ def loader_rate(train_dir: str, share, epochs: int = 3, batch: int = BATCH, devi
         "phases": phases.summary(timed_from),
         "chosen": trial_chose(loader) if share == "auto" else None,
         "decoded": getattr(stats, "decoded", None) if not isinstance(stats, dict) else stats.get("decoded"),
-        "failed_batches": direct_failures(device),
+        "failed_batches": direct_failures(),
     }
 
 
-def direct_failures(device: str) -> dict | None:
+def direct_failures() -> dict | None:
     """The direct nvJPEG decoder's failed batched calls by nvJPEG status, where it was made."""
     from torch_fastload.vision import gpu_backend as backends
 

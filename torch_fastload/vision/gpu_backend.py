@@ -14,7 +14,7 @@ nvJPEG while torchvision offers it (measured faster than nvImageCodec on an H200
 14,177 decoded images/s alone and 9,388 against 2,268 images/s through the loader); else
 nvImageCodec, if it imports, finds libnvjpeg and decodes a test image on the device. 'nvjpeg'
 calls nvJPEG directly (nvjpeg_direct.py: no process-wide lock, no host wait; faster alone, not
-yet measured faster inside the loader), 'nvimgcodec' and 'torchvision' take that library ('nvjpeg'
+faster inside the loader or beside a step), 'nvimgcodec' and 'torchvision' take that library ('nvjpeg'
 and 'nvimgcodec' raise ``DecodeBackendError`` saying what is missing).
 Every backend returns, per image, a ``(3, H, W)`` uint8 CUDA tensor or None where refused (the
 caller decodes those on the CPU).
