@@ -686,6 +686,34 @@ def test_nvjpeg_decode_matches_cpu_decode(gpu_folder, backend):
 
 
 @pytest.mark.cuda
+def test_a_kept_split_is_balanced_on_the_gpu_and_every_image_stays_right(gpu_folder):
+    """A route trial that kept a split at CPU share 0.1: every batch reports its C++ decoder's
+    and its GPU part's spans, the share moves, and every image (whichever decoder it went to,
+    the share changing under the loader) matches the CPU decode within nvJPEG's tolerance."""
+    train, _ = gpu_folder
+    ds = ImageFolder(train, transform=None)
+    with torch_fastload.config.override(cpu_decode_share="auto"):
+        loader = DataLoader(ds, batch_size=32, device="cuda")
+        trial = ds.decoder(loader.device).trial
+        assert trial is not None, "the route trial needs 8 cores"
+        trial.choice = 0.1
+        decoded, batches = [], 0
+        for epoch in range(4):
+            for images, _ in loader:
+                batches += 1
+                if epoch == 3:
+                    decoded.extend(image.cpu() for image in images)
+    assert trial.balancer is not None and trial.balancer.batches == batches == 4 * len(loader)
+    assert trial.balancer.moves >= 1 and trial.choice != 0.1, trial.describe()
+    print(trial.describe())
+    assert {"cpu:share", "nvjpeg"} <= set(loader.stats().decoded)
+    for path, image in zip(ds.paths, decoded):
+        cpu = tv.io.decode_image(tv.io.read_file(path), mode=tv.io.ImageReadMode.RGB)
+        assert image.shape == cpu.shape, path
+        assert (image.int() - cpu.int()).abs().float().mean() <= 1.5, path
+
+
+@pytest.mark.cuda
 def test_direct_nvjpeg_does_not_wait_for_the_callers_stream(gpu_folder):
     """The loader's copy stream, shared by every stage thread, holds other batches' crops and
     resizes; a decode ordered after it waits for all of them (so ordered, the loader fed a third

@@ -299,12 +299,12 @@ def test_a_split_slower_than_nvjpeg_alone_is_not_kept_and_a_cpu_that_keeps_up_sk
     assert trial.choice == 1.0 and list(trial.periods) == [1.0]
 
 
-@pytest.mark.parametrize("split_ms,kept", [(14.4, 0.0), (13.0, "split")])
-def test_a_split_must_beat_nvjpeg_alone_by_the_margin(split_ms, kept):
-    """The loader alone on the H100: nvJPEG 14.3-14.9 ms a batch, and a split timed 2-4% faster in
-    its 10-batch window (the windows are worth +-15%) kept more cores busy for no gain. A split
-    is kept only where it beats the best GPU route alone by the trial's margin (5%), as the CPU
-    route must; 13.0 against 14.9 (13% faster) still is."""
+@pytest.mark.parametrize("split_ms,kept", [(16.0, 0.0), (15.4, "split"), (13.0, "split")])
+def test_a_split_is_kept_unless_slower_than_nvjpeg_alone_by_the_margin(split_ms, kept):
+    """The loader alone on the H100: nvJPEG 14.9 ms a batch. A 10-batch window is worth +-15%, so
+    a split timed within the trial's margin (5%) of nvJPEG alone is kept: it is balanced online
+    afterwards, and with three batches at once splits fed more than nvJPEG alone wherever both
+    were measured. One timed 7% slower (16.0) is not kept (the old rule kept nvJPEG at 14.4)."""
     trial = _split_run(lambda s: {1.0: 32.0, 0.0: 14.9}.get(s, split_ms), 1.0)
     assert len(trial.periods) == 4
     assert trial.choice == 0.0 if kept == 0.0 else trial.choice not in (0.0, 1.0)

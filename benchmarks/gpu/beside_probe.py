@@ -25,7 +25,7 @@ import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from split_probe import instrument, loader_rate, log, print_loader_row  # noqa: E402
+from split_probe import instrument, loader_rate, log, print_loader_row, trial_described  # noqa: E402
 
 import torch_fastload  # noqa: E402
 from torch_fastload.sources.images import ImageFolder  # noqa: E402
@@ -103,9 +103,11 @@ def fed(train_dir: str, step: Step, share, batch: int, warmup: int, steps: int) 
         wall = time.perf_counter() - started
         phases.restore()
         chosen = [str(d.trial.choice) for d in loader.dataset._decoders.values() if d.trial is not None]
+        trial = trial_described(loader)
     return {
         "share": share,
         "chosen": chosen,
+        "trial": trial,
         "step_ms": 1e3 * wall / steps,
         "wait_fraction": waited / wall,
         "phases": phases.summary(started),
@@ -154,6 +156,9 @@ def main() -> int:
         f"beside the {args.arch} step: {beside['step_ms']:.1f} ms a step (resident {result['synthetic_ms']:.1f}), "
         f"loop waited {100 * beside['wait_fraction']:.0f}%, route {beside['chosen']}"
     )
+    for label, run in (("alone", alone), ("beside", beside)):
+        for described in run.get("trial") or ():
+            log(f"route trial {label}: {described}")
     log(f"{'phase':28s} {'alone wall / cpu ms':>22s} {'beside wall / cpu ms':>22s}")
     for label in sorted(beside["phases"], key=lambda k: -beside["phases"][k]["wall_ms_a_call"]):
         a, b = alone["phases"].get(label), beside["phases"][label]

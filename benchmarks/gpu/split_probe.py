@@ -230,6 +230,7 @@ def loader_rate(train_dir: str, share, epochs: int = 3, batch: int = BATCH, devi
         "cores": cpu,
         "phases": phases.summary(timed_from),
         "chosen": trial_chose(loader) if share == "auto" else None,
+        "trial": trial_described(loader),
         "decoded": getattr(stats, "decoded", None) if not isinstance(stats, dict) else stats.get("decoded"),
         "failed_batches": direct_failures(),
     }
@@ -289,6 +290,11 @@ def trial_chose(loader):
         if decoder.trial is not None and decoder.trial.choice is not None:
             return str(decoder.trial.choice)
     return None
+
+
+def trial_described(loader) -> list:
+    """What each route trial of the dataset's decoders measured (its balance included)."""
+    return [d.trial.describe() for d in loader.dataset._decoders.values() if d.trial is not None]
 
 
 def print_loader_row(r: dict) -> None:

@@ -104,6 +104,7 @@ class CpuSide:
     native: Future | None  # the C++ batch decoder's call: one message per image of route.native
     job: object | None  # the work-stealing _C.JpegSplitJob
     back: Future | None  # its CPU threads' end (job.run_back)
+    native_span: list  # when the C++ decoder's call ran: [start, end] in perf_counter() (a trial's balance)
 
     def wait(self) -> None:
         """Until nothing of it runs (exceptions are left in the futures)."""
@@ -255,11 +256,16 @@ class BatchDecoder:
         images: list = [None] * len(plan.routes)
         failed = dict(plan.failed)
         try:
+            gpu_start = time.perf_counter()
             self._decode_on_gpu(plan, cpu.job, images, failed)
+            gpu_span = (gpu_start, time.perf_counter())
         finally:  # the CPU side reads the slot and writes the pinned buffer: never leave it running
             cpu.wait()
         started, now = now, time.perf_counter()
         self.seconds["nvjpeg"] += now - started
+        if self.trial is not None and len(cpu.native_span) == 2 and not plan.steal:
+            gpu_images = len(plan.gpu) + len(plan.engine_part)
+            self.trial.balance(len(plan.native), tuple(cpu.native_span), gpu_images, gpu_span)
         self._place(cpu.packed, self._cpu_results(plan, cpu), images, failed)
         self.seconds["cpu"] += time.perf_counter() - now
         return self._assemble(plan, images, failed, name, counts, crop)
@@ -321,6 +327,7 @@ class BatchDecoder:
             for i in plan.cpu
             if i not in native
         }
+        native_span: list = []
         native_call = (
             self._executor().submit(
                 self._decode_native,
@@ -331,6 +338,7 @@ class BatchDecoder:
                 plan.native,
                 packed.buffer,
                 packed.starts(plan.native),
+                native_span,
             )
             if plan.native
             else None
@@ -341,7 +349,7 @@ class BatchDecoder:
                 data, offsets, plan.info, plan.boxes, plan.steal, packed.buffer, packed.starts(plan.steal)
             )
             back = self._executor().submit(job.run_back, self.cpu_threads)
-        return CpuSide(packed, pending, native_call, job, back)
+        return CpuSide(packed, pending, native_call, job, back, native_span)
 
     def _decode_native(
         self,
@@ -352,13 +360,20 @@ class BatchDecoder:
         which: list,
         buffer: torch.Tensor,
         starts: list,
+        span: list | None = None,
     ) -> list:
         """The C++ batch decoder over images ``which`` (their ``boxes``) into the pinned
-        ``buffer`` at ``starts``; one message an image ('' where decoded)."""
+        ``buffer`` at ``starts``; one message an image ('' where decoded). ``span`` gets when the
+        call started and returned (timed here: a future's waiter may wake before its callbacks)."""
         from .. import _C
 
         args = NativeJpegs.of(data, offsets, info, boxes, which, buffer, starts)
-        return _C.decode_jpegs_planar(**args.kwargs(), num_threads=self.cpu_threads)
+        started = time.perf_counter()
+        try:
+            return _C.decode_jpegs_planar(**args.kwargs(), num_threads=self.cpu_threads)
+        finally:
+            if span is not None:
+                span[:] = [started, time.perf_counter()]
 
     @staticmethod
     def _split_job(

@@ -24,13 +24,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
-from .settings import TRIAL_CAUGHT_UP, TRIAL_KEEP_UP, TRIAL_MARGIN, TRIAL_SETTLE, TRIAL_WARMUP, TRIAL_WINDOW
+from .settings import (
+    BALANCE_EVERY,
+    BALANCE_GAIN,
+    BALANCE_HISTORY,
+    BALANCE_SHARES,
+    TRIAL_CAUGHT_UP,
+    TRIAL_KEEP_UP,
+    TRIAL_MARGIN,
+    TRIAL_SETTLE,
+    TRIAL_WARMUP,
+    TRIAL_WINDOW,
+)
 from .step_probe import DELIVERED, REQUESTED, StepReading
 
 log = logging.getLogger("torch_fastload")
 
 __all__ = [
     "RouteTrial",
+    "ShareBalancer",
+    "is_split",
     "log_choice",
     "EngineRoute",
     "ThreeWayRoute",
@@ -39,6 +52,7 @@ __all__ = [
     "on_engines",
     "route_name",
     "split_share",
+    "with_cpu_share",
     "lighter_share",
     "three_way_shares",
 ]
@@ -143,6 +157,7 @@ class RouteTrial:
         caught_up: float = TRIAL_CAUGHT_UP,
         split: bool = False,
         three_way: bool = True,
+        balance: bool = True,
     ):
         if len(candidates) < 2 or warmup < 0 or settle < 0 or window < 3:
             raise ValueError("a route trial needs two candidates, warmup >= 0, settle >= 0 and window >= 3")
@@ -166,7 +181,10 @@ class RouteTrial:
         self.clocks: dict = {}  # candidate -> (decodes, deliveries)
         self.waited: dict = {}  # candidate -> the loop's wait for a batch, share of its period
         self.gpu: dict = {}  # candidate -> the steps seen from the GPU
-        self.choice = None  # the route kept (a float or an EngineRoute)
+        self.choice = None  # the route kept (a float, an EngineRoute or a ThreeWayRoute)
+        # a kept split's CPU share follows the batches' own times from then on (``balance``)
+        self.balancing = bool(balance)
+        self.balancer: ShareBalancer | None = None
         self.batches_to_choose: int | None = None  # batches decoded until the choice (warm-up included)
         self._lock = threading.Lock()
         self._calls = 0
@@ -230,17 +248,20 @@ class RouteTrial:
 
     def _fastest(self):
         """The route kept once every candidate was timed (lock held): the CPU route where it beats
-        the best of the others by ``margin``; a split only where it beats the best GPU route alone
-        by ``margin`` too. A split keeps more cores busy, and a 10-batch window is worth about
-        +-15% (H100, the loader alone: splits timed 2-4% faster than nvJPEG were kept and fed
-        14.5k and 18.5k images/s; nvJPEG alone fed 16.7-21.0k in five processes)."""
+        the best of the others by ``margin``; the fastest split unless it timed slower than the
+        best GPU route alone by more than ``margin``. A 10-batch window is worth about +-15%, too
+        coarse to rank routes within 10%, and a kept split is balanced online afterwards
+        (``ShareBalancer``), so its window need not have found its best share. With three batches
+        decoding at once, splits beat nvJPEG alone wherever both were measured on H100s: the
+        loader alone 21.4-22.2k images/s against 18.6k, beside ResNet-18 27.0-28.0 ms a step at
+        share 0.5 against 29.9-31.3 (benchmarks/RESULTS.md, seventeenth and nineteenth sessions)."""
         period = self.periods.__getitem__
         first = self.candidates[0]
         others = min(self.candidates[1 : self._alone], key=period)
         splits = self.candidates[self._alone :]
         if splits:
             split = min(splits, key=period)
-            if period(split) < (1 - self.margin) * period(others):
+            if period(split) <= (1 + self.margin) * period(others):
                 others = split
         return first if period(first) < (1 - self.margin) * period(others) else others
 
@@ -286,6 +307,21 @@ class RouteTrial:
             self.split = self.split and self._splittable(self.candidates)
             return True
 
+    def balance(self, cpu_images: int, cpu_span: tuple, gpu_images: int, gpu_span: tuple) -> None:
+        """One batch of a kept split decoded: ``cpu_images`` on the CPU, whose decoder worked on
+        them over ``cpu_span`` ((start, end) in perf_counter seconds), and ``gpu_images`` on the
+        GPU over ``gpu_span``. The ``ShareBalancer`` moves the split's CPU share toward where
+        both decoders are equally busy; later batches get the moved route (thread-safe; the
+        decoder calls it once a batch)."""
+        if not self.balancing or self.choice is None or not is_split(self.choice):
+            return
+        with self._lock:
+            if self.balancer is None:
+                self.balancer = ShareBalancer(self.choice)
+            moved = self.balancer.add(cpu_images, cpu_span, gpu_images, gpu_span)
+            if moved is not None:
+                self.choice = moved
+
     def requested(self) -> None:
         """The training loop asked for a batch now (its step's work is queued): on its thread."""
         if self.choice is not None or self.steps is None:
@@ -317,7 +353,100 @@ class RouteTrial:
                     + _gpu_seen(self.gpu.get(c))
                 )
                 parts.append(f"{self.periods[c] * 1e3:.1f} ms a batch {_describe_route(c)}{seen}")
+        if self.balancer is not None:
+            parts.append(self.balancer.describe())
         return ", ".join(parts)
+
+
+class ShareBalancer:
+    """Keeps a kept split's CPU share where the CPU and the GPU decoders are equally busy, from
+    the batches' own decodes.
+
+    A route trial's windows rank routes to within about 15% and time each split at one share; the
+    best share also moves with what runs beside the loader (beside a ResNet-18 step nvJPEG's
+    batch takes 2x its time alone, the CPU decoder's no longer). Each decoded batch gives the
+    span each decoder worked on it (its C++ call; the GPU part's call). Over the last
+    ``history`` batches, a decoder's rate is its images over the time at least one of its spans
+    ran (spans of batches decoding at once overlap and count once; time a decoder sat idle does
+    not count). The share that would keep both equally busy is the CPU's part of the two rates;
+    every ``every`` batches the share moves ``gain`` of the way there, within ``shares``, and
+    not for less than a hundredth. Each batch's own ratio of its two parts' times would not do:
+    with three batches at once the busier decoder's parts also wait behind other batches', and
+    in a simulation of that pipeline a share steered by it swung between 0.2 and 0.7."""
+
+    def __init__(
+        self,
+        route,
+        every: int = BALANCE_EVERY,
+        history: int = BALANCE_HISTORY,
+        gain: float = BALANCE_GAIN,
+        shares: tuple = BALANCE_SHARES,
+    ):
+        if every < 1 or history < every or not 0 < gain <= 1 or not 0 < shares[0] < shares[1] < 1:
+            raise ValueError("a share balancer needs every >= 1, history >= every, gain in (0, 1], shares in (0, 1)")
+        self.first = self.route = route
+        self.every, self.history, self.gain, self.shares = int(every), int(history), float(gain), shares
+        self.recent: list[tuple] = []  # (cpu images, cpu span, gpu images, gpu span) of recent batches
+        self.batches = 0
+        self.moves = 0
+
+    def add(self, cpu_images: int, cpu_span: tuple, gpu_images: int, gpu_span: tuple):
+        """One batch: each decoder's images and the (start, end) its work on them ran; the moved
+        route, or None where it stays."""
+        if min(cpu_images, gpu_images) <= 0 or cpu_span[1] <= cpu_span[0] or gpu_span[1] <= gpu_span[0]:
+            return None  # a side with nothing to decode tells nothing about its rate
+        self.recent = [*self.recent[1 - self.history :], (cpu_images, cpu_span, gpu_images, gpu_span)]
+        self.batches += 1
+        if self.batches % self.every or len(self.recent) < self.every:
+            return None
+        cpu_rate = sum(r[0] for r in self.recent) / _covered([r[1] for r in self.recent])
+        gpu_rate = sum(r[2] for r in self.recent) / _covered([r[3] for r in self.recent])
+        share = cpu_share_of(self.route)
+        low, high = self.shares
+        target = cpu_rate / (cpu_rate + gpu_rate)
+        moved = round(min(high, max(low, share + self.gain * (target - share))), 2)
+        if abs(moved - share) < 0.01:
+            return None
+        self.route = with_cpu_share(self.route, moved)
+        self.moves += 1
+        return self.route
+
+    def describe(self) -> str:
+        return (
+            f"balanced online from {route_name(self.first)} to {route_name(self.route)} "
+            f"({self.moves} moves over {self.batches} batches)"
+        )
+
+
+def _covered(spans: list[tuple]) -> float:
+    """The time at least one of ``spans`` ((start, end) each) ran."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def is_split(route) -> bool:
+    """Whether ``route`` decodes part of each batch on the CPU and the rest on the GPU."""
+    return 0.0 < cpu_share_of(route) < 1.0
+
+
+def with_cpu_share(route, share: float):
+    """``route`` with its CPU share ``share``: the same GPU decoders, and on a three-way split the
+    engines' and nvJPEG's parts of the rest in the same ratio as before."""
+    if isinstance(route, ThreeWayRoute):
+        rest = 1.0 - route.cpu_share
+        engines = route.engine_share * (1.0 - share) / rest if rest > 0 else 0.0
+        return ThreeWayRoute(share, round(min(1.0 - share, engines), 2))
+    return EngineRoute(share) if isinstance(route, EngineRoute) else float(share)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 _NAMES = {0.0: "with nvJPEG", 1.0: "with every JPEG on the CPU", EngineRoute(0.0): "on the JPEG engines"}
@@ -370,9 +499,7 @@ def _gpu_seen(reading: StepReading | None) -> str:
 
 
 def _median_two_gap(times: list[float]) -> float:
-    two_gaps = sorted((times[i + 2] - times[i]) / 2 for i in range(len(times) - 2))
-    middle = len(two_gaps) // 2
-    return two_gaps[middle] if len(two_gaps) % 2 else (two_gaps[middle - 1] + two_gaps[middle]) / 2
+    return _median([(times[i + 2] - times[i]) / 2 for i in range(len(times) - 2)])
 
 
 def log_choice(trial: RouteTrial) -> None:

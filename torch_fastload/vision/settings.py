@@ -14,6 +14,10 @@ __all__ = [
     "TRIAL_KEEP_UP",
     "TRIAL_MARGIN",
     "TRIAL_CAUGHT_UP",
+    "BALANCE_EVERY",
+    "BALANCE_HISTORY",
+    "BALANCE_GAIN",
+    "BALANCE_SHARES",
     "CORES_FOR_A_TRIAL",
     "CORES_LEFT_TO_THE_STEP",
     "CPU_THREADS_BESIDE_NVJPEG",
@@ -43,6 +47,11 @@ TRIAL_MARGIN = 0.05
 # host's, median over the window, below this). A step limited by its host thread (H200,
 # ResNet-18: 59.7 ms a batch on the CPU route, DALI's step 26.6) has the GPU waiting: ~1.
 TRIAL_CAUGHT_UP = 0.5
+# A split the trial kept is balanced online (route_trial.ShareBalancer): every BALANCE_EVERY
+# batches its CPU share moves BALANCE_GAIN of the way to the share that keeps both decoders
+# equally busy, from their rates over the last BALANCE_HISTORY batches, within BALANCE_SHARES.
+BALANCE_EVERY, BALANCE_HISTORY, BALANCE_GAIN = 4, 8, 0.5
+BALANCE_SHARES = (0.05, 0.95)
 # A process with fewer CPUs than this keeps nvJPEG without a trial: its CPU route cannot feed a GPU.
 CORES_FOR_A_TRIAL = 8
 # Cores the CPU decode threads leave when every JPEG may go to the CPU: the training thread and
