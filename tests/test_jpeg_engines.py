@@ -199,7 +199,7 @@ def test_the_engines_split_with_the_cpu_is_timed_and_kept_where_it_feeds_the_ste
     engines' split keeps up with the step (its decodes take no SMs). Negative control: the same
     timings without the engine candidate keep nvJPEG's split, a slower step. (``three_way=False``:
     the two-way splits as timed where the three-way split is not offered; tests/test_three_way.py)"""
-    trial = RouteTrial(warmup=8, settle=4, window=10, split=True, three_way=False)
+    trial = RouteTrial(warmup=8, settle=4, window=10, split=True, three_way=False, balance=False)
     assert trial.add_candidate(EngineRoute(0.0)) and not trial.add_candidate(EngineRoute(0.0))
     trial = _run(trial, _decode_ms, _step_ms)
     engines_split = EngineRoute(split_share(trial.periods[1.0], trial.periods[EngineRoute(0.0)]))
@@ -212,9 +212,15 @@ def test_the_engines_split_with_the_cpu_is_timed_and_kept_where_it_feeds_the_ste
     assert route_name(trial.choice) == f"cpu {engines_split.cpu_share:g} + engines"
     assert "beside the JPEG engines" in trial.describe() and "on the JPEG engines" in trial.describe()
 
-    old = _run(RouteTrial(warmup=8, settle=4, window=10, split=True), _decode_ms, _step_ms)
+    old = _run(RouteTrial(warmup=8, settle=4, window=10, split=True, balance=False), _decode_ms, _step_ms)
     assert list(old.periods) == [1.0, 0.0, nvjpeg_split, lighter] and old.choice == nvjpeg_split
     assert old.periods[nvjpeg_split] > 1.15 * trial.periods[engines_split]
+
+    balanced = RouteTrial(warmup=8, settle=4, window=10, split=True, three_way=False)
+    balanced.add_candidate(EngineRoute(0.0))
+    balanced = _run(balanced, _decode_ms, _step_ms)  # the engines, fastest alone, split with the CPU at once
+    assert list(balanced.periods) == [1.0, EngineRoute(0.0), 0.0]
+    assert balanced.choice == EngineRoute(split_share(balanced.periods[1.0], balanced.periods[EngineRoute(0.0)]))
 
 
 def test_a_candidate_comes_too_late_once_the_routes_alone_were_timed():

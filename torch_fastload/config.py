@@ -272,13 +272,11 @@ OPTIONS: dict[str, Option] = {
             "hw_decoder_load turned around; 1: all of them); 'auto': from the 9th batch ~15 time every JPEG "
             "on the C++ decoder, which keeps them if the training loop waited < 10% of its step at its GPU's "
             "pace; else ~15 "
-            "more time the GPU's hardware JPEG engines (where nvImageCodec's hardware decoder works; "
-            "decode_backend='auto') and ~15 nvJPEG, and the CPU must be 5% faster to stay, then ~15 more "
-            "time each GPU route and the CPU at once, each batch split in the ratio of their rates, then nvJPEG's "
-            "split at half that CPU share (the two slow each other at once) (where the "
-            "engines and nvJPEG both work: the CPU, the engines and nvJPEG at once, then the CPU and nvJPEG), "
-            "kept if fastest (nvJPEG alone below 8 CPUs per process); "
-            "'steal': both split each batch by work stealing. RESULTS.md",
+            "more time the GPU's hardware JPEG engines (with trial_engines) and ~15 nvJPEG, and the CPU must "
+            "be 5% faster to stay; otherwise each batch is split between the CPU and the faster GPU route in "
+            "the ratio of their rates (three ways where the engines and nvJPEG both work), its share then "
+            "balanced online so both decoders stay equally busy (balance_split; nvJPEG alone below 8 CPUs "
+            "per process); 'steal': both split each batch by work stealing. RESULTS.md",
         ),
         Option(
             "decode_backend",
@@ -293,6 +291,15 @@ OPTIONS: dict[str, Option] = {
             "CPU), 'auto' (torchvision while it offers nvJPEG, measured faster; else nvImageCodec where it "
             "imports and decodes; cpu_decode_share='auto' also times the hardware engines where they work). "
             "RESULTS.md",
+        ),
+        Option(
+            "balance_split",
+            True,
+            _bool,
+            "cpu_decode_share='auto': a split between the CPU and the GPU starts once the routes alone were "
+            "timed and its CPU share follows the decoders' own busy time from then on, each batch's images "
+            "where both decoders stay equally busy; False: splits are timed in windows of their own (the ratio "
+            "of the rates, then half that CPU share) and the fastest route kept as is. RESULTS.md",
         ),
         Option(
             "trial_engines",

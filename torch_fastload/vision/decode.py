@@ -167,6 +167,7 @@ class BatchDecoder:
                 on_choice=log_choice,
                 steps=GpuStepProbe(self.device),
                 split=True,
+                balance=config.resolve("balance_split", None),
             )
             if share == "auto" and native and cpus >= CORES_FOR_A_TRIAL
             else None

@@ -133,8 +133,12 @@ class RouteTrial:
     boundary or a slow step inside the window; a mean does not.
 
     A candidate is a route: a float, the CPU share with the rest on nvJPEG (1.0: every JPEG on
-    the CPU, 0.0: nvJPEG), or an ``EngineRoute`` (the rest on the JPEG engines). With ``split``,
-    once every route was timed alone, each GPU route is timed once more beside the CPU, each
+    the CPU, 0.0: nvJPEG), or an ``EngineRoute`` (the rest on the JPEG engines). With ``split``
+    and ``balance`` (the decoder's default), once every route was timed alone and the CPU route
+    did not beat the best GPU route by ``margin``, each batch is split between the CPU and that
+    GPU route in the ratio of their rates and the share balanced online from then on
+    (``_balanced_start``, ``ShareBalancer``). With ``split`` alone (``balance=False``), once every
+    route was timed alone, each GPU route is timed once more beside the CPU, each
     batch split in the ratio of their rates, nvJPEG's split then at half that CPU share
     (``lighter_share``). Where the JPEG engines and nvJPEG were both timed
     (and ``three_way``), the engines' split with the CPU gives way to a ``ThreeWayRoute``: the
@@ -235,6 +239,8 @@ class RouteTrial:
         at_gpu_pace = gpu is None or gpu.caught_up < self.caught_up
         if self._turn == 0 and self.waited[share] < self.keep_up and at_gpu_pace:
             self.choice = share  # the loop hardly waits at the GPU's pace: no other route can do better
+        elif self._turn == len(self.candidates) - 1 and self._split_next() and self.balancing:
+            self.choice = self._balanced_start()
         elif self._turn == len(self.candidates) - 1 and self._split_next():
             self._splits_added = True
             self._alone = len(self.candidates)
@@ -247,23 +253,42 @@ class RouteTrial:
         return self.choice is not None
 
     def _fastest(self):
-        """The route kept once every candidate was timed (lock held): the CPU route where it beats
-        the best of the others by ``margin``; the fastest split unless it timed slower than the
-        best GPU route alone by more than ``margin``. A 10-batch window is worth about +-15%, too
-        coarse to rank routes within 10%, and a kept split is balanced online afterwards
-        (``ShareBalancer``), so its window need not have found its best share. With three batches
-        decoding at once, splits beat nvJPEG alone wherever both were measured on H100s: the
-        loader alone 21.4-22.2k images/s against 18.6k, beside ResNet-18 27.0-28.0 ms a step at
-        share 0.5 against 29.9-31.3 (benchmarks/RESULTS.md, seventeenth and nineteenth sessions)."""
+        """The route kept once every candidate was timed, splits in windows of their own
+        (``balance=False``; lock held): the CPU route where it beats the best of the others by
+        ``margin``; a split only where it beats the best GPU route alone by ``margin`` too. A
+        split keeps more cores busy, and a 10-batch window is worth about +-15% (H100, the loader
+        alone: splits timed 2-4% faster than nvJPEG were kept and fed 14.5k and 18.5k images/s;
+        nvJPEG alone fed 16.7-21.0k in five processes)."""
         period = self.periods.__getitem__
         first = self.candidates[0]
         others = min(self.candidates[1 : self._alone], key=period)
         splits = self.candidates[self._alone :]
         if splits:
             split = min(splits, key=period)
-            if period(split) <= (1 + self.margin) * period(others):
+            if period(split) < (1 - self.margin) * period(others):
                 others = split
         return first if period(first) < (1 - self.margin) * period(others) else others
+
+    def _balanced_start(self):
+        """The route kept once every route was timed alone, where kept splits are balanced online
+        (lock held): the CPU route where it beats the best GPU route alone by ``margin``; else
+        each batch split between the CPU and the GPU in the ratio of their rates alone (three
+        ways where the engines and nvJPEG were both timed), its share then balanced by
+        ``ShareBalancer``. Splits are not timed in windows of their own: beside a ResNet-18 step
+        on an H100 the windows of splits and of nvJPEG alone ranked them either way (nvJPEG's
+        26.0 ms against 31.2 at share 0.41, then nvJPEG ran 32.2 ms a step), while every kept
+        split, balanced, ran 25.6-27.2 ms (benchmarks/RESULTS.md, twentieth session)."""
+        period = self.periods.__getitem__
+        cpu = self.candidates[0]
+        gpu = min(self.candidates[1:], key=period)
+        if period(cpu) < (1 - self.margin) * period(gpu):
+            return cpu
+        engines, nvjpeg = EngineRoute(0.0), 0.0
+        if self.three_way and engines in self.periods and nvjpeg in self.periods:
+            shares = three_way_shares(period(cpu), period(engines), period(nvjpeg))
+            return ThreeWayRoute(shares[0], shares[1])
+        share = split_share(period(cpu), period(gpu))
+        return EngineRoute(share) if on_engines(gpu) else share
 
     def _split_next(self) -> bool:
         """Whether the splits are timed next: every route was timed alone, so the CPU route alone
