@@ -307,8 +307,8 @@ OPTIONS: dict[str, Option] = {
             _bool,
             "cpu_decode_share='auto' with decode_backend='auto' also times the GPU's hardware JPEG engines "
             "(nvImageCodec) alone and in a three-way split; off by default: beside a training step (H200, "
-            "ResNet-18) the trial never kept them, and their window lengthens it from ~38 to ~55 batches (two windows, ~70 to ~100, with balance_split=False). "
-            "RESULTS.md",
+            "ResNet-18) the trial never kept them, and their window lengthens it from ~38 to ~55 batches "
+            "(two windows, ~70 to ~100, with balance_split=False). RESULTS.md",
         ),
         Option(
             "engine_decode_share",
