@@ -9,8 +9,8 @@ epoch boundaries included, validation excluded; the warm-up covers fastload's on
 trial (cpu_decode_share="auto" times the C++ CPU decoder, then the JPEG engines where they work
 and nvJPEG if the loop waited or its step was not at the GPU's pace, then each beside the CPU),
 so 4 epochs x 39 steps leave 56 steady steps after 100 untimed ones (the trial chooses after
-~23 batches where it keeps the CPU route and ~38 where it splits; a kept split's share is then
-balanced online, so the first untimed steps also cover the share settling).
+~23 batches where it keeps the CPU route, ~70 where it times splits, ~85 with the JPEG engines;
+with balance_split ~38, the split's share then settling within the untimed steps).
   synthetic          one batch kept on the GPU: the model's step with no input pipeline
   fastload           torch_fastload ImageFolder with its defaults
   fastload-share-S   (--share-too S[:THREADS[:PREFETCH]]) the same with cpu_decode_share=S (0:

@@ -692,7 +692,7 @@ def test_a_kept_split_is_balanced_on_the_gpu_and_every_image_stays_right(gpu_fol
     the share changing under the loader) matches the CPU decode within nvJPEG's tolerance."""
     train, _ = gpu_folder
     ds = ImageFolder(train, transform=None)
-    with torch_fastload.config.override(cpu_decode_share="auto"):
+    with torch_fastload.config.override(cpu_decode_share="auto", balance_split=True):
         loader = DataLoader(ds, batch_size=32, device="cuda")
         trial = ds.decoder(loader.device).trial
         assert trial is not None, "the route trial needs 8 cores"

@@ -216,7 +216,7 @@ def test_the_engines_split_with_the_cpu_is_timed_and_kept_where_it_feeds_the_ste
     assert list(old.periods) == [1.0, 0.0, nvjpeg_split, lighter] and old.choice == nvjpeg_split
     assert old.periods[nvjpeg_split] > 1.15 * trial.periods[engines_split]
 
-    balanced = RouteTrial(warmup=8, settle=4, window=10, split=True, three_way=False)
+    balanced = RouteTrial(warmup=8, settle=4, window=10, split=True, three_way=False, balance=True)
     balanced.add_candidate(EngineRoute(0.0))
     balanced = _run(balanced, _decode_ms, _step_ms)  # the engines, fastest alone, split with the CPU at once
     assert list(balanced.periods) == [1.0, EngineRoute(0.0), 0.0]

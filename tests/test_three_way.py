@@ -124,11 +124,9 @@ def test_the_trial_times_the_three_way_split_where_the_engines_work_and_keeps_it
     alone are the three-way one, then the CPU beside nvJPEG (the engines' split with the CPU
     is not timed: still five windows); the three-way split is kept at ~20.9 ms a batch. Where
     they are missing, the trial is as before: the CPU, nvJPEG, their split. Negative control:
-    the same timings without the three-way split keep a two-way split, over 10% slower. (Splits
-    timed in windows: ``balance=False``; with balance the three-way split starts at once.)"""
-    trial = _decoders_trial(monkeypatch, None)
-    trial.balancing = False
-    trial = _run(trial, _decode_ms, _step_ms)
+    the same timings without the three-way split keep a two-way split, over 10% slower. (With
+    ``balance_split`` the three-way split starts at once instead.)"""
+    trial = _run(_decoders_trial(monkeypatch, None), _decode_ms, _step_ms)
     three = ThreeWayRoute(*three_way_shares(*(trial.periods[r] for r in (1.0, EngineRoute(0.0), 0.0)))[:2])
     assert list(trial.periods) == [
         1.0,
@@ -142,13 +140,13 @@ def test_the_trial_times_the_three_way_split_where_the_engines_work_and_keeps_it
     assert trial.periods[three] == pytest.approx((STEP_MS + three.nvjpeg_share * NVJPEG_SLOWS_MS) / 1e3, rel=0.05)
     assert "split three ways (cpu " in trial.describe() and route_name(trial.choice).startswith("cpu 0.")
 
-    missing = _decoders_trial(monkeypatch, "nvidia.nvimgcodec is not installed")
-    missing.balancing = False
-    missing = _run(missing, _decode_ms, _step_ms)
+    missing = _run(_decoders_trial(monkeypatch, "nvidia.nvimgcodec is not installed"), _decode_ms, _step_ms)
     assert list(missing.periods)[:2] == [1.0, 0.0] and len(missing.periods) == 4  # + the lighter split
     assert not any(isinstance(r, (ThreeWayRoute, EngineRoute)) for r in missing.periods)
 
-    balanced = _run(_decoders_trial(monkeypatch, None), _decode_ms, _step_ms)
+    balanced = _decoders_trial(monkeypatch, None)
+    balanced.balancing = True
+    balanced = _run(balanced, _decode_ms, _step_ms)
     assert list(balanced.periods) == [1.0, EngineRoute(0.0), 0.0]
     assert balanced.choice == ThreeWayRoute(*three_way_shares(*(balanced.periods[r] for r in balanced.periods))[:2])
 
@@ -162,11 +160,11 @@ def test_the_trial_times_the_three_way_split_where_the_engines_work_and_keeps_it
 def test_engine_only_trials_keep_the_engines_split_with_the_cpu(monkeypatch):
     """decode_backend='hardware': no nvJPEG candidate, so no three-way split: the engines beside
     the CPU, as before: timed in a window of its own, or started at once and balanced online."""
-    trial = _decoders_trial(monkeypatch, None, "hardware")
-    trial.balancing = False
-    trial = _run(trial, _decode_ms, _step_ms)
+    trial = _run(_decoders_trial(monkeypatch, None, "hardware"), _decode_ms, _step_ms)
     assert len(trial.periods) == 3 and isinstance(list(trial.periods)[2], EngineRoute)
-    balanced = _run(_decoders_trial(monkeypatch, None, "hardware"), _decode_ms, _step_ms)
+    balanced = _decoders_trial(monkeypatch, None, "hardware")
+    balanced.balancing = True
+    balanced = _run(balanced, _decode_ms, _step_ms)
     assert list(balanced.periods) == [1.0, EngineRoute(0.0)]
     assert balanced.choice == EngineRoute(split_share(balanced.periods[1.0], balanced.periods[EngineRoute(0.0)]))
 

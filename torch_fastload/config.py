@@ -273,10 +273,12 @@ OPTIONS: dict[str, Option] = {
             "on the C++ decoder, which keeps them if the training loop waited < 10% of its step at its GPU's "
             "pace; else ~15 "
             "more time the GPU's hardware JPEG engines (with trial_engines) and ~15 nvJPEG, and the CPU must "
-            "be 5% faster to stay; otherwise each batch is split between the CPU and the faster GPU route in "
-            "the ratio of their rates (three ways where the engines and nvJPEG both work), its share then "
-            "balanced online so both decoders stay equally busy (balance_split; nvJPEG alone below 8 CPUs "
-            "per process); 'steal': both split each batch by work stealing. RESULTS.md",
+            "be 5% faster to stay, then ~15 more time each GPU route and the CPU at once, each batch split in "
+            "the ratio of their rates, then nvJPEG's split at half that CPU share (the two slow each other at "
+            "once) (where the engines and nvJPEG both work: the CPU, the engines and nvJPEG at once, then the "
+            "CPU and nvJPEG), kept if fastest (balance_split: a split started at once and balanced online "
+            "instead; nvJPEG alone below 8 CPUs per process); 'steal': both split each batch by work stealing. "
+            "RESULTS.md",
         ),
         Option(
             "decode_backend",
@@ -294,12 +296,15 @@ OPTIONS: dict[str, Option] = {
         ),
         Option(
             "balance_split",
-            True,
+            False,
             _bool,
-            "cpu_decode_share='auto': a split between the CPU and the GPU starts once the routes alone were "
-            "timed and its CPU share follows the decoders' own busy time from then on, each batch's images "
-            "where both decoders stay equally busy; False: splits are timed in windows of their own (the ratio "
-            "of the rates, then half that CPU share) and the fastest route kept as is. RESULTS.md",
+            "cpu_decode_share='auto': once the routes alone were timed, split each batch between the CPU and the "
+            "GPU at once (no split windows) and move its CPU share online to where both decoders stay equally "
+            "busy. Off by default: on an H100 the loader alone fed 12-15% less that way (14.7-15.3k images/s at "
+            "share ~0.31 against 16.6-18.1k at the windowed trial's 0.16: the two decoders slow each other, "
+            "so equal busy time overloads the CPU); beside a ResNet-18 step it kept shares 0.35-0.59 and fed "
+            "25.6-31.7 ms a step, where the windows sometimes keep nvJPEG alone (32.2 ms on one instance). "
+            "RESULTS.md",
         ),
         Option(
             "trial_engines",
@@ -307,8 +312,8 @@ OPTIONS: dict[str, Option] = {
             _bool,
             "cpu_decode_share='auto' with decode_backend='auto' also times the GPU's hardware JPEG engines "
             "(nvImageCodec) alone and in a three-way split; off by default: beside a training step (H200, "
-            "ResNet-18) the trial never kept them, and their window lengthens it from ~38 to ~55 batches "
-            "(two windows, ~70 to ~100, with balance_split=False). RESULTS.md",
+            "ResNet-18) the trial never kept them, and their two windows lengthen it from ~70 to ~100 batches "
+            "(one, ~38 to ~55, with balance_split). RESULTS.md",
         ),
         Option(
             "engine_decode_share",

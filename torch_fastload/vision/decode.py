@@ -120,12 +120,13 @@ class BatchDecoder:
     could take between nvJPEG and the CPU. ``"auto"``: the first batches go to the C++ decoder
     (libjpeg-turbo, GIL released), and it keeps them all if the training loop hardly waited and
     its step ran at the GPU's pace;
-    otherwise nvJPEG is timed too, and unless the CPU was faster each batch is split between
-    the two, the share balanced online from each decoder's busy time (``route_trial.py``;
-    ``self.trial`` holds the measurements and the current route). ``"steal"``: work stealing,
-    nvJPEG claiming chunks from the front of the batch while the C++ decoder's threads take
-    images from the back, so each gets the share its speed earns (a training step that saturates
-    the GPU slows nvJPEG ~9x); which decoder gets an image then varies from run to run. A number
+    otherwise nvJPEG is timed too, then splits of the two, and the fastest route kept (with
+    ``balance_split``: a split started at once, its share balanced online from each decoder's
+    busy time; ``route_trial.py``; ``self.trial`` holds the measurements and the current route).
+    ``"steal"``: work stealing, nvJPEG claiming chunks from the front of the batch while the C++
+    decoder's threads take images from the back, so each gets the share its speed earns (a
+    training step that saturates the GPU slows nvJPEG ~9x); which decoder gets an image then
+    varies from run to run. A number
     sends that fixed share, the batch's last images, to the CPU. Every CPU-decoded image of a
     batch is written into one pinned buffer and reaches the GPU in one copy."""
 

@@ -134,10 +134,10 @@ class RouteTrial:
 
     A candidate is a route: a float, the CPU share with the rest on nvJPEG (1.0: every JPEG on
     the CPU, 0.0: nvJPEG), or an ``EngineRoute`` (the rest on the JPEG engines). With ``split``
-    and ``balance`` (the decoder's default), once every route was timed alone and the CPU route
+    and ``balance`` (the option ``balance_split``), once every route was timed alone and the CPU route
     did not beat the best GPU route by ``margin``, each batch is split between the CPU and that
     GPU route in the ratio of their rates and the share balanced online from then on
-    (``_balanced_start``, ``ShareBalancer``). With ``split`` alone (``balance=False``), once every
+    (``_balanced_start``, ``ShareBalancer``). With ``split`` alone (the default), once every
     route was timed alone, each GPU route is timed once more beside the CPU, each
     batch split in the ratio of their rates, nvJPEG's split then at half that CPU share
     (``lighter_share``). Where the JPEG engines and nvJPEG were both timed
@@ -161,7 +161,7 @@ class RouteTrial:
         caught_up: float = TRIAL_CAUGHT_UP,
         split: bool = False,
         three_way: bool = True,
-        balance: bool = True,
+        balance: bool = False,
     ):
         if len(candidates) < 2 or warmup < 0 or settle < 0 or window < 3:
             raise ValueError("a route trial needs two candidates, warmup >= 0, settle >= 0 and window >= 3")
@@ -277,7 +277,8 @@ class RouteTrial:
         ``ShareBalancer``. Splits are not timed in windows of their own: beside a ResNet-18 step
         on an H100 the windows of splits and of nvJPEG alone ranked them either way (nvJPEG's
         26.0 ms against 31.2 at share 0.41, then nvJPEG ran 32.2 ms a step), while every kept
-        split, balanced, ran 25.6-27.2 ms (benchmarks/RESULTS.md, twentieth session)."""
+        split, balanced, ran 25.6-27.2 ms. The loader alone fed 12-15% less this way than with
+        the windows' lighter split (benchmarks/RESULTS.md, twentieth session), so it is opt-in."""
         period = self.periods.__getitem__
         cpu = self.candidates[0]
         gpu = min(self.candidates[1:], key=period)
@@ -397,7 +398,11 @@ class ShareBalancer:
     every ``every`` batches the share moves ``gain`` of the way there, within ``shares``, and
     not for less than a hundredth. Each batch's own ratio of its two parts' times would not do:
     with three batches at once the busier decoder's parts also wait behind other batches', and
-    in a simulation of that pipeline a share steered by it swung between 0.2 and 0.7."""
+    in a simulation of that pipeline a share steered by it swung between 0.2 and 0.7.
+
+    Equal busy time is the loader's best rate only where the decoders do not slow each other.
+    With the loader alone on an H100 they do (nvJPEG's call is host-bound, and the CPU's decode
+    threads share its cores): the balance sat at ~0.31 and fed 12-15% less than a share of 0.16."""
 
     def __init__(
         self,
