@@ -4,13 +4,7 @@
 # (~7 min with the build). From the repo root:
 #   bash benchmarks/gpu/balance_beside.sh        (JSON and logs under $OUT)
 set -uo pipefail
-OUT=${OUT:-$PWD/out/balance_beside}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-source benchmarks/gpu/kvikio-env.sh
-S=$SECONDS
-nvidia-smi -L
-timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-echo "built in $((SECONDS - S)) s"
+ONE_CALL=balance_beside; source benchmarks/gpu/one-call.sh
 timeout 120 python3 -m pytest -q -s -m cuda tests/test_images.py -k "balanced" > "$OUT/tests-cuda.log" 2>&1
 echo "== CUDA test rc $?"; grep -E "balanced online|passed|failed|Error" "$OUT/tests-cuda.log" | cut -c1-400
 run() {  # name share

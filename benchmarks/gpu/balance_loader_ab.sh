@@ -4,12 +4,7 @@
 # kept), alternated three times on one instance, 10,000 JPEGs, 3 stage threads (~4 min):
 #   bash benchmarks/gpu/balance_loader_ab.sh        (JSON and logs under $OUT)
 set -uo pipefail
-OUT=${OUT:-$PWD/out/balance_loader_ab}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-source benchmarks/gpu/kvikio-env.sh
-S=$SECONDS
-timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-echo "built in $((SECONDS - S)) s"
+ONE_CALL=balance_loader_ab; source benchmarks/gpu/one-call.sh
 for turn in 1 2 3; do
   for balance in 1 0; do
     TORCH_FASTLOAD_BALANCE_SPLIT=$balance timeout 60 python3 benchmarks/gpu/split_probe.py "$OUT/loader-$turn-$balance.json" \

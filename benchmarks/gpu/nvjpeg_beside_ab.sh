@@ -4,13 +4,7 @@
 # (~4 min with the build). From the repo root (kvikio's wheels in .whl/ optional):
 #   bash benchmarks/gpu/nvjpeg_beside_ab.sh        (JSON and logs under $OUT)
 set -uo pipefail
-OUT=${OUT:-$PWD/out/nvjpeg_beside_ab}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-source benchmarks/gpu/kvikio-env.sh
-S=$SECONDS
-nvidia-smi -L
-timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-echo "built in $((SECONDS - S)) s"
+ONE_CALL=nvjpeg_beside_ab; source benchmarks/gpu/one-call.sh
 run() {  # name share backend priority
   timeout 120 python3 benchmarks/gpu/beside_probe.py "$OUT/beside-$1.json" --share "$2" --backend "$3" \
     --nvjpeg-priority "$4" > "$OUT/beside-$1.log" 2>&1

@@ -5,13 +5,7 @@
 # phases beside a ResNet-18 step at share 0 with each. ~4 min with the build. From the repo root
 # (kvikio's wheels in .whl/ optional):  bash benchmarks/gpu/nvjpeg_loader_ab.sh   (JSON under $OUT)
 set -uo pipefail
-OUT=${OUT:-$PWD/out/nvjpeg_loader_ab}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-source benchmarks/gpu/kvikio-env.sh
-S=$SECONDS
-nvidia-smi -L
-timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-echo "built in $((SECONDS - S)) s"
+ONE_CALL=nvjpeg_loader_ab; source benchmarks/gpu/one-call.sh
 timeout 120 python3 -m pytest -q tests/test_images.py tests/test_gpu_backend.py -m cuda -k "nvjpeg or direct" > "$OUT/tests.log" 2>&1
 echo "tests rc $? at $((SECONDS - S)) s"; tail -1 "$OUT/tests.log"
 timeout 150 python3 benchmarks/gpu/split_probe.py "$OUT/loader-ab.json" --skip-raw --shares 0,0.25,0 --stage-threads 3 \
