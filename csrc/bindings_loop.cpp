@@ -31,7 +31,8 @@ std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<s
                                            bool o_direct, bool nontemporal, tfl::DeviceStager* ring,
                                            uint64_t gather_function, int piece_bytes, int blocks,
                                            bool unsafe_slot_reuse, int debug_jitter_us, bool memory_rows_kernel,
-                                           bool unsafe_skip_allocation_wait) {
+                                           bool unsafe_skip_allocation_wait, bool debug_lose_wakeups,
+                                           int debug_idle_pause_us, bool debug_old_idle_wait) {
   tfl::LoopConfig cfg;
   for (const py::handle item : fields) cfg.fields.push_back(field_of(py::reinterpret_borrow<py::tuple>(item)));
   cfg.paths = std::move(paths);
@@ -42,6 +43,8 @@ std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<s
   cfg.unsafe_slot_reuse = unsafe_slot_reuse;
   cfg.unsafe_skip_allocation_wait = unsafe_skip_allocation_wait;
   cfg.debug_jitter_us = debug_jitter_us;
+  cfg.debug_lose_wakeups = debug_lose_wakeups, cfg.debug_idle_pause_us = debug_idle_pause_us;
+  cfg.debug_old_idle_wait = debug_old_idle_wait;
   cfg.memory_rows_kernel = memory_rows_kernel && gather_function != 0;
   return std::make_unique<tfl::NativeLoop>(std::move(cfg));
 }
@@ -90,7 +93,8 @@ void bind_native_loop(py::module_& m) {
            py::arg("io_threads"), py::arg("task_size"), py::arg("o_direct"), py::arg("nontemporal"),
            py::arg("ring").none(true), py::arg("gather_function"), py::arg("piece_bytes"), py::arg("blocks"),
            py::arg("unsafe_slot_reuse") = false, py::arg("debug_jitter_us") = 0, py::arg("memory_rows_kernel") = false,
-           py::arg("unsafe_skip_allocation_wait") = false, py::keep_alive<1, 15>())
+           py::arg("unsafe_skip_allocation_wait") = false, py::arg("debug_lose_wakeups") = false,
+           py::arg("debug_idle_pause_us") = 0, py::arg("debug_old_idle_wait") = false, py::keep_alive<1, 15>())
       .def(
           "submit",
           [](tfl::NativeLoop& loop, int64_t position, const I64Array& indices, uint64_t out, int64_t out_bytes,

@@ -16,6 +16,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// How long an idle worker sleeps before it looks at the queue again, notified or not.
+constexpr auto kIdleRecheck = std::chrono::milliseconds(20);
+
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
@@ -184,7 +187,7 @@ void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes, uintp
     for (size_t o = 0; o < job.at.size(); ++o) job.at[o] = job.layout[1 + 2 * o];
     job.out = out, job.out_bytes = out_bytes;
     job.allocated = lease.release();
-    if (!enqueue(job, home)) return;
+    if (!enqueue(job, home) || cfg_.debug_lose_wakeups) return;
   }
   work_cv_.notify_one();
 }
@@ -217,7 +220,7 @@ void NativeLoop::start_fields(int64_t position, const std::vector<int64_t>& outs
     for (size_t o = 0; o < fields; ++o) job.at[o] = job.layout[2 + 2 * o] > 0 ? outs[o] - low : 0;
     job.out = static_cast<uintptr_t>(low), job.out_bytes = high - low;
     job.allocated = lease.release();
-    if (!enqueue(job, home)) return;
+    if (!enqueue(job, home) || cfg_.debug_lose_wakeups) return;
   }
   work_cv_.notify_one();
 }
@@ -250,7 +253,18 @@ void NativeLoop::worker_loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       ++idle_workers_;
-      work_cv_.wait(lock, [this] { return stopping_.load() || !queue_.empty(); });
+      // Re-checked every kIdleRecheck, notified or not: no wakeup that goes missing can leave
+      // a started batch queued, or stop() joining, while every worker sleeps.
+      bool first_look = true;
+      while (!stopping_.load() && queue_.empty()) {
+        if (first_look && cfg_.debug_idle_pause_us > 0)  // tests: between the look and the wait
+          std::this_thread::sleep_for(std::chrono::microseconds(cfg_.debug_idle_pause_us));
+        first_look = false;
+        if (cfg_.debug_old_idle_wait)
+          work_cv_.wait(lock);
+        else
+          work_cv_.wait_for(lock, kIdleRecheck);
+      }
       --idle_workers_;
       if (stopping_.load()) return;
       job = &jobs_.at(queue_.front());  // std::map: the reference stays valid while other jobs come and go
@@ -696,7 +710,14 @@ bool NativeLoop::stop(double timeout_s, bool wait_for_copies) {
     return false;
   }
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-  stopping_.store(true);
+  {
+    // Under mu_: a worker that has just found nothing to do and not yet begun its wait would
+    // otherwise miss both the flag and the notify, and sleep through the join below (it did:
+    // back-to-back short epochs hung here within minutes, and a CI run once).
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    if (!cfg_.debug_old_idle_wait) lock.lock();
+    stopping_.store(true);
+  }
   work_cv_.notify_all();
   slot_cv_.notify_all();
   for (std::thread& t : workers_) {

@@ -70,6 +70,10 @@ struct LoopConfig {
   bool unsafe_slot_reuse = false;  // tests only: skip the wait for a slot's last copy (a negative control)
   bool unsafe_skip_allocation_wait = false;  // tests only: copy before the output's stream is done with its memory
   int debug_jitter_us = 0;         // tests only: each batch first sleeps a random 0..jitter us
+  bool debug_lose_wakeups = false;  // tests only: start() never notifies an idle worker
+  int debug_idle_pause_us = 0;      // tests only: a worker finding no job pauses (holding mu_) before it waits
+  bool debug_old_idle_wait = false;  // tests only, the control: idle workers wake on a notify alone and
+                                     // stop() raises its flag without mu_ (the loop before the fix)
 };
 
 // Per-batch and cumulative measurements (seconds, bytes).

@@ -4,7 +4,11 @@ Python running on any thread but the caller's while batches flow."""
 
 import gc
 import os
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -285,6 +289,69 @@ def test_every_sample_exactly_once_in_order_when_batches_finish_out_of_order(pre
         if i == 5:
             break
     assert sorted(torch.cat([b[0] for b in loader]).tolist()) == list(range(600))
+
+
+@pytest.mark.parametrize("old_wait", [False, True])
+def test_a_batch_whose_wakeup_is_lost_is_still_staged(old_wait, monkeypatch):
+    """No started batch notifies an idle worker; the workers' look at the queue every 20 ms
+    still finds it, and a whole loader runs its epochs so. Control: with the old wait (a notify
+    alone wakes a worker) a batch started while both workers sleep is never staged."""
+    from torch_fastload import _C
+    from torch_fastload import native as native_module
+
+    values = torch.arange(10, dtype=torch.int64)
+    fields = [(0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False)]
+    loop = _C.NativeLoop(
+        fields, [], False, 0, 0, 0, 0, 2, 1, 1, 1 << 20, False, False, None, 0, 1 << 16, 1,
+        debug_lose_wakeups=True, debug_old_idle_wait=old_wait,
+    )  # fmt: skip
+    time.sleep(0.2)  # both workers asleep
+    out = torch.zeros(3, dtype=torch.int64)
+    loop.submit(0, [4, 5, 6], out.data_ptr(), 24)
+    staged = loop.take(0, 0, 2.0)
+    assert loop.stop(5.0, False)
+    if old_wait:
+        assert not staged and out.tolist() == [0, 0, 0]
+        return
+    assert staged and out.tolist() == [4, 5, 6]
+    monkeypatch.setattr(native_module, "DEBUG_LOSE_WAKEUPS", True)
+    loader = DataLoader(TensorDataset(torch.arange(60)), batch_size=7, device="cpu", timeout=10)
+    for _ in range(2):
+        batches = [b[0] for b in loader]
+        assert len(batches) == 9 and torch.equal(torch.cat(batches), torch.arange(60))
+
+
+_STOP_IN_THE_WINDOW = """
+import sys, time, torch
+from torch_fastload import _C
+values = torch.arange(10, dtype=torch.int64)
+fields = [(0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False)]
+# two workers; the first to look finds no job and pauses 1 s holding the loop's mutex before it
+# waits: stop() comes in that window
+loop = _C.NativeLoop(fields, [], False, 0, 0, 0, 0, 2, 1, 1, 1 << 20, False, False, None, 0, 1 << 16, 1,
+                     debug_idle_pause_us=1_000_000, debug_old_idle_wait=sys.argv[1] == "old")
+time.sleep(0.2)
+began = time.monotonic()
+assert loop.stop(5.0, False)
+print(f"stopped in {time.monotonic() - began:.2f} s")
+"""
+
+
+@pytest.mark.parametrize("old_wait", [False, True])
+def test_stop_reaches_a_worker_between_its_look_and_its_wait(old_wait):
+    """stop() while a worker has found no job and not yet begun to wait: the flag is raised under
+    the loop's mutex, so the worker sees it (or its notify) and the join returns. Control: the
+    old stop() (flag raised without the mutex, a notify alone wakes a worker) joins for ever."""
+    command = [sys.executable, "-c", _STOP_IN_THE_WINDOW, "old" if old_wait else "new"]
+    package = str(Path(__file__).parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package, os.environ.get("PYTHONPATH", "")]))
+    if old_wait:
+        with pytest.raises(subprocess.TimeoutExpired):
+            subprocess.run(command, capture_output=True, text=True, timeout=8, env=env)
+        return
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[2]) < 4.0  # the pauses of both workers at most
 
 
 def test_each_field_of_a_batch_is_its_own_tensor():
