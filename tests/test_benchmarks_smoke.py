@@ -397,3 +397,21 @@ def test_parquet_timeline_and_its_plot(tmp_path):
     res = subprocess.run(plot, cwd=str(REPO), capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-4000:]
     assert all(p.with_suffix(".png").stat().st_size > 1000 for p in timelines)
+
+
+def test_epoch_stress_runs_every_path_and_checks_its_epochs(tmp_path):
+    """benchmarks/epoch_stress.py: each path's short epochs (whole ones checked for every
+    sample once) and early breaks, one line per path; an unknown path is refused."""
+    script = str(REPO / "benchmarks" / "epoch_stress.py")
+    res = subprocess.run(
+        [sys.executable, script, "--seconds", "1", "--stall", "240"],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, f"stdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
+    done = [line.split(":")[0] for line in res.stdout.splitlines() if "epochs in" in line and "no hang" in line]
+    assert done == ["tensors", "python", "arrays", "parquet", "workers", "images"]
+    refused = subprocess.run([sys.executable, script, "bogus"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "unknown path" in refused.stderr
