@@ -65,10 +65,8 @@ UNSAFE_SKIP_HANDOVER = False
 #: Tests only: each batch first sleeps a random 0..N microseconds (batches finish out of order).
 DEBUG_JITTER_US = 0
 #: Tests only: no started batch notifies an idle worker (each is found by the workers' periodic
-#: look at the queue), and the control: the loop's idle wait before that fix (a notify alone wakes
-#: a worker, and stop() raises its flag without the loop's mutex).
+#: look at the queue; the control of that look runs on a loop of its own, tests/test_native.py).
 DEBUG_LOSE_WAKEUPS = False
-DEBUG_OLD_IDLE_WAIT = False
 #: In-memory rows at least this long are copied by the copy engines out of the dataset's own
 #: (registered) pages; shorter ones are gathered by the CPU into a pinned slot, where one DMA per
 #: row would cost more than it saves.
@@ -222,8 +220,6 @@ class NativePipeline:
             rows_kernel and gather != 0,
             UNSAFE_SKIP_ALLOCATION_WAIT,
             DEBUG_LOSE_WAKEUPS,
-            0,
-            DEBUG_OLD_IDLE_WAIT,
         )
         mapped = self._map_files(resources) and mapped_kernel
         self._copy_route = self._choose_copy_route(rows_kernel and gather != 0, mapped and gather != 0)
