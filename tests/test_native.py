@@ -200,11 +200,13 @@ def test_no_python_runs_off_the_calling_thread_in_the_steady_state(arrays):
     assert any(name.startswith(("fastload-fetch", "fastload-stage")) for name in python_threads("off"))
 
 
-def host_loop(fields):
-    """A NativeLoop on the host (no CUDA, no files, no slots), one worker, over in-memory ``fields``."""
+def host_loop(fields, workers: int = 1, **debug):
+    """A NativeLoop on the host (no CUDA, no files, no slots) over in-memory ``fields``; ``debug``:
+    its test-only arguments."""
     from torch_fastload import _C
 
-    return _C.NativeLoop(fields, [], False, 0, 0, 0, 0, 1, 1, 1, 1 << 20, False, False, None, 0, 1 << 16, 1)
+    no_files = ([], False, 0, 0, 0, 0)  # paths, cuda, stream, slots, slot bytes, slot count
+    return _C.NativeLoop(fields, *no_files, workers, 1, 1, 1 << 20, False, False, None, 0, 1 << 16, 1, **debug)
 
 
 def test_loop_rejects_a_buffer_too_small_and_unknown_batches():
@@ -296,15 +298,11 @@ def test_a_batch_whose_wakeup_is_lost_is_still_staged(old_wait, monkeypatch):
     """No started batch notifies an idle worker; the workers' look at the queue every 20 ms
     still finds it, and a whole loader runs its epochs so. Control: with the old wait (a notify
     alone wakes a worker) a batch started while both workers sleep is never staged."""
-    from torch_fastload import _C
     from torch_fastload import native as native_module
 
     values = torch.arange(10, dtype=torch.int64)
     fields = [(0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False)]
-    loop = _C.NativeLoop(
-        fields, [], False, 0, 0, 0, 0, 2, 1, 1, 1 << 20, False, False, None, 0, 1 << 16, 1,
-        debug_lose_wakeups=True, debug_old_idle_wait=old_wait,
-    )  # fmt: skip
+    loop = host_loop(fields, workers=2, debug_lose_wakeups=True, debug_old_idle_wait=old_wait)
     time.sleep(0.2)  # both workers asleep
     out = torch.zeros(3, dtype=torch.int64)
     loop.submit(0, [4, 5, 6], out.data_ptr(), 24)
