@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Back-to-back short epochs on each loader path, for hangs at start and shutdown: CPU only,
-any machine. Every third epoch breaks early (the iterator is dropped mid-epoch); every whole
+"""Back-to-back short epochs on each loader path, for hangs at start and shutdown: on the CPU
+(any machine) or, with ``--device cuda``, through the GPU paths (copies, events, the hand-over
+to the training stream, and a stop that waits for the copies). Every third epoch breaks early (the iterator is dropped mid-epoch); every whole
 epoch must deliver each sample once. A path that makes no progress for --stall seconds dumps
 every thread's stack (faulthandler) and the script exits 1; a wrong epoch exits 1 too.
 
@@ -10,6 +11,7 @@ epochs of `tensors` on a 2-core machine; after the fix 592,418 epochs ran in 20 
 
     python benchmarks/epoch_stress.py                          # every path, 60 s each
     python benchmarks/epoch_stress.py --seconds 1200 tensors   # one path, longer
+    python benchmarks/epoch_stress.py --device cuda            # the GPU paths (GPU machine)
 """
 
 import argparse
@@ -39,18 +41,18 @@ class _PerSample(Dataset):
         return torch.full((4,), i), i
 
 
-def _loader_factory(path: str, tmp: str):
+def _loader_factory(path: str, tmp: str, device: str = "cpu"):
     """(a function making a fresh loader, a function giving a batch's sample ids or None)."""
     if path in ("tensors", "python"):
         data = TensorDataset(torch.randn(64, 4, 6), torch.arange(64))
-        return lambda: DataLoader(data, batch_size=2, shuffle=True, device="cpu"), lambda b: b[1]
+        return lambda: DataLoader(data, batch_size=2, shuffle=True, device=device), lambda b: b[1]
     if path == "arrays":
         file = os.path.join(tmp, "rows.npy")
         np.save(file, np.arange(64 * 8, dtype=np.float32).reshape(64, 8))
         data = ArrayDataset(file)
-        return lambda: DataLoader(data, batch_size=4, shuffle=True, device="cpu"), lambda b: (b[:, 0] // 8).long()
+        return lambda: DataLoader(data, batch_size=4, shuffle=True, device=device), lambda b: (b[:, 0] // 8).long()
     if path == "workers":
-        return lambda: DataLoader(_PerSample(), batch_size=4, shuffle=True, num_workers=2, device="cpu"), lambda b: b[1]
+        return lambda: DataLoader(_PerSample(), batch_size=4, shuffle=True, num_workers=2, device=device), lambda b: b[1]
     if path == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -60,7 +62,7 @@ def _loader_factory(path: str, tmp: str):
         file = os.path.join(tmp, "rows.parquet")
         pq.write_table(pa.table({"x": np.arange(256), "s": [str(i) for i in range(256)]}), file, row_group_size=32)
         data = ParquetDataset(file, threads=2)
-        return lambda: DataLoader(data, batch_size=16, shuffle=True, device="cpu"), lambda b: b["x"]
+        return lambda: DataLoader(data, batch_size=16, shuffle=True, device=device), lambda b: b["x"]
     if path == "images":
         from torch_fastload.sources import ImageFolder
         from torch_fastload.vision import TrainTransform
@@ -68,14 +70,14 @@ def _loader_factory(path: str, tmp: str):
 
         train, _ = make_image_folder(tmp, classes=3, train_per_class=8, val_per_class=1, progress=False)
         data = ImageFolder(train, TrainTransform(), seed=7)
-        return lambda: DataLoader(data, batch_size=4, shuffle=True, device="cpu"), None
+        return lambda: DataLoader(data, batch_size=4, shuffle=True, device=device), None
     raise ValueError(f"unknown path {path!r}; one of {PATHS}")
 
 
-def stress(path: str, seconds: float, stall: float) -> int:
+def stress(path: str, seconds: float, stall: float, device: str = "cpu") -> int:
     """Epochs of ``path`` for ``seconds``; returns the number run (raises on a wrong epoch)."""
     with tempfile.TemporaryDirectory() as tmp:
-        make, ids = _loader_factory(path, tmp)
+        make, ids = _loader_factory(path, tmp, device)
         started = time.monotonic()
         epochs = 0
         faulthandler.dump_traceback_later(stall, exit=True)
@@ -96,7 +98,7 @@ def stress(path: str, seconds: float, stall: float) -> int:
                 faulthandler.cancel_dump_traceback_later()
                 faulthandler.dump_traceback_later(stall, exit=True)
         faulthandler.cancel_dump_traceback_later()
-        print(f"{path}: {epochs} epochs in {time.monotonic() - started:.0f} s, no hang ({loader.stats().path})")
+        print(f"{path} ({device}): {epochs} epochs in {time.monotonic() - started:.0f} s, no hang ({loader.stats().path})")
         return epochs
 
 
@@ -105,12 +107,13 @@ def main(argv=None) -> int:
     parser.add_argument("paths", nargs="*", metavar="PATH", help=f"any of {', '.join(PATHS)} (default: all)")
     parser.add_argument("--seconds", type=float, default=60.0, help="per path (default 60)")
     parser.add_argument("--stall", type=float, default=60.0, help="seconds without an epoch that count as a hang")
+    parser.add_argument("--device", default="cpu", help="where batches go: cpu (default) or cuda (the GPU paths)")
     args = parser.parse_args(argv)
     unknown = [path for path in args.paths if path not in PATHS]
     if unknown:
         parser.error(f"unknown path(s) {unknown}; choose from {', '.join(PATHS)}")
     for path in args.paths or PATHS:
-        stress(path, args.seconds, args.stall)
+        stress(path, args.seconds, args.stall, args.device)
     return 0
 
 
