@@ -29,6 +29,7 @@ from .settings import (
     BALANCE_GAIN,
     BALANCE_HISTORY,
     BALANCE_SHARES,
+    TRIAL_BUSY_GPU,
     TRIAL_CAUGHT_UP,
     TRIAL_KEEP_UP,
     TRIAL_MARGIN,
@@ -255,19 +256,31 @@ class RouteTrial:
     def _fastest(self):
         """The route kept once every candidate was timed, splits in windows of their own
         (``balance=False``; lock held): the CPU route where it beats the best of the others by
-        ``margin``; a split only where it beats the best GPU route alone by ``margin`` too. A
-        split keeps more cores busy, and a 10-batch window is worth about +-15% (H100, the loader
-        alone: splits timed 2-4% faster than nvJPEG were kept and fed 14.5k and 18.5k images/s;
-        nvJPEG alone fed 16.7-21.0k in five processes)."""
+        ``margin``. Between the best GPU route alone and the best split, a 10-batch window is
+        worth about +-15%, so a tie within ``margin`` goes to the side that the GPU's load
+        favours (``_gpu_busy``): beside a step that keeps the GPU busy, the split (H100
+        ResNet-18: kept nvJPEG alone fed 27.5-32.2 ms a step, kept splits 25.6-27.6); on an idle
+        GPU, the GPU route alone (H100, the loader alone: splits timed 2-4% faster than nvJPEG
+        were kept and fed 14.5k and 18.5k images/s; nvJPEG alone fed 16.7-21.0k in five
+        processes). Without the probe's readings the GPU counts as idle."""
         period = self.periods.__getitem__
         first = self.candidates[0]
         others = min(self.candidates[1 : self._alone], key=period)
         splits = self.candidates[self._alone :]
         if splits:
             split = min(splits, key=period)
-            if period(split) < (1 - self.margin) * period(others):
+            if self._gpu_busy(others):
+                if not period(others) < (1 - self.margin) * period(split):
+                    others = split
+            elif period(split) < (1 - self.margin) * period(others):
                 others = split
         return first if period(first) < (1 - self.margin) * period(others) else others
+
+    def _gpu_busy(self, route) -> bool:
+        """Whether the step kept the GPU busy for ``TRIAL_BUSY_GPU`` of ``route``'s batch period
+        in its window (the probe's median GPU step; lock held)."""
+        reading = self.gpu.get(route)
+        return reading is not None and reading.gpu_step >= TRIAL_BUSY_GPU * self.periods[route]
 
     def _balanced_start(self):
         """The route kept once every route was timed alone, where kept splits are balanced online

@@ -14,6 +14,7 @@ __all__ = [
     "TRIAL_KEEP_UP",
     "TRIAL_MARGIN",
     "TRIAL_CAUGHT_UP",
+    "TRIAL_BUSY_GPU",
     "BALANCE_EVERY",
     "BALANCE_HISTORY",
     "BALANCE_GAIN",
@@ -47,6 +48,14 @@ TRIAL_MARGIN = 0.05
 # host's, median over the window, below this). A step limited by its host thread (H200,
 # ResNet-18: 59.7 ms a batch on the CPU route, DALI's step 26.6) has the GPU waiting: ~1.
 TRIAL_CAUGHT_UP = 0.5
+# Which side of a tie the windowed trial takes between nvJPEG alone and a split (the CPU beside
+# it): where the step kept the GPU busy for at least this share of nvJPEG's batch period (the
+# probe's median GPU step over that window), the split is kept unless nvJPEG alone beat it by
+# TRIAL_MARGIN: beside a busy GPU every image the CPU takes is nvJPEG work off the step's SMs,
+# and the windows (+-15%) do not see it (H100 ResNet-18: kept nvJPEG alone fed 27.5-32.2 ms a
+# step, kept splits 25.6-27.6). On an idle GPU (the loader alone) nvJPEG alone is kept unless
+# a split beat it by the margin, as before.
+TRIAL_BUSY_GPU = 0.5
 # A split the trial kept is balanced online (route_trial.ShareBalancer): every BALANCE_EVERY
 # batches its CPU share moves BALANCE_GAIN of the way to the share that keeps both decoders
 # equally busy, from their rates over the last BALANCE_HISTORY batches, within BALANCE_SHARES.
