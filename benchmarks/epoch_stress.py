@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Back-to-back short epochs on each loader path, for hangs at start and shutdown: on the CPU
 (any machine) or, with ``--device cuda``, through the GPU paths (copies, events, the hand-over
-to the training stream, and a stop that waits for the copies). Every third epoch breaks early (the iterator is dropped mid-epoch); every whole
-epoch must deliver each sample once. A path that makes no progress for --stall seconds dumps
-every thread's stack (faulthandler) and the script exits 1; a wrong epoch exits 1 too.
+to the training stream, and a stop that waits for the copies). Every third epoch breaks early
+(the iterator is dropped mid-epoch); every whole epoch must deliver each sample once. A path
+that makes no progress for --stall seconds dumps every thread's stack (faulthandler) and the
+script exits 1; a wrong epoch exits 1 too.
 
 It found the native loop's stop race (benchmarks/JOURNAL.md, twenty-first session): `stop()`
 raised its flag without the workers' mutex, and the join at an epoch's end hung after 22,000
@@ -52,7 +53,8 @@ def _loader_factory(path: str, tmp: str, device: str = "cpu"):
         data = ArrayDataset(file)
         return lambda: DataLoader(data, batch_size=4, shuffle=True, device=device), lambda b: (b[:, 0] // 8).long()
     if path == "workers":
-        return lambda: DataLoader(_PerSample(), batch_size=4, shuffle=True, num_workers=2, device=device), lambda b: b[1]
+        per_sample = _PerSample()
+        return lambda: DataLoader(per_sample, batch_size=4, shuffle=True, num_workers=2, device=device), lambda b: b[1]
     if path == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -98,7 +100,8 @@ def stress(path: str, seconds: float, stall: float, device: str = "cpu") -> int:
                 faulthandler.cancel_dump_traceback_later()
                 faulthandler.dump_traceback_later(stall, exit=True)
         faulthandler.cancel_dump_traceback_later()
-        print(f"{path} ({device}): {epochs} epochs in {time.monotonic() - started:.0f} s, no hang ({loader.stats().path})")
+        took = time.monotonic() - started
+        print(f"{path} ({device}): {epochs} epochs in {took:.0f} s, no hang ({loader.stats().path})")
         return epochs
 
 
