@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 20's image floors with the route trial's balanced split (balance_split, the default),
-# after peers-part.sh carried parts aa..ae (af carried with this call): ResNet-18 fed by fastload
+# Issue 20's image floors at the library's route-trial default (the windowed trial; it was the
+# balanced split, balance_split, when this script was written and named), after peers-part.sh
+# carried parts aa..ae (af carried with this call): ResNet-18 fed by fastload
 # and by DALI twice (two imagenet_train runs), ResNet-50 once, then imagenet_loader with each
 # row in its own process. From the repo root:  bash benchmarks/gpu/peers-balance.sh
 # (~9 min; logs and JSON in $OUT/peers-balance.tar.gz, the summary lines on stdout)
