@@ -255,6 +255,12 @@ def test_main_job(tmp_path):
     torch_run, fastload_run = data["runs"][:2]
     assert torch_run["last_loss"] == pytest.approx(fastload_run["last_loss"], rel=1e-5)  # same batches and weights
     assert data["speedup"] == pytest.approx(fastload_run["samples_per_s"] / torch_run["samples_per_s"])
+    resident_run, vs = data["runs"][2], data["vs_resident"]  # each round's ratio, and their median
+    rounds = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(fastload_run["repeats"], resident_run["repeats"])]
+    assert vs["round_ratios"] == pytest.approx(rounds) and vs["paired_ratio"] == pytest.approx(sum(rounds) / 2)
+    assert vs["ratio_of_medians"] == pytest.approx(fastload_run["samples_per_s"] / resident_run["samples_per_s"])
+    assert "torch_fastload vs device-resident" in res.stdout and "round by round" in res.stdout
+    assert "PASS" not in res.stdout and "FAIL" not in res.stdout  # no verdict on the GPU's floors from a CPU run
     assert "torch_fastload stats" in res.stdout and "speedup" in res.stdout
     assert "samples/s (median)" in res.stdout and "min-max" in res.stdout and "ratio of medians" in res.stdout
     assert "no GPU, so none of what torch_fastload is built for is measured" in res.stdout
@@ -415,3 +421,38 @@ def test_epoch_stress_runs_every_path_and_checks_its_epochs(tmp_path):
     assert done == ["tensors", "python", "arrays", "parquet", "workers", "images"]
     refused = subprocess.run([sys.executable, script, "bogus"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "unknown path" in refused.stderr
+
+
+def test_main_job_judges_the_resident_floor_on_the_rounds_median(capsys):
+    """A round's two runs are back to back, so the machine's drift between rounds cancels in the
+    round's ratio: the floor (>= 0.95x the device-resident samples/s) is judged on the median of
+    the rounds' ratios, the ratio of the medians printed beside it. A drift that makes the ratio
+    of medians fail (0.90x here) while every round is at 1.0x passes; a loader slower in every
+    round fails. The wait ceiling (3%) is judged on fastload's median wait. On a GPU only."""
+    import torch
+
+    from torch_fastload import bench
+
+    def runs(fast: list, resident: list, wait: float) -> list:
+        def loader(name, speeds, w):
+            repeats = [{"samples_per_s": v, "wait_fraction": w} for v in speeds]
+            median = sorted(speeds)[len(speeds) // 2]
+            return {"name": name, "samples_per_s": median, "wait_fraction": w, "repeats": repeats}
+
+        return [loader("torch_fastload (x)", fast, wait), loader("device-resident (model alone)", resident, 0.04)]
+
+    drift = runs([45.0, 50.0, 60.0], [45.0, 50.0, 60.0], 0.02)  # the same speeds, rounds drifting
+    drift[0]["samples_per_s"] = 45.0  # a median taken over other rounds than the resident's
+    vs = bench.against_resident(drift)
+    assert vs["ratio_of_medians"] == pytest.approx(0.9) and vs["paired_ratio"] == pytest.approx(1.0)
+    bench._log_against_resident(vs, torch.device("cuda"))
+    out = capsys.readouterr().out
+    assert "PASS  torch_fastload >= 0.95x device-resident" in out and "PASS  torch_fastload input wait <= 3%" in out
+    slower = bench.against_resident(runs([45.0, 47.0, 56.0], [50.0, 50.0, 60.0], 0.05))
+    bench._log_against_resident(slower, torch.device("cuda"))
+    out = capsys.readouterr().out
+    assert "FAIL  torch_fastload >= 0.95x" in out and "FAIL  torch_fastload input wait <= 3%: 5.0%" in out
+    bench._log_against_resident(slower, torch.device("cpu"))
+    out = capsys.readouterr().out
+    assert "round by round" in out and "PASS" not in out and "FAIL" not in out
+    assert bench.against_resident(runs([1.0], [1.0], 0.0)[:1]) is None  # no resident run: no comparison

@@ -18,8 +18,10 @@ machine's speed is shared out). Reported per loader: the median samples/s and it
 (min-max over the repeats), the input-wait fraction (time the loop spent blocked in ``next()``
 plus the ``.to()`` call, over wall time), GB/s of input delivered and the speedup: the ratio of
 medians over the best torch configuration; then ``loader.stats()`` of torch_fastload. A
-"device-resident" row (the dataset already on the device) shows what the model alone can do.
-The JSON keeps every repeat.
+"device-resident" row (the dataset already on the device) shows what the model alone can do;
+fastload is compared with it round by round (the two runs of a round are back to back, so the
+machine's drift between rounds cancels), and on a GPU the rounds' median ratio is judged against
+``RESIDENT_FLOOR`` and fastload's input wait against ``WAIT_CEILING``. The JSON keeps every repeat.
 
 Without CUDA everything runs on the CPU with smaller defaults (torch gets pin_memory=False),
 which exercises the code paths; what the loader is built for (pinned memory, the host-to-device
@@ -303,6 +305,52 @@ def _aggregate(name: str, repeats: list[dict]) -> dict:
     return out
 
 
+# The promise the main job checks on a GPU: the loader keeps a launch-bound step at the model's
+# own pace (samples/s at least this share of the device-resident run's) ...
+RESIDENT_FLOOR = 0.95
+# ... and the loop spends at most this share of its wall time in next() and .to().
+WAIT_CEILING = 0.03
+
+
+def against_resident(runs: list[dict]) -> dict | None:
+    """torch_fastload against the device-resident run: the ratio of the medians, and each round's
+    ratio (the two runs of a round are back to back, so a drift of the machine's speed between
+    rounds, 20% on the H100s, cancels in the round's ratio; their median is the figure the floor
+    is judged on); the input waits of both. None without both runs."""
+    fast = next((r for r in runs if r["name"].startswith("torch_fastload") and not r.get("error")), None)
+    resident = next((r for r in runs if r["name"].startswith("device-resident") and not r.get("error")), None)
+    if fast is None or resident is None or not resident["samples_per_s"]:
+        return None
+    rounds = [
+        a["samples_per_s"] / b["samples_per_s"]
+        for a, b in zip(fast["repeats"], resident["repeats"])
+        if a.get("samples_per_s") and b.get("samples_per_s")
+    ]
+    return {
+        "ratio_of_medians": fast["samples_per_s"] / resident["samples_per_s"],
+        "round_ratios": rounds,
+        "paired_ratio": _median(rounds),
+        "wait_fraction": fast["wait_fraction"],
+        "resident_wait_fraction": resident["wait_fraction"],
+    }
+
+
+def _log_against_resident(vs: dict, device: torch.device) -> None:
+    rounds = ", ".join(f"{r:.3f}x" for r in vs["round_ratios"])
+    log(
+        f"torch_fastload vs device-resident: {vs['ratio_of_medians']:.3f}x the median samples/s; "
+        f"round by round {rounds} (median {vs['paired_ratio']:.3f}x); input wait "
+        f"{100 * vs['wait_fraction']:.1f}% vs the resident loop's own {100 * vs['resident_wait_fraction']:.1f}%"
+    )
+    if device.type != "cuda":
+        return
+    verdict = "PASS" if vs["paired_ratio"] >= RESIDENT_FLOOR else "FAIL"
+    floor = f">= {RESIDENT_FLOOR:.2f}x device-resident samples/s (rounds' median)"
+    log(f"{verdict}  torch_fastload {floor}: {vs['paired_ratio']:.3f}x")
+    verdict = "PASS" if vs["wait_fraction"] <= WAIT_CEILING else "FAIL"
+    log(f"{verdict}  torch_fastload input wait <= {100 * WAIT_CEILING:.0f}%: {100 * vs['wait_fraction']:.1f}%")
+
+
 def _calibrate(args, device: torch.device, dataset) -> tuple[int, dict, CudaSleeper | None, dict | None]:
     """The conv net's width (or the busy kernel), logged with the pinned copy of a batch."""
     sleeper = sleep_cal = None
@@ -431,6 +479,9 @@ def _summary(args, device: torch.device, machine: dict, runs: list[dict], snapsh
             f"(slowest vs fastest repeat {low:.2f}x, fastest vs slowest {high:.2f}x); input wait "
             f"{100 * fast['wait_fraction']:.1f}% vs {100 * baseline['wait_fraction']:.1f}% of wall time"
         )
+    vs = against_resident(runs)
+    if vs is not None:
+        _log_against_resident(vs, device)
     noisy = [r["name"] for r in runs if not r.get("error") and r.get("spread", 0) > 0.2]
     if noisy:
         log(
@@ -503,6 +554,7 @@ def main(argv=None, prog: str | None = None) -> int:
             "runs": runs,
             "baseline": baseline["name"] if baseline else None,
             "speedup": speedup,
+            "vs_resident": against_resident(runs),
             "elapsed_s": elapsed,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
