@@ -9,6 +9,7 @@ nvJPEG's call growing in wall alone waited for the GPU (torchvision synchronizes
 each call's start) or for its lock.
 
     python3 benchmarks/gpu/beside_probe.py OUT.json [--arch resnet18] [--share 0.25] [--steps 120]
+        [--busy-gpu X]   # the route trial's tie rule for this run (benchmarks/gpu/tie_ab.sh)
 """
 
 from __future__ import annotations
@@ -129,12 +130,24 @@ def main() -> int:
     p.add_argument(
         "--nvjpeg-priority", default="normal", choices=["high", "normal"], help="the direct decoder's streams' priority"
     )
+    p.add_argument(
+        "--busy-gpu",
+        type=float,
+        default=None,
+        help="the trial's TRIAL_BUSY_GPU for this run (default: the library's): inf gives every tie between "
+        "nvJPEG alone and a split to nvJPEG alone (the rule before 2026-11-28), 0 every tie to the split",
+    )
     args = p.parse_args()
+    if args.busy_gpu is not None:
+        from torch_fastload.vision import route_trial
+
+        route_trial.TRIAL_BUSY_GPU = args.busy_gpu
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     share = args.share if args.share == "auto" else float(args.share)
     train, _ = make_image_folder(args.dir, args.classes, args.per_class, 1, edge_cases=False, progress=False)
     step = Step(args.arch, args.classes, device)
     result = {"device": str(device), "arch": args.arch, "batch": args.batch, "share": share}
+    result["busy_gpu"] = args.busy_gpu
     result["synthetic_ms"] = synthetic_ms(step, args.batch, 224, args.classes, min(args.steps, 50))
     log(f"{args.arch} on a resident batch: {result['synthetic_ms']:.1f} ms a step")
     torch_fastload.config.set(decode_backend=args.backend)
