@@ -418,7 +418,7 @@ def test_epoch_stress_runs_every_path_and_checks_its_epochs(tmp_path):
     )
     assert res.returncode == 0, f"stdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
     done = [line.split(":")[0] for line in res.stdout.splitlines() if "epochs in" in line and "no hang" in line]
-    assert done == ["tensors", "python", "arrays", "parquet", "workers", "images"]
+    assert done == [f"{path} (cpu)" for path in ("tensors", "python", "arrays", "parquet", "workers", "images")]
     refused = subprocess.run([sys.executable, script, "bogus"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "unknown path" in refused.stderr
 
