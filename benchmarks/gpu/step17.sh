@@ -15,7 +15,7 @@ timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1 || {
 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_native_cuda.py 2>&1 | tail -2 | tee "$OUT/tests.log"
 for k in 1 2; do
   timeout 100 python3 -m torch_fastload.bench --no-progress --repeats 3 --torch-workers 0 --json "$OUT/bench-$k.json" 2>&1 \
-    | grep -A12 "^loader" | grep -E "fastload \(|resident|path=" | tee -a "$OUT/bench.log"
+    | grep -E "^torch_fastload \(|^device-resident|path=|vs device-resident|^PASS|^FAIL" | tee -a "$OUT/bench.log"
 done
 timeout 90 python3 benchmarks/gpu/next_pieces.py > "$OUT/next_pieces.log" 2>&1; tail -40 "$OUT/next_pieces.log"
 timeout 150 python3 benchmarks/beside_step.py --quick --no-progress --out /tmp/beside --only "TensorDataset (C++" 2>&1 \
