@@ -316,7 +316,7 @@ def against_resident(runs: list[dict]) -> dict | None:
     """torch_fastload against the device-resident run: the ratio of the medians, and each round's
     ratio (the two runs of a round are back to back, so a drift of the machine's speed between
     rounds, 20% on the H100s, cancels in the round's ratio; their median is the figure the floor
-    is judged on); the input waits of both. None without both runs."""
+    is judged on); the input waits of both. None without both runs' samples/s."""
     fast = next((r for r in runs if r["name"].startswith("torch_fastload") and not r.get("error")), None)
     resident = next((r for r in runs if r["name"].startswith("device-resident") and not r.get("error")), None)
     if fast is None or resident is None or not resident["samples_per_s"]:
@@ -326,6 +326,8 @@ def against_resident(runs: list[dict]) -> dict | None:
         for a, b in zip(fast["repeats"], resident["repeats"])
         if a.get("samples_per_s") and b.get("samples_per_s")
     ]
+    if not rounds:
+        return None
     return {
         "ratio_of_medians": fast["samples_per_s"] / resident["samples_per_s"],
         "round_ratios": rounds,
