@@ -405,12 +405,14 @@ def test_parquet_timeline_and_its_plot(tmp_path):
     assert all(p.with_suffix(".png").stat().st_size > 1000 for p in timelines)
 
 
-def test_epoch_stress_runs_every_path_and_checks_its_epochs(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_epoch_stress_runs_every_path_and_checks_its_epochs(tmp_path, device):
     """benchmarks/epoch_stress.py: each path's short epochs (whole ones checked for every
-    sample once) and early breaks, one line per path; an unknown path is refused."""
+    sample once) and early breaks, one line per path, on the CPU and through the GPU paths;
+    an unknown path is refused."""
     script = str(REPO / "benchmarks" / "epoch_stress.py")
     res = subprocess.run(
-        [sys.executable, script, "--seconds", "1", "--stall", "240"],
+        [sys.executable, script, "--seconds", "1", "--stall", "240", "--device", device],
         cwd=str(tmp_path),
         capture_output=True,
         text=True,
@@ -418,7 +420,10 @@ def test_epoch_stress_runs_every_path_and_checks_its_epochs(tmp_path):
     )
     assert res.returncode == 0, f"stdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
     done = [line.split(":")[0] for line in res.stdout.splitlines() if "epochs in" in line and "no hang" in line]
-    assert done == [f"{path} (cpu)" for path in ("tensors", "python", "arrays", "parquet", "workers", "images")]
+    paths = ("tensors", "python", "arrays", "parquet", "workers", "images")
+    assert done == [f"{path} ({device})" for path in paths]
+    if device == "cuda":
+        assert "-> cuda:0" in res.stdout
     refused = subprocess.run([sys.executable, script, "bogus"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "unknown path" in refused.stderr
 
