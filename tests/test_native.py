@@ -361,6 +361,43 @@ def test_each_field_of_a_batch_is_its_own_tensor():
     assert x.untyped_storage().nbytes() == x.nbytes and y.untyped_storage().nbytes() == y.nbytes
 
 
+def test_the_output_stock_allocates_several_batches_in_one_call_and_hands_each_out_once():
+    """On the copy stream each allocation call is a stream switch: a planned size's batches come
+    from one call per ``ahead`` batches, each batch its own tensors, handed out in allocation
+    order and never twice; a size met once is allocated alone (no stock left behind), and a
+    batch too large for the cap is allocated alone every time."""
+    from torch_fastload.native import _OutputStock
+
+    calls, made = [], []
+
+    def allocate(shapes):
+        calls.append(len(shapes))
+        tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in shapes]
+        made.extend(tensors)
+        return tensors
+
+    stock = _OutputStock(allocate, ahead=4, cap_bytes=1 << 20)
+    shapes = ([((8, 3), torch.float32), ((8,), torch.int64)], [96, 64])
+    batches = [stock.take(8, shapes) for _ in range(10)]
+    assert calls == [2, 8, 8, 2 * 4]  # first alone, then four batches a call
+    handed = [t for b in batches for t in b]
+    assert len({id(t) for t in handed}) == len(handed) == 20  # each tensor handed out once
+    assert [id(t) for t in handed] == [id(t) for t in made[:20]]  # in allocation order
+    assert all([tuple(t.shape) for t in b] == [(8, 3), (8,)] for b in batches)
+    calls.clear()
+    last = stock.take(5, ([((5, 3), torch.float32), ((5,), torch.int64)], [60, 40]))
+    assert calls == [2] and [tuple(t.shape) for t in last] == [(5, 3), (5,)]
+    big = ([((1 << 18,), torch.float32)], [1 << 20])
+    calls.clear()
+    for _ in range(3):
+        stock.take(1 << 18, big)
+    assert calls == [1, 1, 1]  # 1 MiB a batch: the 1 MiB cap leaves one batch a call
+    stock.clear()
+    calls.clear()
+    stock.take(8, shapes)
+    assert calls == [2]
+
+
 def test_loop_checks_each_field_buffer():
 
     values = torch.arange(10, dtype=torch.int64)

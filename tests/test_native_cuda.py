@@ -272,15 +272,19 @@ def test_outputs_are_written_after_the_training_streams_last_use_of_their_memory
 
 @pytest.mark.parametrize("unsafe", [False, True])
 @pytest.mark.parametrize("width, route", [(1, "auto"), (4096, "dma"), (4096, "kernel")])
-def test_copy_stream_outputs_are_not_rewritten_while_the_training_stream_reads_them(unsafe, width, route, monkeypatch):
-    """Outputs allocated on the copy stream (the default): a batch freed by the training loop
-    while its kernels still read it (a clone queued behind a sleep) must not be handed to the next
-    batch's copies before those kernels ran. next()'s record_stream is what holds the block back
-    (negative control: without it the clone reads the next batch's rows)."""
+@pytest.mark.parametrize("ahead", [1, 4])
+def test_copy_stream_outputs_are_not_rewritten_while_the_training_stream_reads_them(
+    unsafe, width, route, ahead, monkeypatch
+):
+    """Outputs allocated on the copy stream (the default), one batch at a time or several
+    (``allocate_ahead``): a batch freed by the training loop while its kernels still read it (a
+    clone queued behind a sleep) must not be handed to later batches' copies before those kernels
+    ran. next()'s record_stream is what holds the block back (negative control: without it the
+    clone reads a later batch's rows)."""
     monkeypatch.setattr(native, "UNSAFE_SKIP_HANDOVER", unsafe)
     n, batch = 512, 32
     rows = numbered_rows(n, width)
-    with torch_fastload.config.override(memory_rows=route, output_stream="copy"):
+    with torch_fastload.config.override(memory_rows=route, output_stream="copy", allocate_ahead=ahead):
         loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
         it = iter(loader)
         assert isinstance(it._pipeline, NativePipeline)
@@ -371,3 +375,30 @@ def test_a_loader_collected_unclosed_unregisters_its_tensors(monkeypatch, releas
     finally:
         engine.host_unregister(x.data_ptr())
         resources._REGISTRATIONS._ranges.pop(resources._HostRegistrations._pages(x.data_ptr(), x.numel() * 4), None)
+
+
+def test_planned_batches_are_allocated_several_at_a_time_on_the_copy_stream(monkeypatch):
+    """``allocate_ahead``: the copy stream is switched to once per four batches of the planned
+    size (plus the first batch and the short last one, each alone); the epoch still equals
+    torch's, each field its own tensor."""
+    rows = torch.arange(1000 * 6, dtype=torch.float32).view(1000, 6)
+    labels = torch.arange(1000)
+    engine_calls = []
+    from torch_fastload.transfer import CopyEngine
+
+    real = CopyEngine.allocate_on
+
+    def counting(self, stream, shapes):
+        engine_calls.append(len(shapes))
+        return real(self, stream, shapes)
+
+    monkeypatch.setattr(CopyEngine, "allocate_on", counting)
+    with torch_fastload.config.override(output_stream="copy", allocate_ahead=4):
+        loader = DataLoader(TensorDataset(rows, labels), batch_size=64)
+        got = list(loader)
+        loader.close()
+    assert len(got) == 16  # 15 of 64 rows, then 40
+    assert engine_calls == [2] + [8] * 4 + [2]  # batch 0 alone; 1-4, 5-8, 9-12, 13-14 (+2 unused); the last alone
+    assert torch.equal(torch.cat([x for x, _ in got]).cpu(), rows)
+    assert torch.equal(torch.cat([y for _, y in got]).cpu(), labels)
+    assert all(x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr() for x, y in got)

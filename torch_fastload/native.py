@@ -25,6 +25,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,8 @@ DMA_MIN_ROW_BYTES = 16 << 10
 #: 4 KiB rows 4.0 GB/s by DMA against 14.6 by the kernel, 16 KiB 12.1 against 35.6; 64 KiB 49.5
 #: against 47.1, 192 KiB 50.8 against 48.1).
 KERNEL_BELOW_BYTES = 64 << 10
+#: The most device memory ``_OutputStock`` allocates ahead for one batch size.
+STOCK_BYTES = 256 << 20
 
 
 def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources) -> NativeLayout | None:
@@ -179,6 +182,10 @@ class NativePipeline:
         self._pin_output = self.device.type == "cpu" and resources.settings.pin_cpu_output
         self.engine = resources.engine
         self._copy_stream = self.engine.stream.cuda_stream if self.cuda else 0
+        copy_stream = self.engine.stream if self.cuda else None
+        self._stock = _OutputStock(
+            lambda shapes: self.engine.allocate_on(copy_stream, shapes), config.get("allocate_ahead")
+        )
         # registered in-memory rows moved by the gather kernel (a few SMs) instead of the copy
         # engines, whose per-row DMA submissions hold the driver beside a launch-bound step
         self._memory_rows_kernel = (
@@ -365,7 +372,7 @@ class NativePipeline:
                 plan = self._plans[n] = (layout, self._output_plan(n, layout))
             if plan is not None:  # allocate first, submit and start in one call
                 layout, shapes = plan
-                outs = self._allocate(shapes, home)
+                outs = self._allocate(shapes, home, n)
                 got = self.loop.submit_fields(position, indices, [t.data_ptr() for t in outs], shapes[1], home)
                 if got[0] < 0:
                     layout, outs = got, None
@@ -387,14 +394,17 @@ class NativePipeline:
             sizes.append(nbytes)
         return fields, sizes
 
-    def _allocate(self, shapes: tuple[list, list], home: int) -> list:
+    def _allocate(self, shapes: tuple[list, list], home: int, planned: int | None = None) -> list:
         """The batch's output tensors on stream ``home``: each field is its own tensor, as
         torch's collate makes them (keeping one field, say the labels, does not keep the others'
-        memory alive)."""
+        memory alive). On the copy stream, batches of a planned size (``planned``) come from
+        ``_OutputStock``: several batches' tensors for one stream switch."""
         if not self.cuda:
             return [torch.empty(shape, dtype=dtype, pin_memory=self._pin_output) for shape, dtype in shapes[0]]
         if home == self._copy_stream:
-            return self.engine.allocate_on(self.engine.stream, shapes[0])
+            if planned is None:
+                return self.engine.allocate_on(self.engine.stream, shapes[0])
+            return self._stock.take(planned, shapes)
         device = self.device
         return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes[0]]
 
@@ -500,6 +510,7 @@ class NativePipeline:
         settled = self.loop.stop(timeout, wait_for_copies)
         self.sync_stats()
         self._inflight.clear()
+        self._stock.clear()
         if not settled:  # a copy may still read the slots: keep them (and the loop) for good
             _LEAKED_LOOPS.append((self.loop, self._keep, self._slots))
         elif self._slots:  # reused only once every copy enqueued so far has completed
@@ -509,6 +520,36 @@ class NativePipeline:
                 pool.release(slot, fence)
         self._slots = None
         LIVE_PIPELINES.discard(self)
+
+
+class _OutputStock:
+    """Output tensors of planned batch sizes, allocated ``ahead`` batches (at most ``cap_bytes``)
+    in one ``allocate`` call: on the copy stream each call is a stream switch and back, ~15 us of
+    the training thread's next() beside a launch-bound step. A size met for the first time (an
+    epoch's short last batch, say) is allocated alone, so a batch seen once leaves no stock."""
+
+    def __init__(self, allocate: Callable[[list], list], ahead: int, cap_bytes: int = STOCK_BYTES):
+        self.allocate = allocate  # [(shape, dtype), ...] -> one tensor each
+        self.ahead = ahead
+        self.cap_bytes = cap_bytes
+        self._stock: dict = {}  # batch size -> [[tensors of one batch], ...], next batch last
+
+    def take(self, size: int, shapes: tuple[list, list]) -> list:
+        """One batch's tensors for ``shapes`` (``([(shape, dtype)], [bytes])``, fixed per size)."""
+        stock = self._stock.get(size)
+        if stock:
+            return stock.pop()
+        if stock is None:
+            self._stock[size] = []
+            return self.allocate(shapes[0])
+        ahead = max(1, min(self.ahead, self.cap_bytes // max(1, sum(shapes[1]))))
+        fields = len(shapes[0])
+        tensors = self.allocate(shapes[0] * ahead)
+        stock.extend(tensors[k : k + fields] for k in range(len(tensors) - fields, 0, -fields))
+        return tensors[:fields]
+
+    def clear(self) -> None:
+        self._stock.clear()
 
 
 def _index_arrays(source):
