@@ -586,6 +586,7 @@ def overlap(args, path: Path) -> dict | None:
         "resident_ms": float(np.median([r for r, _ in pairs])) * 1e3,
         "fastload_ms": float(np.median([f for _, f in pairs])) * 1e3,
         "pair_ratios": ratios,
+        "pairs_ms": [[r * 1e3, f * 1e3] for r, f in pairs],  # (resident, fastload) in the order run
         "over_resident": float(np.median(ratios)),
     }
 
