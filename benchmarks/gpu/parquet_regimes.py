@@ -14,7 +14,9 @@ interleaved round by round, each fastload feed after a resident feed under the s
 
 Each feed records: ms a step, the ratio to the resident feed just before it, the host's lead
 over the GPU at each next() (steps launched and not finished: pops finished events from the
-oldest, one query a step), the time inside next(), and the loader's stage seconds a batch.
+oldest, one query a step), the time inside next(), the host's time inside the step's launches
+(near the GPU's step time once the launch queue is full: the thread blocks there holding the
+GIL), and the loader's stage seconds a batch.
 One JSON under $OUT (or the path given), a table on stdout. From the repo root, on a GPU host:
 
   PYTHONPATH=$PWD python3 benchmarks/gpu/parquet_regimes.py [DATA_DIR] [STEPS] [ROUNDS]
@@ -81,7 +83,7 @@ def main() -> int:
         torch.cuda.synchronize(device)
         window = 2 if variant == "window-2" else None
         launched: deque = deque()  # an event after each step not yet seen finished
-        leads, waits = [], []
+        leads, waits, launching = [], [], []  # launching: host time inside step() (blocked if the queue is full)
         loader.stats(reset=True)
         started = time.perf_counter()
         for _ in range(steps):
@@ -93,7 +95,9 @@ def main() -> int:
             t = time.perf_counter()
             batch = next(batches)
             waits.append(time.perf_counter() - t)
+            t = time.perf_counter()
             step(batch)
+            launching.append(time.perf_counter() - t)
             event = torch.cuda.Event()
             event.record()
             launched.append(event)
@@ -107,6 +111,7 @@ def main() -> int:
             "lead_max": int(max(leads)),
             "next_ms_mean": float(np.mean(waits)) * 1e3,
             "next_ms_p90": float(np.percentile(waits, 90)) * 1e3,
+            "launch_ms_mean": float(np.mean(launching)) * 1e3,
         }
         if stats is not None:
             out["stage_ms_per_batch"] = {k: 1e3 * v / max(1, stats.batches) for k, v in stats.stage_s.items() if v}
@@ -121,7 +126,8 @@ def main() -> int:
             print(
                 f"round {r} {variant:<14} resident {res['ms']:6.2f} ms (lead {res['lead_mean']:4.1f})  "
                 f"fastload {fast['ms']:6.2f} ms (lead mean {fast['lead_mean']:4.1f} max {fast['lead_max']:2d}, "
-                f"next() {fast['next_ms_mean']:5.2f} ms mean / {fast['next_ms_p90']:5.2f} p90)  "
+                f"next() {fast['next_ms_mean']:5.2f} ms mean / {fast['next_ms_p90']:5.2f} p90, "
+                f"launches {fast['launch_ms_mean']:5.2f} ms; resident's {res['launch_ms_mean']:5.2f})  "
                 f"x{fast['ms'] / res['ms']:.3f}",
                 flush=True,
             )
