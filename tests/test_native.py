@@ -398,6 +398,28 @@ def test_the_output_stock_allocates_several_batches_in_one_call_and_hands_each_o
     assert calls == [2]
 
 
+def test_a_dropped_iterator_frees_its_pipeline_without_the_garbage_collector():
+    """The pipeline holds device memory (its outputs' stock, its slots): dropping the iterator
+    must free it at once, not at the collector's next cycle (a closure over the pipeline in its
+    stock once made a reference cycle)."""
+    import weakref
+
+    loader = DataLoader(TensorDataset(torch.randn(256, 4), torch.arange(256)), batch_size=32, device="cpu")
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        it = iter(loader)
+        next(it)
+        pipeline = weakref.ref(it._pipeline)
+        assert isinstance(pipeline(), NativePipeline)
+        del it
+        assert pipeline() is None
+    finally:
+        if was_enabled:
+            gc.enable()
+        loader.close()
+
+
 def test_loop_checks_each_field_buffer():
 
     values = torch.arange(10, dtype=torch.int64)

@@ -385,7 +385,7 @@ OPTIONS: dict[str, Option] = {
             _positive_int,
             "with output_stream='copy', the device outputs of planned batches (fixed-size rows) are allocated "
             "this many batches at a time, up to 256 MiB, in one switch to the copy stream: each switch costs "
-            "the training thread ~15 us of next() beside a launch-bound step; 1 allocates each batch alone",
+            "the training thread 25-40 us of next() beside a launch-bound step; 1 allocates each batch alone",
         ),
         Option(
             "memory_rows",

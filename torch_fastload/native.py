@@ -182,9 +182,9 @@ class NativePipeline:
         self._pin_output = self.device.type == "cpu" and resources.settings.pin_cpu_output
         self.engine = resources.engine
         self._copy_stream = self.engine.stream.cuda_stream if self.cuda else 0
-        copy_stream = self.engine.stream if self.cuda else None
+        copy_engine, copy_stream = self.engine, self.engine.stream if self.cuda else None  # not self: no cycle
         self._stock = _OutputStock(
-            lambda shapes: self.engine.allocate_on(copy_stream, shapes), config.get("allocate_ahead")
+            lambda shapes: copy_engine.allocate_on(copy_stream, shapes), config.get("allocate_ahead")
         )
         # registered in-memory rows moved by the gather kernel (a few SMs) instead of the copy
         # engines, whose per-row DMA submissions hold the driver beside a launch-bound step
@@ -524,8 +524,8 @@ class NativePipeline:
 
 class _OutputStock:
     """Output tensors of planned batch sizes, allocated ``ahead`` batches (at most ``cap_bytes``)
-    in one ``allocate`` call: on the copy stream each call is a stream switch and back, ~15 us of
-    the training thread's next() beside a launch-bound step. A size met for the first time (an
+    in one ``allocate`` call: on the copy stream each call is a stream switch and back, 25-40 us
+    of the training thread's next() beside a launch-bound step (H100, H200). A size met for the first time (an
     epoch's short last batch, say) is allocated alone, so a batch seen once leaves no stock."""
 
     def __init__(self, allocate: Callable[[list], list], ahead: int, cap_bytes: int = STOCK_BYTES):
