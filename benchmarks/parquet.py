@@ -532,6 +532,21 @@ def thread_grid(args) -> list:
     return cells
 
 
+def overlap_step(device: torch.device, decode_s: float):
+    """The overlap row's stand-in training step: bf16 GEMMs for at least 1.2x a batch's decode,
+    then a read of the batch (so a step cannot finish before its batch arrived); and their count."""
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    gemms = max(1, int(np.ceil(1.2 * decode_s / gemm_seconds(a, a, warmup=5))))
+
+    def step(batch):
+        x = a
+        for _ in range(gemms):
+            x = x @ a
+        return x.view(-1)[0].float() + next(iter(batch.values())).view(-1)[-1:].float()
+
+    return step, gemms
+
+
 def overlap(args, path: Path) -> dict | None:
     """A bf16 GEMM step per batch (at least 1.2x a batch's decode), fed by the loader vs on
     device-resident copies of the same batches; the loader's first batches are not timed."""
@@ -540,16 +555,7 @@ def overlap(args, path: Path) -> dict | None:
     rows = max(1024, args.batch_rows // 4)  # enough batches in one epoch of the file
     # the decode of the batches the step is fed: the same shuffled order (a gather per batch)
     decode = fastload_run(path, args, shuffle=True, seed=1, batch_rows=rows)["decode_s_per_batch"]
-    a = torch.randn(4096, 4096, device=args.device, dtype=torch.bfloat16)
-    gemm = gemm_seconds(a, a, warmup=5)
-    gemms = max(1, int(np.ceil(1.2 * decode / gemm)))
-
-    def step(batch):
-        x = a
-        for _ in range(gemms):
-            x = x @ a
-        return x.view(-1)[0].float() + next(iter(batch.values())).view(-1)[-1:].float()
-
+    step, gemms = overlap_step(args.device, decode)
     dataset = ParquetDataset(path)
     sampler = ParquetSampler(dataset, shuffle=True, seed=1)
     loader = DataLoader(dataset, batch_sampler=sampler.batches(rows), device=args.device)

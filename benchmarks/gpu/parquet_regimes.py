@@ -38,7 +38,6 @@ import parquet  # noqa: E402
 
 from torch_fastload import DataLoader  # noqa: E402
 from torch_fastload._benchutil.args import resolve_device  # noqa: E402
-from torch_fastload._benchutil.timing import gemm_seconds  # noqa: E402
 from torch_fastload.sources import ParquetDataset, ParquetSampler  # noqa: E402
 
 VARIANTS = ("as-benchmark", "window-2", "cache-dropped")
@@ -55,14 +54,7 @@ def main() -> int:
     rows = 65536 // 4  # parquet.overlap's batch: a quarter of --batch-rows
     args = parquet_args(device, data)
     decode = parquet.fastload_run(path, args, shuffle=True, seed=1, batch_rows=rows)["decode_s_per_batch"]
-    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
-    gemms = max(1, int(np.ceil(1.2 * decode / gemm_seconds(a, a, warmup=5))))
-
-    def step(batch):
-        x = a
-        for _ in range(gemms):
-            x = x @ a
-        return x.view(-1)[0].float() + next(iter(batch.values())).view(-1)[-1:].float()
+    step, gemms = parquet.overlap_step(device, decode)
 
     dataset = ParquetDataset(path)
     loader = DataLoader(
