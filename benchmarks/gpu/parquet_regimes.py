@@ -17,11 +17,13 @@ over the GPU at each next() (steps launched and not finished: pops finished even
 oldest, one query a step), the time inside next(), the host's time inside the step's launches
 (near the GPU's step time once the launch queue is full: the thread blocks there holding the
 GIL), and the loader's stage seconds a batch.
-One JSON under $OUT (or the path given), a table on stdout. From the repo root, on a GPU host:
+One JSON, $OUT/parquet_regimes.json (the current folder without $OUT), a table on stdout.
+From the repo root, on a GPU host:
 
   PYTHONPATH=$PWD python3 benchmarks/gpu/parquet_regimes.py [DATA_DIR] [STEPS] [ROUNDS]
 """
 
+import argparse
 import json
 import os
 import sys
@@ -51,8 +53,8 @@ def main() -> int:
     device = resolve_device("cuda")
     data.mkdir(parents=True, exist_ok=True)
     path = parquet.write_alert(data, 1_000_000, "snappy", 131072)
-    rows = 65536 // 4  # parquet.overlap's batch: a quarter of --batch-rows
-    args = parquet_args(device, data)
+    args = argparse.Namespace(device=device, batch_rows=65536, batch_mib=16.0, dir=data)  # parquet.py's defaults
+    rows = max(1024, args.batch_rows // 4)  # parquet.overlap's batch
     decode = parquet.fastload_run(path, args, shuffle=True, seed=1, batch_rows=rows)["decode_s_per_batch"]
     step, gemms = parquet.overlap_step(device, decode)
 
@@ -131,12 +133,6 @@ def main() -> int:
     doc = {"steps": steps, "gemms_per_step": gemms, "decode_ms": decode * 1e3, "feeds": results, "ratios": summary}
     out.write_text(json.dumps(doc, indent=1))
     return 0
-
-
-def parquet_args(device, data):
-    import argparse
-
-    return argparse.Namespace(device=device, batch_rows=65536, batch_mib=16.0, dir=data)
 
 
 if __name__ == "__main__":
