@@ -255,6 +255,67 @@ py::tuple sampler_sample(const PyNeighborSampler& s, const I64Array& seeds, cons
   return py::make_tuple(n_id, edge_index);
 }
 
+// Bytes malloc'd by C++ (gather_rows' results) handed over without a copy: np.frombuffer and
+// torch.frombuffer view them, and keep this object (so the memory) alive.
+struct PyOwnedBytes {
+  uint8_t* data = nullptr;
+  py::ssize_t size = 0;
+  PyOwnedBytes(uint8_t* d, py::ssize_t n) : data(d), size(n) {}
+  PyOwnedBytes(PyOwnedBytes&& o) noexcept : data(o.data), size(o.size) { o.data = nullptr; }
+  PyOwnedBytes(const PyOwnedBytes&) = delete;
+  ~PyOwnedBytes() { std::free(data); }
+};
+
+// columns: (offsets: 1-D int32/int64 array of num_rows + 1 values, or None for fixed-size rows,
+// values pointer, values bytes, bytes of a value (ragged) or of a row (fixed), num_rows) each;
+// rows: a 1-D int64 array. The arrays and the memory behind the pointers must outlive the call.
+py::list gather_rows(const py::list& columns, const py::object& rows, int num_threads) {
+  int width = 0;
+  const py::buffer_info row_info = int_buffer(rows, "rows", &width);
+  if (width != 8) throw py::type_error("rows must be int64");
+  std::vector<tfl::GatherColumn> specs;
+  std::vector<py::buffer_info> keep;  // the offsets' buffer views, held through the call
+  keep.reserve(columns.size());
+  for (const py::handle item : columns) {
+    const py::tuple t = py::reinterpret_borrow<py::tuple>(item);
+    if (t.size() != 5) throw py::value_error("each column is (offsets, values_ptr, values_bytes, elem_bytes, num_rows)");
+    tfl::GatherColumn c;
+    c.values = reinterpret_cast<const uint8_t*>(t[1].cast<uint64_t>());
+    c.values_bytes = t[2].cast<int64_t>();
+    c.elem_bytes = t[3].cast<int64_t>();
+    c.num_rows = t[4].cast<int64_t>();
+    if (!t[0].is_none()) {
+      int offsets_width = 0;
+      keep.push_back(int_buffer(py::reinterpret_borrow<py::object>(t[0]), "offsets", &offsets_width));
+      if (keep.back().shape[0] != c.num_rows + 1)
+        throw py::value_error("offsets must hold num_rows + 1 values, got " + std::to_string(keep.back().shape[0]) +
+                              " for " + std::to_string(c.num_rows) + " rows");
+      c.offsets = static_cast<const char*>(keep.back().ptr);
+      c.offsets_width = offsets_width;
+    }
+    specs.push_back(c);
+  }
+  const auto* row_ptr = static_cast<const int64_t*>(row_info.ptr);
+  const int64_t n = static_cast<int64_t>(row_info.shape[0]);
+  std::vector<tfl::GatheredColumn> gathered;
+  {
+    py::gil_scoped_release nogil;
+    gathered = tfl::gather_rows(specs, row_ptr, n, num_threads);
+  }
+  std::vector<PyOwnedBytes> owned;  // every buffer owned before any Python call can throw
+  owned.reserve(2 * gathered.size());
+  for (const tfl::GatheredColumn& g : gathered) {
+    owned.emplace_back(reinterpret_cast<uint8_t*>(g.offsets), g.offsets ? (n + 1) * 8 : 0);
+    owned.emplace_back(g.values, g.values_bytes);
+  }
+  py::list out;
+  for (size_t i = 0; i < gathered.size(); ++i) {
+    py::object offsets = gathered[i].offsets ? py::cast(std::move(owned[2 * i])) : py::object(py::none());
+    out.append(py::make_tuple(offsets, py::cast(std::move(owned[2 * i + 1]))));
+  }
+  return out;
+}
+
 }  // namespace
 
 // The arguments of a batched JPEG decode, checked under the GIL: every source range inside the
@@ -509,6 +570,18 @@ PYBIND11_MODULE(_C, m) {
       "written, (3, height, width), with a whole decode's pixels (JPEG_REGIONS: the rows and columns\n"
       "outside it are skipped, not decoded). Returns one message per image: '' where decoded, else\n"
       "why not (libjpeg's error, or a size other than heights[k] x widths[k]).");
+  py::class_<PyOwnedBytes>(m, "OwnedBytes", py::buffer_protocol(),
+                           "Bytes owned by C++ (gather_rows' results): view them with np.frombuffer.")
+      .def_buffer([](PyOwnedBytes& b) {
+        return py::buffer_info(b.data, 1, py::format_descriptor<uint8_t>::format(), 1, {b.size}, {py::ssize_t(1)});
+      })
+      .def("__len__", [](const PyOwnedBytes& b) { return b.size; });
+  m.def("gather_rows", &gather_rows, py::arg("columns"), py::arg("rows"), py::arg("num_threads") = 8,
+        "Rows `rows` (int64) of each column of a decoded row group, in order, into new buffers, the GIL\n"
+        "released: columns are (offsets int32/int64 array or None, values_ptr, values_bytes, elem_bytes,\n"
+        "num_rows); a ragged column's rows are values[offsets[r]:offsets[r+1]] of elem_bytes each, a fixed\n"
+        "one's elem_bytes a row. Returns [(offsets OwnedBytes of int64 from 0, or None; values OwnedBytes)].\n"
+        "A row out of range or offsets outside the values raise RangeError naming the column and row.");
   py::class_<PyInt64Buffer>(m, "Int64Buffer", py::buffer_protocol(),
                             "An int64 array owned by C++ (a sampler's result): view it with np.asarray.")
       .def_buffer([](PyInt64Buffer& b) {

@@ -375,6 +375,53 @@ def test_shuffled_batches_gathered_column_by_column_in_parallel_equal_read_table
     dataset.close()
 
 
+@pytest.mark.parametrize("route", ["native", "arrow"])
+def test_shuffled_batches_of_one_row_group_are_gathered_in_one_call_and_equal_read_table(tmp_path, monkeypatch, route):
+    """Shuffled batches whose rows lie in one row group: every column's rows cut by one C++ call
+    (``parquet_gather='native'``), or by pyarrow's take ('arrow'); both equal pyarrow's take of
+    the same rows for every type, nulls and masks included, through the dataset and the loader."""
+    from torch_fastload import config
+    from torch_fastload.sources import parquet as parquet_module
+    from torch_fastload.sources.parquet_tensors import can_gather
+
+    if route == "native" and not can_gather():
+        pytest.skip("the C++ extension is not built")
+    calls = []
+    gather = parquet_module.gather_tensors
+    monkeypatch.setattr(parquet_module, "gather_tensors", lambda *a: calls.append(1) or gather(*a))
+    table = every_type(12000, seed=7)
+    path = write(table, tmp_path / "t.parquet", row_group_size=3000)
+    reference = pq.read_table(path)
+    with config.override(parquet_gather=route):
+        dataset = ParquetDataset(path, threads=4)
+        sampler = ParquetSampler(dataset, seed=3, shuffle_rows=1000)
+        batches = list(sampler.batches(400))
+        for rows in batches:
+            batch = dataset.batch(rows)
+            taken = reference.take(pa.array(rows))
+            for spec in dataset.plan.columns:
+                for key, want in expected(taken, spec.name, spec.masked).items():
+                    assert batch[key].dtype == want.dtype, key
+                    assert torch.equal(batch[key], want), key
+        loader = DataLoader(dataset, batch_sampler=batches, device="cpu")
+        for rows, got in zip(batches, loader):
+            assert_same(got, dataset.batch(rows))
+    one_group = sum(len(np.unique(np.searchsorted(dataset.plan.starts, r, side="right"))) == 1 for r in batches)
+    assert one_group >= len(batches) // 2  # most batches lie in one row group: the route under test ran
+    assert (len(calls) > 0) == (route == "native")
+    dataset.close()
+
+
+def test_unreported_nulls_in_shuffled_rows_of_one_row_group_are_an_error(tmp_path):
+    table = pa.table({"x": pa.array([1, None, 3, 4] * 500, pa.int64()), "s": pa.array(["ab", "c", "", "d"] * 500)})
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(table, path, write_statistics=False, row_group_size=1000)
+    dataset = ParquetDataset(path, masks="never")
+    with pytest.raises(ParquetDecodeError, match="nulls"):
+        dataset.batch(np.array([7, 3, 1, 0]))
+    dataset.batch(np.array([7, 3, 2, 0]))  # the same row group without its nulls: no error
+
+
 def test_a_full_cache_drops_row_groups_already_read_before_those_decoded_ahead(tmp_path):
     path = write(pa.table({"x": pa.array(np.arange(4000))}), tmp_path / "t.parquet", row_group_size=100)
     group_bytes = pq.read_table(path).slice(0, 100).nbytes

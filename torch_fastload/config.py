@@ -473,6 +473,14 @@ OPTIONS: dict[str, Option] = {
             "when the last ends); 0 leaves pyarrow's pool as it is",
         ),
         Option(
+            "parquet_gather",
+            "native",
+            _choice("native", "arrow"),
+            "how a shuffled Parquet batch's rows are cut from the decoded row group they lie in: 'native', "
+            "every column in one C++ call without the GIL (the extension's gather_rows); 'arrow', pyarrow's "
+            "take, a call a column (the route before; batches across row groups always take it)",
+        ),
+        Option(
             "pack_verify",
             "size",
             _choice("size", "checksum"),

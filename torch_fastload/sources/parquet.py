@@ -55,7 +55,7 @@ from . import parquet_arena
 from .parquet_decode import AHEAD_MAX, DECODERS, READ_MODES, RowGroupCache
 from .parquet_plan import expand_paths, open_plan
 from .parquet_sampler import ParquetBatchSampler, ParquetSampler
-from .parquet_tensors import columns_to_tensors, range_tensors
+from .parquet_tensors import RowsGather, can_gather, columns_to_tensors, gather_tensors, range_tensors
 
 __all__ = ["ParquetDataset", "ParquetSampler", "ParquetBatchSampler"]
 
@@ -256,8 +256,9 @@ class ParquetDataset(Dataset):
 
     def _table(self, index: np.ndarray | range) -> tuple:
         """(rows ``index`` as a table, the file of the first one, and for consecutive rows the
-        spans of ``range_tensors``, else None): the batch in Arrow. For consecutive rows the
-        table is a function making it: their batches need it only for unprepared columns."""
+        spans of ``range_tensors``, for shuffled rows of one row group a ``RowsGather``, else
+        None): the batch in Arrow. With spans or a gather the table is a function making it:
+        those batches need it only for unprepared columns."""
         if not len(index):
             return self.plan.schema.empty_table(), 0, None
         if isinstance(index, range):  # consecutive rows (``_check``)
@@ -268,7 +269,12 @@ class ParquetDataset(Dataset):
         groups = np.searchsorted(self.plan.starts, index, side="right") - 1
         unique = np.flatnonzero(np.bincount(groups, minlength=len(self.plan.row_groups)))
         file = self.plan.row_groups[int(groups[0])].file
-        tables = [decoded.table for decoded in self._reader().get(unique.tolist(), self._ahead(unique))]
+        decoded = self._reader().get(unique.tolist(), self._ahead(unique))
+        if len(decoded) == 1 and can_gather() and config.get("parquet_gather") == "native":
+            group = decoded[0]
+            rows = np.ascontiguousarray(index - self.plan.starts[int(unique[0])], dtype=np.int64)
+            return (lambda: self._reader().take(group.table, rows)), file, RowsGather(group.columns, rows)
+        tables = [d.table for d in decoded]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         base = np.zeros(len(self.plan.row_groups), dtype=np.int64)
         base[unique] = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
@@ -311,6 +317,8 @@ class ParquetDataset(Dataset):
         arrow = time.perf_counter()
         if spans is None:
             batch = columns_to_tensors(self.paths[file], self.plan.columns, table)
+        elif isinstance(spans, RowsGather):  # shuffled rows of one row group, gathered in C++
+            batch = gather_tensors(self.paths[file], self.plan.columns, spans, table, min(16, self.threads))
         else:  # consecutive rows: cut from each row group's tensors, made when it was decoded
             batch = range_tensors(self.paths[file], self.plan.columns, spans, table)
         self.fetch_seconds["rows"] += arrow - started
