@@ -36,7 +36,7 @@ ROLES = (  # (role, a frame that marks it), the first that matches
 )
 
 
-def summarize(path: str, top: int = 30) -> None:
+def summarize(path: str, top: int = 30, roles_by_frame=ROLES) -> None:
     """py-spy's raw samples (``-f raw``: one stack and its count a line) by role and by frame,
     leaving out imports and the data's first write."""
     roles, frames = collections.Counter(), collections.Counter()
@@ -47,7 +47,9 @@ def summarize(path: str, top: int = 30) -> None:
             continue
         n = int(count)
         total += n
-        roles[next((name for name, frame in ROLES if frame in stack), "other" if stack else "no Python frames")] += n
+        roles[
+            next((name for name, frame in roles_by_frame if frame in stack), "other" if stack else "no Python frames")
+        ] += n
         for frame in set(stack.split(";")[1:]):
             frames[frame[:110]] += n
     print(f"{total} samples with the GIL held")
