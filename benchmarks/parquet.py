@@ -75,7 +75,7 @@ from torch_fastload._benchutil import (  # noqa: E402
     warm_page_cache,
 )
 from torch_fastload._benchutil.timing import ThreadCpu  # noqa: E402
-from torch_fastload.sources import ParquetDataset, ParquetSampler  # noqa: E402
+from torch_fastload.sources import ParquetDataset, ParquetSampler, parquet_arena  # noqa: E402
 
 
 def batch_bytes(batch: dict) -> int:
@@ -532,6 +532,43 @@ def thread_grid(args) -> list:
     return cells
 
 
+class _FeedWatch:
+    """One overlap feed's host side: the host's lead over the GPU at each step (steps launched
+    and not finished), the garbage collector's pauses and collections by generation."""
+
+    def __init__(self):
+        self.launched: list = []
+        self.leads: list = []
+        self.gc_ms = 0.0
+        self.collections = [0, 0, 0]
+        self._gc_started = 0.0
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_ms += (time.perf_counter() - self._gc_started) * 1e3
+            self.collections[info["generation"]] += 1
+
+    def stepped(self) -> None:
+        event = torch.cuda.Event()
+        event.record()
+        self.launched.append(event)
+        while self.launched and self.launched[0].query():
+            self.launched.pop(0)
+        self.leads.append(len(self.launched))
+
+    def done(self) -> dict:
+        gc.callbacks.remove(self._gc)
+        return {
+            "lead_mean": float(np.mean(self.leads)) if self.leads else 0.0,
+            "lead_max": int(max(self.leads, default=0)),
+            "gc_ms": self.gc_ms,
+            "gc_collections": self.collections,
+        }
+
+
 def overlap_step(device: torch.device, decode_s: float):
     """The overlap row's stand-in training step: bf16 GEMMs for at least 1.2x a batch's decode,
     then a read of the batch (so a step cannot finish before its batch arrived); and their count."""
@@ -565,25 +602,42 @@ def overlap(args, path: Path) -> dict | None:
     resident = [{k: v.clone() for k, v in b.items()} for _, b in zip(range(steps), first)]
     first.close()  # stopped now, not by a garbage collection inside a timed feed
 
+    feeds: list = []  # what each feed saw: the host's lead, next()'s time, the collector's pauses
+
     def timed(feed: str) -> float:
         batches = iter(resident) if feed == "resident" else iter(loader)
         if feed == "fastload":
             for _ in range(warmup):
                 step(next(batches))
         sync(args.device)
+        watch = _FeedWatch()
         started = time.perf_counter()
         for _, b in zip(range(steps), batches):
             step(b)
+            watch.stepped()
         sync(args.device)
+        seconds = (time.perf_counter() - started) / steps
+        feeds.append({"feed": feed, "ms": seconds * 1e3, **watch.done()})
         getattr(batches, "close", lambda: None)()
-        return (time.perf_counter() - started) / steps
+        return seconds
 
     # resident / fastload pairs, interleaved: the median of the pairs' ratios, as the epochs'
     # comparison with read_table does (one run of each swings with the machine's state)
     pairs = [(timed("resident"), timed("fastload")) for _ in range(args.overlap_rounds)]
+    path = loader.stats().path
     dataset.close()
     ratios = sorted(f / r for r, f in pairs)
     return {
+        # the process's state beside the feeds: the slow regime showed in this benchmark's
+        # process and not in a fresh one (benchmarks/gpu/parquet_overlap.py)
+        "feeds": feeds,
+        "process": {
+            "threads_alive": threading.active_count(),
+            "pyarrow_cpu_count": pa.cpu_count(),
+            "arena": parquet_arena.arena_stats(),
+            "python_objects": len(gc.get_objects()),
+            "loader_path": path,
+        },
         "batch_rows": rows,
         "steps": steps,
         "rounds": len(pairs),
@@ -615,12 +669,14 @@ def verdicts(study: Study) -> None:
             f"worst {worst['over_torch']:.1f}x ({worst['name']})",
         )
     if ov := study.get("overlap"):
+        leads = ", ".join(f"{f['feed'][0]} {f['lead_mean']:.1f}" for f in ov.get("feeds", []))
         study.verdict(
             "bf16 step fed <= 1.05x device-resident",
             ov["over_resident"] <= 1.05,
             f"{ov['over_resident']:.3f}x, median of {ov['rounds']} interleaved pairs "
             f"({', '.join(f'{r:.3f}' for r in ov['pair_ratios'])}; {ov['fastload_ms']:.2f} vs "
-            f"{ov['resident_ms']:.2f} ms a step, decode {ov['decode_ms']:.2f} ms a batch)",
+            f"{ov['resident_ms']:.2f} ms a step, decode {ov['decode_ms']:.2f} ms a batch; host lead, "
+            f"steps: {leads})",
         )
     for c in cells:
         study.figure(f"{c['name']}_gbps".replace(" ", "_"), c["fastload"]["gbps"])
