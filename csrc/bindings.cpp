@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <deque>
 #include <cstring>
 #include <optional>
 
@@ -266,19 +267,20 @@ struct PyOwnedBytes {
   ~PyOwnedBytes() { std::free(data); }
 };
 
-// columns: (offsets: 1-D int32/int64 array of num_rows + 1 values, or None for fixed-size rows,
-// values pointer, values bytes, bytes of a value (ragged) or of a row (fixed), num_rows) each;
-// rows: a 1-D int64 array. The arrays and the memory behind the pointers must outlive the call.
+// columns: each a list of sources (a column's row groups, rows back to back), each source
+// (offsets: 1-D int32/int64 array of num_rows + 1 values, or None for fixed-size rows, values
+// pointer, values bytes, bytes of a value (ragged) or of a row (fixed), num_rows); a bare tuple is
+// one source. rows: a 1-D int64 array. The arrays and the memory behind the pointers must
+// outlive the call.
 py::list gather_rows(const py::list& columns, const py::object& rows, int num_threads) {
   int width = 0;
   const py::buffer_info row_info = int_buffer(rows, "rows", &width);
   if (width != 8) throw py::type_error("rows must be int64");
-  std::vector<tfl::GatherColumn> specs;
-  std::vector<py::buffer_info> keep;  // the offsets' buffer views, held through the call
-  keep.reserve(columns.size());
-  for (const py::handle item : columns) {
+  std::vector<std::vector<tfl::GatherColumn>> specs;
+  std::deque<py::buffer_info> keep;  // the offsets' buffer views, held through the call
+  auto source = [&](const py::handle item) {
     const py::tuple t = py::reinterpret_borrow<py::tuple>(item);
-    if (t.size() != 5) throw py::value_error("each column is (offsets, values_ptr, values_bytes, elem_bytes, num_rows)");
+    if (t.size() != 5) throw py::value_error("each source is (offsets, values_ptr, values_bytes, elem_bytes, num_rows)");
     tfl::GatherColumn c;
     c.values = reinterpret_cast<const uint8_t*>(t[1].cast<uint64_t>());
     c.values_bytes = t[2].cast<int64_t>();
@@ -293,7 +295,16 @@ py::list gather_rows(const py::list& columns, const py::object& rows, int num_th
       c.offsets = static_cast<const char*>(keep.back().ptr);
       c.offsets_width = offsets_width;
     }
-    specs.push_back(c);
+    return c;
+  };
+  for (const py::handle item : columns) {
+    std::vector<tfl::GatherColumn> parts;
+    if (py::isinstance<py::tuple>(item)) {
+      parts.push_back(source(item));
+    } else {
+      for (const py::handle part : py::reinterpret_borrow<py::sequence>(item)) parts.push_back(source(part));
+    }
+    specs.push_back(std::move(parts));
   }
   const auto* row_ptr = static_cast<const int64_t*>(row_info.ptr);
   const int64_t n = static_cast<int64_t>(row_info.shape[0]);
@@ -577,10 +588,11 @@ PYBIND11_MODULE(_C, m) {
       })
       .def("__len__", [](const PyOwnedBytes& b) { return b.size; });
   m.def("gather_rows", &gather_rows, py::arg("columns"), py::arg("rows"), py::arg("num_threads") = 8,
-        "Rows `rows` (int64) of each column of a decoded row group, in order, into new buffers, the GIL\n"
-        "released: columns are (offsets int32/int64 array or None, values_ptr, values_bytes, elem_bytes,\n"
-        "num_rows); a ragged column's rows are values[offsets[r]:offsets[r+1]] of elem_bytes each, a fixed\n"
-        "one's elem_bytes a row. Returns [(offsets OwnedBytes of int64 from 0, or None; values OwnedBytes)].\n"
+        "Rows `rows` (int64) of each column, in order, into new buffers, the GIL released: a column is a\n"
+        "list of sources (its row groups, rows back to back; a bare tuple is one), each (offsets int32/int64\n"
+        "array or None, values_ptr, values_bytes, elem_bytes, num_rows); a ragged source's rows are\n"
+        "values[offsets[r]:offsets[r+1]] of elem_bytes each, a fixed one's elem_bytes a row.\n"
+        "Returns [(offsets OwnedBytes of int64 from 0, or None; values OwnedBytes)].\n"
         "A row out of range or offsets outside the values raise RangeError naming the column and row.");
   py::class_<PyInt64Buffer>(m, "Int64Buffer", py::buffer_protocol(),
                             "An int64 array owned by C++ (a sampler's result): view it with np.asarray.")

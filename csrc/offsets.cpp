@@ -109,42 +109,107 @@ inline int64_t offset_of(const GatherColumn& c, int64_t k) {
   return c.offsets_width == 4 ? offset_at<int32_t>(c.offsets, k) : offset_at<int64_t>(c.offsets, k);
 }
 
-// Batch positions order[0..count) of a fixed-size column: out[p] = in[rows[p]].
-template <typename T>
-void gather_fixed(const uint8_t* src, uint8_t* dst, const int64_t* rows, const uint32_t* order, int64_t count) {
-  const T* in = reinterpret_cast<const T*>(src);
-  T* out = reinterpret_cast<T*>(dst);
-  for (int64_t k = 0; k < count; ++k) out[order[k]] = in[rows[order[k]]];
+// A column's sources with their first rows: a row of the column is (source, row in it).
+struct Sources {
+  const std::vector<GatherColumn>* parts;
+  std::vector<int64_t> first;  // first[s]: the column's first row in source s; first.back(): its rows
+  bool ragged;
+
+  explicit Sources(const std::vector<GatherColumn>& p) : parts(&p), first(p.size() + 1, 0), ragged(false) {
+    for (size_t s = 0; s < p.size(); ++s) first[s + 1] = first[s] + p[s].num_rows;
+    ragged = !p.empty() && p[0].offsets != nullptr;
+  }
+  int64_t rows() const { return first.back(); }
+  // the source of row `r` (0 <= r < rows()) and r's row in it
+  size_t locate(int64_t r, int64_t* local) const {
+    size_t s = 0;
+    if (parts->size() > 1) s = static_cast<size_t>(std::upper_bound(first.begin() + 1, first.end() - 1, r) - first.begin() - 1);
+    *local = r - first[s];
+    return s;
+  }
+};
+
+std::string row_error(size_t position, int64_t row, int64_t k, int64_t rows) {
+  return "gather_rows: column #" + std::to_string(position) + ": row " + std::to_string(row) + " (batch position " +
+         std::to_string(k) + ") is outside its " + std::to_string(rows) + " rows";
 }
 
-// The output offsets of a ragged column (from 0) and its rows checked: in range, and each row's
-// values inside the source's values.
-void ragged_offsets(const GatherColumn& c, size_t position, const int64_t* rows, int64_t n, int64_t* out) {
-  const int64_t capacity = c.values_bytes / c.elem_bytes;
-  int64_t at = 0;
+// memcpy for the short values of string columns (ids, codes: most under 32 bytes) without a
+// call a row: two overlapping fixed-size copies inside [0, n) cover 4-32 bytes.
+inline void copy_small(uint8_t* dst, const uint8_t* src, int64_t n) {
+  if (n >= 16 && n <= 32) {
+    std::memcpy(dst, src, 16);
+    std::memcpy(dst + n - 16, src + n - 16, 16);
+  } else if (n >= 8 && n < 16) {
+    std::memcpy(dst, src, 8);
+    std::memcpy(dst + n - 8, src + n - 8, 8);
+  } else if (n >= 4 && n < 8) {
+    std::memcpy(dst, src, 4);
+    std::memcpy(dst + n - 4, src + n - 4, 4);
+  } else if (n > 32) {
+    std::memcpy(dst, src, static_cast<size_t>(n));
+  } else {
+    for (int64_t k = 0; k < n; ++k) dst[k] = src[k];
+  }
+}
+
+// Walks a column's sources in increasing row order: the source of each row and its row there.
+struct Cursor {
+  const Sources& src;
+  size_t s;
+  Cursor(const Sources& sources, int64_t first_row) : src(sources), s(0) {
+    int64_t unused = 0;
+    s = src.locate(first_row, &unused);
+  }
+  int64_t local(int64_t r) {
+    while (s + 2 < src.first.size() && r >= src.first[s + 1]) ++s;
+    return r - src.first[s];
+  }
+};
+
+// A ragged column's output offsets (from 0) in batch order, each row's length read in row order
+// (`order`), and every row's values checked to lie inside its source's values.
+void ragged_offsets(const std::vector<GatherColumn>& parts, const Sources& src, size_t position, const int64_t* rows,
+                    const uint32_t* order, int64_t n, int64_t* out) {
   out[0] = 0;
+  if (n == 0) return;
+  Cursor cursor(src, rows[order[0]]);
   for (int64_t k = 0; k < n; ++k) {
-    const int64_t r = rows[k];
-    if (r < 0 || r >= c.num_rows)
-      throw Error(Error::kRange, "gather_rows: column #" + std::to_string(position) + ": row " + std::to_string(r) +
-                                     " (batch position " + std::to_string(k) + ") is outside its " +
-                                     std::to_string(c.num_rows) + " rows");
-    const int64_t begin = offset_of(c, r), end = offset_of(c, r + 1);
+    const int64_t p = order[k], r = rows[p];
+    const int64_t local = cursor.local(r);
+    const GatherColumn& c = parts[cursor.s];
+    const int64_t capacity = c.values_bytes / c.elem_bytes;
+    const int64_t begin = offset_of(c, local), end = offset_of(c, local + 1);
     if (begin < 0 || end < begin || end > capacity)
       throw Error(Error::kRange, "gather_rows: column #" + std::to_string(position) + ": row " + std::to_string(r) +
                                      " spans values [" + std::to_string(begin) + ", " + std::to_string(end) +
                                      ") outside its " + std::to_string(capacity) + " values (corrupt offsets)");
-    at += end - begin;
-    out[k + 1] = at;
+    out[p + 1] = end - begin;
   }
+  for (int64_t k = 0; k < n; ++k) out[k + 1] += out[k];
 }
 
-void check_fixed_rows(const GatherColumn& c, size_t position, const int64_t* rows, int64_t n) {
-  for (int64_t k = 0; k < n; ++k) {
-    if (rows[k] < 0 || rows[k] >= c.num_rows)
-      throw Error(Error::kRange, "gather_rows: column #" + std::to_string(position) + ": row " +
-                                     std::to_string(rows[k]) + " (batch position " + std::to_string(k) +
-                                     ") is outside its " + std::to_string(c.num_rows) + " rows");
+// Batch positions order[0..count) (increasing rows) of a fixed-size column: out[p] = row rows[p].
+template <typename T>
+void gather_fixed(const std::vector<GatherColumn>& parts, const Sources& src, uint8_t* dst, const int64_t* rows,
+                  const uint32_t* order, int64_t count) {
+  T* out = reinterpret_cast<T*>(dst);
+  const int64_t* first = src.first.data();
+  const size_t last = parts.size() - 1;
+  size_t s = 0;
+  int64_t unused = 0;
+  s = src.locate(rows[order[0]], &unused);
+  const T* in = reinterpret_cast<const T*>(parts[s].values);
+  int64_t end = first[s + 1], at = first[s];
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t p = order[k], r = rows[p];
+    while (r >= end && s < last) {  // the next source (rows come in increasing order)
+      ++s;
+      in = reinterpret_cast<const T*>(parts[s].values);
+      at = first[s];
+      end = first[s + 1];
+    }
+    out[p] = in[r - at];
   }
 }
 
@@ -160,74 +225,95 @@ struct GatheredOwner {  // frees what gather_rows allocated if it throws before 
 
 }  // namespace
 
-std::vector<GatheredColumn> gather_rows(const std::vector<GatherColumn>& columns, const int64_t* rows, int64_t n,
-                                        int num_threads) {
+std::vector<GatheredColumn> gather_rows(const std::vector<std::vector<GatherColumn>>& columns, const int64_t* rows,
+                                        int64_t n, int num_threads) {
   if (num_threads < 1 || num_threads > kMaxThreads)
     throw Error(Error::kInvalid, "num_threads must be in [1, " + std::to_string(kMaxThreads) + "], got " +
                                      std::to_string(num_threads));
   if (n < 0) throw Error(Error::kInvalid, "gather_rows: n must be >= 0");
-  for (size_t i = 0; i < columns.size(); ++i) {
-    const GatherColumn& c = columns[i];
-    const std::string name = "gather_rows: column #" + std::to_string(i);
-    if (c.elem_bytes <= 0 || c.num_rows < 0 || c.values_bytes < 0) throw Error(Error::kInvalid, name + ": bad sizes");
-    if ((c.values == nullptr && c.values_bytes) || (c.offsets != nullptr && c.offsets_width != 4 && c.offsets_width != 8))
-      throw Error(Error::kInvalid, name + ": bad pointers or offsets width");
-    if (c.offsets == nullptr && c.num_rows * c.elem_bytes > c.values_bytes)
-      throw Error(Error::kRange, name + ": " + std::to_string(c.num_rows) + " rows of " + std::to_string(c.elem_bytes) +
-                                     " bytes exceed its " + std::to_string(c.values_bytes) + " bytes");
-  }
-  int64_t max_rows = 1;  // rows are checked against each column's num_rows in step 1
-  for (const GatherColumn& c : columns) max_rows = std::max(max_rows, c.num_rows);
   if (n > int64_t(UINT32_MAX)) throw Error(Error::kInvalid, "gather_rows: at most 2^32 - 1 rows a call");
+  std::vector<Sources> sources;
+  sources.reserve(columns.size());
+  for (size_t i = 0; i < columns.size(); ++i) {
+    const std::string name = "gather_rows: column #" + std::to_string(i);
+    if (columns[i].empty()) throw Error(Error::kInvalid, name + ": no sources");
+    const bool ragged = columns[i][0].offsets != nullptr;
+    for (const GatherColumn& c : columns[i]) {
+      if (c.elem_bytes <= 0 || c.num_rows < 0 || c.values_bytes < 0) throw Error(Error::kInvalid, name + ": bad sizes");
+      if (c.elem_bytes != columns[i][0].elem_bytes || (c.offsets != nullptr) != ragged)
+        throw Error(Error::kInvalid, name + ": its sources differ in kind or element size");
+      if ((c.values == nullptr && c.values_bytes) || (ragged && c.offsets_width != 4 && c.offsets_width != 8))
+        throw Error(Error::kInvalid, name + ": bad pointers or offsets width");
+      if (!ragged && c.num_rows * c.elem_bytes > c.values_bytes)
+        throw Error(Error::kRange, name + ": " + std::to_string(c.num_rows) + " rows of " +
+                                       std::to_string(c.elem_bytes) + " bytes exceed its " +
+                                       std::to_string(c.values_bytes) + " bytes");
+    }
+    sources.emplace_back(columns[i]);
+  }
+  // every row checked against every column first: the batch is refused whole, naming the row
+  int64_t lowest = 0, highest = -1;
+  for (int64_t k = 0; k < n; ++k) {
+    lowest = k ? std::min(lowest, rows[k]) : rows[k];
+    highest = std::max(highest, rows[k]);
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (n && (lowest < 0 || highest >= sources[i].rows())) {
+      for (int64_t k = 0; k < n; ++k)
+        if (rows[k] < 0 || rows[k] >= sources[i].rows())
+          throw Error(Error::kRange, row_error(i, rows[k], k, sources[i].rows()));
+    }
+  }
+  const std::vector<uint32_t> order = row_order(rows, n, std::max<int64_t>(1, highest + 1));
   GatheredOwner owner;
   owner.columns.resize(columns.size());
   const size_t width = static_cast<size_t>(num_threads);
-  // 1. each column's rows checked, ragged columns' offsets made, values allocated
+  // 1. ragged columns' offsets made (their values checked), every column's values allocated
   ThreadPool::instance().run(columns.size(), width, [&](size_t i, const std::atomic<bool>&) {
-    const GatherColumn& c = columns[i];
     GatheredColumn& g = owner.columns[i];
     int64_t values = n;
-    if (c.offsets != nullptr) {
+    if (sources[i].ragged) {
       g.offsets = static_cast<int64_t*>(std::malloc(sizeof(int64_t) * static_cast<size_t>(n + 1)));
       if (g.offsets == nullptr) throw std::bad_alloc();
-      ragged_offsets(c, i, rows, n, g.offsets);
+      ragged_offsets(columns[i], sources[i], i, rows, order.data(), n, g.offsets);
       values = g.offsets[n];
-    } else {
-      check_fixed_rows(c, i, rows, n);
     }
-    g.values_bytes = values * c.elem_bytes;
+    g.values_bytes = values * columns[i][0].elem_bytes;
     g.values = static_cast<uint8_t*>(std::malloc(static_cast<size_t>(std::max<int64_t>(1, g.values_bytes))));
     if (g.values == nullptr) throw std::bad_alloc();
   });
   // 2. the values copied, each column in tasks of kGatherRowsPerTask rows taken in row order
-  const std::vector<uint32_t> order = row_order(rows, n, max_rows);
   const int64_t per_column = std::max<int64_t>(1, (n + kGatherRowsPerTask - 1) / kGatherRowsPerTask);
   ThreadPool::instance().run(columns.size() * per_column, width, [&](size_t t, const std::atomic<bool>&) {
     const size_t i = t / per_column;
     const int64_t first = static_cast<int64_t>(t % per_column) * kGatherRowsPerTask;
     const int64_t count = std::min(kGatherRowsPerTask, n - first);
     if (count <= 0) return;
-    const GatherColumn& c = columns[i];
+    const std::vector<GatherColumn>& parts = columns[i];
+    const Sources& src = sources[i];
+    const int64_t elem = parts[0].elem_bytes;
     GatheredColumn& g = owner.columns[i];
     const uint32_t* o = order.data() + first;
-    if (c.offsets == nullptr) {
-      switch (c.elem_bytes) {
-        case 1: gather_fixed<uint8_t>(c.values, g.values, rows, o, count); break;
-        case 2: gather_fixed<uint16_t>(c.values, g.values, rows, o, count); break;
-        case 4: gather_fixed<uint32_t>(c.values, g.values, rows, o, count); break;
-        case 8: gather_fixed<uint64_t>(c.values, g.values, rows, o, count); break;
-        default:
-          for (int64_t k = 0; k < count; ++k)
-            std::memcpy(g.values + int64_t(o[k]) * c.elem_bytes, c.values + rows[o[k]] * c.elem_bytes,
-                        static_cast<size_t>(c.elem_bytes));
+    if (!src.ragged) {
+      switch (elem) {
+        case 1: gather_fixed<uint8_t>(parts, src, g.values, rows, o, count); return;
+        case 2: gather_fixed<uint16_t>(parts, src, g.values, rows, o, count); return;
+        case 4: gather_fixed<uint32_t>(parts, src, g.values, rows, o, count); return;
+        case 8: gather_fixed<uint64_t>(parts, src, g.values, rows, o, count); return;
+        default: break;
       }
-      return;
     }
+    Cursor cursor(src, rows[o[0]]);
     for (int64_t k = 0; k < count; ++k) {
       const int64_t p = o[k];
-      const int64_t begin = offset_of(c, rows[p]);
-      const int64_t bytes = (g.offsets[p + 1] - g.offsets[p]) * c.elem_bytes;
-      std::memcpy(g.values + g.offsets[p] * c.elem_bytes, c.values + begin * c.elem_bytes, static_cast<size_t>(bytes));
+      const int64_t local = cursor.local(rows[p]);
+      const GatherColumn& c = parts[cursor.s];
+      if (!src.ragged) {
+        std::memcpy(g.values + p * elem, c.values + local * elem, static_cast<size_t>(elem));
+        continue;
+      }
+      const int64_t begin = offset_of(c, local);
+      copy_small(g.values + g.offsets[p] * elem, c.values + begin * elem, (g.offsets[p + 1] - g.offsets[p]) * elem);
     }
   });
   std::vector<GatheredColumn> out;

@@ -16,9 +16,10 @@ int64_t rebase_offsets(const std::vector<int64_t>& dst_ptrs, const std::vector<i
                        const std::vector<int64_t>& counts, const std::vector<int64_t>& shifts,
                        const std::vector<int64_t>& src_widths, int num_threads);
 
-// One column of a decoded row group for gather_rows: fixed-size rows (offsets == nullptr, each
-// row elem_bytes at values + row * elem_bytes), or ragged rows (strings, lists: row r is values
-// [offsets[r], offsets[r + 1]) of elem_bytes each, offsets int32 or int64 per offsets_width).
+// One source of a column for gather_rows (a decoded row group's column): fixed-size rows
+// (offsets == nullptr, each row elem_bytes at values + row * elem_bytes), or ragged rows
+// (strings, lists: row r is values [offsets[r], offsets[r + 1]) of elem_bytes each, offsets
+// int32 or int64 per offsets_width).
 struct GatherColumn {
   const char* offsets = nullptr;
   int offsets_width = 0;
@@ -37,11 +38,13 @@ struct GatheredColumn {
 };
 
 // Rows `rows[0..n)` of every column, in that order, into new buffers: a shuffled Parquet batch
-// cut from one decoded row group in one call without the GIL (pyarrow's take runs column by
-// column, a Python call each, and copies each string one append at a time). Rows out of range
-// and offsets that leave the values (a corrupt page) throw Error::kRange naming the column's
-// position and the row; nothing is returned then.
-std::vector<GatheredColumn> gather_rows(const std::vector<GatherColumn>& columns, const int64_t* rows, int64_t n,
-                                        int num_threads);
+// cut from its decoded row groups in one call without the GIL (pyarrow's take runs column by
+// column, a Python call each, copies each string one append at a time, and joins a column's
+// row groups before it gathers). A column is one or more sources (its row groups, all ragged or
+// all fixed, one elem_bytes); a row indexes the sources' rows back to back. Rows are read in
+// row order. Rows out of range and offsets that leave the values (a corrupt page) throw
+// Error::kRange naming the column's position and the row; nothing is returned then.
+std::vector<GatheredColumn> gather_rows(const std::vector<std::vector<GatherColumn>>& columns, const int64_t* rows,
+                                        int64_t n, int num_threads);
 
 }  // namespace tfl

@@ -357,21 +357,34 @@ def test_decode_runs_ahead_of_the_batches_in_the_samplers_order(tmp_path, shuffl
     dataset.close()
 
 
-def test_shuffled_batches_gathered_column_by_column_in_parallel_equal_read_table(tmp_path):
-    """Batches of 5000 shuffled rows take the parallel per-column gather; every type and the
-    nulls come out as pyarrow's own take of the same rows."""
+@pytest.mark.parametrize("route", ["native", "arrow"])
+def test_shuffled_batches_across_row_groups_equal_read_table(tmp_path, route):
+    """Batches of 5000 shuffled rows spanning two or three row groups: gathered in one C++ call
+    across the row groups ('native'), or by the parallel per-column take ('arrow'); every type
+    and the nulls come out as pyarrow's own take of the same rows."""
+    from torch_fastload import config
+    from torch_fastload.sources.parquet_tensors import can_gather
+
+    if route == "native" and not can_gather():
+        pytest.skip("the C++ extension is not built")
     table = every_type(12000, seed=5)
     path = write(table, tmp_path / "t.parquet", row_group_size=3000)
-    dataset = ParquetDataset(path, threads=4)
-    sampler = ParquetSampler(dataset, seed=2, shuffle_rows=6000)
     reference = pq.read_table(path)
-    for rows in sampler.batches(5000):
-        batch = dataset.batch(rows)
-        taken = reference.take(pa.array(rows))
-        for spec in dataset.plan.columns:
-            for key, want in expected(taken, spec.name, spec.masked).items():
-                assert torch.equal(batch[key], want), key
-    assert dataset._reader().gather_pool is not None  # the parallel gather ran
+    with config.override(parquet_gather=route):
+        dataset = ParquetDataset(path, threads=4)
+        sampler = ParquetSampler(dataset, seed=2, shuffle_rows=6000)
+        spans = 0
+        for rows in sampler.batches(5000):
+            spans += len(np.unique(np.searchsorted(dataset.plan.starts, rows, side="right"))) > 1
+            batch = dataset.batch(rows)
+            taken = reference.take(pa.array(rows))
+            for spec in dataset.plan.columns:
+                for key, want in expected(taken, spec.name, spec.masked).items():
+                    assert batch[key].dtype == want.dtype, key
+                    assert torch.equal(batch[key], want), key
+    assert spans  # batches across row groups were read
+    # the per-column take ran only on the Arrow route
+    assert (dataset._reader().gather_pool is not None) == (route == "arrow")
     dataset.close()
 
 

@@ -256,8 +256,8 @@ class ParquetDataset(Dataset):
 
     def _table(self, index: np.ndarray | range) -> tuple:
         """(rows ``index`` as a table, the file of the first one, and for consecutive rows the
-        spans of ``range_tensors``, for shuffled rows of one row group a ``RowsGather``, else
-        None): the batch in Arrow. With spans or a gather the table is a function making it:
+        spans of ``range_tensors``, for shuffled rows a ``RowsGather`` (with the extension),
+        else None): the batch in Arrow. With spans or a gather the table is a function making it:
         those batches need it only for unprepared columns."""
         if not len(index):
             return self.plan.schema.empty_table(), 0, None
@@ -270,15 +270,19 @@ class ParquetDataset(Dataset):
         unique = np.flatnonzero(np.bincount(groups, minlength=len(self.plan.row_groups)))
         file = self.plan.row_groups[int(groups[0])].file
         decoded = self._reader().get(unique.tolist(), self._ahead(unique))
-        if len(decoded) == 1 and can_gather() and config.get("parquet_gather") == "native":
-            group = decoded[0]
-            rows = np.ascontiguousarray(index - self.plan.starts[int(unique[0])], dtype=np.int64)
-            return (lambda: self._reader().take(group.table, rows)), file, RowsGather(group.columns, rows)
         tables = [d.table for d in decoded]
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         base = np.zeros(len(self.plan.row_groups), dtype=np.int64)
         base[unique] = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
-        local = index - (self.plan.starts[:-1] - base)[groups]
+        local = np.ascontiguousarray(index - (self.plan.starts[:-1] - base)[groups], dtype=np.int64)
+        if can_gather() and config.get("parquet_gather") == "native":
+            gather = RowsGather([d.columns for d in decoded], [t.num_rows for t in tables], local)
+
+            def table() -> pa.Table:
+                whole = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+                return self._reader().take(whole, local)
+
+            return table, file, gather
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         return self._reader().take(table, local), file, None
 
     def _range(self, first: int, n: int) -> tuple:
@@ -317,7 +321,7 @@ class ParquetDataset(Dataset):
         arrow = time.perf_counter()
         if spans is None:
             batch = columns_to_tensors(self.paths[file], self.plan.columns, table)
-        elif isinstance(spans, RowsGather):  # shuffled rows of one row group, gathered in C++
+        elif isinstance(spans, RowsGather):  # shuffled rows, gathered in C++
             batch = gather_tensors(self.paths[file], self.plan.columns, spans, table, min(16, self.threads))
         else:  # consecutive rows: cut from each row group's tensors, made when it was decoded
             batch = range_tensors(self.paths[file], self.plan.columns, spans, table)

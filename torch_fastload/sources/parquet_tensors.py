@@ -10,6 +10,7 @@ rebases and widens them to int64 as it writes the slot, in C++ without the GIL.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import NamedTuple
 
@@ -206,6 +207,12 @@ def _list_tensors(path: str, spec: ColumnSpec, arr: pa.Array, out: dict) -> None
         out[spec.name], out[spec.name + "__offsets"] = tensor, _offsets_field(offsets)
 
 
+def _fixed_source(values: torch.Tensor) -> tuple:
+    """``gather_rows``' description of a tensor of fixed-size rows (no offsets)."""
+    row_bytes = values.element_size() * math.prod(values.shape[1:])
+    return (None, values.data_ptr(), len(values) * row_bytes, row_bytes, len(values))
+
+
 # -- a decoded row group's columns, made once; batches of consecutive rows cut from them ---
 class _Column(NamedTuple):
     """One column of a decoded row group: ``values`` (rows, or the bytes/list values back to
@@ -216,6 +223,8 @@ class _Column(NamedTuple):
     offsets: np.ndarray | None
     valid: np.ndarray | None
     mask: torch.Tensor | None
+    source: tuple | None = None  # ``gather_rows``' description of the values, made once
+    mask_source: tuple | None = None  # and of the mask
 
 
 def prepare_row_group(specs: list, table: pa.Table) -> tuple[list, int]:
@@ -271,7 +280,13 @@ def _prepare_column(spec: ColumnSpec, column: pa.ChunkedArray) -> _Column | None
         return None
     if offsets is not None:
         offsets = np.ascontiguousarray(offsets)
-    return _Column(values, offsets, valid, torch.from_numpy(valid) if valid is not None else None)
+    mask = torch.from_numpy(valid) if valid is not None else None
+    if offsets is None:
+        source = _fixed_source(values)
+    else:
+        item = values.element_size()
+        source = (offsets, values.data_ptr(), values.numel() * item, item, len(offsets) - 1)
+    return _Column(values, offsets, valid, mask, source, _fixed_source(mask) if mask is not None else None)
 
 
 _ONES = torch.ones(0, dtype=torch.bool)
@@ -338,12 +353,13 @@ def _ragged_range(parts: list) -> tuple[list, PendingOffsets]:
     return pieces, PendingOffsets(sources, starts, counts, shifts)
 
 
-# -- a shuffled batch's rows cut from one decoded row group's columns, in one C++ call ------
+# -- a shuffled batch's rows cut from its decoded row groups' columns, in one C++ call -------
 class RowsGather(NamedTuple):
-    """A batch's rows (int64, in batch order) within one decoded row group, and that row
-    group's prepared columns (``prepare_row_group``)."""
+    """A batch's rows (int64, in batch order) within its decoded row groups, counted through
+    them back to back, and each row group's prepared columns (``prepare_row_group``)."""
 
-    columns: list
+    groups: list  # per row group: its prepared columns
+    sizes: list  # per row group: its rows
     rows: np.ndarray
 
 
@@ -362,48 +378,51 @@ def _owned_tensor(buffer, dtype: torch.dtype, tail: tuple) -> torch.Tensor:
 
 
 def gather_tensors(path: str, specs: list, gather: RowsGather, table_of, threads: int) -> dict:
-    """The batch dict of ``gather.rows`` of one row group: every prepared column's rows (values,
-    offsets, masks) gathered by one ``gather_rows`` call without the GIL; the same keys and values
-    as ``columns_to_tensors`` of the same rows. pyarrow's take, the route before, made a Python
-    call a column and appended each string on its own (4-5 ms of a 16K-row alert batch on the
-    H200, most of the loader's time a batch). ``table_of()``: the rows in Arrow, for columns not
-    prepared (made only for those)."""
+    """The batch dict of ``gather.rows``: every column prepared in all the batch's row groups
+    has its rows (values, offsets, masks) gathered by one ``gather_rows`` call without the GIL;
+    the same keys and values as ``columns_to_tensors`` of the same rows. pyarrow's take, the
+    route before, made a Python call a column, appended each string on its own and joined a
+    column's row groups first (4-5 ms of a 16K-row alert batch on the H200, most of the
+    loader's time a batch). ``table_of()``: the rows in Arrow, for the other columns (made only
+    for those)."""
     rows = gather.rows
     n = len(rows)
+    firsts = np.cumsum([0] + list(gather.sizes))
     out: dict = {}
     table = None
     descriptors, places = [], []  # places: (key, dtype, row shape, ragged) of each descriptor
     for j, spec in enumerate(specs):
-        column = gather.columns[j]
-        if column is None:
+        parts = [group[j] for group in gather.groups]
+        if any(part is None for part in parts):
             table = table_of() if table is None else table
             out.update(_column_tensors(path, spec, table.column(j)))
             continue
         name = spec.name
-        if column.valid is not None and not spec.masked and not column.valid[rows].all():
-            raise ParquetDecodeError(
-                path, "holds nulls that its statistics did not report; open with masks='always'", column=name
-            )
-        values = column.values
-        item = values.element_size()
-        if column.offsets is None:
-            tail = tuple(values.shape[1:])
-            row_bytes = item * int(np.prod(tail, dtype=np.int64))
-            descriptors.append((None, values.data_ptr(), len(values) * row_bytes, row_bytes, len(values)))
-            places.append((name, values.dtype, tail, False))
-        else:
-            offsets = column.offsets
-            descriptors.append((offsets, values.data_ptr(), values.numel() * item, item, len(offsets) - 1))
-            places.append((name, values.dtype, (), True))
+        if not spec.masked:
+            for g, part in enumerate(parts):
+                if part.valid is None:
+                    continue
+                mine = rows[(rows >= firsts[g]) & (rows < firsts[g + 1])] - firsts[g]
+                if not part.valid[mine].all():
+                    raise ParquetDecodeError(
+                        path, "holds nulls that its statistics did not report; open with masks='always'", column=name
+                    )
+        first = parts[0]
+        descriptors.append([part.source for part in parts])
+        places.append((name, first.values.dtype, tuple(first.values.shape[1:]), first.offsets is not None))
         out[name] = None  # the key's place in the batch, as columns_to_tensors orders them
-        if column.offsets is not None:
+        if first.offsets is not None:
             out[name + "__offsets"] = None
         if spec.masked:
-            if column.mask is None:
+            if all(part.mask is None for part in parts):
                 out[name + "__valid"] = PendingConcat([_ones(n)])  # never a view of the shared ones
             else:
-                mask = column.mask
-                descriptors.append((None, mask.data_ptr(), len(mask), 1, len(mask)))
+                descriptors.append(
+                    [
+                        part.mask_source if part.mask is not None else _fixed_source(_ones(size))
+                        for part, size in zip(parts, gather.sizes)
+                    ]
+                )
                 places.append((name + "__valid", torch.bool, (), False))
                 out[name + "__valid"] = None
     if descriptors:
