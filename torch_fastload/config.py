@@ -476,9 +476,9 @@ OPTIONS: dict[str, Option] = {
             "parquet_gather",
             "native",
             _choice("native", "arrow"),
-            "how a shuffled Parquet batch's rows are cut from the decoded row group they lie in: 'native', "
+            "how a shuffled Parquet batch's rows are cut from the decoded row groups they lie in: 'native', "
             "every column in one C++ call without the GIL (the extension's gather_rows); 'arrow', pyarrow's "
-            "take, a call a column (the route before; batches across row groups always take it)",
+            "take, a call a column (the route before; columns not prepared, e.g. dictionary ones, always take it)",
         ),
         Option(
             "pack_verify",

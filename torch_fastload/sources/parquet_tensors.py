@@ -1,11 +1,12 @@
 """Arrow columns as the batch's tensors, with no per-row Python.
 
-Two routes: ``columns_to_tensors`` turns any table (a shuffled batch's gathered rows) into
-tensors chunk by chunk; ``prepare_row_group`` makes each decoded row group's tensors and
-numpy views once, on its decode thread, and ``range_tensors`` cuts a batch of consecutive rows
+Three routes: ``columns_to_tensors`` turns any table (a shuffled batch's rows taken by Arrow)
+into tensors chunk by chunk; ``prepare_row_group`` makes each decoded row group's tensors and
+numpy views once, on its decode thread, ``range_tensors`` cuts a batch of consecutive rows
 from them with a slice per row group, so the serial fetch of an unshuffled batch does no Arrow
-work and moves no bytes. Both leave string/list offsets as ``PendingOffsets``: the stager
-rebases and widens them to int64 as it writes the slot, in C++ without the GIL.
+work and moves no bytes, and ``gather_tensors`` cuts a shuffled batch's rows from them in one
+C++ call without the GIL. The first two leave string/list offsets as ``PendingOffsets``: the
+stager rebases and widens them to int64 as it writes the slot, in C++ without the GIL.
 """
 
 from __future__ import annotations
