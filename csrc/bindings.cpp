@@ -256,7 +256,7 @@ py::tuple sampler_sample(const PyNeighborSampler& s, const I64Array& seeds, cons
   return py::make_tuple(n_id, edge_index);
 }
 
-// Bytes malloc'd by C++ (gather_rows' results) handed over without a copy: np.frombuffer and
+// Bytes of C++'s gathered-buffer pool (gather_rows' results) handed over without a copy: np.frombuffer and
 // torch.frombuffer view them, and keep this object (so the memory) alive.
 struct PyOwnedBytes {
   uint8_t* data = nullptr;
@@ -264,7 +264,7 @@ struct PyOwnedBytes {
   PyOwnedBytes(uint8_t* d, py::ssize_t n) : data(d), size(n) {}
   PyOwnedBytes(PyOwnedBytes&& o) noexcept : data(o.data), size(o.size) { o.data = nullptr; }
   PyOwnedBytes(const PyOwnedBytes&) = delete;
-  ~PyOwnedBytes() { std::free(data); }
+  ~PyOwnedBytes() { tfl::release_gathered(data); }
 };
 
 // columns: each a list of sources (a column's row groups, rows back to back), each source

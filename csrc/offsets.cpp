@@ -4,7 +4,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <new>
 #include <string>
+#include <vector>
+
+#include <pthread.h>
 
 #include "engine.h"
 
@@ -217,13 +222,77 @@ struct GatheredOwner {  // frees what gather_rows allocated if it throws before 
   std::vector<GatheredColumn> columns;
   ~GatheredOwner() {
     for (GatheredColumn& g : columns) {
-      std::free(g.offsets);
-      std::free(g.values);
+      release_gathered(g.offsets);
+      release_gathered(g.values);
     }
   }
 };
 
 }  // namespace
+
+namespace {
+
+// Free gathered buffers by size class (2^k bytes, 4 KiB and up), each with a 64-byte header
+// holding its class.
+constexpr int kMinClass = 12, kMaxClass = 40;
+constexpr size_t kHeader = 64;
+constexpr size_t kKeepBytes = size_t(256) << 20;
+
+struct GatheredPool {
+  std::mutex mu;
+  std::vector<std::vector<uint8_t*>> free{size_t(kMaxClass + 1)};
+  size_t kept = 0;
+};
+
+GatheredPool& gathered_pool() {
+  static GatheredPool* pool = [] {
+    auto* p = new GatheredPool();  // never destroyed: buffers may be given back at exit
+    // a fork while another thread holds the lock would leave it held in the child
+    pthread_atfork([] { gathered_pool().mu.lock(); }, [] { gathered_pool().mu.unlock(); },
+                   [] { gathered_pool().mu.unlock(); });
+    return p;
+  }();
+  return *pool;
+}
+
+}  // namespace
+
+uint8_t* gathered_buffer(int64_t bytes) {
+  int k = kMinClass;
+  while (k < kMaxClass && (int64_t(1) << k) < bytes) ++k;
+  if ((int64_t(1) << k) < bytes) throw Error(Error::kInvalid, "gather_rows: a column of " + std::to_string(bytes) + " bytes");
+  GatheredPool& pool = gathered_pool();
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    std::vector<uint8_t*>& list = pool.free[k];
+    if (!list.empty()) {
+      uint8_t* buffer = list.back();
+      list.pop_back();
+      pool.kept -= size_t(1) << k;
+      return buffer;
+    }
+  }
+  void* raw = std::aligned_alloc(kHeader, kHeader + (size_t(1) << k));
+  if (raw == nullptr) throw std::bad_alloc();
+  *static_cast<int*>(raw) = k;
+  return static_cast<uint8_t*>(raw) + kHeader;
+}
+
+void release_gathered(void* buffer) {
+  if (buffer == nullptr) return;
+  uint8_t* raw = static_cast<uint8_t*>(buffer) - kHeader;
+  const int k = *reinterpret_cast<int*>(raw);
+  GatheredPool& pool = gathered_pool();
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (pool.kept + (size_t(1) << k) <= kKeepBytes) {
+      pool.free[k].push_back(static_cast<uint8_t*>(buffer));
+      pool.kept += size_t(1) << k;
+      return;
+    }
+  }
+  std::free(raw);
+}
 
 std::vector<GatheredColumn> gather_rows(const std::vector<std::vector<GatherColumn>>& columns, const int64_t* rows,
                                         int64_t n, int num_threads) {
@@ -273,14 +342,12 @@ std::vector<GatheredColumn> gather_rows(const std::vector<std::vector<GatherColu
     GatheredColumn& g = owner.columns[i];
     int64_t values = n;
     if (sources[i].ragged) {
-      g.offsets = static_cast<int64_t*>(std::malloc(sizeof(int64_t) * static_cast<size_t>(n + 1)));
-      if (g.offsets == nullptr) throw std::bad_alloc();
+      g.offsets = reinterpret_cast<int64_t*>(gathered_buffer(int64_t(sizeof(int64_t)) * (n + 1)));
       ragged_offsets(columns[i], sources[i], i, rows, order.data(), n, g.offsets);
       values = g.offsets[n];
     }
     g.values_bytes = values * columns[i][0].elem_bytes;
-    g.values = static_cast<uint8_t*>(std::malloc(static_cast<size_t>(std::max<int64_t>(1, g.values_bytes))));
-    if (g.values == nullptr) throw std::bad_alloc();
+    g.values = gathered_buffer(std::max<int64_t>(1, g.values_bytes));
   });
   // 2. the values copied, each column in tasks of kGatherRowsPerTask rows taken in row order
   const int64_t per_column = std::max<int64_t>(1, (n + kGatherRowsPerTask - 1) / kGatherRowsPerTask);
