@@ -4,6 +4,8 @@ pyarrow's values across row-group boundaries, with nulls, sliced arrays and 64-b
 
 from __future__ import annotations
 
+import resource
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -226,3 +228,38 @@ def test_a_batch_of_one_row_group_hands_out_masks_of_its_own(tmp_path):
     again = dataset.batch(range(0, 50))
     assert torch.equal(again["id__valid"], want_id) and torch.equal(again["word__valid"], want_word)
     dataset.close()
+
+
+def test_gather_rows_across_sources_checks_rows_and_reuses_its_buffers():
+    """The C++ gather behind shuffled Parquet batches: rows counted through a column's sources
+    back to back (an empty one between), int32 and int64 offsets, fixed-size rows; a row out of
+    range or offsets past the values refuse the whole call (RangeError); a result's buffers go
+    back to the pool when it is dropped and serve the next call (no fresh pages a batch)."""
+    _C = pytest.importorskip("torch_fastload._C")
+    a, va = np.array([0, 1, 3], np.int32), np.frombuffer(b"abc", np.uint8)
+    b, vb = np.array([0], np.int64), np.zeros(1, np.uint8)
+    c, vc = np.array([0, 2, 2, 5], np.int64), np.frombuffer(b"dexyz", np.uint8)
+    strings = [(a, va.ctypes.data, 3, 1, 2), (b, vb.ctypes.data, 0, 1, 0), (c, vc.ctypes.data, 5, 1, 3)]
+    f1, f2 = np.array([10, 20], np.int16), np.array([30, 40, 50], np.int16)
+    shorts = [(None, f1.ctypes.data, 4, 2, 2), (None, f2.ctypes.data, 6, 2, 3)]
+    rows = np.array([4, 0, 2, 1, 3], np.int64)
+    (offsets, values), (none, fixed) = _C.gather_rows([strings, shorts], rows, 2)
+    assert np.frombuffer(offsets, np.int64).tolist() == [0, 3, 4, 6, 8, 8]
+    assert bytes(np.frombuffer(values, np.uint8)) == b"xyzadebc"
+    assert none is None and np.frombuffer(fixed, np.int16).tolist() == [50, 10, 30, 20, 40]
+
+    with pytest.raises(_C.RangeError, match=r"column #1: row 5 \(batch position 1\) is outside its 5 rows"):
+        _C.gather_rows([strings + strings[:1], shorts], np.array([0, 5], np.int64), 2)  # 7 rows, then 5
+    corrupt = np.array([0, 1, 9], np.int32)  # row 1 ends past the 3 value bytes
+    with pytest.raises(_C.RangeError, match="outside its 3 values"):
+        _C.gather_rows([[(corrupt, va.ctypes.data, 3, 1, 2)]], np.array([0, 1], np.int64), 1)
+
+    big = np.arange(1 << 16, dtype=np.int64)  # 512 KiB a result: fresh memory would fault 128 pages a call
+    source, order = [(None, big.ctypes.data, big.nbytes, 8, len(big))], np.arange(len(big))[::-1].copy()
+    del _C.gather_rows([source], order, 2)[0]  # its buffer made once
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        ((_, out),) = _C.gather_rows([source], order, 2)
+        assert np.frombuffer(out, np.int64)[0] == len(big) - 1
+        del out
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 128  # reused, not faulted in again
