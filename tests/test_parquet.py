@@ -425,6 +425,25 @@ def test_shuffled_batches_of_one_row_group_are_gathered_in_one_call_and_equal_re
     dataset.close()
 
 
+def test_shuffled_masks_across_row_groups_with_and_without_nulls(tmp_path):
+    """A masked column whose nulls lie in one row group only: the row groups without a mask
+    give ones, gathered beside the masks of the others; values and masks equal pyarrow's."""
+    n = 4000
+    x = pa.array([None if i < 1000 and i % 3 == 0 else i for i in range(n)], pa.int64())
+    s = pa.array([None if i < 1000 and i % 5 == 0 else f"s{i}" for i in range(n)])
+    path = write(pa.table({"x": x, "s": s}), tmp_path / "t.parquet", row_group_size=1000)
+    reference = pq.read_table(path)
+    dataset = ParquetDataset(path, masks="always")
+    rows = np.random.default_rng(0).permutation(n)[:1500]
+    batch = dataset.batch(rows)
+    taken = reference.take(pa.array(rows))
+    for spec in dataset.plan.columns:
+        for key, want in expected(taken, spec.name, True).items():
+            assert torch.equal(batch[key], want), key
+    assert not batch["x__valid"].all() and batch["x__valid"].sum() > 1000
+    dataset.close()
+
+
 def test_unreported_nulls_in_shuffled_rows_of_one_row_group_are_an_error(tmp_path):
     table = pa.table({"x": pa.array([1, None, 3, 4] * 500, pa.int64()), "s": pa.array(["ab", "c", "", "d"] * 500)})
     path = str(tmp_path / "t.parquet")

@@ -392,6 +392,7 @@ def gather_tensors(path: str, specs: list, gather: RowsGather, table_of, threads
     out: dict = {}
     table = None
     descriptors, places = [], []  # places: (key, dtype, row shape, ragged) of each descriptor
+    held: list = []  # tensors the descriptors point into that nothing else keeps alive
     for j, spec in enumerate(specs):
         parts = [group[j] for group in gather.groups]
         if any(part is None for part in parts):
@@ -418,11 +419,11 @@ def gather_tensors(path: str, specs: list, gather: RowsGather, table_of, threads
             if all(part.mask is None for part in parts):
                 out[name + "__valid"] = PendingConcat([_ones(n)])  # never a view of the shared ones
             else:
+                ones = [_ones(size) for part, size in zip(parts, gather.sizes) if part.mask is None]
+                held.extend(ones)  # alive through the call: another fetch may grow the shared ones
+                fill = iter(ones)
                 descriptors.append(
-                    [
-                        part.mask_source if part.mask is not None else _fixed_source(_ones(size))
-                        for part, size in zip(parts, gather.sizes)
-                    ]
+                    [part.mask_source if part.mask is not None else _fixed_source(next(fill)) for part in parts]
                 )
                 places.append((name + "__valid", torch.bool, (), False))
                 out[name + "__valid"] = None
