@@ -38,6 +38,7 @@ the fed bf16 step <= 1.05x the device-resident one when the step is at least the
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import os
@@ -584,15 +585,36 @@ def overlap_step(device: torch.device, decode_s: float):
     return step, gemms
 
 
+def overlap_batch_rows(batch_rows: int) -> int:
+    """The overlap row's batch: a quarter of ``--batch-rows``, enough batches in one epoch of the file."""
+    return max(1024, batch_rows // 4)
+
+
+def overlap_setup(path: Path, args) -> tuple:
+    """(batch rows, the loader's seconds a batch on them, the stand-in step sized from it, its
+    GEMMs): the decode is timed on the batches the step is fed, the same shuffled order."""
+    rows = overlap_batch_rows(args.batch_rows)
+    decode = fastload_run(path, args, shuffle=True, seed=1, batch_rows=rows)["decode_s_per_batch"]
+    step, gemms = overlap_step(args.device, decode)
+    return rows, decode, step, gemms
+
+
+def overlap_probe_setup(data: Path, device: torch.device) -> tuple:
+    """For the probes in benchmarks/gpu: the overlap row's file (the 1M-row snappy alert table,
+    written under ``data`` once) and ``overlap_setup`` at parquet.py's defaults: (path, rows,
+    decode seconds a batch, step, GEMMs)."""
+    data.mkdir(parents=True, exist_ok=True)
+    path = write_alert(data, 1_000_000, "snappy", 131072)
+    args = argparse.Namespace(device=device, batch_rows=65536, batch_mib=16.0, dir=data)
+    return (path, *overlap_setup(path, args))
+
+
 def overlap(args, path: Path) -> dict | None:
     """A bf16 GEMM step per batch (at least 1.2x a batch's decode), fed by the loader vs on
     device-resident copies of the same batches; the loader's first batches are not timed."""
     if args.device.type != "cuda":
         return None
-    rows = max(1024, args.batch_rows // 4)  # enough batches in one epoch of the file
-    # the decode of the batches the step is fed: the same shuffled order (a gather per batch)
-    decode = fastload_run(path, args, shuffle=True, seed=1, batch_rows=rows)["decode_s_per_batch"]
-    step, gemms = overlap_step(args.device, decode)
+    rows, decode, step, gemms = overlap_setup(path, args)
     dataset = ParquetDataset(path)
     sampler = ParquetSampler(dataset, shuffle=True, seed=1)
     loader = DataLoader(dataset, batch_sampler=sampler.batches(rows), device=args.device)

@@ -112,6 +112,16 @@ def assert_matches_read_table(dataset: ParquetDataset, reference: pa.Table) -> N
         assert torch.equal(batch[key], want[key]), key
 
 
+def assert_equals_take(dataset: ParquetDataset, reference: pa.Table, rows) -> None:
+    """The dataset's batch of ``rows`` equals pyarrow's take of them, key by key, dtype included."""
+    batch = dataset.batch(rows)
+    taken = reference.take(pa.array(rows))
+    for spec in dataset.plan.columns:
+        for key, want in expected(taken, spec.name, spec.masked).items():
+            assert batch[key].dtype == want.dtype, key
+            assert torch.equal(batch[key], want), key
+
+
 def write(table: pa.Table, path, writer: str = "pyarrow", compression: str = "snappy", row_group_size: int = 128):
     path = str(path)
     if writer == "pyarrow":
@@ -376,12 +386,7 @@ def test_shuffled_batches_across_row_groups_equal_read_table(tmp_path, route):
         spans = 0
         for rows in sampler.batches(5000):
             spans += len(np.unique(np.searchsorted(dataset.plan.starts, rows, side="right"))) > 1
-            batch = dataset.batch(rows)
-            taken = reference.take(pa.array(rows))
-            for spec in dataset.plan.columns:
-                for key, want in expected(taken, spec.name, spec.masked).items():
-                    assert batch[key].dtype == want.dtype, key
-                    assert torch.equal(batch[key], want), key
+            assert_equals_take(dataset, reference, rows)
     assert spans  # batches across row groups were read
     # the per-column take ran only on the Arrow route
     assert (dataset._reader().gather_pool is not None) == (route == "arrow")
@@ -410,12 +415,7 @@ def test_shuffled_batches_of_one_row_group_are_gathered_in_one_call_and_equal_re
         sampler = ParquetSampler(dataset, seed=3, shuffle_rows=1000)
         batches = list(sampler.batches(400))
         for rows in batches:
-            batch = dataset.batch(rows)
-            taken = reference.take(pa.array(rows))
-            for spec in dataset.plan.columns:
-                for key, want in expected(taken, spec.name, spec.masked).items():
-                    assert batch[key].dtype == want.dtype, key
-                    assert torch.equal(batch[key], want), key
+            assert_equals_take(dataset, reference, rows)
         loader = DataLoader(dataset, batch_sampler=batches, device="cpu")
         for rows, got in zip(batches, loader):
             assert_same(got, dataset.batch(rows))

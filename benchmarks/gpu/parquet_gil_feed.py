@@ -12,7 +12,6 @@ them, and when CUDA's launch queue is full the training thread blocks in a launc
 Prints the steps fed, ms a step and the host's mean lead over the GPU.
 """
 
-import argparse
 import sys
 import time
 from collections import deque
@@ -44,12 +43,7 @@ def main() -> None:
     data = Path(sys.argv[1])
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 20.0
     device = torch.device("cuda")
-    data.mkdir(parents=True, exist_ok=True)
-    path = parquet.write_alert(data, 1_000_000, "snappy", 131072)
-    args = argparse.Namespace(device=device, batch_rows=65536, batch_mib=16.0, dir=data)
-    rows = max(1024, args.batch_rows // 4)  # parquet.overlap's batch
-    decode = parquet.fastload_run(path, args, shuffle=True, seed=1, batch_rows=rows)["decode_s_per_batch"]
-    step, gemms = parquet.overlap_step(device, decode)
+    path, rows, decode, step, gemms = parquet.overlap_probe_setup(data, device)
     dataset = ParquetDataset(path)
     loader = DataLoader(
         dataset, batch_sampler=ParquetSampler(dataset, shuffle=True, seed=1).batches(rows), device=device

@@ -48,7 +48,7 @@ def main() -> int:
     device = resolve_device(os.environ.get("PACE_DEVICE", "cuda"))  # cpu: a smoke run
     data.mkdir(parents=True, exist_ok=True)
     path = parquet.write_alert(data, 1_000_000, "snappy", 131072)
-    rows = max(1024, 65536 // 4)  # parquet.overlap's batch at parquet.py's defaults
+    rows = parquet.overlap_batch_rows(65536)  # the overlap row's batch at parquet.py's defaults
     dataset = ParquetDataset(path)
     loader = DataLoader(
         dataset, batch_sampler=ParquetSampler(dataset, shuffle=True, seed=1).batches(rows), device=device

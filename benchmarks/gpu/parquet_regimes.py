@@ -23,7 +23,6 @@ From the repo root, on a GPU host:
   PYTHONPATH=$PWD python3 benchmarks/gpu/parquet_regimes.py [DATA_DIR] [STEPS] [ROUNDS]
 """
 
-import argparse
 import json
 import os
 import sys
@@ -51,12 +50,7 @@ def main() -> int:
     steps_wanted = int(sys.argv[2]) if len(sys.argv) > 2 else 30
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     device = resolve_device("cuda")
-    data.mkdir(parents=True, exist_ok=True)
-    path = parquet.write_alert(data, 1_000_000, "snappy", 131072)
-    args = argparse.Namespace(device=device, batch_rows=65536, batch_mib=16.0, dir=data)  # parquet.py's defaults
-    rows = max(1024, args.batch_rows // 4)  # parquet.overlap's batch
-    decode = parquet.fastload_run(path, args, shuffle=True, seed=1, batch_rows=rows)["decode_s_per_batch"]
-    step, gemms = parquet.overlap_step(device, decode)
+    path, rows, decode, step, gemms = parquet.overlap_probe_setup(data, device)
 
     dataset = ParquetDataset(path)
     loader = DataLoader(
