@@ -594,6 +594,16 @@ PYBIND11_MODULE(_C, m) {
         "values[offsets[r]:offsets[r+1]] of elem_bytes each, a fixed one's elem_bytes a row.\n"
         "Returns [(offsets OwnedBytes of int64 from 0, or None; values OwnedBytes)].\n"
         "A row out of range or offsets outside the values raise RangeError naming the column and row.");
+  m.def(
+      "gathered_region",
+      [](int64_t nbytes) {
+        auto [base, size] = tfl::gathered_region(nbytes);
+        return py::make_tuple(base, size);
+      },
+      py::arg("nbytes"),
+      "Map (once a process; later calls return it) the region gather_rows' buffers are carved from\n"
+      "before malloc, rounded up to 2 MiB and faulted in; returns (address, bytes), (0, 0) where none\n"
+      "is made. The caller registers it with CUDA so batches copy from it in place.");
   py::class_<PyInt64Buffer>(m, "Int64Buffer", py::buffer_protocol(),
                             "An int64 array owned by C++ (a sampler's result): view it with np.asarray.")
       .def_buffer([](PyInt64Buffer& b) {

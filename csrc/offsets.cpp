@@ -7,9 +7,11 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <pthread.h>
+#include <sys/mman.h>
 
 #include "engine.h"
 
@@ -233,7 +235,8 @@ struct GatheredOwner {  // frees what gather_rows allocated if it throws before 
 namespace {
 
 // Free gathered buffers by size class (2^k bytes, 4 KiB and up), each with a 64-byte header
-// holding its class.
+// holding its class. Blocks come from the pinned region where one is made (carved, never
+// returned to it), else from aligned_alloc.
 constexpr int kMinClass = 12, kMaxClass = 40;
 constexpr size_t kHeader = 64;
 constexpr size_t kKeepBytes = size_t(256) << 20;
@@ -241,7 +244,10 @@ constexpr size_t kKeepBytes = size_t(256) << 20;
 struct GatheredPool {
   std::mutex mu;
   std::vector<std::vector<uint8_t*>> free{size_t(kMaxClass + 1)};
-  size_t kept = 0;
+  size_t kept = 0;  // bytes of malloc'd blocks on the free lists
+  uint8_t* region = nullptr;
+  size_t region_bytes = 0, carved = 0;
+  bool owns(const uint8_t* p) const { return region != nullptr && p >= region && p < region + region_bytes; }
 };
 
 GatheredPool& gathered_pool() {
@@ -257,6 +263,22 @@ GatheredPool& gathered_pool() {
 
 }  // namespace
 
+std::pair<uintptr_t, int64_t> gathered_region(int64_t bytes) {
+  GatheredPool& pool = gathered_pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  if (pool.region == nullptr && bytes > 0) {
+    const size_t size = (size_t(bytes) + (size_t(1) << 21) - 1) & ~((size_t(1) << 21) - 1);
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw Error(Error::kInvalid, "could not map a " + std::to_string(size) + "-byte gather region");
+    ::madvise(p, size, MADV_HUGEPAGE);
+    // faulted in now: CUDA registers touched pages far faster, and no batch pays the faults
+    for (size_t at = 0; at < size; at += 4096) static_cast<volatile uint8_t*>(p)[at] = 0;
+    pool.region = static_cast<uint8_t*>(p);
+    pool.region_bytes = size;
+  }
+  return {reinterpret_cast<uintptr_t>(pool.region), int64_t(pool.region_bytes)};
+}
+
 uint8_t* gathered_buffer(int64_t bytes) {
   int k = kMinClass;
   while (k < kMaxClass && (int64_t(1) << k) < bytes) ++k;
@@ -268,8 +290,15 @@ uint8_t* gathered_buffer(int64_t bytes) {
     if (!list.empty()) {
       uint8_t* buffer = list.back();
       list.pop_back();
-      pool.kept -= size_t(1) << k;
+      if (!pool.owns(buffer)) pool.kept -= size_t(1) << k;
       return buffer;
+    }
+    const size_t block = kHeader + (size_t(1) << k);
+    if (pool.region != nullptr && pool.carved + block <= pool.region_bytes) {
+      uint8_t* raw = pool.region + pool.carved;
+      pool.carved += block;
+      *reinterpret_cast<int*>(raw) = k;
+      return raw + kHeader;
     }
   }
   void* raw = std::aligned_alloc(kHeader, kHeader + (size_t(1) << k));
@@ -285,6 +314,10 @@ void release_gathered(void* buffer) {
   GatheredPool& pool = gathered_pool();
   {
     std::lock_guard<std::mutex> lock(pool.mu);
+    if (pool.owns(raw)) {  // the region's blocks always go back to their list
+      pool.free[k].push_back(static_cast<uint8_t*>(buffer));
+      return;
+    }
     if (pool.kept + (size_t(1) << k) <= kKeepBytes) {
       pool.free[k].push_back(static_cast<uint8_t*>(buffer));
       pool.kept += size_t(1) << k;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace tfl {
@@ -51,6 +52,11 @@ struct GatheredColumn {
 // (>= 1), 64-byte aligned; freed buffers are kept by power-of-two size, up to 256 MiB in all.
 uint8_t* gathered_buffer(int64_t bytes);
 void release_gathered(void* buffer);  // nullptr: nothing
+// A region of `bytes` (rounded up to 2 MiB; mapped on the first call, later calls return it)
+// that gathered_buffer carves its blocks from before it mallocs: the caller registers it with
+// CUDA and declares it a direct region, so a shuffled batch's columns go to the device from
+// where they were gathered, not through a slot. Returns (address, bytes).
+std::pair<uintptr_t, int64_t> gathered_region(int64_t bytes);
 
 std::vector<GatheredColumn> gather_rows(const std::vector<std::vector<GatherColumn>>& columns, const int64_t* rows,
                                         int64_t n, int num_threads);

@@ -21,7 +21,7 @@ from test_parquet import every_type, expected, write
 from torch_fastload import DataLoader, config, stager, transfer
 from torch_fastload.errors import ParquetDecodeError
 from torch_fastload.pool import PinnedPool
-from torch_fastload.sources import ParquetDataset, parquet_arena
+from torch_fastload.sources import ParquetDataset, ParquetSampler, parquet_arena
 from torch_fastload.staging import ParallelCopier, add_direct_region, remove_direct_region
 
 ARENA_BYTES = 256 << 20  # the tests' process arena (the first make_arena call sizes it)
@@ -259,6 +259,60 @@ def test_arena_memory_is_not_reused_under_a_pending_copy(tmp_path, monkeypatch, 
         for k, (x, y) in enumerate(got)
     )
     assert len(got) == 24 and intact is keep
+    dataset.close()
+
+
+@needs_arena
+@pytest.mark.cuda
+def test_gpu_shuffled_batches_go_from_the_gather_region_to_the_device(tmp_path, monkeypatch):
+    """Shuffled batches are gathered by ``_C.gather_rows`` into the pinned gather region and copied
+    to the device from there (no copy into the slot), and equal pyarrow's take of their rows."""
+    table = every_type(4000)
+    path = write(table, tmp_path / "t.parquet", row_group_size=500)
+    direct_bytes = _recording_stage(monkeypatch)
+    dataset = ParquetDataset(path)
+    sampler = ParquetSampler(dataset, shuffle=True, seed=5, shuffle_rows=1000)
+    loader = DataLoader(dataset, batch_sampler=sampler.batches(300), device="cuda")
+    order = [np.asarray(rows) for rows in sampler.batches(300)]  # the epoch's batches (epoch 0 again below)
+    ours = list(loader)
+    assert "shuffled rows gathered into pinned memory" in loader.stats().path
+    reference = pq.read_table(path)
+    assert len(order) == len(ours)
+    for k, (rows, batch) in enumerate(zip(order, ours)):
+        taken = reference.take(pa.array(rows))
+        for spec in dataset.plan.columns:
+            for key, want in expected(taken, spec.name, spec.masked).items():
+                assert torch.equal(batch[key].cpu(), want), (k, key)
+    full = [n for n, rows in zip(direct_bytes, order) if len(rows) == 300]
+    assert full and min(full) >= 300 * 8 * 6  # every full batch: at least six 8-byte columns in place
+    dataset.close()
+
+
+@needs_arena
+@pytest.mark.cuda
+@pytest.mark.parametrize("keep", [True, False])
+def test_gather_region_is_not_reused_under_a_pending_copy(tmp_path, monkeypatch, keep):
+    """Every copy waits ~100 ms on the stream while the fetch threads gather the next batches: a
+    batch's gathered blocks go back to the region's free lists when its host tensors are dropped
+    and the next gather writes them, unless the slot holds them until the copy ran (negative
+    control)."""
+    monkeypatch.setattr(stager, "KEEP_DIRECT_SOURCES", keep)
+    rng = np.random.default_rng(4)
+    table = pa.table({"x": rng.integers(0, 1 << 60, 8 * 4096), "y": rng.standard_normal(8 * 4096)})
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=8 * 4096, compression="none")
+    dataset = ParquetDataset(path, threads=2)
+    sampler = ParquetSampler(dataset, shuffle=True, seed=1)
+    loader = DataLoader(dataset, batch_sampler=sampler.batches(2048), device="cuda", pool_slots=2, prefetch=4)
+    loader.resources.engine.debug_delay_cycles = 200_000_000
+    order = [np.asarray(rows) for rows in sampler.batches(2048)]
+    got = [(b["x"].cpu(), b["y"].cpu()) for b in loader]
+    x, y = table.column("x").to_numpy(), table.column("y").to_numpy()
+    intact = all(
+        np.array_equal(gx.numpy(), x[rows]) and np.array_equal(gy.numpy(), y[rows])
+        for (gx, gy), rows in zip(got, order)
+    )
+    assert len(got) == 16 and intact is keep
     dataset.close()
 
 

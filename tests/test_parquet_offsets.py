@@ -263,3 +263,32 @@ def test_gather_rows_across_sources_checks_rows_and_reuses_its_buffers():
         assert np.frombuffer(out, np.int64)[0] == len(big) - 1
         del out
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 128  # reused, not faulted in again
+
+
+def test_gather_rows_carves_its_buffers_from_the_region_and_reuses_them():
+    """Once ``gathered_region`` is made (the Parquet source registers it with CUDA as a direct
+    region), gather_rows' buffers lie inside it, and a dropped result's block serves the next call;
+    a column larger than the region is still gathered (malloc'd, outside it)."""
+    _C = pytest.importorskip("torch_fastload._C")
+    base, size = _C.gathered_region(4 << 20)  # the process's region: this size, or an earlier call's
+    assert size >= 4 << 20 and base % 4096 == 0 and _C.gathered_region(1) == (base, size)
+    source = np.arange(1000, dtype=np.int64)
+    spec = [(None, source.ctypes.data, source.nbytes, 8, len(source))]
+    order = np.arange(len(source))[::-1].copy()
+
+    def address(buffer) -> int:
+        return np.frombuffer(buffer, np.uint8).ctypes.data
+
+    ((_, first),) = _C.gather_rows([spec], order, 2)
+    assert base <= address(first) < base + size
+    assert np.frombuffer(first, np.int64).tolist() == source[::-1].tolist()
+    at = address(first)
+    del first
+    ((_, again),) = _C.gather_rows([spec], order, 2)
+    assert address(again) == at  # the freed block, not a new carve
+    huge = np.zeros(size // 8 + 1, np.int64)
+    ((_, outside),) = _C.gather_rows([[(None, huge.ctypes.data, huge.nbytes, 8, len(huge))]], np.array([0, 1]), 1)
+    assert np.frombuffer(outside, np.int64).tolist() == [0, 0]
+    wide = [(None, huge.ctypes.data, huge.nbytes, huge.nbytes // 2, 2)]  # two rows of half the region each
+    ((_, big),) = _C.gather_rows([wide], np.array([1, 0]), 1)
+    assert not base <= address(big) < base + size and len(big) == huge.nbytes

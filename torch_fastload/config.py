@@ -481,6 +481,14 @@ OPTIONS: dict[str, Option] = {
             "take, a call a column (the route before; columns not prepared, e.g. dictionary ones, always take it)",
         ),
         Option(
+            "parquet_gather_pinned",
+            256 << 20,
+            _byte_size_or_zero,
+            "bytes of pinned memory (mapped and registered once a process, on a CUDA loader's first bind) "
+            "that parquet_gather='native' gathers shuffled rows into, so they go to the GPU from there "
+            "without a copy into the slot; gathers that do not fit are staged through the slot. 0: off",
+        ),
+        Option(
             "pack_verify",
             "size",
             _choice("size", "checksum"),

@@ -83,7 +83,8 @@ class ArenaPool : public arrow::MemoryPool {
       live_ += size, allocated_ += size, ++count_;
       return arrow::Status::OK();
     }
-    ++fallback_;
+    ++fallback_, fallback_bytes_ += size;
+    if (size < kSmallest) ++fallback_small_;
     return fallback()->Allocate(size, alignment, out);
   }
 
@@ -140,6 +141,9 @@ class ArenaPool : public arrow::MemoryPool {
     std::lock_guard<std::mutex> lock(mu_);
     d["arena_bytes"] = arena_bytes_, d["carved_bytes"] = carved_, d["live_bytes"] = int64_t(live_);
     d["allocations"] = int64_t(count_), d["fallback_allocations"] = int64_t(fallback_);
+    // below the smallest class (scratch, short columns' bitmaps), and the bytes of all of them:
+    // what the loader stages through the slot instead of copying in place
+    d["fallback_small"] = int64_t(fallback_small_), d["fallback_bytes"] = int64_t(fallback_bytes_);
     return d;
   }
 
@@ -179,7 +183,7 @@ class ArenaPool : public arrow::MemoryPool {
   mutable std::mutex mu_;
   std::vector<uint8_t*> free_[kMaxClasses];
   std::unordered_map<uint8_t*, int> class_at_;
-  std::atomic<int64_t> live_{0}, allocated_{0}, count_{0}, fallback_{0};
+  std::atomic<int64_t> live_{0}, allocated_{0}, count_{0}, fallback_{0}, fallback_small_{0}, fallback_bytes_{0};
 };
 
 std::unique_ptr<ArenaPool> g_arena;

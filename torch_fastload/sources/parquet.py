@@ -350,6 +350,8 @@ class ParquetDataset(Dataset):
             self._reader().arena_decode = self._arena_decode  # the cache made after a close() too
             if self._arena_decode is not None:
                 decode = "Parquet decoded into the pinned arena, columns copied to the GPU from there"
+                if can_gather() and config.get("parquet_gather") == "native" and parquet_arena.gather_region(device):
+                    decode += "; shuffled rows gathered into pinned memory, copied from there"
             else:
                 why = parquet_arena.unavailable_reason() or "its registration with CUDA was refused"
                 decode = f"Parquet decoded into pageable memory ({why}), staged through the slot"

@@ -21,10 +21,10 @@ import threading
 import pyarrow as pa
 import torch
 
-from .. import engine
+from .. import config, engine
 from ..staging import add_direct_region
 
-__all__ = ["decoder", "page_decoder", "arena_stats", "unavailable_reason"]
+__all__ = ["decoder", "page_decoder", "arena_stats", "unavailable_reason", "gather_region"]
 
 try:
     from .. import _arrow
@@ -44,6 +44,11 @@ else:
 _LOCK = threading.Lock()
 _ARENA: tuple | None = None  # (address, bytes)
 _REGISTRATION: int | None = None  # its cuMemHostRegister result (0: done; portable: every device)
+# The pinned region shuffled batches are gathered into (``_C.gathered_region``, sized by the
+# config's ``parquet_gather_pinned``): a batch's buffers are held from its gather until its
+# copy to the device is done, a few batches at once; what does not fit is malloc'd and staged
+# through the slot as before.
+_GATHER_REGISTRATION: int | None = None
 
 
 def unavailable_reason() -> str | None:
@@ -76,6 +81,27 @@ def decoder(device: torch.device, nbytes: int, by_pages: bool = True):
             if _REGISTRATION == 0:
                 add_direct_region(base, size)
     return functools.partial(_arrow.read_row_group, by_pages=by_pages) if _REGISTRATION == 0 else None
+
+
+def gather_region(device: torch.device) -> bool:
+    """Whether shuffled batches' gathered columns (``_C.gather_rows``) now lie in pinned memory
+    declared a direct region, so they go to ``device`` from where they were gathered: one host
+    copy of the batch fewer (into the slot). The region is mapped, registered with CUDA and
+    declared once a process (``parquet_gather_pinned`` bytes, read then); False where it cannot
+    be (no extension, not CUDA, refused, or 0 bytes asked for)."""
+    global _GATHER_REGISTRATION
+    if device.type != "cuda" or not hasattr(engine._C, "gathered_region"):
+        return False
+    with _LOCK:
+        if _GATHER_REGISTRATION is None:
+            nbytes = config.get("parquet_gather_pinned")
+            if not nbytes:
+                return False  # asked again at the next bind: the setting may change
+            base, size = engine._C.gathered_region(nbytes)
+            _GATHER_REGISTRATION = engine.host_register(base, size, device.index) if size else -1
+            if _GATHER_REGISTRATION == 0:
+                add_direct_region(base, size)
+    return _GATHER_REGISTRATION == 0
 
 
 def arena_stats() -> dict | None:
