@@ -236,7 +236,8 @@ namespace {
 
 // Free gathered buffers by size class (2^k bytes, 4 KiB and up), each with a 64-byte header
 // holding its class. Blocks come from the pinned region where one is made (carved, never
-// returned to it), else from aligned_alloc.
+// returned to it), else from aligned_alloc; malloc'd blocks are kept for reuse only while there
+// is no region (with one, they are what did not fit, freed when given back).
 constexpr int kMinClass = 12, kMaxClass = 40;
 constexpr size_t kHeader = 64;
 constexpr size_t kKeepBytes = size_t(256) << 20;
@@ -275,6 +276,13 @@ std::pair<uintptr_t, int64_t> gathered_region(int64_t bytes) {
     for (size_t at = 0; at < size; at += 4096) static_cast<volatile uint8_t*>(p)[at] = 0;
     pool.region = static_cast<uint8_t*>(p);
     pool.region_bytes = size;
+    // blocks malloc'd before it are not reused (they would be staged through a slot): freed now,
+    // and from here on as they come back
+    for (std::vector<uint8_t*>& list : pool.free) {
+      for (uint8_t* buffer : list) std::free(buffer - kHeader);
+      list.clear();
+    }
+    pool.kept = 0;
   }
   return {reinterpret_cast<uintptr_t>(pool.region), int64_t(pool.region_bytes)};
 }
@@ -318,7 +326,7 @@ void release_gathered(void* buffer) {
       pool.free[k].push_back(static_cast<uint8_t*>(buffer));
       return;
     }
-    if (pool.kept + (size_t(1) << k) <= kKeepBytes) {
+    if (pool.region == nullptr && pool.kept + (size_t(1) << k) <= kKeepBytes) {
       pool.free[k].push_back(static_cast<uint8_t*>(buffer));
       pool.kept += size_t(1) << k;
       return;

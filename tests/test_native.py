@@ -547,3 +547,26 @@ def test_explicit_routes_and_an_earlier_choice_need_no_watching():
     assert earlier._choose_copy_route(True, True) is None
     assert earlier.loop.rows == [True] and earlier.loop.mapped == [True]
     assert earlier._rows_note == " (registered rows: gather kernel, mapped files: gather kernel)"
+
+
+def test_only_tensors_whose_last_page_is_their_own_are_pinned_in_place(monkeypatch):
+    """``resources.tail_page_private``: CUDA pins whole pages, so a tensor is registered in place
+    only where no other buffer can start on its last page (one that did, and ran past it, would
+    fail every CUDA copy with "invalid argument"; the CUDA test shows it)."""
+    import mmap
+
+    from torch_fastload.resources import tail_page_private
+
+    page = 4096
+    mapping = mmap.mmap(-1, 16 * page)
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)
+    assert tail_page_private(whole)  # ends on a page boundary
+    assert tail_page_private(whole[100 : 5 * page + 7])  # its last page lies inside its storage
+    alone = torch.frombuffer(mapping, dtype=torch.uint8, count=3 * page + 100, offset=64)
+    assert not tail_page_private(alone)  # its storage ends mid-page: the rest is someone else's
+    assert tail_page_private(torch.frombuffer(mapping, dtype=torch.uint8, count=3 * page, offset=page))
+    large = mmap.mmap(-1, (32 << 20) + 2 * page)
+    big = torch.frombuffer(large, dtype=torch.uint8, count=(32 << 20) + 100, offset=64)
+    assert tail_page_private(big)  # 32 MiB and more: glibc gives it a mapping of its own
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")  # glibc told never to map: it may lie on the heap
+    assert not tail_page_private(big)

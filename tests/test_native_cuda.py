@@ -7,7 +7,7 @@ import mmap
 import numpy as np
 import pytest
 import torch
-from batch_memory import batches_intact, numbered_rows
+from batch_memory import PAGE, batches_intact, numbered_rows, on_own_pages
 from torch.utils.data import TensorDataset
 
 import torch_fastload
@@ -19,7 +19,8 @@ DELAY_CYCLES = 200_000_000  # ~100 ms at H100 clocks: the copy stream is busy lo
 
 
 def rows_dataset(n=96, width=4096):
-    return TensorDataset(torch.arange(n * width, dtype=torch.int32).reshape(n, width), torch.arange(n))
+    rows = on_own_pages(torch.arange(n * width, dtype=torch.int32).reshape(n, width))  # pinned in place
+    return TensorDataset(rows, torch.arange(n))
 
 
 @pytest.mark.parametrize("width", [4096, 1024])  # 16 KiB rows: DMA from the registered dataset; 4 KiB: slot
@@ -195,7 +196,7 @@ def test_auto_sends_short_rows_by_the_kernel_from_the_first_batch(tmp_path, sour
     rows: 12 GB/s against the kernel's 36), so 'auto' does not try the copy engines on them."""
     x = torch.arange(300 * 4096, dtype=torch.float32).reshape(300, 4096)  # 16 KiB rows
     if source == "tensor":
-        dataset = TensorDataset(x)
+        dataset = TensorDataset(on_own_pages(x))
     else:
         np.save(tmp_path / "x.npy", x.numpy())
         dataset = ArrayDataset(tmp_path / "x.npy")
@@ -345,6 +346,40 @@ def test_loaders_over_tensors_sharing_pages_deliver_both():
     got_one = torch.cat([b.cpu() for (b,) in it_one])
     assert not two.resources._registered
     assert torch.equal(got_one, first) and torch.equal(got_two, second)
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_tensor_sharing_its_last_page_is_not_pinned_in_place(monkeypatch, checked):
+    """CUDA pins whole pages: a dataset tensor ending inside a page that also starts another
+    buffer (here a neighbour on the same mapping; in the wild, the next heap allocation) would
+    make every CUDA copy of that buffer fail with "invalid argument" while the loader runs. The
+    loader gathers such a tensor's rows on the CPU and says so; its batches are unchanged.
+    Control (``checked=False``): pinned anyway, the neighbour's copy fails."""
+    from torch_fastload import resources
+
+    if not checked:
+        monkeypatch.setattr(resources, "tail_page_private", lambda tensor: True)
+    mapping = mmap.mmap(-1, 32 * PAGE)
+    start = PAGE // 2  # 5 rows of 16 KiB from half a page in: the tensor ends mid-page
+    rows = torch.frombuffer(mapping, dtype=torch.int32, count=5 * 4096, offset=start).view(5, 4096)
+    rows.copy_(torch.arange(5 * 4096, dtype=torch.int32).view(5, 4096))
+    neighbour = torch.frombuffer(mapping, dtype=torch.uint8, count=2 * PAGE, offset=start + rows.nbytes)
+    loader = DataLoader(TensorDataset(rows), batch_size=2, map_budget="100%")
+    it = iter(loader)
+    got = [next(it)[0]]
+    assert bool(loader.resources._registered) is not checked
+    assert ("not pinned in place" in loader.stats().path) is checked
+    src = (torch.arange(2 * PAGE, device="cuda") % 251).to(torch.uint8)
+    if checked:
+        neighbour.copy_(src)
+        assert torch.equal(neighbour, src.cpu())
+    else:
+        with pytest.raises(RuntimeError, match="invalid argument"):
+            neighbour.copy_(src)
+            torch.cuda.synchronize()
+    got += [b[0] for b in it]
+    assert torch.equal(torch.cat(got).cpu(), rows)
+    loader.close()
 
 
 @pytest.mark.parametrize("released", [True, False])

@@ -234,6 +234,8 @@ class NativePipeline:
             self._plans = {}
         self._index_arrays = _index_arrays(source)
         self.stats.path = f"native loop -> {self.device}{self._rows_note}"
+        if resources.registration_declined:
+            self.stats.path += f" (a tensor not pinned in place: {resources.registration_declined})"
         if io is not None and resources.settings.remote:  # every URL is read from its cache entry
             self.stats.path += " (remote objects from the shard cache)"
             io = dataclasses.replace(io, remote=CACHE_PATH_NOTE)

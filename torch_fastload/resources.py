@@ -10,6 +10,7 @@ source's bound), and only re-made when a batch outgrows it (``oversize='grow'``)
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ class LoaderResources:
         self._file_reader: readers.Reader | None = None
         self._slot_reader: readers.Reader | None = None
         self._registered: dict = {}  # data_ptr -> (bytes, the tensor, kept alive while registered)
+        self.registration_declined: str | None = None  # why a tensor was not registered (stats.path)
         # Undone when these resources close or are collected unclosed: a tensor freed while its
         # pages stay registered leaves a stale registration that later allocations land in
         # (the driver then refuses copies to them: "invalid argument" at a user's .cpu()).
@@ -199,6 +201,12 @@ class LoaderResources:
             if key in self._registered:
                 return True
             nbytes = tensor.numel() * tensor.element_size()
+            if not tail_page_private(tensor):
+                self.registration_declined = (
+                    "its last page may hold other allocations (pinning it would make CUDA refuse "
+                    "their copies), so its rows are gathered by the CPU"
+                )
+                return False
             mapped = getattr(self._file_reader, "mapped", None)
             used = sum(n for n, _ in self._registered.values()) + (mapped.pinned_bytes if mapped else 0)
             if nbytes == 0 or used + nbytes > self.settings.map_budget:
@@ -228,6 +236,30 @@ class LoaderResources:
                 self._copier.close()
                 self._copier = None
             self._release_registrations()
+
+
+#: glibc serves every allocation of at least this many bytes with a mapping of its own (its
+#: dynamic mmap threshold never exceeds 32 MiB on 64-bit), whose last page nothing else shares.
+_ALWAYS_OWN_MAPPING = 32 << 20
+
+
+def tail_page_private(tensor: torch.Tensor) -> bool:
+    """Whether registering ``tensor``'s pages in place is safe for the rest of the process. CUDA
+    registers whole pages; a buffer of someone else's that starts in the tensor's last,
+    partly used page and runs past it then straddles the registration's end, and every CUDA
+    copy to or from it fails with "invalid argument" (a user's ``.cpu()``, torch's pinned
+    copies) until the loader lets go. Safe where the tensor ends on a page boundary, where that
+    page lies inside the tensor's own storage, or where the storage is large enough to be a
+    mapping of its own."""
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    if end % PAGE == 0:
+        return True
+    storage = tensor.untyped_storage()
+    if -(-end // PAGE) * PAGE <= storage.data_ptr() + storage.nbytes():
+        return True
+    own_mappings = os.environ.get("MALLOC_MMAP_MAX_", "") != "0"  # 0: glibc never maps
+    return own_mappings and storage.nbytes() >= _ALWAYS_OWN_MAPPING
 
 
 class _HostRegistrations:
