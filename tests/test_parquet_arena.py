@@ -444,3 +444,44 @@ def test_doctor_says_whether_the_arena_is_there_and_how_to_get_it(monkeypatch):
     monkeypatch.setattr(parquet_arena, "unavailable_reason", lambda: reason)
     line = parquet_arena_status()
     assert "NOT available (built for pyarrow 1.0.0" in line and "--no-build-isolation" in line
+
+
+@needs_arena
+def test_the_arena_splits_and_merges_blocks_across_row_group_shapes(tmp_path):
+    """A fresh 16 MiB arena (its own process): a row group of two 4.8 MB columns reaches its
+    end in 8 MiB blocks and is freed, then a row group of six 8 KB columns decodes into it:
+    the large free blocks are split for them (carved once per class, each small column took a
+    whole 8 MiB block and the rest fell back to Arrow's pool), and freed again everything merges
+    back into one block."""
+    import subprocess
+    import sys
+
+    big, small = tmp_path / "big.parquet", tmp_path / "small.parquet"
+    pq.write_table(pa.table({"a": np.arange(600_000), "b": np.arange(600_000)}), big, compression="none")
+    pq.write_table(pa.table({f"c{k}": np.arange(1000) for k in range(6)}), small, compression="none")
+    script = f"""
+import json
+from torch_fastload import _arrow
+base, size = _arrow.make_arena(16 << 20)
+def fell_back():  # allocations of 1 KiB and more sent to Arrow's pool
+    s = _arrow.arena_stats()
+    return s["fallback_allocations"] - s["fallback_small"]
+table = _arrow.read_row_group({str(big)!r}, 0, [0, 1], True, by_pages=True, into_arena=True)
+reached = _arrow.arena_stats()["carved_bytes"]
+del table
+before = fell_back()
+table = _arrow.read_row_group({str(small)!r}, 0, list(range(6)), True, by_pages=True, into_arena=True)
+inside = all(base <= c.chunk(0).buffers()[1].address < base + size for c in table.columns)
+after = fell_back()
+del table
+print(json.dumps(dict(size=size, reached=reached, before=before, after=after, inside=inside,
+                      largest=_arrow.arena_stats().get("largest_free"))))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["reached"] == got["size"]  # the large columns' blocks reached the arena's end
+    assert got["after"] == got["before"] and got["inside"]  # the six small columns: none fell back
+    assert got["largest"] == got["size"] == 16 << 20  # all freed: one block again

@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <queue>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -46,10 +47,13 @@ constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
 constexpr int kPopulateWrite = 23;  // Linux 5.14's value; older kernels refuse it (EINVAL)
 #endif
 
-// Power-of-2 size classes (1 KiB up: the page decoder sizes its buffers exactly, a 500-row int64
-// column is 4000 bytes) carved from one anonymous mapping and kept on free lists, never returned
-// to the mapping: the same row-group shapes decode again and again, so the lists settle. A
-// Reallocate within its block's class grows in place (Arrow's builders grow geometrically).
+// A buddy allocator over one anonymous mapping: power-of-2 blocks (1 KiB up: the page decoder
+// sizes its buffers exactly, a 500-row int64 column is 4000 bytes), a larger free block split
+// in halves for a smaller request, and a freed block merged with its free buddy again. Blocks
+// used to be carved once per class and never split or merged: after row groups of another
+// shape (a 1M-row group's 32 MiB strings) every small request took a whole large block, and a
+// benchmark process sent 4.2 GB of decodes to the fallback (RESULTS.md, twenty-fifth session).
+// A Reallocate within its block's class grows in place (Arrow's builders grow geometrically).
 // Allocations below the smallest class, or that find no room, go to Arrow's default pool: the
 // loader then stages them through a pinned slot as before (correct, slower).
 class ArenaPool : public arrow::MemoryPool {
@@ -69,8 +73,16 @@ class ArenaPool : public arrow::MemoryPool {
     if (::madvise(p, static_cast<size_t>(arena_bytes_), kPopulateWrite) != 0) {  // before Linux 5.14
       for (int64_t at = 0; at < arena_bytes_; at += 4096) arena_[at] = 0;
     }
-    classes_ = 0;
-    for (int64_t cap = kSmallest; cap <= arena_bytes_ && classes_ < kMaxClasses; cap <<= 1) ++classes_;
+    // Roots: the size's binary digits, largest first, so each root's offset is a multiple of its
+    // size and a block's buddy is at offset ^ its size.
+    int64_t at = 0;
+    for (int c = kMaxClasses - 1; c >= 0; --c) {
+      if (capacity(c) > arena_bytes_ - at) continue;
+      roots_.push_back({at, c});
+      free_[c].insert(at);
+      classes_ = std::max(classes_, c + 1);
+      at += capacity(c);
+    }
   }
   ~ArenaPool() override = default;  // the mapping lives as long as the process: tables may outlive any owner
 
@@ -126,9 +138,19 @@ class ArenaPool : public arrow::MemoryPool {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = class_at_.find(buffer);
     if (it == class_at_.end()) return;  // not a block of ours (never happens with Arrow's pairing)
-    free_[it->second].push_back(buffer);
+    int c = it->second;
     class_at_.erase(it);
     live_ -= size;
+    int64_t at = buffer - arena_;
+    const int top = root_class(at);
+    while (c < top) {  // merged with its buddy while the buddy is free
+      auto buddy = free_[c].find(at ^ capacity(c));
+      if (buddy == free_[c].end()) break;
+      free_[c].erase(buddy);
+      at &= ~capacity(c);
+      ++c;
+    }
+    free_[c].insert(at);
   }
 
   int64_t bytes_allocated() const override { return live_ + fallback()->bytes_allocated(); }
@@ -139,7 +161,12 @@ class ArenaPool : public arrow::MemoryPool {
   py::dict stats() const {
     py::dict d;
     std::lock_guard<std::mutex> lock(mu_);
-    d["arena_bytes"] = arena_bytes_, d["carved_bytes"] = carved_, d["live_bytes"] = int64_t(live_);
+    int64_t largest = 0;
+    for (int c = classes_ - 1; c >= 0 && !largest; --c) largest = free_[c].empty() ? 0 : capacity(c);
+    // carved_bytes: the highest arena offset handed out so far; largest_free: the largest
+    // block free now (the arena whole again once nothing is live)
+    d["arena_bytes"] = arena_bytes_, d["carved_bytes"] = high_water_, d["live_bytes"] = int64_t(live_);
+    d["largest_free"] = largest;
     d["allocations"] = int64_t(count_), d["fallback_allocations"] = int64_t(fallback_);
     // below the smallest class (scratch, short columns' bitmaps), and the bytes of all of them:
     // what the loader stages through the slot instead of copying in place
@@ -148,6 +175,10 @@ class ArenaPool : public arrow::MemoryPool {
   }
 
  private:
+  struct Root {
+    int64_t at;
+    int c;
+  };
   static arrow::MemoryPool* fallback() { return arrow::default_memory_pool(); }
   static int64_t capacity(int c) { return kSmallest << c; }
   static int class_of(int64_t size) {
@@ -155,33 +186,36 @@ class ArenaPool : public arrow::MemoryPool {
     while (capacity(c) < size) ++c;
     return c;
   }
-  // A block of class `c`: its free list, fresh arena, or a free block of a larger class.
+  int root_class(int64_t at) const {
+    for (const Root& r : roots_)
+      if (at >= r.at && at < r.at + capacity(r.c)) return r.c;
+    return 0;
+  }
+  // A block of class `c`: the lowest free block of the smallest class that has one, split down.
   bool take(int c, uint8_t** out) {
     if (c >= classes_) return false;
     std::lock_guard<std::mutex> lock(mu_);
     int used = c;
-    if (!free_[c].empty()) {
-      *out = free_[c].back();
-      free_[c].pop_back();
-    } else if (carved_ + capacity(c) <= arena_bytes_) {
-      *out = arena_ + carved_;
-      carved_ += capacity(c);
-    } else {
-      for (used = c + 1; used < classes_ && free_[used].empty(); ++used) {
-      }
-      if (used >= classes_) return false;
-      *out = free_[used].back();
-      free_[used].pop_back();
+    while (used < classes_ && free_[used].empty()) ++used;
+    if (used >= classes_) return false;
+    const int64_t at = *free_[used].begin();
+    free_[used].erase(free_[used].begin());
+    while (used > c) {  // the upper halves stay free
+      --used;
+      free_[used].insert(at + capacity(used));
     }
-    class_at_[*out] = used;
+    *out = arena_ + at;
+    class_at_[*out] = c;
+    high_water_ = std::max(high_water_, at + capacity(c));
     return true;
   }
 
   uint8_t* arena_ = nullptr;
-  int64_t arena_bytes_ = 0, carved_ = 0;
+  int64_t arena_bytes_ = 0, high_water_ = 0;
   int classes_ = 0;
+  std::vector<Root> roots_;
   mutable std::mutex mu_;
-  std::vector<uint8_t*> free_[kMaxClasses];
+  std::set<int64_t> free_[kMaxClasses];
   std::unordered_map<uint8_t*, int> class_at_;
   std::atomic<int64_t> live_{0}, allocated_{0}, count_{0}, fallback_{0}, fallback_small_{0}, fallback_bytes_{0};
 };
