@@ -847,3 +847,31 @@ print(int(ranged["flag"].sum()), int(shuffled["plain"].sum()))
     flag = table.column("flag").to_pylist()
     want = sum(bool(v) for v in flag[100:1600])
     assert int(done.stdout.split()[0]) == want
+
+
+def test_batches_handed_to_user_code_never_alias_the_loaders_registered_memory(tmp_path):
+    """``dataset.batch()`` (and ``__getitem__``) copy out tensors that lie in a direct region (the
+    pinned arena, the gather region a CUDA loader registers): the loader reuses that memory, and
+    a user's non-blocking copy of a view of it could read bytes rewritten under it. Here the
+    gather region is declared direct by hand (no GPU): shuffled rows land in it, the batch does
+    not; without the region, the gathered buffers are handed over as they are."""
+    _C = pytest.importorskip("torch_fastload._C")
+    from torch_fastload.staging import add_direct_region, remove_direct_region
+
+    table = every_type(600)
+    path = write(table, tmp_path / "t.parquet", row_group_size=600)
+    dataset = ParquetDataset(path, threads=2)
+    rows = np.random.default_rng(0).permutation(600)[:100]
+    base, size = _C.gathered_region(64 << 20)  # the process's region (later tests' gathers carve it too)
+    inside = lambda t: base <= t.data_ptr() < base + size  # noqa: E731
+    raw = dataset.__fastload_batch__(rows)
+    assert any(isinstance(v, torch.Tensor) and inside(v) for v in raw.values())  # gathered into the region
+    del raw
+    add_direct_region(base, size)
+    try:
+        batch = dataset.batch(rows)
+    finally:
+        remove_direct_region(base, size)
+    assert not any(inside(v) for v in batch.values())
+    assert_equals_take(dataset, pq.read_table(path), rows)
+    dataset.close()

@@ -41,6 +41,7 @@ __all__ = [
     "ALIGN",
     "add_direct_region",
     "remove_direct_region",
+    "in_direct_region",
 ]
 
 #: Every leaf starts on this boundary inside a slot and inside the device buffer, so typed
@@ -64,6 +65,18 @@ def remove_direct_region(start: int, nbytes: int) -> None:
     """Undo ``add_direct_region`` (tests; the Parquet arena lives as long as the process)."""
     if (start, start + nbytes) in _DIRECT_REGIONS:
         _DIRECT_REGIONS.remove((start, start + nbytes))
+
+
+def in_direct_region(tensor: torch.Tensor) -> bool:
+    """Whether a CPU tensor's memory lies in a direct region (registered with CUDA, reused by
+    the loader once its copy ran): handed to user code, it must be copied out first, or a
+    ``.to('cuda', non_blocking=True)`` of it would read memory the loader rewrites."""
+    return (
+        bool(_DIRECT_REGIONS)
+        and isinstance(tensor, torch.Tensor)
+        and tensor.device.type == "cpu"
+        and _in_direct_region(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+    )
 
 
 def _in_direct_region(ptr: int, nbytes: int) -> bool:

@@ -50,7 +50,7 @@ from torch.utils.data import Dataset
 
 from .. import config
 from ..resume import batch_key
-from ..staging import materialize
+from ..staging import in_direct_region, materialize
 from . import parquet_arena
 from .parquet_decode import AHEAD_MAX, DECODERS, READ_MODES, RowGroupCache
 from .parquet_plan import expand_paths, open_plan
@@ -306,8 +306,12 @@ class ParquetDataset(Dataset):
 
     # -- the protocol -------------------------------------------------------------------
     def batch(self, indices) -> dict:
-        """The batch dict of rows ``indices`` as plain CPU tensors (what the loader delivers)."""
-        return materialize(self.__fastload_batch__(indices))
+        """The batch dict of rows ``indices`` as plain CPU tensors (what the loader delivers).
+        Tensors lying in the pinned arena or gather region (a CUDA loader bound this dataset)
+        are copied out: that memory is CUDA-registered and reused by the loader, so a user's
+        non-blocking copy of it could read bytes rewritten under it."""
+        out = materialize(self.__fastload_batch__(indices))
+        return {key: value.clone() if in_direct_region(value) else value for key, value in out.items()}
 
     def __fastload_batch__(self, indices) -> dict:
         """The batch dict of rows ``indices``: decoded whole, no per-row Python. A column whose
