@@ -875,3 +875,22 @@ def test_batches_handed_to_user_code_never_alias_the_loaders_registered_memory(t
     assert not any(inside(v) for v in batch.values())
     assert_equals_take(dataset, pq.read_table(path), rows)
     dataset.close()
+
+
+def test_the_gather_runs_on_parquet_gather_threads(tmp_path, monkeypatch):
+    """``parquet_gather_threads`` sets the C++ gather's threads (0: the dataset's, at most 16)."""
+    pytest.importorskip("torch_fastload._C")
+    from torch_fastload import config
+    from torch_fastload.sources import parquet_tensors
+
+    path = write(every_type(300), tmp_path / "t.parquet", row_group_size=300)
+    dataset = ParquetDataset(path, threads=40)
+    widths = []
+    inner = parquet_tensors._gather_rows
+    monkeypatch.setattr(parquet_tensors, "_gather_rows", lambda *a: widths.append(a[-1]) or inner(*a))
+    rows = np.arange(300)[::-1].copy()
+    dataset.batch(rows)
+    with config.override(parquet_gather_threads=3):
+        dataset.batch(rows)
+    assert widths == [16, 3]
+    dataset.close()

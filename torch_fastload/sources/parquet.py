@@ -326,7 +326,8 @@ class ParquetDataset(Dataset):
         if spans is None:
             batch = columns_to_tensors(self.paths[file], self.plan.columns, table)
         elif isinstance(spans, RowsGather):  # shuffled rows, gathered in C++
-            batch = gather_tensors(self.paths[file], self.plan.columns, spans, table, min(16, self.threads))
+            threads = config.get("parquet_gather_threads") or min(16, self.threads)
+            batch = gather_tensors(self.paths[file], self.plan.columns, spans, table, threads)
         else:  # consecutive rows: cut from each row group's tensors, made when it was decoded
             batch = range_tensors(self.paths[file], self.plan.columns, spans, table)
         self.fetch_seconds["rows"] += arrow - started
