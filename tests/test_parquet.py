@@ -20,7 +20,14 @@ from test_loader import assert_same
 from torch_fastload import DataLoader
 from torch_fastload.errors import ParquetDecodeError, ParquetError, ParquetFormatError, ParquetSchemaError
 from torch_fastload.sources import ParquetDataset, ParquetSampler
+from torch_fastload.sources.parquet_tensors import can_gather
 from torch_fastload.staging import PendingConcat
+
+#: parquet_gather's routes: the C++ gather needs the extension built (CI builds it)
+GATHER_ROUTES = [
+    pytest.param("native", marks=pytest.mark.skipif(not can_gather(), reason="the C++ extension is not built")),
+    "arrow",
+]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -367,16 +374,13 @@ def test_decode_runs_ahead_of_the_batches_in_the_samplers_order(tmp_path, shuffl
     dataset.close()
 
 
-@pytest.mark.parametrize("route", ["native", "arrow"])
+@pytest.mark.parametrize("route", GATHER_ROUTES)
 def test_shuffled_batches_across_row_groups_equal_read_table(tmp_path, route):
     """Batches of 5000 shuffled rows spanning two or three row groups: gathered in one C++ call
     across the row groups ('native'), or by the parallel per-column take ('arrow'); every type
     and the nulls come out as pyarrow's own take of the same rows."""
     from torch_fastload import config
-    from torch_fastload.sources.parquet_tensors import can_gather
 
-    if route == "native" and not can_gather():
-        pytest.skip("the C++ extension is not built")
     table = every_type(12000, seed=5)
     path = write(table, tmp_path / "t.parquet", row_group_size=3000)
     reference = pq.read_table(path)
@@ -393,17 +397,14 @@ def test_shuffled_batches_across_row_groups_equal_read_table(tmp_path, route):
     dataset.close()
 
 
-@pytest.mark.parametrize("route", ["native", "arrow"])
+@pytest.mark.parametrize("route", GATHER_ROUTES)
 def test_shuffled_batches_of_one_row_group_are_gathered_in_one_call_and_equal_read_table(tmp_path, monkeypatch, route):
     """Shuffled batches whose rows lie in one row group: every column's rows cut by one C++ call
     (``parquet_gather='native'``), or by pyarrow's take ('arrow'); both equal pyarrow's take of
     the same rows for every type, nulls and masks included, through the dataset and the loader."""
     from torch_fastload import config
     from torch_fastload.sources import parquet as parquet_module
-    from torch_fastload.sources.parquet_tensors import can_gather
 
-    if route == "native" and not can_gather():
-        pytest.skip("the C++ extension is not built")
     calls = []
     gather = parquet_module.gather_tensors
     monkeypatch.setattr(parquet_module, "gather_tensors", lambda *a: calls.append(1) or gather(*a))

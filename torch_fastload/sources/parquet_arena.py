@@ -51,6 +51,15 @@ _REGISTRATION: int | None = None  # its cuMemHostRegister result (0: done; porta
 _GATHER_REGISTRATION: int | None = None
 
 
+def _pin_direct(base: int, size: int, device: torch.device) -> int:
+    """Register ``[base, base + size)`` with CUDA and, where that worked, declare it a direct
+    region (batch fields lying there go to ``device`` from where they lie); the CUDA result."""
+    code = engine.host_register(base, size, device.index)  # index None: the current device
+    if code == 0:
+        add_direct_region(base, size)
+    return code
+
+
 def unavailable_reason() -> str | None:
     """Why the arena cannot be used in this process (None: it can)."""
     return None if _arrow is not None else str(_IMPORT_ERROR)
@@ -77,9 +86,7 @@ def decoder(device: torch.device, nbytes: int, by_pages: bool = True):
             _ARENA = _arrow.make_arena(int(nbytes))
         base, size = _ARENA
         if _REGISTRATION is None:
-            _REGISTRATION = engine.host_register(base, size, device.index)  # None: the current device
-            if _REGISTRATION == 0:
-                add_direct_region(base, size)
+            _REGISTRATION = _pin_direct(base, size, device)
     return functools.partial(_arrow.read_row_group, by_pages=by_pages) if _REGISTRATION == 0 else None
 
 
@@ -98,9 +105,7 @@ def gather_region(device: torch.device) -> bool:
             if not nbytes:
                 return False  # asked again at the next bind: the setting may change
             base, size = engine._C.gathered_region(nbytes)
-            _GATHER_REGISTRATION = engine.host_register(base, size, device.index) if size else -1
-            if _GATHER_REGISTRATION == 0:
-                add_direct_region(base, size)
+            _GATHER_REGISTRATION = _pin_direct(base, size, device) if size else -1
     return _GATHER_REGISTRATION == 0
 
 
