@@ -8,6 +8,7 @@ import decimal
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -371,6 +372,72 @@ def test_decode_runs_ahead_of_the_batches_in_the_samplers_order(tmp_path, shuffl
     cache = dataset._reader()
     _settled(cache)
     assert list(cache.entries) == dataset._schedule.tolist()  # all 40 row groups, in read order
+    dataset.close()
+
+
+@pytest.mark.parametrize("at_iter", [True, False])
+def test_the_epochs_first_row_groups_decode_from_iter_on(tmp_path, monkeypatch, at_iter):
+    """``iter(loader)`` starts decoding the sampler's first row groups before the fetch thread
+    asks for a batch (held back here); negative control: ``DECODE_AT_ITER`` off, nothing
+    decodes until a batch asks. Either way the epoch is the sampler's rows, once each."""
+    from torch_fastload.sources import parquet as pq_source
+
+    monkeypatch.setattr(pq_source, "DECODE_AT_ITER", at_iter)
+    path = write(pa.table({"x": pa.array(np.arange(4000))}), tmp_path / "t.parquet", row_group_size=100)
+    dataset = ParquetDataset(path, threads=2)
+    batches = ParquetSampler(dataset, shuffle=True, seed=3, shuffle_rows=100).batches(100)
+    release, asked = threading.Event(), []
+    fetch = dataset.__fastload_batch__
+
+    def held(indices):
+        asked.append(True)
+        release.wait(30)
+        return fetch(indices)
+
+    dataset.__fastload_batch__ = held
+    it = iter(DataLoader(dataset, batch_sampler=batches, device="cpu"))
+    first = int(dataset._schedule[0])
+    deadline = time.monotonic() + (30 if at_iter else 0.5)
+    while time.monotonic() < deadline and not (dataset._cache is not None and first in dataset._cache.entries):
+        time.sleep(0.01)
+    started = dataset._cache is not None and first in dataset._cache.entries
+    release.set()
+    rows = torch.cat([b["x"] for b in it])
+    assert started == at_iter
+    assert asked  # the fetch thread was there, held back
+    assert rows.tolist() == batches.sampler.indices().tolist()
+    dataset.close()
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_the_epochs_first_row_group_is_read_alone_then_the_read_ahead_resumes(tmp_path, monkeypatch, alone):
+    """``RowGroupCache.start`` (an epoch's start) holds the read-ahead back while the first row
+    group is read, so it has the decode threads to itself; once it is read the others start.
+    Negative control: ``FIRST_ALONE`` off starts them beside it at once."""
+    from torch_fastload.sources import parquet_decode
+
+    monkeypatch.setattr(parquet_decode, "FIRST_ALONE", alone)
+    path = write(pa.table({"x": pa.array(np.arange(4000))}), tmp_path / "t.parquet", row_group_size=100)
+    dataset = ParquetDataset(path, threads=4)
+    cache = dataset._reader()
+    release = threading.Event()
+    read = cache._read
+
+    def held(group, names, order=-1):
+        if group.index == 0:
+            release.wait(30)
+        return read(group, names, order)
+
+    cache._read = held
+    cache.start(list(range(40)))
+    time.sleep(0.2)  # room for a read-ahead to start, if it is not held back
+    with cache.lock:
+        beside = sorted(i for i in cache.entries if i != 0)
+    release.set()
+    _settled(cache)
+    assert (beside == []) == alone, beside
+    assert {0, 1, 2} <= set(cache.entries)  # read ahead once the first was read
+    assert_matches_read_table(dataset, pq.read_table(path))
     dataset.close()
 
 

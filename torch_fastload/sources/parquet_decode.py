@@ -36,6 +36,9 @@ _PARALLEL_TAKE_ROWS = 4096  # smaller gathers are not worth a thread hand-off
 # the order row groups are asked for, across every cache of the process: their column chunks
 # decode on pyarrow's pool in this order (``_arrow.read_row_group(order=)``)
 _ASKED = itertools.count()
+#: ``RowGroupCache.start``: the epoch's first row group is read alone, the read-ahead held back
+#: until pyarrow's reader is done with it (False: it decodes beside the next ones at once)
+FIRST_ALONE = True
 
 
 class _SpanFile:
@@ -112,6 +115,7 @@ class RowGroupCache:
         self.decoded = [0, 0]  # row groups decoded, their bytes: the read-ahead's size estimate
         self.upcoming: list = []  # the row groups the sampler reads next, in order
         self.failed: set = set()  # row groups whose decode raised: retried only by their batch
+        self.alone = False  # the epoch's first row group is being read alone (``start``)
         leaves = max(1, sum(len(plan.leaves[0][name]) for name in self.names)) if plan.leaves else 1
         # enough row groups at once that every thread has about two column chunks, and no more:
         # with pyarrow's column threads on, row groups then finish in the order they are read
@@ -180,6 +184,7 @@ class RowGroupCache:
         a fifth of the read slots idle on the 16-core machine)."""
         with self.lock:
             self.reading -= 1
+            self.alone = False
             self._read_ahead()
 
     def _read(self, group: RowGroup, names: list, order: int = -1) -> pa.Table:
@@ -240,6 +245,7 @@ class RowGroupCache:
             self.running -= 1
             if future.cancelled():  # never started: its read slot is given back here
                 self.reading -= 1
+                self.alone = False
             if future.cancelled() or future.exception() is not None:
                 if self.entries.get(index) is future:
                     del self.entries[index]  # an error is raised to its batch, then retried
@@ -257,7 +263,7 @@ class RowGroupCache:
         """Start decoding the next row groups the sampler reads (lock held), as decodes finish:
         the decode threads run ahead of the batches, never waiting for a batch to be asked
         for, and hold at most half the cache in row groups decoded and not yet read."""
-        if self.pool is None or not self.upcoming:
+        if self.pool is None or not self.upcoming or self.alone:
             return
         mean = self.decoded[1] / self.decoded[0] if self.decoded[0] else 0
         limit = max(self.at_once, int(self.cache_bytes // 2 // mean)) if mean else self.at_once
@@ -305,6 +311,25 @@ class RowGroupCache:
             self._read_ahead()
         return [f.result() for f in futures]
 
+    def start(self, groups) -> None:
+        """Start decoding ``groups`` (the epoch's first, in the order the sampler reads them)
+        before any batch asks for them: the epoch's first batch waits for its row group's
+        decode alone, not for the loader's threads to start first. With ``FIRST_ALONE`` the
+        first row group has pyarrow's pool to itself (the read-ahead resumes once it is read):
+        beside two others it took 4-4.6 ms on the 16-core machine, alone 3.3."""
+        groups = [int(g) for g in groups]
+        if not groups:
+            return
+        with self.lock:
+            self.upcoming = groups
+            fresh = groups[0] not in self.entries
+            try:
+                self._start(groups[0])
+            except RuntimeError:  # the pool was shut down (interpreter exit)
+                return
+            self.alone = FIRST_ALONE and fresh and self.reading == 1
+            self._read_ahead()
+
     def take(self, table: pa.Table, rows: np.ndarray) -> pa.Table:
         """Rows ``rows`` of ``table``, its columns gathered in parallel (pyarrow's take runs one
         column after another, without the GIL): a shuffled batch's gather was a serial step on
@@ -331,6 +356,7 @@ class RowGroupCache:
             self.held = 0
             self.upcoming = []
             self.failed = set()
+            self.alone = False
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         if gather is not None:

@@ -179,6 +179,12 @@ class ParquetBatchSampler(Sampler):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self):
+        # drawn now, on the thread calling iter() (torch's DataLoader draws its sampler there
+        # too): a loader bound to the dataset starts decoding the epoch's first row groups
+        # before its own threads run
         order = self.sampler.begin_order()
+        return self._batches(order)
+
+    def _batches(self, order):
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             yield order[start : start + self.batch_size]
