@@ -409,15 +409,20 @@ def test_the_epochs_first_row_groups_decode_from_iter_on(tmp_path, monkeypatch, 
     dataset.close()
 
 
-@pytest.mark.parametrize("alone", [True, False])
-def test_the_epochs_first_row_group_is_read_alone_then_the_read_ahead_resumes(tmp_path, monkeypatch, alone):
+@pytest.mark.parametrize("first_alone, columns, alone", [(True, 4, True), (False, 4, False), (True, 1, False)])
+def test_the_epochs_first_row_group_is_read_alone_then_the_read_ahead_resumes(
+    tmp_path, monkeypatch, first_alone, columns, alone
+):
     """``RowGroupCache.start`` (an epoch's start) holds the read-ahead back while the first row
     group is read, so it has the decode threads to itself; once it is read the others start.
-    Negative control: ``FIRST_ALONE`` off starts them beside it at once."""
+    Only where its column chunks fill the threads: a one-column row group is one chunk on one
+    thread. Negative control: ``FIRST_ALONE`` off starts them beside it at once."""
     from torch_fastload.sources import parquet_decode
 
-    monkeypatch.setattr(parquet_decode, "FIRST_ALONE", alone)
-    path = write(pa.table({"x": pa.array(np.arange(4000))}), tmp_path / "t.parquet", row_group_size=100)
+    monkeypatch.setattr(parquet_decode, "FIRST_ALONE", first_alone)
+    monkeypatch.setattr(parquet_decode.pa, "cpu_count", lambda: 4)  # pyarrow's pool, whatever the machine
+    table = pa.table({f"c{k}": pa.array(np.arange(4000) + k) for k in range(columns)})
+    path = write(table, tmp_path / "t.parquet", row_group_size=100)
     dataset = ParquetDataset(path, threads=4)
     cache = dataset._reader()
     release = threading.Event()

@@ -7,7 +7,9 @@ thread's first batch on), interleaved round by round on the same loader.
 Per file and variant: the median epoch, the first batch's time after ``iter()``, and the median
 of each round's read_table / epoch ratio (parquet.py's verdict figure). One JSON under $OUT.
 
-  PYTHONPATH=$PWD python3 benchmarks/gpu/epoch_start_ab.py DATA_DIR [ROUNDS] [ROWS,...] [CODECS]
+  PYTHONPATH=$PWD [AB_PROFILES=string:64,int:64] python3 benchmarks/gpu/epoch_start_ab.py \
+      DATA_DIR [ROUNDS] [ROWS,...] [CODECS]
+  (AB_PROFILES: parquet.py's profile files too, run length 1, unlimited cardinality, snappy)
 """
 
 import json
@@ -100,10 +102,12 @@ def main() -> int:
     device = resolve_device(os.environ.get("AB_DEVICE", "cuda" if torch.cuda.is_available() else "cpu"))
     data.mkdir(parents=True, exist_ok=True)
     results = []
-    for rows in sizes:
-        for codec in codecs:
-            path = bench.write_alert(data, rows, codec, 131072)
-            results.append(one_file(path, rounds, device))
+    paths = [bench.write_alert(data, rows, codec, 131072) for rows in sizes for codec in codecs]
+    for spec in filter(None, os.environ.get("AB_PROFILES", "").split(",")):  # e.g. string:64
+        kind, mib = spec.split(":")
+        paths.append(bench.write_profile(data, kind, int(mib) << 20, 1, 0, "snappy"))
+    for path in paths:
+        results.append(one_file(path, rounds, device))
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
     out = out / "epoch_start_ab.json"
