@@ -32,7 +32,8 @@ std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<s
                                            uint64_t gather_function, int piece_bytes, int blocks,
                                            bool unsafe_slot_reuse, int debug_jitter_us, bool memory_rows_kernel,
                                            bool unsafe_skip_allocation_wait, bool debug_lose_wakeups,
-                                           int debug_idle_pause_us, bool debug_old_idle_wait) {
+                                           int debug_idle_pause_us, bool debug_old_idle_wait,
+                                           int copy_timing_every) {
   tfl::LoopConfig cfg;
   for (const py::handle item : fields) cfg.fields.push_back(field_of(py::reinterpret_borrow<py::tuple>(item)));
   cfg.paths = std::move(paths);
@@ -45,6 +46,8 @@ std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<s
   cfg.debug_jitter_us = debug_jitter_us;
   cfg.debug_lose_wakeups = debug_lose_wakeups, cfg.debug_idle_pause_us = debug_idle_pause_us;
   cfg.debug_old_idle_wait = debug_old_idle_wait;
+  if (copy_timing_every < 0) throw py::value_error("copy_timing_every must be >= 0");
+  cfg.copy_timing_every = copy_timing_every;
   cfg.memory_rows_kernel = memory_rows_kernel && gather_function != 0;
   return std::make_unique<tfl::NativeLoop>(std::move(cfg));
 }
@@ -52,7 +55,7 @@ std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<s
 py::dict stats_dict(const tfl::LoopStats& s) {
   py::dict d;
   d["batches"] = s.batches, d["samples"] = s.samples;
-  d["stage_s"] = s.stage_s, d["read_s"] = s.read_s, d["copy_s"] = s.copy_s;
+  d["stage_s"] = s.stage_s, d["read_s"] = s.read_s, d["copy_s"] = s.copy_s, d["timed_bytes"] = s.timed_bytes;
   d["staged_bytes"] = s.staged_bytes, d["copied_bytes"] = s.copied_bytes;
   d["memory_bytes"] = s.memory_bytes, d["mapped_bytes"] = s.mapped_bytes;
   d["ring_bytes"] = s.ring_bytes, d["pread_bytes"] = s.pread_bytes, d["dma_bytes"] = s.dma_bytes;
@@ -94,7 +97,8 @@ void bind_native_loop(py::module_& m) {
            py::arg("ring").none(true), py::arg("gather_function"), py::arg("piece_bytes"), py::arg("blocks"),
            py::arg("unsafe_slot_reuse") = false, py::arg("debug_jitter_us") = 0, py::arg("memory_rows_kernel") = false,
            py::arg("unsafe_skip_allocation_wait") = false, py::arg("debug_lose_wakeups") = false,
-           py::arg("debug_idle_pause_us") = 0, py::arg("debug_old_idle_wait") = false, py::keep_alive<1, 15>())
+           py::arg("debug_idle_pause_us") = 0, py::arg("debug_old_idle_wait") = false,
+           py::arg("copy_timing_every") = 16, py::keep_alive<1, 15>())
       .def(
           "submit",
           [](tfl::NativeLoop& loop, int64_t position, const I64Array& indices, uint64_t out, int64_t out_bytes,

@@ -73,7 +73,7 @@ NativeLoop::~NativeLoop() {
     for (auto& [position, job] : jobs_)
       for (cuda::Event e : {job.ready, job.timing_start, job.timing_end, job.allocated})
         if (e != nullptr) cu.event_destroy(e);
-    for (auto& [a, b] : timings_) cu.event_destroy(a), cu.event_destroy(b);
+    for (const Timing& t : timings_) cu.event_destroy(t.start), cu.event_destroy(t.end);
     for (cuda::Event e : spare_events_) cu.event_destroy(e);
     for (cuda::Event e : spare_timing_events_) cu.event_destroy(e);
   } catch (...) {  // the driver may already be shut down at interpreter exit
@@ -459,12 +459,15 @@ void NativeLoop::run_cuda(Job& job) {
   }
   const double staged = since(t0);
   job.ready = make_event(false);
-  job.timing_start = make_event(true);
-  job.timing_end = make_event(true);
+  const int every = cfg_.copy_timing_every;
+  if (every > 0 && copy_batches_.fetch_add(1) % every == 0) {
+    job.timing_start = make_event(true);
+    job.timing_end = make_event(true);
+  }
   const auto t1 = Clock::now();
   int64_t mapped = 0, ring = 0, dma = 0;
   try {
-    cuda::check(cu.event_record(job.timing_start, stream), "cuEventRecord");
+    if (job.timing_start != nullptr) cuda::check(cu.event_record(job.timing_start, stream), "cuEventRecord");
     for (const HostPart& p : parts)
       cuda::check(cu.memcpy_htod_async(out + static_cast<cuda::DevicePtr>(p.out_at), slots_[slot].host + p.slot_at,
                                        static_cast<size_t>(p.bytes), stream),
@@ -473,12 +476,13 @@ void NativeLoop::run_cuda(Job& job) {
     Ranges r = file_ranges(job);
     if (!r.offsets.empty()) std::tie(mapped, ring) = read_to_device(job, r);
     cuda::check(cu.event_record(job.ready, stream), "cuEventRecord");
-    cuda::check(cu.event_record(job.timing_end, stream), "cuEventRecord");
+    if (job.timing_end != nullptr) cuda::check(cu.event_record(job.timing_end, stream), "cuEventRecord");
   } catch (...) {
     release_slot(slot, stream);  // a copy enqueued before the failure may still read the slot
     throw;
   }
   release_slot(slot, stream);
+  job.copied = host_bytes + mapped + ring + dma;
   std::lock_guard<std::mutex> lock(mu_);
   stats_.stage_s += staged, stats_.staged_bytes += memory, stats_.memory_bytes += memory;
   stats_.read_s += since(t1), stats_.mapped_bytes += mapped, stats_.ring_bytes += ring;
@@ -643,15 +647,16 @@ void NativeLoop::recycle(cuda::Event e, bool timing) {  // under mu_
 
 void NativeLoop::harvest_timings(bool all) {  // under mu_
   const auto& cu = cuda::api();
-  std::vector<std::pair<cuda::Event, cuda::Event>> waiting;
-  for (auto& [start, end] : timings_) {
-    const cuda::Result r = cu.event_query(end);
+  std::vector<Timing> waiting;
+  for (const Timing& t : timings_) {
+    const cuda::Result r = cu.event_query(t.end);
     if (r == cuda::kSuccess) {
       float ms = 0;
-      if (cu.event_elapsed_time(&ms, start, end) == cuda::kSuccess) stats_.copy_s += ms / 1e3;
-      recycle(start, true), recycle(end, true);
+      if (cu.event_elapsed_time(&ms, t.start, t.end) == cuda::kSuccess)
+        stats_.copy_s += ms / 1e3, stats_.timed_bytes += t.bytes;
+      recycle(t.start, true), recycle(t.end, true);
     } else if (!all && r == cuda::kNotReady) {
-      waiting.emplace_back(start, end);
+      waiting.push_back(t);
     }
   }
   timings_.swap(waiting);
@@ -674,7 +679,7 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
     job.allocated = nullptr;
     if (job.error) {
       recycle(job.ready, false);
-      if (job.timing_start != nullptr) timings_.emplace_back(job.timing_start, job.timing_end);
+      if (job.timing_start != nullptr) timings_.push_back({job.timing_start, job.timing_end, 0});
       std::rethrow_exception(job.error);
     }
   }
@@ -691,7 +696,7 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   recycle(job.ready, false);
-  timings_.emplace_back(job.timing_start, job.timing_end);
+  if (job.timing_start != nullptr) timings_.push_back({job.timing_start, job.timing_end, job.copied});
   return true;
 }
 

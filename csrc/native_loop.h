@@ -74,12 +74,17 @@ struct LoopConfig {
   int debug_idle_pause_us = 0;      // tests only: a worker finding no job pauses (holding mu_) before it waits
   bool debug_old_idle_wait = false;  // tests only, the control: idle workers wake on a notify alone and
                                      // stop() raises its flag without mu_ (the loop before the fix)
+  // One batch in this many has its H2D copies timed by a pair of CUDA events (0: none). Each
+  // timed batch costs the loop's threads four driver calls more beside the training thread.
+  int copy_timing_every = 16;
 };
 
 // Per-batch and cumulative measurements (seconds, bytes).
 struct LoopStats {
   int64_t batches = 0, samples = 0;
-  double stage_s = 0, read_s = 0, copy_s = 0;
+  double stage_s = 0, read_s = 0;
+  double copy_s = 0;         // the timed batches' copies (cfg.copy_timing_every)...
+  int64_t timed_bytes = 0;   // ...and their bytes: copy_s * copied_bytes / timed_bytes estimates all
   int64_t staged_bytes = 0, copied_bytes = 0;
   int64_t memory_bytes = 0, mapped_bytes = 0, ring_bytes = 0, pread_bytes = 0, dma_bytes = 0;
 };
@@ -150,7 +155,12 @@ class NativeLoop {
     std::exception_ptr error;
     cuda::Event allocated = nullptr;  // recorded on `home` at start (null: home is the copy stream)
     cuda::Event ready = nullptr;                          // recorded after the batch's copies
-    cuda::Event timing_start = nullptr, timing_end = nullptr;  // the H2D copies, for stats
+    cuda::Event timing_start = nullptr, timing_end = nullptr;  // the H2D copies, for stats (timed batches)
+    int64_t copied = 0;                                          // bytes those copies moved
+  };
+  struct Timing {
+    cuda::Event start, end;
+    int64_t bytes;
   };
   struct Slot {
     char* host = nullptr;
@@ -206,7 +216,8 @@ class NativeLoop {
   std::vector<Slot> slots_;
   std::deque<size_t> free_slots_;
   std::vector<cuda::Event> spare_events_, spare_timing_events_;
-  std::vector<std::pair<cuda::Event, cuda::Event>> timings_;  // handed over, not yet measured
+  std::vector<Timing> timings_;  // handed over, not yet measured
+  std::atomic<int64_t> copy_batches_{0};  // batches whose copies were enqueued (picks the timed ones)
   std::vector<std::thread> workers_;
   std::vector<const MappedFile*> mapped_;
   LoopStats stats_;

@@ -570,3 +570,24 @@ def test_only_tensors_whose_last_page_is_their_own_are_pinned_in_place(monkeypat
     assert tail_page_private(big)  # 32 MiB and more: glibc gives it a mapping of its own
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")  # glibc told never to map: it may lie on the heap
     assert not tail_page_private(big)
+
+
+def test_copy_seconds_are_scaled_from_the_timed_batches_by_bytes():
+    """The loop times one batch in ``copy_timing_every``: between two readings the copy seconds
+    are the timed batches' seconds per byte over every byte copied, never negative, and zero
+    before any batch was timed."""
+    from torch_fastload.native import _copy_seconds
+
+    empty = {"copy_s": 0.0, "timed_bytes": 0, "copied_bytes": 0}
+    assert _copy_seconds(empty, {"copy_s": 0.0, "timed_bytes": 0, "copied_bytes": 10**9}) == 0.0
+    one_timed = {"copy_s": 0.01, "timed_bytes": 10**8, "copied_bytes": 16 * 10**8}  # 10 GB/s
+    assert _copy_seconds(empty, one_timed) == pytest.approx(0.16)
+    later = {"copy_s": 0.02, "timed_bytes": 2 * 10**8, "copied_bytes": 32 * 10**8}
+    assert _copy_seconds(one_timed, later) == pytest.approx(0.16)
+    assert _copy_seconds(later, {"copy_s": 0.02, "timed_bytes": 2 * 10**8, "copied_bytes": 32 * 10**8}) == 0.0
+
+
+def test_copy_timing_every_refuses_a_negative_count():
+    with pytest.raises(ValueError, match="copy_timing_every"):
+        with torch_fastload.config.override(copy_timing_every=-1):
+            pass

@@ -437,3 +437,34 @@ def test_planned_batches_are_allocated_several_at_a_time_on_the_copy_stream(monk
     assert torch.equal(torch.cat([x for x, _ in got]).cpu(), rows)
     assert torch.equal(torch.cat([y for _, y in got]).cpu(), labels)
     assert all(x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr() for x, y in got)
+
+
+@pytest.mark.parametrize("every", [1, 4, 0])
+def test_one_batch_in_copy_timing_every_has_its_copies_timed(monkeypatch, every):
+    """``copy_timing_every``: the loop's threads time the copies of one batch in that many with a
+    pair of CUDA events (four driver calls beside the training thread's launches, so not every
+    batch); the stats' copy seconds are scaled from those batches by bytes, and none are reported
+    where no batch was timed."""
+    loops = []
+    real = NativePipeline.sync_stats
+
+    def keeping_the_loop(self):
+        loops.append(self.loop)
+        real(self)
+
+    monkeypatch.setattr(NativePipeline, "sync_stats", keeping_the_loop)
+    data = rows_dataset(n=256)  # 16 KiB rows: 32 batches of 8, the rows by DMA, the labels by the slot
+    with torch_fastload.config.override(copy_timing_every=every, memory_rows="dma"):
+        loader = DataLoader(data, batch_size=8)
+        got = list(loader)
+        stats = loader.stats()
+        loader.close()
+    torch.cuda.synchronize()
+    assert torch.equal(torch.cat([x for x, _ in got]).cpu(), data.tensors[0])
+    final = loops[-1].stats()  # every copy has completed: each timed batch is measured now
+    batch_bytes = 8 * 4096 * 4 + 8 * 8
+    assert final["copied_bytes"] == 32 * batch_bytes
+    assert final["timed_bytes"] == (32 // every * batch_bytes if every else 0)
+    assert (final["copy_s"] > 0) == bool(every)
+    assert stats.stage_bytes["copy"] == 32 * batch_bytes
+    assert (stats.stage_s["copy"] > 0) == bool(every), stats.stage_s

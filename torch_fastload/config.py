@@ -388,6 +388,15 @@ OPTIONS: dict[str, Option] = {
             "the training thread 25-40 us of next() beside a launch-bound step; 1 allocates each batch alone",
         ),
         Option(
+            "copy_timing_every",
+            16,
+            _int_at_least(0),
+            "the C++ steady state times one batch's H2D copies in this many with a pair of CUDA events "
+            "(stats' copy seconds are scaled from those batches by bytes); each timed batch is four driver "
+            "calls more from the loader's threads beside your training thread's launches; 1 times every "
+            "batch, 0 none",
+        ),
+        Option(
             "memory_rows",
             "auto",
             _choice("auto", "dma", "kernel", "gather"),

@@ -227,6 +227,7 @@ class NativePipeline:
             rows_kernel and gather != 0,
             UNSAFE_SKIP_ALLOCATION_WAIT,
             DEBUG_LOSE_WAKEUPS,
+            copy_timing_every=config.get("copy_timing_every"),
         )
         mapped = self._map_files(resources) and mapped_kernel
         self._copy_route = self._choose_copy_route(rows_kernel and gather != 0, mapped and gather != 0)
@@ -499,7 +500,7 @@ class NativePipeline:
         self.stats.add_io({"registered-memory": delta["dma_bytes"]} if delta["dma_bytes"] else {})
         self.stats.add_stage("read", delta["read_s"], sum(moved.values()))
         self.stats.add_io({k: v for k, v in moved.items() if v})
-        self.stats.add_stage("copy", delta["copy_s"], delta["copied_bytes"])
+        self.stats.add_stage("copy", _copy_seconds(last, now), delta["copied_bytes"])
 
     def shutdown(self, wait_for_copies: bool = True) -> None:
         """Stop the loop's workers, wait for its copies, give the slots back. Idempotent."""
@@ -522,6 +523,17 @@ class NativePipeline:
                 pool.release(slot, fence)
         self._slots = None
         LIVE_PIPELINES.discard(self)
+
+
+def _copy_seconds(last: dict, now: dict) -> float:
+    """The copy seconds of the batches copied between two stats readings, estimated from the
+    timed ones (``copy_timing_every``) by bytes: the timed batches' GB/s over all bytes copied."""
+
+    def estimate(stats: dict) -> float:
+        timed = stats.get("timed_bytes", 0)
+        return stats.get("copy_s", 0.0) * stats.get("copied_bytes", 0) / timed if timed else 0.0
+
+    return max(0.0, estimate(now) - estimate(last))
 
 
 class _OutputStock:
