@@ -508,7 +508,9 @@ def _route_pipeline(memory_rows="auto", mapped_copy="auto", rows_bytes=None, fil
 
     pipeline = NativePipeline.__new__(NativePipeline)
     pipeline.resources = SimpleNamespace(
-        settings=SimpleNamespace(memory_rows=memory_rows, mapped_copy=mapped_copy), copy_route=chosen
+        settings=SimpleNamespace(memory_rows=memory_rows, mapped_copy=mapped_copy),
+        copy_route=chosen,
+        copy_route_trial=None,
     )
     pipeline._shortest = {"rows": rows_bytes, "files": file_bytes}
     pipeline.loop, pipeline.device = _RouteLoop(), "cuda"
@@ -537,6 +539,39 @@ def test_auto_watches_only_routes_whose_ranges_are_long(rows_bytes, file_bytes, 
         assert isinstance(choice, CopyRouteChoice) and [name for name, _ in choice.targets] == watched
     else:
         assert choice is None and "gather kernel" in pipeline._rows_note
+
+
+@pytest.mark.parametrize("across", [True, False])
+def test_an_epoch_shorter_than_the_route_trial_hands_its_count_on(monkeypatch, across):
+    """The trial watches WARMUP + WINDOW (32) batches. Epochs of 10 hand their count on, so the
+    fourth epoch chooses and its loop takes the route; the control (each epoch starting over)
+    never chooses: a loader with short epochs would stay on the copy engines for good."""
+    from torch_fastload import native
+
+    monkeypatch.setattr(native, "ROUTE_TRIAL_ACROSS_EPOCHS", across)
+    resources, chosen_in = None, None
+    for epoch in range(6):
+        pipeline = _route_pipeline(rows_bytes=192 << 10)
+        if resources is not None:
+            pipeline.resources = resources
+        resources = pipeline.resources
+        trial = pipeline._choose_copy_route(True, False)
+        if trial is None:  # an earlier epoch chose: the loop starts on it
+            assert pipeline.loop.rows == [True]
+            break
+        if trial.batches == 0:
+            trial.probe = _FakeProbe([StepReading(0.002, 0.93)])  # a launch-bound step
+        for _ in range(10):
+            trial.requested()
+            if trial.delivered():
+                chosen_in = epoch
+                assert pipeline.loop.rows == [False, True]  # the copy engines, then the kernel
+                break
+        trial.release()  # the epoch's pipeline shut down
+    if across:
+        assert chosen_in == 3 and resources.copy_route == "kernel" and resources.copy_route_trial is None
+    else:
+        assert chosen_in is None and resources.copy_route is None
 
 
 def test_explicit_routes_and_an_earlier_choice_need_no_watching():

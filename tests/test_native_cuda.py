@@ -86,6 +86,35 @@ def test_auto_rows_route_chooses_once_and_later_epochs_keep_it():
     it.close()
 
 
+@pytest.mark.parametrize("across", [True, False])
+def test_the_route_trial_goes_on_across_epochs_shorter_than_it(monkeypatch, across):
+    """memory_rows='auto' watches ~32 batches before it chooses. Epochs of 10 batches hand the
+    count on, so the fourth epoch chooses; the control (each epoch starting the trial over) never
+    leaves the copy engines. Every batch equals torch's across the switch."""
+    monkeypatch.setattr(native, "ROUTE_TRIAL_ACROSS_EPOCHS", across)
+    data = rows_dataset(n=80, width=32768)  # 128 KiB rows: the copy engines until the trial chooses
+    kwargs = dict(batch_size=8, shuffle=True)
+    loader = DataLoader(data, generator=torch.Generator().manual_seed(5), **kwargs)
+    torch_loader = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(5), **kwargs)
+    x = torch.zeros(1, device="cuda")
+    for _epoch in range(5):
+        theirs = list(torch_loader)
+        ours = []
+        for batch in loader:
+            for _ in range(50):  # a launch-bound step
+                x.add_(1)
+            ours.append(batch)
+        assert len(ours) == 10
+        for a, c in zip(ours, theirs, strict=True):
+            assert torch.equal(a[0].cpu(), c[0]) and torch.equal(a[1].cpu(), c[1])
+    if across:
+        assert loader.resources.copy_route in ("kernel", "dma"), loader.stats().path
+        assert loader.resources.copy_route_trial is None
+    else:
+        assert loader.resources.copy_route is None
+    loader.close()
+
+
 @pytest.mark.parametrize("mapped_copy,map_budget", [("kernel", "25%"), ("dma", "25%"), ("kernel", 0)])
 def test_file_sources_on_the_loop_equal_torch(tmp_path, mapped_copy, map_budget):
     rng = np.random.default_rng(0)

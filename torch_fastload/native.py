@@ -72,6 +72,10 @@ DEBUG_LOSE_WAKEUPS = False
 #: (registered) pages; shorter ones are gathered by the CPU into a pinned slot, where one DMA per
 #: row would cost more than it saves.
 DMA_MIN_ROW_BYTES = 16 << 10
+#: An epoch shorter than the route trial's batches (``CopyRouteChoice``) hands its count on to the
+#: loader's next epoch; off (tests' control), each epoch starts the trial over and a loader whose
+#: epochs hold fewer than ~32 batches never leaves the copy engines.
+ROUTE_TRIAL_ACROSS_EPOCHS = True
 #: Where the route is left to 'auto', rows and records shorter than this (on average) go by the
 #: gather kernel from the first batch: one DMA copy each never reaches the link's rate on short
 #: ranges (hot .npy, 48 MiB batches, the loader alone, H100, benchmarks/gpu/mapped_routes.py:
@@ -333,7 +337,15 @@ class NativePipeline:
             set_kernel(chosen == "kernel")
             notes.append(f"{what}: {'gather kernel' if chosen == 'kernel' else 'copy engines'}")
         self._rows_note = f" ({', '.join(notes)})" if notes else ""
-        return CopyRouteChoice(self.loop, targets, self.device, self.resources, self.stats) if targets else None
+        if not targets:
+            return None
+        trial = self.resources.copy_route_trial if ROUTE_TRIAL_ACROSS_EPOCHS else None
+        if trial is not None and trial.names == [what for what, _ in targets]:
+            trial.rebind(self.loop, targets, self.stats)  # an earlier epoch ended before it chose
+        else:
+            trial = CopyRouteChoice(self.loop, targets, self.device, self.resources, self.stats)
+            self.resources.copy_route_trial = trial
+        return trial
 
     def _map_files(self, resources: LoaderResources) -> bool:
         """Files already resident in the page cache (within map_budget) are copied from it;
@@ -514,6 +526,8 @@ class NativePipeline:
         self.sync_stats()
         self._inflight.clear()
         self._stock.clear()
+        if self._copy_route is not None:
+            self._copy_route.release()
         if not settled:  # a copy may still read the slots: keep them (and the loop) for good
             _LEAKED_LOOPS.append((self.loop, self._keep, self._slots))
         elif self._slots:  # reused only once every copy enqueued so far has completed
@@ -583,18 +597,29 @@ class CopyRouteChoice:
     copy); a step that keeps its GPU busy loses its SMs to the kernel (bf16 GEMM step as long as
     the transfer, H100: 1.01-1.03x with the copy engines, 1.23-1.27x with the kernel). The copy
     engines run while ``WINDOW`` batches after ``WARMUP`` are observed; the choice holds for the
-    loader's later epochs. ``targets``: (what, the loop's setter) of each route left to 'auto'."""
+    loader's later epochs; an epoch that ends sooner hands the count on to the next one (``rebind``).
+    ``targets``: (what, the loop's setter) of each route left to 'auto'."""
 
     WARMUP, WINDOW, HOST_BOUND = 8, 24, 0.5
 
     def __init__(self, loop, targets, device, resources, stats):
         from .vision.step_probe import GpuStepProbe
 
-        self.loop, self.targets, self.resources, self.stats = loop, targets, resources, stats
         self.probe = GpuStepProbe(device)
         self.batches = 0
+        self.resources = resources
+        self.rebind(loop, targets, stats)
+
+    def rebind(self, loop, targets, stats) -> None:
+        """Go on watching with a later epoch's loop (copy engines until the choice)."""
+        self.loop, self.targets, self.stats = loop, targets, stats
+        self.names = [what for what, _ in targets]
         for _, set_kernel in targets:
             set_kernel(False)
+
+    def release(self) -> None:
+        """The epoch's loop stopped: keep the count for the next epoch, not the loop."""
+        self.loop, self.targets, self.stats = None, [], None
 
     def _watching(self) -> bool:
         return self.WARMUP <= self.batches < self.WARMUP + self.WINDOW
@@ -618,6 +643,7 @@ class CopyRouteChoice:
         for _, set_kernel in self.targets:
             set_kernel(kernel)
         self.resources.copy_route = "kernel" if kernel else "dma"
+        self.resources.copy_route_trial = None
         seen = f"the GPU had caught up {reading.caught_up:.0%} at next()" if reading else "the GPU a queue behind"
         what = " and ".join(name for name, _ in self.targets)
         self.stats.path += f" ({what}: {'gather kernel' if kernel else 'copy engines'}, {seen})"

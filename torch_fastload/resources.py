@@ -79,6 +79,7 @@ class LoaderResources:
         self._engines: list = []  # the copy engine, once made: the finalizer waits for its stream
         self._release_registrations = self._registrations_finalizer()
         self.copy_route: str | None = None  # 'auto' routes: what native.CopyRouteChoice chose
+        self.copy_route_trial = None  # the CopyRouteChoice still watching (epochs shorter than its batches)
 
     def _registrations_finalizer(self) -> weakref.finalize:
         """Releases ``_registered`` on close() or when these resources are collected (it holds
