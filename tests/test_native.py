@@ -567,11 +567,25 @@ def test_an_epoch_shorter_than_the_route_trial_hands_its_count_on(monkeypatch, a
                 chosen_in = epoch
                 assert pipeline.loop.rows == [False, True]  # the copy engines, then the kernel
                 break
-        trial.release()  # the epoch's pipeline shut down
+        trial.release(pipeline.loop)  # the epoch's pipeline shut down
     if across:
         assert chosen_in == 3 and resources.copy_route == "kernel" and resources.copy_route_trial is None
     else:
         assert chosen_in is None and resources.copy_route is None
+
+
+def test_an_iterator_stopping_leaves_the_trial_to_the_one_that_took_it_over():
+    """Two iterators of one loader alive at once: the second takes the undecided trial over, and
+    the first one's stop must not unbind it from the second's loop."""
+    first = _route_pipeline(rows_bytes=192 << 10)
+    trial = first._choose_copy_route(True, False)
+    second = _route_pipeline(rows_bytes=192 << 10)
+    second.resources = first.resources
+    assert second._choose_copy_route(True, False) is trial and trial.loop is second.loop
+    trial.release(first.loop)
+    assert trial.loop is second.loop and trial.names == ["registered rows"]
+    trial.release(second.loop)
+    assert trial.loop is None and trial.targets == []
 
 
 def test_explicit_routes_and_an_earlier_choice_need_no_watching():

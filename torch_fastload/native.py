@@ -527,7 +527,7 @@ class NativePipeline:
         self._inflight.clear()
         self._stock.clear()
         if self._copy_route is not None:
-            self._copy_route.release()
+            self._copy_route.release(self.loop)
         if not settled:  # a copy may still read the slots: keep them (and the loop) for good
             _LEAKED_LOOPS.append((self.loop, self._keep, self._slots))
         elif self._slots:  # reused only once every copy enqueued so far has completed
@@ -617,9 +617,11 @@ class CopyRouteChoice:
         for _, set_kernel in targets:
             set_kernel(False)
 
-    def release(self) -> None:
-        """The epoch's loop stopped: keep the count for the next epoch, not the loop."""
-        self.loop, self.targets, self.stats = None, [], None
+    def release(self, loop) -> None:
+        """``loop`` stopped: keep the count for the next epoch, not the loop (unless a later
+        iterator's loop took the trial over meanwhile)."""
+        if self.loop is loop:
+            self.loop, self.targets, self.stats = None, [], None
 
     def _watching(self) -> bool:
         return self.WARMUP <= self.batches < self.WARMUP + self.WINDOW
