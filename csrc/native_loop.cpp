@@ -652,7 +652,8 @@ void NativeLoop::harvest_timings(bool all) {  // under mu_
     const cuda::Result r = cu.event_query(t.end);
     if (r == cuda::kSuccess) {
       float ms = 0;
-      if (cu.event_elapsed_time(&ms, t.start, t.end) == cuda::kSuccess)
+      // a failed batch's events (no bytes) are only waited out: their time would skew the estimate
+      if (t.bytes > 0 && cu.event_elapsed_time(&ms, t.start, t.end) == cuda::kSuccess)
         stats_.copy_s += ms / 1e3, stats_.timed_bytes += t.bytes;
       recycle(t.start, true), recycle(t.end, true);
     } else if (!all && r == cuda::kNotReady) {
