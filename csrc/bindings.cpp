@@ -22,6 +22,7 @@
 namespace py = pybind11;
 
 void bind_native_loop(py::module_& m);  // bindings_loop.cpp
+void bind_range_plan(py::module_& m);   // bindings_range.cpp
 
 namespace {
 
@@ -638,4 +639,5 @@ PYBIND11_MODULE(_C, m) {
       "pool_size", [] { return tfl::ThreadPool::instance().num_workers(); },
       "Worker threads in the persistent pool (the calling thread works too).");
   bind_native_loop(m);
+  bind_range_plan(m);
 }

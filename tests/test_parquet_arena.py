@@ -202,15 +202,21 @@ def test_a_slot_holds_what_its_copy_reads_until_the_copy_completed():
 
 # -- on the GPU -------------------------------------------------------------------------------
 def _recording_stage(monkeypatch) -> list:
-    """Wraps the one-call stage to record the bytes each batch copied from where they lie."""
+    """Wraps the one-call stages (of a slot's plan, and of a planned batch of consecutive rows)
+    to record the bytes each batch copied from where they lie."""
     direct_bytes = []
-    inner = transfer._stage_host_batch
+    inner, planned = transfer._stage_host_batch, transfer._stage_range_plan
 
     def stage(*args):
         direct_bytes.append(int(args[-1].sum()) if len(args) == 20 else 0)  # 17 + direct_dst/src/sizes
         return inner(*args)
 
+    def stage_planned(plan, *args):
+        direct_bytes.append(plan.direct_bytes)
+        return planned(plan, *args)
+
     monkeypatch.setattr(transfer, "_stage_host_batch", stage)
+    monkeypatch.setattr(transfer, "_stage_range_plan", stage_planned)
     return direct_bytes
 
 

@@ -490,6 +490,14 @@ OPTIONS: dict[str, Option] = {
             "take, a call a column (the route before; columns not prepared, e.g. dictionary ones, always take it)",
         ),
         Option(
+            "parquet_range_plan",
+            True,
+            _bool,
+            "a Parquet batch of consecutive rows inside a loader is planned by one C++ call (the extension's "
+            "plan_range) and staged by one more, instead of a few Python calls a column on the fetch and stage "
+            "threads (each a GIL hand-off beside the training thread); False: the Python route",
+        ),
+        Option(
             "parquet_gather_threads",
             0,
             _int_between(0, 256),

@@ -21,7 +21,7 @@ import torch
 from .errors import PoolError
 from .remote.url import is_url
 from .resources import LoaderResources
-from .staging import ALIGN, PendingRead, pending_reads, plan_batch
+from .staging import ALIGN, PendingRead, PlannedBatch, pending_reads, plan_batch
 from .transfer import InFlightCopy
 
 __all__ = ["BatchStager", "StagedBatch"]
@@ -29,6 +29,8 @@ __all__ = ["BatchStager", "StagedBatch"]
 #: Fields copied to the device from where they lie are held with the slot until its copy ran
 #: (tests set False: the negative control shows the arena reused under a pending copy).
 KEEP_DIRECT_SOURCES = True
+#: Bytes of one copy task of a planned batch's host copies (``copy_ranges``' task size).
+PLANNED_TASK_BYTES = 2 << 20
 
 
 @dataclass
@@ -71,6 +73,12 @@ class BatchStager:
 
     def stage(self, number: int, batch: Any) -> StagedBatch:
         """Stage batch ``number`` and start its copy to the device (see the module docstring)."""
+        if isinstance(batch, PlannedBatch):
+            if self.finish is None and self.engine.plans_in_one_call:
+                return self._stage_planned(number, batch)
+            if self.finish is None and self.direct_cpu:
+                return self._stage_planned_cpu(batch)
+            batch = batch.materialize()  # an engine without the one-call stage: the generic route
         if self.finish is not None:
             return self._stage_and_finish(number, batch)
         return self._stage_and_copy(number, batch)
@@ -229,6 +237,50 @@ class BatchStager:
         on_stream = plan.payload_bytes if not to_device or reader.copies_on_stream else sum(n for _, _, n in copies)
         self.resources.copy_timer.add(copy, on_stream)
         return StagedBatch(copy, plan.samples, plan.payload_bytes)
+
+    def _stage_planned(self, number: int, batch: PlannedBatch) -> StagedBatch:
+        """A batch planned in C++ (``PlannedBatch``): a slot, then one call copies its pageable
+        fields and rebased offsets into the slot and the slot and its fields lying in direct
+        regions to the device. No per-field Python on this thread."""
+        plan = batch.plan
+        reserved = self.engine.reserve(plan.total, self.consumer)
+        acquiring = time.perf_counter()
+        pool, slot = self._acquire_slot(plan.total, number)
+        self.stats.mark("stage:slot", number, acquiring)
+        copy = None
+        try:
+            started = time.perf_counter()
+            copy = self.engine.start_planned(
+                slot.buffer,
+                batch,
+                threads=min(self.copy_threads or self.copier.num_threads, self.copier.num_threads),
+                task_bytes=PLANNED_TASK_BYTES,
+                nontemporal=self.copier.nontemporal,
+                consumer=self.consumer,
+                reserved=reserved,
+            )
+            self.stats.add_stage("stage", time.perf_counter() - started, plan.total - plan.direct_bytes)
+            self.stats.mark("stage:start-copy", number, started)
+        finally:
+            # a failed call may have enqueued its device copy: the slot then waits for the stream;
+            # the memory its direct fields lie in stays alive until its copy ran
+            pool.release(
+                slot,
+                copy.done if copy is not None else self.engine.fence(),
+                keep=[batch.keep] if plan.direct_bytes and KEEP_DIRECT_SOURCES else None,
+            )
+        self.resources.copy_timer.add(copy, plan.payload)
+        return StagedBatch(copy, batch.samples, plan.payload)
+
+    def _stage_planned_cpu(self, batch: PlannedBatch) -> StagedBatch:
+        """A planned batch for the CPU device: written once, straight into its own memory."""
+        started = time.perf_counter()
+        flat = torch.empty(batch.plan.total, dtype=torch.uint8, pin_memory=self.engine.pin_cpu_output)
+        written = batch.plan.write_host(flat.data_ptr(), self.copy_threads or self.copier.num_threads)
+        self.stats.add_stage("stage", time.perf_counter() - started, written)
+        copy = InFlightCopy(flat, batch.unpack(flat), None, None)
+        self.resources.copy_timer.add(copy, 0)
+        return StagedBatch(copy, batch.samples, batch.plan.payload)
 
     def _stage_direct(self, plan, items: list) -> StagedBatch:
         """The CPU device, a source with ``__fastload_direct_cpu__``: its in-memory fields are

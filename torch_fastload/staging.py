@@ -31,6 +31,7 @@ __all__ = [
     "PendingRead",
     "PendingConcat",
     "PendingOffsets",
+    "PlannedBatch",
     "materialize",
     "gather_rows",
     "deferred_collate",
@@ -42,6 +43,7 @@ __all__ = [
     "add_direct_region",
     "remove_direct_region",
     "in_direct_region",
+    "direct_regions_array",
 ]
 
 #: Every leaf starts on this boundary inside a slot and inside the device buffer, so typed
@@ -55,6 +57,9 @@ _MIN_CHUNK = 1 << 20  # below this, splitting a copy costs more than it saves
 _DIRECT_REGIONS: list = []
 
 
+_DIRECT_ARRAY: tuple = ((), np.zeros(0, dtype=np.int64))  # (the regions, as a flat int64 array)
+
+
 def add_direct_region(start: int, nbytes: int) -> None:
     """Declare ``[start, start + nbytes)`` readable by the copy engines in place (see above)."""
     if nbytes > 0 and (start, start + nbytes) not in _DIRECT_REGIONS:
@@ -65,6 +70,17 @@ def remove_direct_region(start: int, nbytes: int) -> None:
     """Undo ``add_direct_region`` (tests; the Parquet arena lives as long as the process)."""
     if (start, start + nbytes) in _DIRECT_REGIONS:
         _DIRECT_REGIONS.remove((start, start + nbytes))
+
+
+def direct_regions_array() -> np.ndarray:
+    """The direct regions as (start, end) pairs, flattened (int64): what ``_C.plan_range`` takes."""
+    global _DIRECT_ARRAY
+    regions, array = _DIRECT_ARRAY
+    if len(regions) != len(_DIRECT_REGIONS) or regions != tuple(_DIRECT_REGIONS):
+        regions = tuple(_DIRECT_REGIONS)
+        array = np.asarray(regions, dtype=np.int64).reshape(-1)
+        _DIRECT_ARRAY = (regions, array)  # one swap: a thread reading it sees either pair whole
+    return array
 
 
 def in_direct_region(tensor: torch.Tensor) -> bool:
@@ -169,6 +185,49 @@ class PendingOffsets(Pending):
         return torch.from_numpy(out)
 
 
+class PlannedBatch:
+    """A batch whose layout and copies were planned in C++ (``_C.RangePlan``: a Parquet batch of
+    consecutive rows): the stager stages it in one call (``CopyEngine.start_planned``) with no
+    per-field Python. ``keys``/``dtypes``/``tails``: the batch dict's fields in the plan's order,
+    each ``(leading dimension,) + tail`` of ``dtype``; ``keep``: what the plan's source addresses
+    point into (held until the batch's copies ran)."""
+
+    __slots__ = ("plan", "keys", "dtypes", "tails", "keep")
+
+    def __init__(self, plan, keys: list, dtypes: list, tails: list, keep: list):
+        self.plan, self.keys, self.dtypes, self.tails, self.keep = plan, keys, dtypes, tails, keep
+
+    @property
+    def samples(self) -> int:
+        return self.plan.rows
+
+    def unpack(self, flat: torch.Tensor) -> dict:
+        """The batch dict over ``flat`` (the plan's layout): a slice of one typed view a dtype
+        per field, a ``view`` only for fields of 2+ dimensions (NOTE [GIL-free views])."""
+        typed: dict = {}
+        out = {}
+        for key, dtype, tail, (offset, nbytes, rows) in zip(self.keys, self.dtypes, self.tails, self.plan.fields):
+            base = typed.get(dtype)
+            if base is None:
+                base = typed[dtype] = _typed_view(flat, dtype)
+            size = dtype.itemsize
+            if base is False or offset % size:
+                out[key] = flat[offset : offset + nbytes].view(dtype).view((rows, *tail))
+            elif tail:
+                start = offset // size
+                out[key] = base[start : start + nbytes // size].view((rows, *tail))
+            else:
+                start = offset // size
+                out[key] = base[start : start + rows]
+        return out
+
+    def materialize(self, pin_memory: bool = False) -> dict:
+        """The batch as CPU tensors: every field written into one new buffer, then viewed."""
+        flat = torch.empty(self.plan.total, dtype=torch.uint8, pin_memory=pin_memory)
+        self.plan.write_host(flat.data_ptr())
+        return self.unpack(flat)
+
+
 def _joined(field):
     if isinstance(field, PendingConcat):
         return torch.cat(field.tensors)
@@ -177,7 +236,9 @@ def _joined(field):
 
 def materialize(batch: Any) -> Any:
     """``batch`` with its ``PendingConcat`` and ``PendingOffsets`` fields joined into plain
-    tensors (outside the loader)."""
+    tensors (outside the loader); a ``PlannedBatch`` written out as its dict."""
+    if isinstance(batch, PlannedBatch):
+        return batch.materialize()
     return map_batch(_joined, batch)
 
 

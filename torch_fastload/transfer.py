@@ -179,6 +179,38 @@ class CopyEngine:
         )
         return InFlightCopy(flat, unpack(flat), end, (start, end), home=home)
 
+    @property
+    def plans_in_one_call(self) -> bool:
+        """Whether ``start_planned`` can run (a CUDA device and the extension's range planner)."""
+        return self.is_cuda and ONE_CALL_STAGE and _stage_range_plan is not None
+
+    def start_planned(
+        self,
+        slot: torch.Tensor,
+        batch,
+        *,
+        threads: int,
+        task_bytes: int,
+        nontemporal: bool,
+        consumer=None,
+        reserved=None,
+    ) -> InFlightCopy:
+        """``start_staged`` of a ``PlannedBatch``: its copies and rebases into ``slot``, the slot
+        and the fields lying in direct regions to the device, and the two events, in one C++ call
+        without the GIL (``_C.stage_range_plan``). The caller keeps ``batch.keep`` alive until the
+        returned copy's event completes."""
+        nbytes = batch.plan.total
+        flat, home = self._batch_memory(nbytes, consumer, reserved)
+        if self.debug_delay_cycles:
+            with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+                torch.cuda._sleep(self.debug_delay_cycles)
+        handle = self.stream.cuda_stream
+        start, end = _CopyEvent(handle), _CopyEvent(handle)
+        _stage_range_plan(
+            batch.plan, threads, task_bytes, nontemporal, slot.data_ptr(), flat.data_ptr(), handle, start, end
+        )
+        return InFlightCopy(flat, batch.unpack(flat), end, (start, end), home=home)
+
     def reserve(self, nbytes: int, consumer) -> torch.Tensor | None:
         """With ``output_stream='consumer'``: the batch's device bytes, allocated on the
         consumer's stream, with the copy stream ordered after that stream up to now; for
@@ -315,6 +347,10 @@ try:
     from ._C import stage_host_batch as _stage_host_batch
 except ImportError:  # a source tree without the built extension, or one built before them
     _CopyEvent = _stage_host_batch = None
+try:
+    from ._C import stage_range_plan as _stage_range_plan
+except ImportError:
+    _stage_range_plan = None
 #: Tests only: copies skip their wait for the consumer's stream up to the batch's allocation
 #: (the negative control: the caching allocator's recycled blocks then take copies early).
 UNSAFE_SKIP_ALLOCATION_WAIT = False

@@ -50,12 +50,20 @@ from torch.utils.data import Dataset
 
 from .. import config
 from ..resume import batch_key
-from ..staging import in_direct_region, materialize
+from ..staging import direct_regions_array, in_direct_region, materialize
 from . import parquet_arena
 from .parquet_decode import AHEAD_MAX, DECODERS, READ_MODES, RowGroupCache
 from .parquet_plan import expand_paths, open_plan
 from .parquet_sampler import ParquetBatchSampler, ParquetSampler
-from .parquet_tensors import RowsGather, can_gather, columns_to_tensors, gather_tensors, range_tensors
+from .parquet_tensors import (
+    RowsGather,
+    can_gather,
+    can_plan_ranges,
+    columns_to_tensors,
+    gather_tensors,
+    planned_range,
+    range_tensors,
+)
 
 __all__ = ["ParquetDataset", "ParquetSampler", "ParquetBatchSampler"]
 
@@ -63,6 +71,13 @@ _BOOKKEEPING = threading.Lock()  # the cache's creation and the fetched rows, ac
 # iterators bound and ended (``__fastload_bind__`` / ``__fastload_unbind__``); re-entrant: an
 # iterator collected while this thread holds it ends there (its shutdown unbinds)
 _BINDING = threading.RLock()
+
+
+class _Spans(list):
+    """A batch of consecutive rows: (decoded row group, first row, end row) a row group it spans,
+    and ``row_groups``, their indices (for errors)."""
+
+    row_groups: list = []
 
 
 class _ArrowPoolLease:
@@ -301,10 +316,11 @@ class ParquetDataset(Dataset):
             whole = decoded[0].table if len(decoded) == 1 else pa.concat_tables([d.table for d in decoded])
             return whole.slice(skip, n)
 
-        spans, left, start = [], n, skip
+        spans, left, start = _Spans(), n, skip
+        spans.row_groups = groups
         for group in decoded:
             stop = min(group.table.num_rows, start + left)
-            spans.append((group.columns, start, stop))
+            spans.append((group, start, stop))
             left -= stop - start
             start = 0
         return table, self.plan.row_groups[int(lo)].file, spans
@@ -334,7 +350,13 @@ class ParquetDataset(Dataset):
             threads = config.get("parquet_gather_threads") or min(16, self.threads)
             batch = gather_tensors(self.paths[file], self.plan.columns, spans, table, threads)
         else:  # consecutive rows: cut from each row group's tensors, made when it was decoded
-            batch = range_tensors(self.paths[file], self.plan.columns, spans, table)
+            batch = None
+            if can_plan_ranges() and config.get("parquet_range_plan") and batch_key() is not None:
+                groups = spans.row_groups if isinstance(spans, _Spans) else None
+                batch = planned_range(self.paths[file], self.plan.columns, spans, direct_regions_array(), groups)
+            if batch is None:  # outside a loader, or a column not prepared: per column in Python
+                columns = [(group.columns, start, stop) for group, start, stop in spans]
+                batch = range_tensors(self.paths[file], self.plan.columns, columns, table)
         self.fetch_seconds["rows"] += arrow - started
         self.fetch_seconds["tensors"] += time.perf_counter() - arrow
         key = batch_key()  # None outside the loader: those count first, as they came

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from ..errors import ParquetDecodeError, ParquetError, ParquetFormatError
 from . import parquet_arena
 from .parquet_plan import ParquetPlan, RowGroup
-from .parquet_tensors import prepare_row_group
+from .parquet_tensors import prepare_row_group, range_descriptor
 
 __all__ = ["RowGroupCache", "DecodedRowGroup", "READ_MODES", "DECODERS", "AHEAD_MAX"]
 
@@ -82,6 +82,7 @@ class DecodedRowGroup(NamedTuple):
     table: pa.Table
     nbytes: int
     columns: list
+    ranged: tuple | None = None  # ``range_descriptor(columns)``: what ``planned_range`` reads
 
 
 class RowGroupCache:
@@ -156,7 +157,7 @@ class RowGroupCache:
                 path, f"decoded {table.num_rows} rows, the footer says {group.rows}", row_group=group.index
             )
         columns, extra = prepare_row_group(self.plan.columns, table)
-        return DecodedRowGroup(table, table.nbytes + extra, columns)
+        return DecodedRowGroup(table, table.nbytes + extra, columns, range_descriptor(columns))
 
     def _read_checked(self, group: RowGroup, path: str, order: int = -1) -> pa.Table:
         """The row group's table, its file checked unchanged first; errors named by file, row

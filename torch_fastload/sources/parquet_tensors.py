@@ -11,6 +11,7 @@ stager rebases and widens them to int64 as it writes the slot, in C++ without th
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from typing import NamedTuple
@@ -21,15 +22,29 @@ import pyarrow.compute as pc
 import torch
 
 from ..errors import ParquetDecodeError
-from ..staging import PendingConcat, PendingOffsets
+from ..staging import ALIGN, PendingConcat, PendingOffsets, PlannedBatch
 from .parquet_plan import ColumnSpec
 
-__all__ = ["columns_to_tensors", "prepare_row_group", "range_tensors", "RowsGather", "gather_tensors", "can_gather"]
+__all__ = [
+    "columns_to_tensors",
+    "prepare_row_group",
+    "range_descriptor",
+    "range_tensors",
+    "planned_range",
+    "can_plan_ranges",
+    "RowsGather",
+    "gather_tensors",
+    "can_gather",
+]
 
 try:  # the C++ extension's one-call gather; without it shuffled batches take pyarrow's route
     from .._C import gather_rows as _gather_rows
 except ImportError:
     _gather_rows = None
+try:  # its planner of consecutive rows; without it those batches take range_tensors' route
+    from .._C import plan_range as _plan_range
+except ImportError:
+    _plan_range = None
 
 
 _read_only_warned = False
@@ -335,6 +350,106 @@ def range_tensors(path: str, specs: list, spans: list, table_of) -> dict:
             ]
             out[name + "__valid"] = PendingConcat(masks)  # never a view of shared ones or the row group's
     return out
+
+
+def can_plan_ranges() -> bool:
+    """Whether ``planned_range`` can run here (the extension built with its planner)."""
+    return _plan_range is not None
+
+
+_DESCRIPTOR_WIDTH = 7  # int64 values a column takes in a row group's descriptor (range_plan.h)
+
+
+def range_descriptor(columns: list) -> tuple | None:
+    """A decoded row group's prepared columns (``prepare_row_group``) as ``plan_range`` reads
+    them: (int64 array of ``_DESCRIPTOR_WIDTH`` values a column, the columns' (dtype, row shape,
+    ragged) signature); None where a column is not prepared (its batches go through Arrow).
+    Made once, on the decode thread; the addresses stay valid while ``columns`` lives."""
+    if not columns or any(column is None for column in columns):
+        return None
+    values = np.zeros((len(columns), _DESCRIPTOR_WIDTH), dtype=np.int64)
+    signature = []
+    for j, column in enumerate(columns):
+        offsets, pointer, nbytes, item, rows = column.source
+        if offsets is not None:
+            values[j, 0], values[j, 1] = offsets.ctypes.data, offsets.itemsize
+        values[j, 2:6] = (pointer, nbytes, item, rows)
+        if column.valid is not None:
+            values[j, 6] = column.valid.ctypes.data
+        signature.append((column.values.dtype, tuple(column.values.shape[1:]), offsets is not None))
+    return values.reshape(-1), tuple(signature)
+
+
+def planned_range(path: str, specs: list, spans: list, direct_regions: np.ndarray, row_groups: list | None = None):
+    """The batch of consecutive rows ``spans`` ((decoded row group, first row, end row) for each
+    row group they span, in order; ``row_groups``: their indices in the file, for errors) planned
+    in one C++ call without the GIL (``_C.plan_range``): a ``PlannedBatch`` the stager copies
+    into the slot and on to the device in one more call. None where a row group has a column not
+    prepared, or the row groups' columns differ in layout: ``range_tensors`` takes those. Keys,
+    dtypes and bytes are those of ``range_tensors``."""
+    parts = [(k, group, start, stop) for k, (group, start, stop) in enumerate(spans) if stop > start]
+    if not parts or any(group.ranged is None for _, group, _, _ in parts):
+        return None
+    signature = parts[0][1].ranged[1]
+    if any(group.ranged[1] != signature for _, group, _, _ in parts[1:]):
+        return None
+    flat_spans = []
+    for k, (_, _, start, stop) in enumerate(parts):
+        flat_spans += (k, start, stop)
+    masked = [1 if spec.masked else 0 for spec in specs]
+
+    def row_group(k: int) -> int | None:
+        at = parts[k][0] if 0 <= k < len(parts) else None
+        return row_groups[at] if row_groups is not None and at is not None and at < len(row_groups) else None
+
+    try:
+        plan = _plan_range([group.ranged[0] for _, group, _, _ in parts], flat_spans, masked, ALIGN, direct_regions)
+    except ValueError as exc:  # RangeError: rows or offsets outside a row group (a corrupt page)
+        column, k = _named_by(str(exc))
+        raise ParquetDecodeError(
+            path,
+            f"a batch's rows cannot be cut: {exc}",
+            row_group=row_group(k) if k is not None else None,
+            column=specs[column].name if column is not None and column < len(specs) else None,
+        ) from None
+    if plan.bad_column >= 0:
+        raise ParquetDecodeError(
+            path,
+            "holds nulls that its statistics did not report; open with masks='always'",
+            row_group=row_group(plan.bad_group),
+            column=specs[plan.bad_column].name,
+        )
+    keys, dtypes, tails = _planned_fields(specs, signature)
+    return PlannedBatch(plan, keys, dtypes, tails, keep=[group for _, group, _, _ in parts])
+
+
+def _named_by(message: str) -> tuple:
+    """(column position, span's row group) a planner error names ("column #j ... row group #k")."""
+
+    def number(marker: str) -> int | None:
+        tail = message.split(marker, 1)
+        digits = "".join(itertools.takewhile(str.isdigit, tail[1])) if len(tail) == 2 else ""
+        return int(digits) if digits else None
+
+    return number("column #"), number("row group #")
+
+
+_FIELDS: dict = {}  # (column names and masks, signature) -> the batch dict's keys, dtypes, row shapes
+
+
+def _planned_fields(specs: list, signature: tuple) -> tuple:
+    key = (tuple((spec.name, spec.masked) for spec in specs), signature)
+    fields = _FIELDS.get(key)
+    if fields is None:
+        keys, dtypes, tails = [], [], []
+        for spec, (dtype, tail, ragged) in zip(specs, signature):
+            keys.append(spec.name), dtypes.append(dtype), tails.append(tail)
+            if ragged:
+                keys.append(spec.name + "__offsets"), dtypes.append(torch.int64), tails.append(())
+            if spec.masked:
+                keys.append(spec.name + "__valid"), dtypes.append(torch.bool), tails.append(())
+        fields = _FIELDS[key] = (keys, dtypes, tails)
+    return fields
 
 
 def _ragged_range(parts: list) -> tuple[list, PendingOffsets]:
