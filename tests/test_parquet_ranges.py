@@ -237,3 +237,21 @@ def test_a_planned_batch_outside_the_one_call_stage_is_materialized():
     plan = _C.plan_range([_descriptor(None, ints, 16, 3)], [0, 1, 3], [0], ALIGN, np.zeros(0, np.int64))
     batch = materialize(PlannedBatch(plan, ["pairs"], [torch.int64], [(2,)], keep=[]))
     assert list(batch) == ["pairs"] and batch["pairs"].tolist() == [[2, 3], [4, 5]]
+
+
+@needs_planner
+def test_a_dictionary_column_keeps_its_batches_on_the_python_route(tmp_path, monkeypatch):
+    """A column delivered as codes + dictionary is not prepared per row group (its dictionary is
+    the batch's own): the planner declines those batches and the Python route makes them, equal
+    to the dataset's own batch() of the same rows."""
+    path = write(every_type(600), tmp_path / "t.parquet", row_group_size=96)
+    made = _planned(monkeypatch)
+    dataset = ParquetDataset(path, columns=["i32", "name"], dictionary_columns=["name"])
+    got = list(DataLoader(dataset, batch_size=150, device="cpu"))
+    assert len(made) == len(got) == 4 and not any(made)
+    for k, batch in enumerate(got):
+        want = dataset.batch(range(k * 150, (k + 1) * 150))
+        assert list(batch) == list(want)
+        for key in want:
+            assert torch.equal(batch[key], want[key]), (k, key)
+    dataset.close()
