@@ -1,7 +1,8 @@
 """Seeded, time-bounded fuzz of Parquet footer and page bytes against ``ParquetDataset``.
 
 Writes a small valid file, then repeatedly damages a copy (flipped bytes, overwritten runs,
-truncation, in the footer, in its length, or in the pages) and opens and reads it. Every outcome
+truncation, in the footer, in its length, or in the pages) and opens and reads it, by ``batch()``
+or through a loader (whose batches of consecutive rows the C++ planner cuts). Every outcome
 must be a decoded batch or a ``ParquetError`` (a typed error naming the file); any other
 exception is a failure, and a crash of the process (pyarrow's parser on a hostile footer) is
 seen by the test that runs this in a subprocess as a signal exit status.
@@ -21,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from torch_fastload import DataLoader
 from torch_fastload.errors import ParquetError
 from torch_fastload.sources import ParquetDataset
 
@@ -109,6 +111,7 @@ def main() -> int:
         case = 0
         while time.monotonic() < deadline and case < args.max_cases:
             data, how = damage(bytearray(original), rng)
+            via = rng.choice(["batch", "loader"])
             with open(path, "wb") as f:
                 f.write(data)
             try:
@@ -116,8 +119,12 @@ def main() -> int:
                 if arena_decode is not None:
                     dataset._reader().arena_decode = arena_decode  # (read_mode "pyarrow" only)
                 try:
-                    for start in range(0, len(dataset), 256):
-                        dataset.batch(range(start, min(start + 256, len(dataset))))
+                    if via == "loader":  # batches of consecutive rows planned in C++ (parquet_range_plan)
+                        for _ in DataLoader(dataset, batch_size=256, device="cpu"):
+                            pass
+                    else:
+                        for start in range(0, len(dataset), 256):
+                            dataset.batch(range(start, min(start + 256, len(dataset))))
                 finally:
                     dataset.close()
                 result = "read"
@@ -127,7 +134,7 @@ def main() -> int:
                 failures += 1
                 result = "untyped"
                 print(f"case {case} ({how}): {type(exc).__name__}: {exc}", file=sys.stderr)
-            outcomes[(how, result)] = outcomes.get((how, result), 0) + 1
+            outcomes[(f"{how}:{via}", result)] = outcomes.get((f"{how}:{via}", result), 0) + 1
             case += 1
     summary = ", ".join(f"{h}/{r}={n}" for (h, r), n in sorted(outcomes.items()))
     print(

@@ -184,3 +184,69 @@ def test_config_reads_reenter_from_a_finalizer_on_the_same_thread():
     worker.start()
     worker.join(5)
     assert not worker.is_alive(), "config lookup deadlocked when re-entered on the same thread"
+
+
+@pytest.mark.parametrize("deferred", [True, False], ids=["collector-aware", "negative-control"])
+def test_a_collection_inside_a_lock_the_fetch_thread_waits_for_does_not_join_it(monkeypatch, deferred):
+    """An iterator left in a reference cycle (an exception's traceback holds it) is finalized by
+    the garbage collector wherever a collection starts: here while the main thread holds a lock
+    the fetch thread is waiting for, as inside ``ThreadPoolExecutor.submit`` (concurrent.futures'
+    global lock; tests/fuzz_parquet.py found it). The finalizer must not join the fetch thread
+    there: the collection returns at once and the pipeline stops once the lock is free. The
+    negative control, a finalizer unaware of the collection, waits the whole shutdown timeout."""
+    import gc
+
+    import torch_fastload.loader as loader_module
+
+    monkeypatch.setenv("TORCH_FASTLOAD_SHUTDOWN_TIMEOUT", "2")
+    if not deferred:  # the finalizer no longer hears of the collection
+        gc.callbacks.remove(loader_module._collecting)
+        monkeypatch.setattr(loader_module, "_COLLECTING", [False])
+    try:
+        _collect_inside_the_lock(deferred)
+    finally:
+        if not deferred:
+            gc.callbacks.append(loader_module._collecting)
+
+
+def _collect_inside_the_lock(deferred: bool) -> None:
+    import gc
+    import threading
+    import warnings
+
+    from torch_fastload import DataLoader
+
+    lock = threading.Lock()
+    waiting = threading.Event()
+
+    class Blocking(Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            if i >= 8:
+                waiting.set()
+                with lock:  # held by the main thread below
+                    pass
+            return torch.tensor([i])
+
+    with lock:
+        it = iter(DataLoader(Blocking(), batch_size=4, device="cpu"))
+        assert int(next(it)[0]) == 0
+        pipeline = it._pipeline
+        cycle = [it]
+        cycle.append(cycle)  # only the collector frees it now
+        del it, cycle
+        assert waiting.wait(10), "the fetch thread never reached the blocking sample"
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            started = time.perf_counter()
+            gc.collect()
+            elapsed = time.perf_counter() - started
+        assert pipeline.stop.is_set()
+    pipeline.fetch_thread.join(10)
+    assert not pipeline.fetch_thread.is_alive()
+    if deferred:
+        assert elapsed < 1.0, f"the collection waited {elapsed:.2f} s for the fetch thread"
+    else:
+        assert elapsed >= 1.5, f"the control joined for only {elapsed:.2f} s"

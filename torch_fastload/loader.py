@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import gc
 import inspect
+import sys
 import threading
+import time
 import warnings
 import weakref
 from typing import TypeVar
@@ -350,18 +353,40 @@ class _FastloadIter:
         self._pipeline.shutdown()
 
     def __del__(self):
-        # Garbage collection runs finalizers on whichever thread allocates: it may be a thread
-        # the pipeline waits on (a decode or copy pool worker), so joining there would stall
-        # both until the join times out. Off the main thread, stop at once and join elsewhere.
+        # Garbage collection runs finalizers on whichever thread allocates, wherever it is: on a
+        # thread the pipeline waits on (a decode or copy pool worker), or on the main thread
+        # inside a lock a pipeline thread needs (the fuzz found one: a collection inside
+        # ThreadPoolExecutor.submit, which holds concurrent.futures' global lock, while the fetch
+        # thread waited for it in its own submit). Joining there stalls both until the join
+        # times out. So only a plain ``del`` on the main thread joins here; a collection or
+        # another thread stops the pipeline at once and joins on a thread of its own. Not while
+        # the interpreter exits: no thread starts then (the start would wait forever), and the
+        # exit handler has shut every pipeline down already (this call returns at once).
         pipeline = self._pipeline
         try:
-            if threading.current_thread() is threading.main_thread():
+            on_main = threading.current_thread() is threading.main_thread()
+            if (on_main and not _COLLECTING[0]) or sys.is_finalizing():
                 pipeline.shutdown()
                 return
             pipeline.stop.set()
-            threading.Thread(target=pipeline.shutdown, name="fastload-reaper", daemon=True).start()
+            reaper = threading.Thread(target=pipeline.shutdown, name="fastload-reaper", daemon=True)
+            reaper.start()
+            _REAPERS.add(reaper)
         except Exception:
             pass
+
+
+_COLLECTING = [False]  # True while the garbage collector runs (its finalizers among them)
+#: Threads shutting down collected iterators' pipelines: the exit waits for them, or their
+#: threads would still be inside pyarrow or the engine when the process tears its libraries down.
+_REAPERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _collecting(phase: str, info: dict) -> None:
+    _COLLECTING[0] = phase == "start"
+
+
+gc.callbacks.append(_collecting)
 
 
 def _length_warning(iterator: _FastloadIter) -> str:
@@ -389,6 +414,9 @@ def _shutdown_at_exit() -> None:
             pipeline.shutdown()
         except Exception:
             pass
+    deadline = time.monotonic() + config.get("shutdown_timeout")
+    for reaper in list(_REAPERS):
+        reaper.join(max(0.0, deadline - time.monotonic()))
     for loader in list(_LIVE_LOADERS):
         try:
             loader.close()
