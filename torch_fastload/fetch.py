@@ -233,6 +233,7 @@ def source_hooks(loader, source) -> SourceHooks:
         bind=hooks.bind,
         unbind=hooks.unbind,
         staged_at_once=hooks.staged_at_once,
+        samples=hooks.samples,
     )
 
 

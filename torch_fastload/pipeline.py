@@ -131,6 +131,7 @@ class Pipeline:
             consumer=torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None,
             copy_threads=WORKER_COPY_THREADS if self.fetcher.uses_workers else None,
             direct_cpu=hooks.direct_cpu,
+            samples=hooks.samples,
         )
         bound = None
         self._unbind = None  # the source's __fastload_unbind__, owed once by shutdown()

@@ -57,6 +57,7 @@ class BatchStager:
         consumer=None,
         copy_threads: int | None = None,
         direct_cpu: bool = False,
+        samples: Callable[[Any], int] | None = None,
     ):
         self.resources = resources
         self.collated = collated
@@ -67,12 +68,23 @@ class BatchStager:
         self.consumer = consumer  # the training loop's stream: batches are handed to it
         self.copy_threads = copy_threads  # memcpy threads per batch (None: the copier's own)
         self.direct_cpu = direct_cpu and not resources.engine.is_cuda  # the source's __fastload_direct_cpu__
+        self.samples_of = samples  # the source's __fastload_samples__ (None: the first field's rows)
         self.engine = resources.engine
         self.copier = resources.copier
         self.stats = resources.stats
 
     def stage(self, number: int, batch: Any) -> StagedBatch:
         """Stage batch ``number`` and start its copy to the device (see the module docstring)."""
+        if isinstance(batch, PlannedBatch):
+            samples = batch.samples
+        else:
+            samples = int(self.samples_of(batch)) if self.samples_of is not None else None
+        staged = self._stage(number, batch)
+        if samples is not None:
+            staged.samples = samples
+        return staged
+
+    def _stage(self, number: int, batch: Any) -> StagedBatch:
         if isinstance(batch, PlannedBatch):
             if self.finish is None and self.engine.plans_in_one_call:
                 return self._stage_planned(number, batch)

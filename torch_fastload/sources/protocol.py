@@ -30,6 +30,11 @@ loader looks them up once per iterator (``hooks_of``); a dataset without
     An upper bound of one batch's slot bytes, so a source of variable-size batches (packed
     records, images) sizes the pinned pool once instead of growing it batch by batch.
 
+``__fastload_samples__(batch) -> int`` (optional)
+    The samples in one of its batches, where the first field's leading dimension is not that
+    count (a Parquet batch whose first column is a string: its values are bytes). Counted in
+    ``loader.stats()`` and ``state_dict()``'s ``samples_yielded``; without it, that dimension.
+
 ``__fastload_direct_cpu__`` (optional attribute, True)
     On the CPU device, the batch's in-memory fields (plain tensors and ``Pending`` fields other
     than ``PendingRead``) are copied once, straight into the batch's own memory, with no
@@ -181,6 +186,7 @@ class SourceHooks:
     staged_at_once: int = 0  # __fastload_staged_at_once__ (0: the loader's default)
     bind: Callable[[torch.device], str | None] | None = None
     unbind: Callable[[torch.device], None] | None = None
+    samples: Callable[[Any], int] | None = None  # __fastload_samples__
 
 
 def hooks_of(dataset: Any) -> SourceHooks:
@@ -193,6 +199,7 @@ def hooks_of(dataset: Any) -> SourceHooks:
         requested=getattr(dataset, "__fastload_requested__", None),
         bind=getattr(dataset, "__fastload_bind__", None),
         unbind=getattr(dataset, "__fastload_unbind__", None),
+        samples=getattr(dataset, "__fastload_samples__", None),
         native=getattr(dataset, "__fastload_native__", None),
         collate=getattr(dataset, "__fastload_collate__", None),
         direct_cpu=getattr(dataset, "__fastload_direct_cpu__", False) is True,
