@@ -146,6 +146,16 @@ class CopyEngine:
         """Whether ``start_staged`` can run (a CUDA device and the C++ engine built)."""
         return self.is_cuda and ONE_CALL_STAGE and _stage_host_batch is not None
 
+    def _one_call_start(self, nbytes: int, consumer, reserved) -> tuple:
+        """What a one-call stage needs before its call: the batch's device memory and the stream
+        it was allocated on, the copy stream's handle and the copy's two events."""
+        flat, home = self._batch_memory(nbytes, consumer, reserved)
+        if self.debug_delay_cycles:
+            with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+                torch.cuda._sleep(self.debug_delay_cycles)
+        handle = self.stream.cuda_stream
+        return flat, home, handle, _CopyEvent(handle), _CopyEvent(handle)
+
     def start_staged(self, span: torch.Tensor, unpack, host_plan, *, nontemporal: bool, consumer=None, reserved=None):
         """``start`` for a slot whose host copies are still to run (``host_plan``, from
         ``ParallelCopier.plan_copy``): the copies into the slot, the offsets' rebase, the
@@ -154,12 +164,7 @@ class CopyEngine:
         ``host_plan.direct`` go to the device from where they lie, in the same call; the caller
         keeps them alive until the returned copy's event completes."""
         nbytes = span.numel()
-        flat, home = self._batch_memory(nbytes, consumer, reserved)
-        if self.debug_delay_cycles:
-            with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-                torch.cuda._sleep(self.debug_delay_cycles)
-        handle = self.stream.cuda_stream
-        start, end = _CopyEvent(handle), _CopyEvent(handle)
+        flat, home, handle, start, end = self._one_call_start(nbytes, consumer, reserved)
         (copy_dst, copy_src, copy_sizes), rebase, direct = host_plan.native
         _stage_host_batch(
             copy_dst,
@@ -199,13 +204,7 @@ class CopyEngine:
         and the fields lying in direct regions to the device, and the two events, in one C++ call
         without the GIL (``_C.stage_range_plan``). The caller keeps ``batch.keep`` alive until the
         returned copy's event completes."""
-        nbytes = batch.plan.total
-        flat, home = self._batch_memory(nbytes, consumer, reserved)
-        if self.debug_delay_cycles:
-            with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-                torch.cuda._sleep(self.debug_delay_cycles)
-        handle = self.stream.cuda_stream
-        start, end = _CopyEvent(handle), _CopyEvent(handle)
+        flat, home, handle, start, end = self._one_call_start(batch.plan.total, consumer, reserved)
         _stage_range_plan(
             batch.plan, threads, task_bytes, nontemporal, slot.data_ptr(), flat.data_ptr(), handle, start, end
         )

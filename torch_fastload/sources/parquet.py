@@ -360,8 +360,8 @@ class ParquetDataset(Dataset):
         else:  # consecutive rows: cut from each row group's tensors, made when it was decoded
             batch = None
             if can_plan_ranges() and config.get("parquet_range_plan") and batch_key() is not None:
-                groups = spans.row_groups if isinstance(spans, _Spans) else None
-                batch = planned_range(self.paths[file], self.plan.columns, spans, direct_regions_array(), groups)
+                regions = direct_regions_array()
+                batch = planned_range(self.paths[file], self.plan.columns, spans, regions, spans.row_groups)
             if batch is None:  # outside a loader, or a column not prepared: per column in Python
                 columns = [(group.columns, start, stop) for group, start, stop in spans]
                 batch = range_tensors(self.paths[file], self.plan.columns, columns, table)
