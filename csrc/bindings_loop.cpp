@@ -121,6 +121,17 @@ void bind_native_loop(py::module_& m) {
           py::arg("position"), py::arg("indices"), py::arg("outs"), py::arg("capacities"), py::arg("home") = 0,
           "submit() and start into one buffer per output field (addresses `outs`, sizes `capacities`).")
       .def(
+          "submit_group",
+          [](tfl::NativeLoop& loop, int64_t first_position, const I64Array& indices, int64_t count,
+             const I64Array& outs, const I64Array& capacities, uint64_t home) {
+            return loop.submit_group(first_position, to_vector(indices, "indices"), count, to_vector(outs, "outs"),
+                                     to_vector(capacities, "capacities"), home);
+          },
+          py::arg("first_position"), py::arg("indices"), py::arg("count"), py::arg("outs"), py::arg("capacities"),
+          py::arg("home") = 0,
+          "submit_fields() for `count` batches in one call (indices: count x n flat, outs: count x fields),\n"
+          "waking the workers once; returns each batch's output bytes, or -1 where take() will raise.")
+      .def(
           "start_fields",
           [](tfl::NativeLoop& loop, int64_t position, const I64Array& outs, const I64Array& capacities,
              uint64_t home) {

@@ -150,6 +150,36 @@ std::vector<int64_t> NativeLoop::submit_fields(int64_t position, std::vector<int
   return layout;
 }
 
+std::vector<int64_t> NativeLoop::submit_group(int64_t first_position, const std::vector<int64_t>& indices, int64_t count,
+                                              const std::vector<int64_t>& outs, const std::vector<int64_t>& capacities,
+                                              uintptr_t home) {
+  const size_t fields = capacities.size();
+  if (count < 1 || indices.size() % static_cast<size_t>(count) != 0 || outs.size() != fields * size_t(count))
+    throw Error(Error::kInvalid, "a group of " + std::to_string(count) + " batches needs count x n indices and count x " +
+                                     std::to_string(fields) + " output buffers, got " + std::to_string(indices.size()) +
+                                     " and " + std::to_string(outs.size()));
+  const size_t n = indices.size() / static_cast<size_t>(count);
+  std::vector<int64_t> totals(static_cast<size_t>(count), -1);
+  bool wake = false;
+  try {
+    for (int64_t j = 0; j < count; ++j) {
+      const auto from = indices.begin() + static_cast<ptrdiff_t>(size_t(j) * n);
+      std::vector<int64_t> layout =
+          submit(first_position + j, std::vector<int64_t>(from, from + static_cast<ptrdiff_t>(n)));
+      if (layout[0] < 0) continue;  // take() raises this batch's error; the others go on
+      const auto at = outs.begin() + static_cast<ptrdiff_t>(size_t(j) * fields);
+      wake = start_fields_quietly(first_position + j, std::vector<int64_t>(at, at + static_cast<ptrdiff_t>(fields)),
+                                  capacities, home) || wake;
+      totals[static_cast<size_t>(j)] = layout[0];
+    }
+  } catch (...) {  // the batches started before the failure still need their workers
+    if (wake && !cfg_.debug_lose_wakeups) work_cv_.notify_all();
+    throw;
+  }
+  if (wake && !cfg_.debug_lose_wakeups) work_cv_.notify_all();  // one wake-up for the whole group
+  return totals;
+}
+
 std::vector<int64_t> NativeLoop::row_layout(int64_t n) const {
   for (const LoopField& f : cfg_.fields)
     if (f.kind == LoopField::kRecords) throw Error(Error::kInvalid, "records have no layout before their indices");
@@ -194,6 +224,11 @@ void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes, uintp
 
 void NativeLoop::start_fields(int64_t position, const std::vector<int64_t>& outs,
                               const std::vector<int64_t>& capacities, uintptr_t home) {
+  if (start_fields_quietly(position, outs, capacities, home) && !cfg_.debug_lose_wakeups) work_cv_.notify_one();
+}
+
+bool NativeLoop::start_fields_quietly(int64_t position, const std::vector<int64_t>& outs,
+                                      const std::vector<int64_t>& capacities, uintptr_t home) {
   cuda::Event allocated = mark_allocation(home);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -220,9 +255,8 @@ void NativeLoop::start_fields(int64_t position, const std::vector<int64_t>& outs
     for (size_t o = 0; o < fields; ++o) job.at[o] = job.layout[2 + 2 * o] > 0 ? outs[o] - low : 0;
     job.out = static_cast<uintptr_t>(low), job.out_bytes = high - low;
     job.allocated = lease.release();
-    if (!enqueue(job, home) || cfg_.debug_lose_wakeups) return;
+    return enqueue(job, home);
   }
-  work_cv_.notify_one();
 }
 
 NativeLoop::Job& NativeLoop::startable(int64_t position) {  // under mu_

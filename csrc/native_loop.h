@@ -116,6 +116,12 @@ class NativeLoop {
   // allocated on `home`): the fields become independent tensors with no views to build.
   void start_fields(int64_t position, const std::vector<int64_t>& outs, const std::vector<int64_t>& capacities,
                     uintptr_t home);
+  // submit_fields() for `count` batches at positions first_position.. (indices: count x n, in
+  // order; outs: count x fields), with one wake-up of the workers for them all. Returns each
+  // batch's output bytes, or -1 where its indices were bad (take() raises that batch's error).
+  std::vector<int64_t> submit_group(int64_t first_position, const std::vector<int64_t>& indices, int64_t count,
+                                    const std::vector<int64_t>& outs, const std::vector<int64_t>& capacities,
+                                    uintptr_t home);
   // submit() then start_fields() where the indices were valid.
   std::vector<int64_t> submit_fields(int64_t position, std::vector<int64_t> indices, const std::vector<int64_t>& outs,
                                      const std::vector<int64_t>& capacities, uintptr_t home);
@@ -172,6 +178,9 @@ class NativeLoop {
 
   std::vector<int64_t> layout_of(const std::vector<int64_t>& indices) const;
   Job& startable(int64_t position);
+  // start_fields() without the wake-up: true if an idle worker needs one.
+  bool start_fields_quietly(int64_t position, const std::vector<int64_t>& outs, const std::vector<int64_t>& capacities,
+                            uintptr_t home);
   bool enqueue(Job& job, uintptr_t home);
   // An event recorded on `home` now (null where the copies need no wait): the copy stream waits
   // on it, so memory the caching allocator recycled is written only after its last use there.

@@ -361,45 +361,72 @@ def test_each_field_of_a_batch_is_its_own_tensor():
     assert x.untyped_storage().nbytes() == x.nbytes and y.untyped_storage().nbytes() == y.nbytes
 
 
-def test_the_output_stock_allocates_several_batches_in_one_call_and_hands_each_out_once():
-    """On the copy stream each allocation call is a stream switch: a planned size's batches come
-    from one call per ``ahead`` batches, each batch its own tensors, handed out in allocation
-    order and never twice; a size met once is allocated alone (no stock left behind), and a
-    batch too large for the cap is allocated alone every time."""
-    from torch_fastload.native import _OutputStock
+@pytest.mark.parametrize("ahead", [1, 4])
+def test_planned_batches_are_submitted_a_group_at_a_time(ahead, monkeypatch):
+    """``allocate_ahead``: batches of a planned size are allocated and submitted ``ahead`` at a
+    time (one C++ call, one wake-up of the workers), so most next() calls only take a batch; the
+    first batch and an epoch's short last one go alone; the epoch still equals torch's, each
+    field its own tensor, and a bad index inside a group fails only its own batch."""
+    groups = []
+    real = NativePipeline._submit_group
 
-    calls, made = [], []
+    def counting(self, group, plan, home):
+        groups.append([len(g) for g in group])
+        return real(self, group, plan, home)
 
-    def allocate(shapes):
-        calls.append(len(shapes))
-        tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in shapes]
-        made.extend(tensors)
-        return tensors
+    monkeypatch.setattr(NativePipeline, "_submit_group", counting)
+    rows, labels = torch.arange(1000 * 6, dtype=torch.float32).view(1000, 6), torch.arange(1000)
+    with torch_fastload.config.override(allocate_ahead=ahead):
+        loader = DataLoader(TensorDataset(rows, labels), batch_size=64, device="cpu", prefetch=2)
+        got = list(loader)
+        loader.close()
+    assert len(got) == 16  # 15 of 64 rows, then 40
+    assert torch.equal(torch.cat([x for x, _ in got]), rows) and torch.equal(torch.cat([y for _, y in got]), labels)
+    assert all(x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr() for x, y in got)
+    sizes = [len(g) for g in groups]
+    assert groups[0] == [64] and groups[-1] == [40]  # the first of a size, and the short last batch, alone
+    assert sum(sizes) == 16
+    if ahead == 1:
+        assert sizes == [1] * 16
+    else:
+        assert max(sizes) == 4 and len(groups) <= 7  # 1 + ceil(14 / 4) groups and the last
+        assert all(len(set(g)) == 1 for g in groups)  # one size a group
 
-    stock = _OutputStock(allocate, ahead=4, cap_bytes=1 << 20)
-    shapes = ([((8, 3), torch.float32), ((8,), torch.int64)], [96, 64])
-    batches = [stock.take(8, shapes) for _ in range(10)]
-    assert calls == [2, 8, 8, 2 * 4]  # first alone, then four batches a call
-    handed = [t for b in batches for t in b]
-    assert len({id(t) for t in handed}) == len(handed) == 20  # each tensor handed out once
-    assert [id(t) for t in handed] == [id(t) for t in made[:20]]  # in allocation order
-    assert all([tuple(t.shape) for t in b] == [(8, 3), (8,)] for b in batches)
-    calls.clear()
-    last = stock.take(5, ([((5, 3), torch.float32), ((5,), torch.int64)], [60, 40]))
-    assert calls == [2] and [tuple(t.shape) for t in last] == [(5, 3), (5,)]
-    big = ([((1 << 18,), torch.float32)], [1 << 20])
-    calls.clear()
-    for _ in range(3):
-        stock.take(1 << 18, big)
-    assert calls == [1, 1, 1]  # 1 MiB a batch: the 1 MiB cap leaves one batch a call
-    stock.clear()
-    calls.clear()
-    stock.take(8, shapes)
-    assert calls == [2]
+    bad = torch.arange(40)
+    loader = DataLoader(
+        TensorDataset(bad), batch_size=4, device="cpu", sampler=list(range(12)) + [99] + list(range(12, 40))
+    )
+    it = iter(loader)
+    seen, errors = [], 0
+    while True:
+        try:
+            seen.append(next(it)[0])
+        except StopIteration:
+            break
+        except IndexError:
+            errors += 1
+    loader.close()
+    assert errors == 1  # batch 3 (indices 12, 99, 13, 14) only
+    assert torch.equal(torch.cat(seen), torch.tensor([i for i in range(40) if i not in (12, 13, 14)]))
+
+
+def test_a_group_submit_checks_its_shape_and_fails_only_its_bad_batches():
+    values = torch.arange(10, dtype=torch.int64)
+    loop = host_loop([(0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False)])
+    outs = [torch.zeros(2, dtype=torch.int64) for _ in range(3)]
+    pointers = [t.data_ptr() for t in outs]
+    with pytest.raises(ValueError, match="needs count x n indices and count x 1 output buffers"):
+        loop.submit_group(0, np.arange(6), 3, pointers[:2], [16])
+    assert loop.submit_group(0, np.array([1, 2, 30, 3, 4, 5]), 3, pointers, [16]) == [16, -1, 16]
+    assert loop.take(0, 0, 5.0) and loop.take(2, 0, 5.0)
+    with pytest.raises(IndexError, match="index 30 is out"):
+        loop.take(1, 0, 0.0)
+    assert outs[0].tolist() == [1, 2] and outs[2].tolist() == [4, 5] and outs[1].tolist() == [0, 0]
+    assert loop.stop(1.0, True)
 
 
 def test_a_dropped_iterator_frees_its_pipeline_without_the_garbage_collector():
-    """The pipeline holds device memory (its outputs' stock, its slots): dropping the iterator
+    """The pipeline holds device memory (its submitted batches' outputs, its slots): dropping the iterator
     must free it at once, not at the collector's next cycle (a closure over the pipeline in its
     stock once made a reference cycle)."""
     import weakref

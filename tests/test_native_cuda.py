@@ -302,9 +302,9 @@ def test_outputs_are_written_after_the_training_streams_last_use_of_their_memory
 
 @pytest.mark.parametrize("unsafe", [False, True])
 @pytest.mark.parametrize("width, route", [(1, "auto"), (4096, "dma"), (4096, "kernel")])
-@pytest.mark.parametrize("ahead", [1, 4])
+@pytest.mark.parametrize("ahead, blocks", [(1, "batch"), (4, "batch"), (4, "group")])
 def test_copy_stream_outputs_are_not_rewritten_while_the_training_stream_reads_them(
-    unsafe, width, route, ahead, monkeypatch
+    unsafe, width, route, ahead, blocks, monkeypatch
 ):
     """Outputs allocated on the copy stream (the default), one batch at a time or several
     (``allocate_ahead``): a batch freed by the training loop while its kernels still read it (a
@@ -314,7 +314,9 @@ def test_copy_stream_outputs_are_not_rewritten_while_the_training_stream_reads_t
     monkeypatch.setattr(native, "UNSAFE_SKIP_HANDOVER", unsafe)
     n, batch = 512, 32
     rows = numbered_rows(n, width)
-    with torch_fastload.config.override(memory_rows=route, output_stream="copy", allocate_ahead=ahead):
+    with torch_fastload.config.override(
+        memory_rows=route, output_stream="copy", allocate_ahead=ahead, output_blocks=blocks
+    ):
         loader = DataLoader(TensorDataset(rows), batch_size=batch, prefetch=2)
         it = iter(loader)
         assert isinstance(it._pipeline, NativePipeline)
@@ -442,9 +444,9 @@ def test_a_loader_collected_unclosed_unregisters_its_tensors(monkeypatch, releas
 
 
 def test_planned_batches_are_allocated_several_at_a_time_on_the_copy_stream(monkeypatch):
-    """``allocate_ahead``: the copy stream is switched to once per four batches of the planned
-    size (plus the first batch and the short last one, each alone); the epoch still equals
-    torch's, each field its own tensor."""
+    """``allocate_ahead``: the copy stream is switched to once per group of four batches of the
+    planned size (plus the first batch and the short last one, each alone); the epoch still
+    equals torch's, each field its own tensor."""
     rows = torch.arange(1000 * 6, dtype=torch.float32).view(1000, 6)
     labels = torch.arange(1000)
     engine_calls = []
@@ -457,15 +459,35 @@ def test_planned_batches_are_allocated_several_at_a_time_on_the_copy_stream(monk
         return real(self, stream, shapes)
 
     monkeypatch.setattr(CopyEngine, "allocate_on", counting)
-    with torch_fastload.config.override(output_stream="copy", allocate_ahead=4):
+    with torch_fastload.config.override(output_stream="copy", allocate_ahead=4, output_blocks="batch"):
         loader = DataLoader(TensorDataset(rows, labels), batch_size=64)
         got = list(loader)
         loader.close()
     assert len(got) == 16  # 15 of 64 rows, then 40
-    assert engine_calls == [2] + [8] * 4 + [2]  # batch 0 alone; 1-4, 5-8, 9-12, 13-14 (+2 unused); the last alone
+    assert engine_calls == [2, 8, 8, 8, 4, 2]  # batch 0 alone; 1-4, 5-8, 9-12, 13-14; the last alone
     assert torch.equal(torch.cat([x for x, _ in got]).cpu(), rows)
     assert torch.equal(torch.cat([y for _, y in got]).cpu(), labels)
     assert all(x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr() for x, y in got)
+
+
+def test_group_blocks_hand_out_views_of_one_block_a_field():
+    """``output_blocks='group'`` (the default): a field of ``allocate_ahead`` batches is one
+    device block and each batch a view of it starting on a 512-byte boundary (one record_stream
+    a block, not a tensor); the labels stay a block apart from the images, and the epoch equals
+    torch's, for rows whose batch is not a multiple of 512 bytes too."""
+    rows = torch.arange(1000 * 7, dtype=torch.float32).view(1000, 7)
+    labels = torch.arange(1000, dtype=torch.int16)
+    with torch_fastload.config.override(output_stream="copy", allocate_ahead=4, output_blocks="group"):
+        loader = DataLoader(TensorDataset(rows, labels), batch_size=63)
+        got = list(loader)
+        loader.close()
+    assert torch.equal(torch.cat([x for x, _ in got]).cpu(), rows)
+    assert torch.equal(torch.cat([y for _, y in got]).cpu(), labels)
+    bases = [x.untyped_storage().data_ptr() for x, _ in got]
+    assert bases[1] == bases[2] == bases[3] == bases[4] != bases[5]  # batch 0 alone, then 1-4 in one block
+    assert got[2][0].untyped_storage().nbytes() == 4 * 1792  # 63 x 7 x 4 = 1764 bytes, padded to 512s
+    assert all(x.data_ptr() % 512 == 0 and y.data_ptr() % 512 == 0 for x, y in got)
+    assert all(x.is_contiguous() and x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr() for x, y in got)
 
 
 @pytest.mark.parametrize("every", [1, 4, 0])

@@ -383,9 +383,22 @@ OPTIONS: dict[str, Option] = {
             "allocate_ahead",
             4,
             _positive_int,
-            "with output_stream='copy', the device outputs of planned batches (fixed-size rows) are allocated "
-            "this many batches at a time, up to 256 MiB, in one switch to the copy stream: each switch costs "
-            "the training thread 25-40 us of next() beside a launch-bound step; 1 allocates each batch alone",
+            "planned batches (fixed-size rows) are allocated and submitted to the C++ loop this many at a "
+            "time, up to 256 MiB of outputs: with output_stream='copy' one switch to the copy stream (25-40 us "
+            "of the training thread's next() beside a launch-bound step) and one call and wake-up of the "
+            "loop's workers for them all; 1 submits each batch alone",
+        ),
+        Option(
+            "output_blocks",
+            "group",
+            _choice("batch", "group"),
+            "planned batches on output_stream='copy': 'group' allocates a field (images, labels) of "
+            "allocate_ahead batches as one device block and hands out views of it, each starting on a "
+            "512-byte boundary, so the training thread pays one record_stream and one allocator event per "
+            "block at its free instead of one per tensor (main job, H200: 0.989x against 0.959x the "
+            "device-resident samples/s); a batch kept alive then keeps its group's block of that field, and "
+            "torch.save of a field writes the block (clone() first). 'batch' gives each field of each batch "
+            "its own allocation, as torch's collate does",
         ),
         Option(
             "copy_timing_every",

@@ -7,10 +7,11 @@ every one of those GIL holds delays the step. Where a loader's batches are plann
 ``ArrayDataset``, ``RecordDataset``), an iterator runs on ``_C.NativeLoop`` instead:
 
 - ``next()`` on the training thread takes the oldest batch (the consumer's stream waits on its
-  copies' event; its output tensors, one per field, become the batch), then pulls the next
-  batch's indices (an int64 slice of the epoch's order where torch's sampler is drawn in bulk,
-  ``sampling.py``), allocates its output tensors on the copy stream and submits them in
-  one call: ~70 us of host time a batch inside a real training loop on the H200 host;
+  copies' event; its output tensors, one per field, become the batch). About one call in
+  ``allocate_ahead`` (4) then pulls the next group's indices (int64 slices of the epoch's order
+  where torch's sampler is drawn in bulk, ``sampling.py``), allocates their outputs on the copy
+  stream (one block a field with ``output_blocks='group'``) and submits the group in one call:
+  p50 ~45 us of host time a batch inside a real training loop on the H200 host;
 - the loop's C++ workers validate the indices, gather in-memory rows into a pinned slot, read
   file rows and records through the pinned ring or straight out of registered page cache, enqueue
   the H2D copies and record the batch's event, all without the GIL.
@@ -25,7 +26,6 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +82,7 @@ ROUTE_TRIAL_ACROSS_EPOCHS = True
 #: 4 KiB rows 4.0 GB/s by DMA against 14.6 by the kernel, 16 KiB 12.1 against 35.6; 64 KiB 49.5
 #: against 47.1, 192 KiB 50.8 against 48.1).
 KERNEL_BELOW_BYTES = 64 << 10
-#: The most device memory ``_OutputStock`` allocates ahead for one batch size.
+#: The most device memory a group of planned batches (``allocate_ahead``) holds.
 STOCK_BYTES = 256 << 20
 
 
@@ -143,6 +143,37 @@ class _Batch:
     out: list | None  # one tensor per output field
     home: int | None = None  # the stream ``out`` was allocated on
     indices: Any = None  # the samples (which of many pinned shards the batch read)
+    shared: _SharedBlocks | None = None  # ``out`` are views of these blocks (``output_blocks='group'``)
+
+
+#: Each batch's view in a group block starts on this boundary, as the caching allocator's own
+#: blocks do (kernels that vectorise their loads keep their fast path).
+BLOCK_ALIGN = 512
+
+
+def _pitch(nbytes: int, dtype: torch.dtype) -> int:
+    """Elements from one batch's view to the next in a group block: ``nbytes`` rounded up to
+    ``BLOCK_ALIGN``."""
+    return max(1, -(-nbytes // BLOCK_ALIGN)) * BLOCK_ALIGN // dtype.itemsize
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(1, size)
+    return tuple(reversed(strides))
+
+
+class _SharedBlocks:
+    """One device block a field for a group of batches, and the consumer streams it was handed
+    to (``record_stream`` once a stream: the allocator then records one event a block at its free)."""
+
+    __slots__ = ("blocks", "recorded")
+
+    def __init__(self, blocks: list):
+        self.blocks = blocks
+        self.recorded: set = set()
 
 
 class NativePipeline:
@@ -186,10 +217,9 @@ class NativePipeline:
         self._pin_output = self.device.type == "cpu" and resources.settings.pin_cpu_output
         self.engine = resources.engine
         self._copy_stream = self.engine.stream.cuda_stream if self.cuda else 0
-        copy_engine, copy_stream = self.engine, self.engine.stream if self.cuda else None  # not self: no cycle
-        self._stock = _OutputStock(
-            lambda shapes: copy_engine.allocate_on(copy_stream, shapes), config.get("allocate_ahead")
-        )
+        self._ahead = config.get("allocate_ahead")
+        self._group_blocks = config.get("output_blocks") == "group"
+        self._held = None  # indices drawn for a group but of another size: the next group's first
         # registered in-memory rows moved by the gather kernel (a few SMs) instead of the copy
         # engines, whose per-row DMA submissions hold the driver beside a launch-bound step
         self._memory_rows_kernel = (
@@ -367,38 +397,106 @@ class NativePipeline:
         """Submit batches until ``depth`` are in flight: indices from the sampler and one output
         tensor per field, allocated on the copy stream (config ``output_stream``; next() hands
         them to ``stream`` with record_stream) or on ``stream`` itself (the loop's copies then
-        first wait for that stream's work up to the allocation)."""
+        first wait for that stream's work up to the allocation). Batches of a planned size go
+        ``allocate_ahead`` at a time (``_submit_group``): one allocation, one C++ call and one
+        wake-up of the loop's workers for them all, on every fourth next() or so."""
         home = self._copy_stream if (self.cuda and self.engine.output_stream == "copy") else stream
         while not self._exhausted and self._fatal is None and len(self._inflight) < self.depth:
-            try:
-                indices = next(self._index_arrays) if self._index_arrays is not None else self.source._next_index()
-            except StopIteration:
-                self._exhausted = True
+            indices = self._next_indices()
+            if indices is None:
                 return
-            except Exception:
-                self._fatal = capture("fetch (sampler)")
-                return
-            position, self._next_position = self._next_position, self._next_position + 1
-            number = self.progress.next_number()
             n = len(indices)
             plan = self._plans.get(n) if self._plans is not None else None
             if plan is None and self._plans is not None:  # fixed-size rows: one plan per batch size
                 layout = self.loop.row_layout(n)
                 plan = self._plans[n] = (layout, self._output_plan(n, layout))
-            if plan is not None:  # allocate first, submit and start in one call
-                layout, shapes = plan
-                outs = self._allocate(shapes, home, n)
-                got = self.loop.submit_fields(position, indices, [t.data_ptr() for t in outs], shapes[1], home)
-                if got[0] < 0:
-                    layout, outs = got, None
+                self._submit_group([indices], plan, home)  # a size met once (a short last batch) goes alone
+            elif plan is not None:
+                self._submit_group(self._same_size(indices, self._group_size(plan)), plan, home)
             else:  # records: the sizes depend on the indices
+                position, number = self._claim()
                 layout = self.loop.submit(position, indices)
                 outs = None
                 if layout[0] >= 0:
                     shapes = self._output_plan(n, layout)
                     outs = self._allocate(shapes, home)
                     self.loop.start_fields(position, [t.data_ptr() for t in outs], shapes[1], home)
-            self._inflight.append(_Batch(position, number, n, layout, outs, home, indices))
+                self._inflight.append(_Batch(position, number, n, layout, outs, home, indices))
+
+    def _next_indices(self):
+        """The next batch's indices (None at the epoch's end, or with the sampler's error kept)."""
+        if self._held is not None:
+            indices, self._held = self._held, None
+            return indices
+        try:
+            return next(self._index_arrays) if self._index_arrays is not None else self.source._next_index()
+        except StopIteration:
+            self._exhausted = True
+        except Exception:
+            self._fatal = capture("fetch (sampler)")
+        return None
+
+    def _same_size(self, first, count: int) -> list:
+        """``first`` and up to ``count - 1`` more batches of its size (one of another size, an
+        epoch's last, is held back for the next group)."""
+        group = [first]
+        while len(group) < count and not self._exhausted and self._fatal is None:
+            indices = self._next_indices()
+            if indices is None:
+                break
+            if len(indices) != len(first):
+                self._held = indices
+                break
+            group.append(indices)
+        return group
+
+    def _group_size(self, plan) -> int:
+        """Batches of one size a group holds: ``allocate_ahead``, at most ``STOCK_BYTES`` of outputs."""
+        return max(1, min(self._ahead, STOCK_BYTES // max(1, sum(plan[1][1]))))
+
+    def _claim(self) -> tuple[int, int]:
+        """The next batch's place in the loop and its number in the epoch."""
+        position, self._next_position = self._next_position, self._next_position + 1
+        return position, self.progress.next_number()
+
+    def _submit_group(self, group: list, plan, home: int) -> None:
+        """Allocate and submit ``group`` (index arrays of one planned size) in one C++ call."""
+        layout, shapes = plan
+        count, n = len(group), len(group[0])
+        claimed = [self._claim() for _ in group]
+        outs, shared = self._allocate_group(shapes, home, count)
+        if count == 1:
+            got = self.loop.submit_fields(claimed[0][0], group[0], [t.data_ptr() for t in outs[0]], shapes[1], home)
+            totals = [got[0]]
+        else:
+            indices = np.concatenate(group) if isinstance(group[0], np.ndarray) else [i for g in group for i in g]
+            pointers = [t.data_ptr() for batch in outs for t in batch]
+            totals = self.loop.submit_group(claimed[0][0], indices, count, pointers, shapes[1], home)
+        for (position, number), indices, total, batch in zip(claimed, group, totals, outs):
+            if total < 0:  # bad indices: take() raises this batch's error
+                self._inflight.append(_Batch(position, number, n, [-1], None, home, indices))
+            else:
+                self._inflight.append(_Batch(position, number, n, layout, batch, home, indices, shared))
+
+    def _allocate_group(self, shapes: tuple[list, list], home: int, count: int) -> tuple[list, Any]:
+        """``count`` batches' output tensors (a list of one list per batch), in one call where
+        they are allocated on the copy stream (each call is a stream switch and back, 25-40 us of
+        the training thread's next() beside a launch-bound step, H100 and H200); with
+        ``output_blocks='group'`` views of one block a field, and the blocks (else None)."""
+        if not (self.cuda and home == self._copy_stream):
+            return [self._allocate(shapes, home) for _ in range(count)], None
+        if self._group_blocks and count > 1:  # a field of the whole group in one block: views of it
+            pitches = [_pitch(nbytes, dtype) for (_, dtype), nbytes in zip(shapes[0], shapes[1])]
+            flat = [((count * pitch,), dtype) for (_, dtype), pitch in zip(shapes[0], pitches)]
+            blocks = self.engine.allocate_on(self.engine.stream, flat)
+            views = [
+                block.as_strided((count, *shape), (pitch, *_contiguous_strides(shape))).unbind(0)
+                for block, (shape, _), pitch in zip(blocks, shapes[0], pitches)
+            ]
+            return [[field[k] for field in views] for k in range(count)], _SharedBlocks(blocks)
+        fields = len(shapes[0])
+        tensors = self.engine.allocate_on(self.engine.stream, shapes[0] * count)
+        return [tensors[k : k + fields] for k in range(0, len(tensors), fields)], None
 
     def _output_plan(self, n: int, layout) -> tuple[list, list]:
         """``([(shape, dtype) per output field], [bytes per output field])`` of an n-sample batch."""
@@ -409,17 +507,14 @@ class NativePipeline:
             sizes.append(nbytes)
         return fields, sizes
 
-    def _allocate(self, shapes: tuple[list, list], home: int, planned: int | None = None) -> list:
+    def _allocate(self, shapes: tuple[list, list], home: int) -> list:
         """The batch's output tensors on stream ``home``: each field is its own tensor, as
         torch's collate makes them (keeping one field, say the labels, does not keep the others'
-        memory alive). On the copy stream, batches of a planned size (``planned``) come from
-        ``_OutputStock``: several batches' tensors for one stream switch."""
+        memory alive)."""
         if not self.cuda:
             return [torch.empty(shape, dtype=dtype, pin_memory=self._pin_output) for shape, dtype in shapes[0]]
         if home == self._copy_stream:
-            if planned is None:
-                return self.engine.allocate_on(self.engine.stream, shapes[0])
-            return self._stock.take(planned, shapes)
+            return self.engine.allocate_on(self.engine.stream, shapes[0])
         device = self.device
         return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes[0]]
 
@@ -463,9 +558,15 @@ class NativePipeline:
         if tracing:
             stats.mark("next:take", batch.number, started)
         if stream != batch.home and not UNSAFE_SKIP_HANDOVER:  # on the copy stream, or streams switched
-            current = self.engine.stream_of(stream)
-            for t in batch.out:
-                t.record_stream(current)
+            if batch.shared is None:
+                current = self.engine.stream_of(stream)
+                for t in batch.out:
+                    t.record_stream(current)
+            elif stream not in batch.shared.recorded:  # the group's blocks: once a consumer stream
+                batch.shared.recorded.add(stream)
+                current = self.engine.stream_of(stream)
+                for t in batch.shared.blocks:
+                    t.record_stream(current)
         result = self.build(batch.out)
         self.progress.yielded(batch.number, batch.samples)
         filling = time.perf_counter()
@@ -525,7 +626,6 @@ class NativePipeline:
         settled = self.loop.stop(timeout, wait_for_copies)
         self.sync_stats()
         self._inflight.clear()
-        self._stock.clear()
         if self._copy_route is not None:
             self._copy_route.release(self.loop)
         if not settled:  # a copy may still read the slots: keep them (and the loop) for good
@@ -548,36 +648,6 @@ def _copy_seconds(last: dict, now: dict) -> float:
         return stats.get("copy_s", 0.0) * stats.get("copied_bytes", 0) / timed if timed else 0.0
 
     return max(0.0, estimate(now) - estimate(last))
-
-
-class _OutputStock:
-    """Output tensors of planned batch sizes, allocated ``ahead`` batches (at most ``cap_bytes``)
-    in one ``allocate`` call: on the copy stream each call is a stream switch and back, 25-40 us
-    of the training thread's next() beside a launch-bound step (H100, H200). A size met for the first time (an
-    epoch's short last batch, say) is allocated alone, so a batch seen once leaves no stock."""
-
-    def __init__(self, allocate: Callable[[list], list], ahead: int, cap_bytes: int = STOCK_BYTES):
-        self.allocate = allocate  # [(shape, dtype), ...] -> one tensor each
-        self.ahead = ahead
-        self.cap_bytes = cap_bytes
-        self._stock: dict = {}  # batch size -> [[tensors of one batch], ...], next batch last
-
-    def take(self, size: int, shapes: tuple[list, list]) -> list:
-        """One batch's tensors for ``shapes`` (``([(shape, dtype)], [bytes])``, fixed per size)."""
-        stock = self._stock.get(size)
-        if stock:
-            return stock.pop()
-        if stock is None:
-            self._stock[size] = []
-            return self.allocate(shapes[0])
-        ahead = max(1, min(self.ahead, self.cap_bytes // max(1, sum(shapes[1]))))
-        fields = len(shapes[0])
-        tensors = self.allocate(shapes[0] * ahead)
-        stock.extend(tensors[k : k + fields] for k in range(len(tensors) - fields, 0, -fields))
-        return tensors[:fields]
-
-    def clear(self) -> None:
-        self._stock.clear()
 
 
 def _index_arrays(source):

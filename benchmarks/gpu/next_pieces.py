@@ -32,7 +32,7 @@ def wrap(obj, name, key):
 
 
 P = N.NativePipeline
-for m in ("next", "_fill", "_take", "_views", "_allocate", "_consumer_stream"):
+for m in ("next", "_fill", "_take", "_views", "_allocate", "_allocate_group", "_submit_group", "_consumer_stream"):
     if hasattr(P, m):
         wrap(P, m, m)
 orig_init = P.__init__
@@ -72,6 +72,12 @@ def init(self, *a, **k):
             t = time.perf_counter()
             r = loop.submit_fields(*a, **k)
             acc["loop.submit_fields"].append(time.perf_counter() - t)
+            return r
+
+        def submit_group(s, *a, **k):
+            t = time.perf_counter()
+            r = loop.submit_group(*a, **k)
+            acc["loop.submit_group"].append(time.perf_counter() - t)
             return r
 
         def take(s, *a, **k):
