@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 17: allocate_ahead A/B on one instance (~6 min with the build). The native loop's CUDA
+# Issue 17: allocate_ahead A/B on one instance (~6 min with the build; since the group submit,
+# =1 also submits each batch alone). The native loop's CUDA
 # tests, then the main job with its defaults (3 rounds, device-resident baseline in each run)
 # under TORCH_FASTLOAD_ALLOCATE_AHEAD=1 (a switch to the copy stream for each batch, as before)
 # and =4 (the default), interleaved twice; then next()'s pieces inside the job under each.
