@@ -8,7 +8,7 @@ every one of those GIL holds delays the step. Where a loader's batches are plann
 
 - ``next()`` on the training thread takes the oldest batch (the consumer's stream waits on its
   copies' event; its output tensors, one per field, become the batch). About one call in
-  ``allocate_ahead`` (4) then pulls the next group's indices (int64 slices of the epoch's order
+  ``allocate_ahead`` (8) then pulls the next group's indices (int64 slices of the epoch's order
   where torch's sampler is drawn in bulk, ``sampling.py``), allocates their outputs on the copy
   stream (one block a field with ``output_blocks='group'``) and submits the group in one call:
   p50 ~45 us of host time a batch inside a real training loop on the H200 host;
@@ -399,7 +399,7 @@ class NativePipeline:
         them to ``stream`` with record_stream) or on ``stream`` itself (the loop's copies then
         first wait for that stream's work up to the allocation). Batches of a planned size go
         ``allocate_ahead`` at a time (``_submit_group``): one allocation, one C++ call and one
-        wake-up of the loop's workers for them all, on every fourth next() or so."""
+        wake-up of the loop's workers for them all, on one next() in allocate_ahead or so."""
         home = self._copy_stream if (self.cuda and self.engine.output_stream == "copy") else stream
         while not self._exhausted and self._fatal is None and len(self._inflight) < self.depth:
             indices = self._next_indices()
