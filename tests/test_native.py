@@ -422,6 +422,11 @@ def test_a_group_submit_checks_its_shape_and_fails_only_its_bad_batches():
     with pytest.raises(IndexError, match="index 30 is out"):
         loop.take(1, 0, 0.0)
     assert outs[0].tolist() == [1, 2] and outs[2].tolist() == [4, 5] and outs[1].tolist() == [0, 0]
+    # a buffer refused midway: the batches started before it still run and can be taken
+    with pytest.raises(ValueError, match="output field 0 of batch 5 holds 16 bytes"):
+        loop.submit_group(3, np.array([6, 7, 8, 9, 1, 2]), 3, [pointers[0], pointers[1], 0], [16])
+    assert loop.take(3, 0, 5.0) and loop.take(4, 0, 5.0)
+    assert outs[0].tolist() == [6, 7] and outs[1].tolist() == [8, 9]
     assert loop.stop(1.0, True)
 
 

@@ -220,6 +220,7 @@ class NativePipeline:
         self._ahead = config.get("allocate_ahead")
         self._group_blocks = config.get("output_blocks") == "group"
         self._held = None  # indices drawn for a group but of another size: the next group's first
+        self._orphaned: list = []  # outputs of a group whose submit failed midway: kept until stop()
         # registered in-memory rows moved by the gather kernel (a few SMs) instead of the copy
         # engines, whose per-row DMA submissions hold the driver beside a launch-bound step
         self._memory_rows_kernel = (
@@ -471,7 +472,11 @@ class NativePipeline:
         else:
             indices = np.concatenate(group) if isinstance(group[0], np.ndarray) else [i for g in group for i in g]
             pointers = [t.data_ptr() for batch in outs for t in batch]
-            totals = self.loop.submit_group(claimed[0][0], indices, count, pointers, shapes[1], home)
+            try:
+                totals = self.loop.submit_group(claimed[0][0], indices, count, pointers, shapes[1], home)
+            except BaseException:  # batches started before the failure write these until stop()
+                self._orphaned.append(outs)
+                raise
         for (position, number), indices, total, batch in zip(claimed, group, totals, outs):
             if total < 0:  # bad indices: take() raises this batch's error
                 self._inflight.append(_Batch(position, number, n, [-1], None, home, indices))
@@ -629,12 +634,14 @@ class NativePipeline:
         if self._copy_route is not None:
             self._copy_route.release(self.loop)
         if not settled:  # a copy may still read the slots: keep them (and the loop) for good
-            _LEAKED_LOOPS.append((self.loop, self._keep, self._slots))
+            _LEAKED_LOOPS.append((self.loop, self._keep, self._slots, self._orphaned))
         elif self._slots:  # reused only once every copy enqueued so far has completed
             pool, slots = self._slots
             fence = self.engine.fence()
             for slot in slots:
                 pool.release(slot, fence)
+        if settled:
+            self._orphaned = []
         self._slots = None
         LIVE_PIPELINES.discard(self)
 
