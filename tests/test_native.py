@@ -410,6 +410,49 @@ def test_planned_batches_are_submitted_a_group_at_a_time(ahead, monkeypatch):
     assert torch.equal(torch.cat(seen), torch.tensor([i for i in range(40) if i not in (12, 13, 14)]))
 
 
+def test_a_group_recipe_lays_batches_out_at_512_byte_pitches_and_names_their_addresses():
+    """``output_blocks='group'`` (GPU outputs; laid out the same on any device): a field's block
+    holds each batch's contiguous view at a multiple of 512 bytes from its start, and the
+    addresses handed to the C++ loop are those views' own."""
+    from torch_fastload.native import _GroupRecipe, _SharedBlocks
+
+    shapes = ([((63, 7), torch.float32), ((63,), torch.int16)], [1792, 128])  # the layout's byte sizes
+    recipe = _GroupRecipe(shapes, 3)
+    blocks = [torch.empty(shape, dtype=dtype) for shape, dtype in recipe.blocks]
+    views = [block.as_strided(*view).unbind(0) for block, view in zip(blocks, recipe.views)]
+    batches = [list(batch) for batch in zip(*views)]
+    assert [b.nbytes for b in blocks] == [3 * 2048, 3 * 512]
+    assert all(x.shape == (63, 7) and y.shape == (63,) and x.is_contiguous() for x, y in batches)
+    pointers = _SharedBlocks(blocks, recipe.pitch_bytes).pointers(3)
+    assert pointers == [t.data_ptr() for batch in batches for t in batch]
+    assert all((t.data_ptr() - block.data_ptr()) % 512 == 0 for batch in batches for t, block in zip(batch, blocks))
+    for k, (x, y) in enumerate(batches):  # no two views overlap
+        x.fill_(k), y.fill_(k)
+    assert all(bool((x == k).all()) and bool((y == k).all()) for k, (x, y) in enumerate(batches))
+
+
+def test_group_views_carry_a_whole_epoch_through_the_loop(monkeypatch):
+    """The group blocks' addresses as the C++ loop writes them (on the GPU by default; here the
+    same views of host blocks, forced): every batch equals torch's, labels and rows alike."""
+    real = NativePipeline._allocate_group
+
+    def host_blocks(self, shapes, home, count):
+        if count == 1:
+            return real(self, shapes, home, count)
+        return self._group_views(shapes, count, lambda blocks: [torch.empty(s, dtype=d) for s, d in blocks])
+
+    monkeypatch.setattr(NativePipeline, "_allocate_group", host_blocks)
+    rows, labels = torch.randn(1000, 7), torch.arange(1000, dtype=torch.int16)
+    order = torch.randperm(1000, generator=torch.Generator().manual_seed(3)).tolist()
+    loader = DataLoader(TensorDataset(rows, labels), batch_size=63, device="cpu", sampler=order)
+    got = list(loader)
+    loader.close()
+    shared = [x for x, _ in got if x.untyped_storage().nbytes() > x.nbytes]
+    assert len(shared) >= 12  # all but the first batch and the short last one came from group blocks
+    assert torch.equal(torch.cat([x for x, _ in got]), rows[order])
+    assert torch.equal(torch.cat([y for _, y in got]), labels[order])
+
+
 def test_a_group_submit_checks_its_shape_and_fails_only_its_bad_batches():
     values = torch.arange(10, dtype=torch.int64)
     loop = host_loop([(0, 10, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False)])

@@ -26,6 +26,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,15 +166,36 @@ def _contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+class _GroupRecipe:
+    """How a group of ``count`` batches of one plan lies in its blocks, worked out once: each
+    block's ``(shape, dtype)``, each field's ``as_strided`` arguments (batch k at k pitches)."""
+
+    __slots__ = ("blocks", "views", "pitch_bytes")
+
+    def __init__(self, shapes: tuple[list, list], count: int):
+        pitches = [_pitch(nbytes, dtype) for (_, dtype), nbytes in zip(shapes[0], shapes[1])]
+        self.blocks = [((count * pitch,), dtype) for (_, dtype), pitch in zip(shapes[0], pitches)]
+        self.views = [
+            ((count, *shape), (pitch, *_contiguous_strides(shape))) for (shape, _), pitch in zip(shapes[0], pitches)
+        ]
+        self.pitch_bytes = [pitch * dtype.itemsize for (_, dtype), pitch in zip(shapes[0], pitches)]
+
+
 class _SharedBlocks:
     """One device block a field for a group of batches, and the consumer streams it was handed
     to (``record_stream`` once a stream: the allocator then records one event a block at its free)."""
 
-    __slots__ = ("blocks", "recorded")
+    __slots__ = ("blocks", "pitch_bytes", "recorded")
 
-    def __init__(self, blocks: list):
+    def __init__(self, blocks: list, pitch_bytes: list):
         self.blocks = blocks
+        self.pitch_bytes = pitch_bytes
         self.recorded: set = set()
+
+    def pointers(self, count: int) -> list:
+        """Each batch's field addresses, batch by batch (as ``submit_group`` takes them)."""
+        bases = [block.data_ptr() for block in self.blocks]
+        return [base + k * pitch for k in range(count) for base, pitch in zip(bases, self.pitch_bytes)]
 
 
 class NativePipeline:
@@ -219,6 +241,7 @@ class NativePipeline:
         self._copy_stream = self.engine.stream.cuda_stream if self.cuda else 0
         self._ahead = config.get("allocate_ahead")
         self._group_blocks = config.get("output_blocks") == "group"
+        self._recipes: dict = {}  # (plan's shapes, group size) -> _GroupRecipe; the plans live as long
         self._held = None  # indices drawn for a group but of another size: the next group's first
         self._orphaned: list = []  # outputs of a group whose submit failed midway: kept until stop()
         # registered in-memory rows moved by the gather kernel (a few SMs) instead of the copy
@@ -460,18 +483,23 @@ class NativePipeline:
         position, self._next_position = self._next_position, self._next_position + 1
         return position, self.progress.next_number()
 
+    def _claim_group(self, count: int) -> list:
+        """``_claim()`` for the next ``count`` batches."""
+        first, self._next_position = self._next_position, self._next_position + count
+        return list(zip(range(first, first + count), self.progress.next_numbers(count)))
+
     def _submit_group(self, group: list, plan, home: int) -> None:
         """Allocate and submit ``group`` (index arrays of one planned size) in one C++ call."""
         layout, shapes = plan
         count, n = len(group), len(group[0])
-        claimed = [self._claim() for _ in group]
+        claimed = self._claim_group(count)
         outs, shared = self._allocate_group(shapes, home, count)
         if count == 1:
             got = self.loop.submit_fields(claimed[0][0], group[0], [t.data_ptr() for t in outs[0]], shapes[1], home)
             totals = [got[0]]
         else:
             indices = np.concatenate(group) if isinstance(group[0], np.ndarray) else [i for g in group for i in g]
-            pointers = [t.data_ptr() for batch in outs for t in batch]
+            pointers = shared.pointers(count) if shared is not None else [t.data_ptr() for b in outs for t in b]
             try:
                 totals = self.loop.submit_group(claimed[0][0], indices, count, pointers, shapes[1], home)
             except BaseException:  # batches started before the failure write these until stop()
@@ -491,17 +519,20 @@ class NativePipeline:
         if not (self.cuda and home == self._copy_stream):
             return [self._allocate(shapes, home) for _ in range(count)], None
         if self._group_blocks and count > 1:  # a field of the whole group in one block: views of it
-            pitches = [_pitch(nbytes, dtype) for (_, dtype), nbytes in zip(shapes[0], shapes[1])]
-            flat = [((count * pitch,), dtype) for (_, dtype), pitch in zip(shapes[0], pitches)]
-            blocks = self.engine.allocate_on(self.engine.stream, flat)
-            views = [
-                block.as_strided((count, *shape), (pitch, *_contiguous_strides(shape))).unbind(0)
-                for block, (shape, _), pitch in zip(blocks, shapes[0], pitches)
-            ]
-            return [[field[k] for field in views] for k in range(count)], _SharedBlocks(blocks)
+            return self._group_views(shapes, count, lambda blocks: self.engine.allocate_on(self.engine.stream, blocks))
         fields = len(shapes[0])
         tensors = self.engine.allocate_on(self.engine.stream, shapes[0] * count)
         return [tensors[k : k + fields] for k in range(0, len(tensors), fields)], None
+
+    def _group_views(self, shapes: tuple[list, list], count: int, allocate: Callable[[list], list]) -> tuple:
+        """``count`` batches' tensors as views of one block a field (``allocate``: a list of
+        ``(shape, dtype)`` -> one tensor each), and the blocks."""
+        recipe = self._recipes.get((id(shapes), count))
+        if recipe is None:  # per plan and group size: the blocks' shapes, each field's view
+            recipe = self._recipes[(id(shapes), count)] = _GroupRecipe(shapes, count)
+        blocks = allocate(recipe.blocks)
+        views = [block.as_strided(*view).unbind(0) for block, view in zip(blocks, recipe.views)]
+        return [list(batch) for batch in zip(*views)], _SharedBlocks(blocks, recipe.pitch_bytes)
 
     def _output_plan(self, n: int, layout) -> tuple[list, list]:
         """``([(shape, dtype) per output field], [bytes per output field])`` of an n-sample batch."""

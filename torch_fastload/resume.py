@@ -170,6 +170,14 @@ class EpochProgress:
             self.counter += 1
             return self.counter - 1
 
+    def next_numbers(self, count: int) -> list:
+        """``next_number()`` for the next ``count`` batches, under one lock."""
+        with self.lock:
+            if self.numbers is not None:
+                return [self.numbers.popleft() for _ in range(count)]
+            first, self.counter = self.counter, self.counter + count
+            return list(range(first, first + count))
+
     def yielded(self, number: int, samples: int) -> None:
         with self.lock:
             self.extra.add(number)
