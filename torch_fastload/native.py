@@ -84,7 +84,7 @@ ROUTE_TRIAL_ACROSS_EPOCHS = True
 #: against 47.1, 192 KiB 50.8 against 48.1).
 KERNEL_BELOW_BYTES = 64 << 10
 #: The most device memory a group of planned batches (``allocate_ahead``) holds.
-STOCK_BYTES = 256 << 20
+GROUP_BYTES = 256 << 20
 
 
 def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources) -> NativeLayout | None:
@@ -475,8 +475,8 @@ class NativePipeline:
         return group
 
     def _group_size(self, plan) -> int:
-        """Batches of one size a group holds: ``allocate_ahead``, at most ``STOCK_BYTES`` of outputs."""
-        return max(1, min(self._ahead, STOCK_BYTES // max(1, sum(plan[1][1]))))
+        """Batches of one size a group holds: ``allocate_ahead``, at most ``GROUP_BYTES`` of outputs."""
+        return max(1, min(self._ahead, GROUP_BYTES // max(1, sum(plan[1][1]))))
 
     def _claim(self) -> tuple[int, int]:
         """The next batch's place in the loop and its number in the epoch."""
