@@ -173,6 +173,123 @@ def test_break_and_del_stop_the_loop_threads():
     assert threads() <= before  # the engine's persistent pool may have started before `before`
 
 
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _epoch_loops(loader, epochs: int) -> tuple[list, list, list]:
+    """Each epoch's batches, the C++ loop it ran on, and the process's thread count after it."""
+    got, loops, threads = [], [], []
+    for _ in range(epochs):
+        it = iter(loader)
+        loops.append(it._pipeline.loop)
+        got.append(batches(it))
+        threads.append(_threads())
+    return got, loops, threads
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_loader_keeps_its_loop_across_epochs_and_close_stops_it(keep):
+    """Epochs run to their end leave the loop (its workers, plans, positions) to the next one;
+    every epoch still equals torch's. Control: keep_loop off makes and stops a loop an epoch."""
+    data = TensorDataset(torch.randn(203, 7), torch.arange(203))
+    kwargs = dict(batch_size=16, shuffle=True)
+    theirs = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(3), **kwargs)
+    gc.collect()
+    before = _threads()
+    with torch_fastload.config.override(keep_loop=keep):
+        loader = DataLoader(data, generator=torch.Generator().manual_seed(3), device="cpu", **kwargs)
+        got, loops, threads = _epoch_loops(loader, 4)
+    for ours in got:
+        assert_batches_equal(ours, batches(theirs))
+    if keep:
+        assert all(loop is loops[0] for loop in loops)
+        assert min(threads) > before  # parked between epochs: its workers are alive, and only its
+        assert len(set(threads)) == 1
+    else:
+        assert len({id(loop) for loop in loops}) == 4
+        assert max(threads) <= before
+    assert loader.stats().batches == 4 * len(theirs)
+    loader.close()
+    assert _threads() <= before
+
+
+def test_a_kept_loop_counts_its_stages_once():
+    """The loop's counters are cumulative: an epoch on a kept loop counts from where the last
+    one synced. Control: the same epochs on a new loop each give the same totals."""
+    data = TensorDataset(torch.randn(300, 64), torch.arange(300))
+    totals = []
+    for keep in (True, False):
+        with torch_fastload.config.override(keep_loop=keep):
+            loader = DataLoader(data, batch_size=32, shuffle=True, device="cpu")
+            for _ in range(3):
+                for _ in loader:
+                    pass
+            stats = loader.stats()
+            totals.append((stats.batches, stats.samples, stats.stage_bytes["stage"]))
+            loader.close()
+    assert totals[0] == totals[1] and totals[0][2] > 0
+
+
+def test_an_epoch_left_midway_or_failed_leaves_no_loop_to_the_next():
+    """A loop with batches of the epoch still in it (a break) or a failed sampler is stopped;
+    the next epoch runs on a new loop and equals torch's."""
+    data = TensorDataset(torch.arange(64 * 5, dtype=torch.float32).reshape(64, 5))
+    loader = DataLoader(data, batch_size=8, device="cpu")
+    it = iter(loader)
+    first = it._pipeline.loop
+    next(it)
+    del it
+    gc.collect()
+    it = iter(loader)
+    assert it._pipeline.loop is not first
+    assert_batches_equal(batches(it), batches(torch.utils.data.DataLoader(data, batch_size=8)))
+
+    class FailsOnce(torch.utils.data.Sampler):
+        def __init__(self):
+            self.epochs = 0
+
+        def __len__(self):
+            return 64
+
+        def __iter__(self):
+            self.epochs += 1
+            for i in range(64):
+                if self.epochs == 1 and i == 40:
+                    raise RuntimeError("sampler broke")
+                yield i
+
+    loader = DataLoader(data, batch_size=8, sampler=FailsOnce(), device="cpu")
+    it = iter(loader)
+    broken = it._pipeline.loop
+    with pytest.raises(RuntimeError, match="sampler broke"):
+        for _ in it:
+            pass
+    it = iter(loader)
+    assert it._pipeline.loop is not broken
+    assert_batches_equal(batches(it), batches(torch.utils.data.DataLoader(data, batch_size=8)))
+
+
+def test_a_kept_loop_of_another_layout_is_stopped_not_stacked():
+    """An epoch whose loop would differ (here its copy timing) stops the kept one first: loops
+    never pile up, and the one after it keeps its own."""
+    data = TensorDataset(torch.randn(96, 8))
+    loader = DataLoader(data, batch_size=8, device="cpu")
+    gc.collect()
+    before = _threads()
+    loops, threads = [], []
+    for every in (16, 4, 4, 16):
+        with torch_fastload.config.override(copy_timing_every=every):
+            it = iter(loader)
+            loops.append(it._pipeline.loop)
+            assert_batches_equal(batches(it), batches(torch.utils.data.DataLoader(data, batch_size=8)))
+            threads.append(_threads())
+    assert loops[1] is not loops[0] and loops[2] is loops[1] and loops[3] is not loops[2]
+    assert len(set(threads)) == 1  # one loop's workers at a time
+    loader.close()
+    assert _threads() <= before
+
+
 def test_no_python_runs_off_the_calling_thread_in_the_steady_state(arrays):
     """The point of the loop: the training thread is the only one executing Python while batches
     flow. Negative control: the Python pipeline's fetch and stage threads do run Python."""

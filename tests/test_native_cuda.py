@@ -41,6 +41,38 @@ def test_tensor_dataset_on_the_loop_equals_torch_and_the_python_pipeline(width):
         assert torch.equal(b[0].cpu(), c[0])
 
 
+@pytest.mark.parametrize("blocks", ["group", "batch"])
+@pytest.mark.parametrize("width", [4096, 1024])  # registered rows (DMA or kernel); 4 KiB rows through pinned slots
+def test_a_kept_loop_serves_every_epoch_and_hands_its_slots_on(width, blocks):
+    """Epochs run to their end leave the loop, its pinned slots and its plans to the next one:
+    every epoch equals torch's, on the same loop; an epoch whose loop differs (copy timing) gets
+    the kept one's slots (it runs on the loop, not on the Python pipeline); close() stops it."""
+    data = rows_dataset(n=300, width=width)
+    kwargs = dict(batch_size=16, shuffle=True)
+    theirs = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(4), **kwargs)
+    loader = DataLoader(data, generator=torch.Generator().manual_seed(4), **kwargs)
+    loops = []
+    with torch_fastload.config.override(output_blocks=blocks):
+        for every in (16, 16, 16, 4):
+            with torch_fastload.config.override(copy_timing_every=every):
+                it = iter(loader)
+                assert isinstance(it._pipeline, NativePipeline)
+                loops.append(it._pipeline.loop)
+                for a, c in zip(it, theirs, strict=True):
+                    assert a[0].is_cuda and torch.equal(a[0].cpu(), c[0]) and torch.equal(a[1].cpu(), c[1])
+    assert loops[1] is loops[0] and loops[2] is loops[0] and loops[3] is not loops[0]
+    assert loader.stats().batches == 4 * len(theirs)
+    pool = loader.pool
+    if width == 1024:  # the kept loop holds every slot until it is stopped
+        assert pool.lease_all() is None
+        loader.resources.close_parked()
+        slots = pool.lease_all()
+        assert slots is not None and len(slots) == pool.num_slots
+        for slot in slots:
+            pool.release(slot)
+    loader.close()
+
+
 @pytest.mark.parametrize("width", [4096, 12345])  # 16 KiB rows; 49,380-byte rows (not 16-byte multiples)
 def test_registered_rows_by_the_gather_kernel_equal_torch_every_epoch(width):
     """memory_rows='kernel': the dataset's registered rows read by the gather kernel, its table

@@ -80,6 +80,7 @@ class LoaderResources:
         self._release_registrations = self._registrations_finalizer()
         self.copy_route: str | None = None  # 'auto' routes: what native.CopyRouteChoice chose
         self.copy_route_trial = None  # the CopyRouteChoice still watching (epochs shorter than its batches)
+        self._parked = None  # an ended epoch's native loop, for the next epoch (native._ParkedLoop)
 
     def _registrations_finalizer(self) -> weakref.finalize:
         """Releases ``_registered`` on close() or when these resources are collected (it holds
@@ -220,8 +221,31 @@ class LoaderResources:
             self._registered[key] = (nbytes, tensor)
             return True
 
+    def park(self, parked) -> None:
+        """Keep an ended epoch's native loop for the next one (it has ``key`` and ``close()``);
+        one a loader: a loop parked before is closed."""
+        with self._lock:
+            previous, self._parked = self._parked, parked
+        if previous is not None:
+            previous.close()
+
+    def adopt(self, key):
+        """The parked loop if its ``key`` equals ``key`` (taken: no longer parked), else None
+        (a parked loop of another layout is closed first: its pinned slots go back to the pool)."""
+        with self._lock:
+            parked, self._parked = self._parked, None
+        if parked is None or parked.key == key:
+            return parked
+        parked.close()
+        return None
+
+    def close_parked(self) -> None:
+        """Stop a parked loop, if any (before anything else leases the pool's slots)."""
+        self.park(None)
+
     def close(self) -> None:
-        """Wait for copies in flight, then free the readers, the pool and the copier."""
+        """Stop a parked loop, wait for copies in flight, then free the readers, the pool and the copier."""
+        self.close_parked()
         timeout = config.get("shutdown_timeout")
         with self._lock:
             if self._engine is not None:

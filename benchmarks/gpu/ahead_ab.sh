@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Issue 17: allocate_ahead 4 against 8 on one instance (~4.5 min with the build): next()'s pieces
-# inside the main job with allocate_on timed in pieces (PIECES_DETAIL=1), then the main job under
-# each, alternated twice. From the repo root:  bash benchmarks/gpu/ahead_ab.sh   (JSON under $OUT)
+# Issue 17: allocate_ahead A/B on one instance (4 against 8: ~4.5 min with the build): next()'s
+# pieces inside the main job with allocate_on timed in pieces (PIECES_DETAIL=1), then the main job
+# under each, alternated ROUNDS times. From the repo root:  bash benchmarks/gpu/ahead_ab.sh
+# (JSON under $OUT);  AHEADS="8 16" ROUNDS=3 PIECES=0: other sizes, more rounds, no pieces.
 set -uo pipefail; ONE_CALL=ahead_ab; source benchmarks/gpu/one-call.sh
-for ahead in 4 8; do
+AHEADS=${AHEADS:-4 8}; ROUNDS=${ROUNDS:-2}
+[ "${PIECES:-1}" = 1 ] && for ahead in $AHEADS; do
   mkdir -p "$OUT/a$ahead"
   OUT="$OUT/a$ahead" PIECES_DETAIL=1 TORCH_FASTLOAD_ALLOCATE_AHEAD=$ahead timeout 70 python3 benchmarks/gpu/next_pieces.py --repeats 2 > "$OUT/a$ahead/log" 2>&1
   python3 - "$OUT/a$ahead/next-pieces.json" $ahead <<'PY'
@@ -12,7 +14,7 @@ d = json.load(open(sys.argv[1]))
 print("ahead", sys.argv[2], "; ".join(f"{k} n{v['n']} p50 {v['p50_us']:.1f} mean {v['mean_us']:.1f}" for k, v in d.items() if isinstance(v, dict)))
 PY
 done
-for k in 1 2; do for ahead in 4 8; do
-  TORCH_FASTLOAD_ALLOCATE_AHEAD=$ahead timeout 60 python3 -m torch_fastload.bench --no-progress --repeats 3 --torch-workers 0 --json "$OUT/bench-a$ahead-$k.json" 2>&1 | grep -E "vs device-resident" | sed "s/^/ahead $ahead: /"
+for k in $(seq 1 "$ROUNDS"); do for ahead in $AHEADS; do
+  TORCH_FASTLOAD_ALLOCATE_AHEAD=$ahead timeout 60 python3 -m torch_fastload.bench --no-progress --repeats 3 --torch-workers 0 --json "$OUT/bench-a$ahead-$k.json" 2>&1 | grep -E "vs device-resident|input wait <=" | sed "s/^/ahead $ahead: /"
 done; done
 echo "done in $((SECONDS - S)) s"
