@@ -405,10 +405,10 @@ OPTIONS: dict[str, Option] = {
             "keep_loop",
             True,
             _bool,
-            "an epoch of a planned source that ran to its end leaves its C++ loop (worker threads, pinned "
-            "slots, batch plans) to the loader's next epoch instead of stopping it; a later epoch whose "
-            "layout differs, loader.close() and exit stop it (main job, H200: an epoch's edges cost the "
-            "training thread ~1.7 ms with a new loop each epoch)",
+            "an epoch of a planned source that ran to its end leaves its C++ loop (idle worker threads, "
+            "pinned slots, batch plans) to the loader's next epoch instead of stopping it; an epoch left "
+            "midway, a later epoch whose loop would differ, loader.close() and exit stop it (main job, "
+            "H200: an epoch's edges cost the training thread 1.88 ms with a new loop each epoch, 1.36 kept)",
         ),
         Option(
             "copy_timing_every",

@@ -16,8 +16,10 @@ every one of those GIL holds delays the step. Where a loader's batches are plann
   file rows and records through the pinned ring or straight out of registered page cache, enqueue
   the H2D copies and record the batch's event, all without the GIL.
 
-Batches, errors (the k-th ``next()`` raises batch k's, later batches still arrive), exact resume
-and shutdown behave as on the Python pipeline; ``config.native = 'off'`` selects that instead.
+An epoch that runs to its end leaves its loop to the loader's next epoch (``keep_loop``,
+``_ParkedLoop``). Batches, errors (the k-th ``next()`` raises batch k's, later batches still
+arrive), exact resume and shutdown behave as on the Python pipeline; ``config.native = 'off'``
+selects that instead.
 """
 
 from __future__ import annotations

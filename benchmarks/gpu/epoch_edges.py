@@ -114,7 +114,8 @@ def resident_iter(self):
 
 W.ResidentLoader.__iter__ = resident_iter
 B.ResidentLoader = W.ResidentLoader
-rc = B.main(["--no-progress", "--torch-workers", "0", "--json", os.environ["OUT"] + "/epoch-edges-bench.json", *sys.argv[1:]])
+bench_json = os.environ["OUT"] + "/epoch-edges-bench.json"
+rc = B.main(["--no-progress", "--torch-workers", "0", "--json", bench_json, *sys.argv[1:]])
 res = {}
 for k, v in sorted(acc.items()):
     s = sorted(v)
@@ -126,6 +127,9 @@ for k, v in sorted(acc.items()):
         "mean_us": sum(s) / len(s) * 1e6,
     }
 for k, v in res.items():
-    print(f"{k:34s} n {v['n']:5d}  total {v['total_ms']:8.2f} ms  p50 {v['p50_us']:9.1f}  mean {v['mean_us']:9.1f}  max {v['max_us']:9.1f} us")
+    print(
+        f"{k:34s} n {v['n']:5d}  total {v['total_ms']:8.2f} ms  p50 {v['p50_us']:9.1f}  "
+        f"mean {v['mean_us']:9.1f}  max {v['max_us']:9.1f} us"
+    )
 json.dump(res, open(os.environ["OUT"] + "/epoch-edges.json", "w"), indent=1)
 sys.exit(rc)
