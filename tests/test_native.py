@@ -290,6 +290,63 @@ def test_a_kept_loop_of_another_layout_is_stopped_not_stacked():
     assert _threads() <= before
 
 
+def test_a_loop_parked_as_its_loader_closes_is_closed_once():
+    """An epoch may end on the training thread while another thread closes the loader: the loop
+    it parks after close() is stopped at once, and each parked loop is closed exactly once
+    (twice would give its pinned slots back to the pool twice)."""
+    from torch_fastload.resources import LoaderResources
+
+    class Parked:
+        key = ("k",)
+
+        def __init__(self):
+            self.closed = 0
+
+        def close(self):
+            self.closed += 1
+
+    loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4, device="cpu")
+    resources: LoaderResources = loader.resources
+    first, second, third = Parked(), Parked(), Parked()
+    resources.park(first)
+    assert resources.adopt(("k",)) is first and first.closed == 0
+    resources.park(first)
+    resources.park(second)  # one a loader: the earlier one is stopped
+    assert (first.closed, second.closed) == (1, 0)
+    assert resources.adopt(("other",)) is None and second.closed == 1
+    loader.close()
+    resources.park(third)
+    assert third.closed == 1 and resources.adopt(("k",)) is None
+    loader.close()
+    assert (first.closed, second.closed, third.closed) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_an_iter_that_fails_to_start_leaves_no_loop_running(monkeypatch, kept):
+    """iter() raising after the loop exists (here its first submit; a new loop or one kept from
+    the last epoch) stops it before the error reaches the caller: no worker outlives the
+    traceback the caller holds. Control: the loop's threads run while the traceback lives."""
+    data = TensorDataset(torch.arange(64 * 3, dtype=torch.float32).reshape(64, 3))
+    gc.collect()
+    before = _threads()
+    loader = DataLoader(data, batch_size=8, device="cpu")
+    if kept:
+        batches(loader)
+        assert _threads() > before
+
+    def refuse(self, *args):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(NativePipeline, "_submit_group", refuse)
+    with pytest.raises(RuntimeError, match="refused") as info:
+        iter(loader)
+    assert info.traceback  # the failed pipeline (and so its loop) stays reachable from here
+    assert _threads() <= before
+    monkeypatch.undo()
+    assert_batches_equal(batches(loader), batches(torch.utils.data.DataLoader(data, batch_size=8)))
+    loader.close()
+
+
 def test_no_python_runs_off_the_calling_thread_in_the_steady_state(arrays):
     """The point of the loop: the training thread is the only one executing Python while batches
     flow. Negative control: the Python pipeline's fetch and stage threads do run Python."""

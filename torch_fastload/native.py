@@ -293,21 +293,34 @@ class NativePipeline:
             resources.close_parked()  # keep_loop off: its slots back to the pool before the lease
             self._slots = self._lease_slots(slot_bytes)
             pool, slots = self._slots if self._slots else (None, [])
-            self.loop = engine._require().NativeLoop(
-                fields,
-                self._paths,
-                self.cuda,
-                self._copy_stream,
-                slots[0].buffer.data_ptr() if slots else 0,
-                pool.slot_bytes if slots else 0,
-                len(slots),
-                *settings,
-                copy_timing_every=timing_every,
-            )
+            try:
+                self.loop = engine._require().NativeLoop(
+                    fields,
+                    self._paths,
+                    self.cuda,
+                    self._copy_stream,
+                    slots[0].buffer.data_ptr() if slots else 0,
+                    pool.slot_bytes if slots else 0,
+                    len(slots),
+                    *settings,
+                    copy_timing_every=timing_every,
+                )
+            except BaseException:  # no copy ever read the slots
+                _settle(None, True, None, self._slots, [], self.engine)
+                raise
             if not records:
                 self._plans = {}
+        self._copy_route = None
+        try:
+            self._start(resources, source, io, rows_kernel and gather != 0, mapped_kernel, gather != 0)
+        except BaseException:  # an iter() that raises leaves no loop running and no slot leased
+            self.shutdown()
+            raise
+
+    def _start(self, resources: LoaderResources, source, io, rows_kernel: bool, mapped_kernel: bool, gather: bool):
+        """The routes, the epoch's index arrays, the stats' path, and the first batches submitted."""
         mapped = self._map_files(resources) and mapped_kernel
-        self._copy_route = self._choose_copy_route(rows_kernel and gather != 0, mapped and gather != 0)
+        self._copy_route = self._choose_copy_route(rows_kernel, mapped and gather)
         self._index_arrays = _index_arrays(source)
         self.stats.path = f"native loop -> {self.device}{self._rows_note}"
         if resources.registration_declined:

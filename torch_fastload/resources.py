@@ -81,6 +81,7 @@ class LoaderResources:
         self.copy_route: str | None = None  # 'auto' routes: what native.CopyRouteChoice chose
         self.copy_route_trial = None  # the CopyRouteChoice still watching (epochs shorter than its batches)
         self._parked = None  # an ended epoch's native loop, for the next epoch (native._ParkedLoop)
+        self._closed = False  # close() ran: a loop parked later is closed at once
 
     def _registrations_finalizer(self) -> weakref.finalize:
         """Releases ``_registered`` on close() or when these resources are collected (it holds
@@ -225,9 +226,14 @@ class LoaderResources:
         """Keep an ended epoch's native loop for the next one (it has ``key`` and ``close()``);
         one a loader: a loop parked before is closed."""
         with self._lock:
-            previous, self._parked = self._parked, parked
-        if previous is not None:
-            previous.close()
+            stale = [self._parked]
+            if self._closed:  # an epoch that ended as close() ran: nothing stays parked
+                stale.append(parked)
+                parked = None
+            self._parked = parked
+        for loop in stale:
+            if loop is not None:
+                loop.close()
 
     def adopt(self, key):
         """The parked loop if its ``key`` equals ``key`` (taken: no longer parked), else None
@@ -245,6 +251,8 @@ class LoaderResources:
 
     def close(self) -> None:
         """Stop a parked loop, wait for copies in flight, then free the readers, the pool and the copier."""
+        with self._lock:
+            self._closed = True
         self.close_parked()
         timeout = config.get("shutdown_timeout")
         with self._lock:
