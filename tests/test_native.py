@@ -347,6 +347,24 @@ def test_an_iter_that_fails_to_start_leaves_no_loop_running(monkeypatch, kept):
     loader.close()
 
 
+def test_a_kept_loop_survives_forked_workers_between_epochs():
+    """The usual train/validate loop: between two training epochs (the loop kept, its workers
+    idle) a torch DataLoader forks worker processes; they exit without touching the loop, and
+    the next training epoch runs on it and equals torch's."""
+    data = TensorDataset(torch.randn(96, 5), torch.arange(96))
+    loader = DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(6), device="cpu")
+    theirs = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(6))
+    it = iter(loader)
+    kept = it._pipeline.loop
+    assert_batches_equal(batches(it), batches(theirs))
+    validation = torch.utils.data.DataLoader(data, batch_size=16, num_workers=2, multiprocessing_context="fork")
+    assert sum(len(b[0]) for b in validation) == 96
+    it = iter(loader)
+    assert it._pipeline.loop is kept
+    assert_batches_equal(batches(it), batches(theirs))
+    loader.close()
+
+
 def test_no_python_runs_off_the_calling_thread_in_the_steady_state(arrays):
     """The point of the loop: the training thread is the only one executing Python while batches
     flow. Negative control: the Python pipeline's fetch and stage threads do run Python."""
