@@ -317,8 +317,11 @@ def test_a_loop_parked_as_its_loader_closes_is_closed_once():
     loader.close()
     resources.park(third)
     assert third.closed == 1 and resources.adopt(("k",)) is None
+    fourth = Parked()  # an epoch begun after close() (adopt) may park again
+    resources.park(fourth)
+    assert fourth.closed == 0
     loader.close()
-    assert (first.closed, second.closed, third.closed) == (1, 1, 1)
+    assert (first.closed, second.closed, third.closed, fourth.closed) == (1, 1, 1, 1)
 
 
 @pytest.mark.parametrize("kept", [False, True])
@@ -344,6 +347,20 @@ def test_an_iter_that_fails_to_start_leaves_no_loop_running(monkeypatch, kept):
     assert _threads() <= before
     monkeypatch.undo()
     assert_batches_equal(batches(loader), batches(torch.utils.data.DataLoader(data, batch_size=8)))
+    loader.close()
+
+
+def test_a_loader_iterated_after_close_keeps_its_loop_again():
+    data = TensorDataset(torch.randn(40, 3))
+    loader = DataLoader(data, batch_size=8, device="cpu")
+    batches(loader)
+    loader.close()
+    loops = []
+    for _ in range(2):
+        it = iter(loader)
+        loops.append(it._pipeline.loop)
+        assert_batches_equal(batches(it), batches(torch.utils.data.DataLoader(data, batch_size=8)))
+    assert loops[1] is loops[0]
     loader.close()
 
 

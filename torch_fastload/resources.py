@@ -237,9 +237,11 @@ class LoaderResources:
 
     def adopt(self, key):
         """The parked loop if its ``key`` equals ``key`` (taken: no longer parked), else None
-        (a parked loop of another layout is closed first: its pinned slots go back to the pool)."""
+        (a parked loop of another layout is closed first: its pinned slots go back to the pool).
+        An epoch starting after close() (the loader iterated again) may park its loop again."""
         with self._lock:
             parked, self._parked = self._parked, None
+            self._closed = False
         if parked is None or parked.key == key:
             return parked
         parked.close()
