@@ -204,8 +204,8 @@ def test_a_loader_keeps_its_loop_across_epochs_and_close_stops_it(keep):
         assert_batches_equal(ours, batches(theirs))
     if keep:
         assert all(loop is loops[0] for loop in loops)
-        assert min(threads) > before  # parked between epochs: its workers are alive, and only its
-        assert len(set(threads)) == 1
+        assert min(threads) > before  # parked between epochs: its workers are alive...
+        assert len(set(threads)) == 1  # ...and only one loop's: none are started per epoch
     else:
         assert len({id(loop) for loop in loops}) == 4
         assert max(threads) <= before
