@@ -120,3 +120,27 @@ def test_every_pass_draws_anew_as_torch_does_and_an_empty_pass_still_draws():
     sampler.sampler.generator.manual_seed(2)
     ours = bulk_batches(_Loader(sampler))
     assert [list(ours) for _ in range(3)] == theirs and theirs[0] != theirs[1]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_full_batches_hand_out_the_next_full_batches_as_rows_of_the_order(drop_last):
+    """A group's indices in one slice (the native loop's groups): the same batches, in order,
+    wherever a pass goes on as arrays or as runs; none where only a short batch is left."""
+
+    def make():
+        return BatchSampler(RandomSampler(range(23), generator=torch.Generator().manual_seed(5)), 4, drop_last)
+
+    theirs = list(make())
+    it = iter(bulk_batches(_Loader(make())))
+    arrays = it.arrays()
+    got = [next(arrays).tolist()]
+    run = it.full_batches(3)
+    assert run.shape == (3, 4) and run.dtype == np.int64 and run.base is not None  # a view, no copy
+    got += run.tolist()
+    run = it.full_batches(10)  # one full batch is left of five
+    assert run.shape == (1, 4)
+    got += run.tolist()
+    assert it.full_batches(10) is None  # the short last batch (or nothing) goes as an array
+    got += [a.tolist() for a in arrays]
+    assert got == theirs and len(got) == (5 if drop_last else 6)
+    assert it.full_batches(1) is None

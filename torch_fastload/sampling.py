@@ -63,6 +63,10 @@ class OrderPass:
         self._position = 0
         self._end = len(batches) * batches.batch_size
 
+    @property
+    def batch_size(self) -> int:
+        return self._batches.batch_size
+
     def draw(self) -> None:
         """Make the pass's draws now (the first batch's moment, NOTE [determinism] in resume.py)."""
         if self._order is None:
@@ -80,13 +84,29 @@ class OrderPass:
 
     def arrays(self) -> Iterator[np.ndarray]:
         """The rest of the pass as int64 arrays (views of one array): no Python int per sample."""
-        self.draw()
-        if self._flat is None:
-            self._flat = np.ascontiguousarray(self._order.numpy(), dtype=np.int64)
+        flat = self._flat_order()
         size = self._batches.batch_size
         while self._position < self._end:
             at, self._position = self._position, self._position + size
-            yield self._flat[at : self._position]
+            yield flat[at : self._position]
+
+    def full_batches(self, most: int) -> np.ndarray | None:
+        """Up to ``most`` of the next batches, all of the full batch size, as the rows of one
+        ``(k, batch_size)`` view (a group's indices without a copy), or None where the next batch
+        is short or the pass is over (``arrays()`` hands those out, from the same position)."""
+        flat = self._flat_order()
+        size = self._batches.batch_size
+        k = min(most, (min(self._end, len(flat)) - self._position) // size)
+        if k < 1:
+            return None
+        at, self._position = self._position, self._position + k * size
+        return flat[at : self._position].reshape(k, size)
+
+    def _flat_order(self) -> np.ndarray:
+        self.draw()
+        if self._flat is None:
+            self._flat = np.ascontiguousarray(self._order.numpy(), dtype=np.int64)
+        return self._flat
 
 
 def _random_order(sampler: RandomSampler) -> torch.Tensor:
@@ -99,7 +119,10 @@ def _random_order(sampler: RandomSampler) -> torch.Tensor:
     else:
         generator = sampler.generator
     parts = [torch.randperm(n, generator=generator) for _ in range(sampler.num_samples // n)]
-    parts.append(torch.randperm(n, generator=generator)[: sampler.num_samples % n])
+    if sampler.num_samples % n or sampler.generator is not None:
+        # torch draws this permutation even for no samples; it only matters to a generator that
+        # outlives the epoch (the sampler's own), not to the seeded one made above and dropped
+        parts.append(torch.randperm(n, generator=generator)[: sampler.num_samples % n])
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
