@@ -33,7 +33,7 @@ std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<s
                                            bool unsafe_slot_reuse, int debug_jitter_us, bool memory_rows_kernel,
                                            bool unsafe_skip_allocation_wait, bool debug_lose_wakeups,
                                            int debug_idle_pause_us, bool debug_old_idle_wait,
-                                           int copy_timing_every) {
+                                           int copy_timing_every, bool wake_all, bool debug_no_pass_on) {
   tfl::LoopConfig cfg;
   for (const py::handle item : fields) cfg.fields.push_back(field_of(py::reinterpret_borrow<py::tuple>(item)));
   cfg.paths = std::move(paths);
@@ -45,7 +45,8 @@ std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<s
   cfg.unsafe_skip_allocation_wait = unsafe_skip_allocation_wait;
   cfg.debug_jitter_us = debug_jitter_us;
   cfg.debug_lose_wakeups = debug_lose_wakeups, cfg.debug_idle_pause_us = debug_idle_pause_us;
-  cfg.debug_old_idle_wait = debug_old_idle_wait;
+  cfg.debug_old_idle_wait = debug_old_idle_wait, cfg.wake_all = wake_all;
+  cfg.debug_no_pass_on = debug_no_pass_on;
   if (copy_timing_every < 0) throw py::value_error("copy_timing_every must be >= 0");
   cfg.copy_timing_every = copy_timing_every;
   cfg.memory_rows_kernel = memory_rows_kernel && gather_function != 0;
@@ -98,7 +99,8 @@ void bind_native_loop(py::module_& m) {
            py::arg("unsafe_slot_reuse") = false, py::arg("debug_jitter_us") = 0, py::arg("memory_rows_kernel") = false,
            py::arg("unsafe_skip_allocation_wait") = false, py::arg("debug_lose_wakeups") = false,
            py::arg("debug_idle_pause_us") = 0, py::arg("debug_old_idle_wait") = false,
-           py::arg("copy_timing_every") = 16, py::keep_alive<1, 15>())
+           py::arg("copy_timing_every") = 16, py::arg("wake_all") = false,
+           py::arg("debug_no_pass_on") = false, py::keep_alive<1, 15>())
       .def(
           "submit",
           [](tfl::NativeLoop& loop, int64_t position, const I64Array& indices, uint64_t out, int64_t out_bytes,
@@ -123,14 +125,25 @@ void bind_native_loop(py::module_& m) {
       .def(
           "submit_group",
           [](tfl::NativeLoop& loop, int64_t first_position, const I64Array& indices, int64_t count,
-             const I64Array& outs, const I64Array& capacities, uint64_t home) {
-            return loop.submit_group(first_position, to_vector(indices, "indices"), count, to_vector(outs, "outs"),
+             const I64Array& outs, const I64Array& capacities, uint64_t home, const std::optional<I64Array>& pitches) {
+            std::vector<int64_t> addresses = to_vector(outs, "outs");
+            if (pitches) {  // outs: each field's block; batch j's field f at outs[f] + j * pitches[f]
+              const std::vector<int64_t> pitch = to_vector(*pitches, "pitches");
+              if (pitch.size() != addresses.size() || count < 1)
+                throw py::value_error("pitches needs one pitch per block in outs and count >= 1");
+              std::vector<int64_t> bases = std::move(addresses);
+              addresses.resize(bases.size() * size_t(count));
+              for (size_t j = 0; j < size_t(count); ++j)
+                for (size_t f = 0; f < bases.size(); ++f) addresses[j * bases.size() + f] = bases[f] + int64_t(j) * pitch[f];
+            }
+            return loop.submit_group(first_position, to_vector(indices, "indices"), count, addresses,
                                      to_vector(capacities, "capacities"), home);
           },
           py::arg("first_position"), py::arg("indices"), py::arg("count"), py::arg("outs"), py::arg("capacities"),
-          py::arg("home") = 0,
-          "submit_fields() for `count` batches in one call (indices: count x n flat, outs: count x fields),\n"
-          "waking the workers once; returns each batch's output bytes, or -1 where take() will raise.")
+          py::arg("home") = 0, py::arg("pitches") = py::none(),
+          "submit_fields() for `count` batches in one call (indices: count x n flat, outs: count x fields,\n"
+          "or with `pitches` each field's block, batch j at j pitches), waking one worker; returns each\n"
+          "batch's output bytes, or -1 where take() will raise.")
       .def(
           "start_fields",
           [](tfl::NativeLoop& loop, int64_t position, const I64Array& outs, const I64Array& capacities,

@@ -173,11 +173,21 @@ std::vector<int64_t> NativeLoop::submit_group(int64_t first_position, const std:
       totals[static_cast<size_t>(j)] = layout[0];
     }
   } catch (...) {  // the batches started before the failure still need their workers
-    if (wake && !cfg_.debug_lose_wakeups) work_cv_.notify_all();
+    wake_for_group(wake);
     throw;
   }
-  if (wake && !cfg_.debug_lose_wakeups) work_cv_.notify_all();  // one wake-up for the whole group
+  wake_for_group(wake);
   return totals;
+}
+
+void NativeLoop::wake_for_group(bool wake) {
+  if (!wake || cfg_.debug_lose_wakeups) return;
+  // One worker: it wakes the next as it takes its batch (worker_loop), so the thread submitting
+  // (the training thread) pays one futex wake a group, not one per idle worker.
+  if (cfg_.wake_all)
+    work_cv_.notify_all();
+  else
+    work_cv_.notify_one();
 }
 
 std::vector<int64_t> NativeLoop::row_layout(int64_t n) const {
@@ -284,6 +294,7 @@ void NativeLoop::worker_loop() {
   }
   for (;;) {
     Job* job = nullptr;
+    bool pass_on = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       ++idle_workers_;
@@ -303,7 +314,9 @@ void NativeLoop::worker_loop() {
       if (stopping_.load()) return;
       job = &jobs_.at(queue_.front());  // std::map: the reference stays valid while other jobs come and go
       queue_.pop_front();
+      pass_on = !queue_.empty() && idle_workers_ > 0 && !cfg_.wake_all && !cfg_.debug_no_pass_on;
     }
+    if (pass_on && !cfg_.debug_lose_wakeups) work_cv_.notify_one();  // the next batch's worker
     std::exception_ptr error;
     try {
       run(*job);

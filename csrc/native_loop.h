@@ -72,6 +72,10 @@ struct LoopConfig {
   int debug_jitter_us = 0;         // tests only: each batch first sleeps a random 0..jitter us
   bool debug_lose_wakeups = false;  // tests only: start() never notifies an idle worker
   int debug_idle_pause_us = 0;      // tests only: a worker finding no job pauses (holding mu_) before it waits
+  // Benchmarks' and tests' control: a group's submit wakes every idle worker itself (before the
+  // chained wake, where it wakes one and each worker taking a batch wakes the next).
+  bool wake_all = false;
+  bool debug_no_pass_on = false;  // tests only, the control: one worker woken a group, none passing on
   bool debug_old_idle_wait = false;  // tests only, the control: idle workers wake on a notify alone and
                                      // stop() raises its flag without mu_ (the loop before the fix)
   // One batch in this many has its H2D copies timed by a pair of CUDA events (0: none). Each
@@ -178,6 +182,8 @@ class NativeLoop {
 
   std::vector<int64_t> layout_of(const std::vector<int64_t>& indices) const;
   Job& startable(int64_t position);
+  // The wake-up after a group's batches were queued (`wake`: an idle worker needs one).
+  void wake_for_group(bool wake);
   // start_fields() without the wake-up: true if an idle worker needs one.
   bool start_fields_quietly(int64_t position, const std::vector<int64_t>& outs, const std::vector<int64_t>& capacities,
                             uintptr_t home);

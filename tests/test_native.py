@@ -20,6 +20,7 @@ import torch_fastload
 import torch_fastload.errors
 from torch_fastload import ArrayDataset, DataLoader, RecordDataset, pack
 from torch_fastload.native import NativePipeline
+from torch_fastload.sampling import OrderPass
 from torch_fastload.vision.step_probe import StepReading
 
 
@@ -640,9 +641,12 @@ def test_a_group_recipe_lays_batches_out_at_512_byte_pitches_and_names_their_add
     assert all(bool((x == k).all()) and bool((y == k).all()) for k, (x, y) in enumerate(batches))
 
 
-def test_group_views_carry_a_whole_epoch_through_the_loop(monkeypatch):
-    """The group blocks' addresses as the C++ loop writes them (on the GPU by default; here the
-    same views of host blocks, forced): every batch equals torch's, labels and rows alike."""
+@pytest.mark.parametrize("sampler", ["list", "shuffle"])
+def test_group_views_carry_a_whole_epoch_through_the_loop(monkeypatch, sampler):
+    """The group blocks' addresses as the C++ loop works them out from each block and pitch (on
+    the GPU by default; here the same views of host blocks, forced): every batch equals torch's,
+    labels and rows alike, with a sampler's lists or a shuffle drawn in bulk (a group's indices
+    one slice of the order)."""
     real = NativePipeline._allocate_group
 
     def host_blocks(self, shapes, home, count):
@@ -651,10 +655,21 @@ def test_group_views_carry_a_whole_epoch_through_the_loop(monkeypatch):
         return self._group_views(shapes, count, lambda blocks: [torch.empty(s, dtype=d) for s, d in blocks])
 
     monkeypatch.setattr(NativePipeline, "_allocate_group", host_blocks)
+    runs = []
+    full_batches = OrderPass.full_batches
+    monkeypatch.setattr(OrderPass, "full_batches", lambda self, most: runs.append(full_batches(self, most)) or runs[-1])
     rows, labels = torch.randn(1000, 7), torch.arange(1000, dtype=torch.int16)
-    order = torch.randperm(1000, generator=torch.Generator().manual_seed(3)).tolist()
-    loader = DataLoader(TensorDataset(rows, labels), batch_size=63, device="cpu", sampler=order)
+    if sampler == "list":
+        order = torch.randperm(1000, generator=torch.Generator().manual_seed(3)).tolist()
+        loader = DataLoader(TensorDataset(rows, labels), batch_size=63, device="cpu", sampler=order)
+    else:
+        torch.manual_seed(3)
+        order = torch.cat([b for (b,) in torch.utils.data.DataLoader(TensorDataset(torch.arange(1000)), 63, True)])
+        torch.manual_seed(3)
+        loader = DataLoader(TensorDataset(rows, labels), batch_size=63, device="cpu", shuffle=True)
     got = list(loader)
+    groups = [len(r) for r in runs if r is not None]  # the first batch went alone (its size's plan unknown)
+    assert sum(groups) == (14 if sampler == "shuffle" else 0) and all(1 <= k <= 8 for k in groups)
     loader.close()
     shared = [x for x, _ in got if x.untyped_storage().nbytes() > x.nbytes]
     assert len(shared) >= 12  # all but the first batch and the short last one came from group blocks
@@ -680,6 +695,54 @@ def test_a_group_submit_checks_its_shape_and_fails_only_its_bad_batches():
     assert loop.take(3, 0, 5.0) and loop.take(4, 0, 5.0)
     assert outs[0].tolist() == [6, 7] and outs[1].tolist() == [8, 9]
     assert loop.stop(1.0, True)
+
+
+def test_a_group_submit_with_pitches_writes_each_batch_at_its_pitch_in_each_block():
+    values, labels = torch.arange(40, dtype=torch.int64), torch.arange(100, 140, dtype=torch.int32)
+    loop = host_loop(
+        [
+            (0, 40, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False),
+            (0, 40, 4, labels.data_ptr(), -1, 0, 0, "index {} is out", False),
+        ]
+    )
+    rows, small = torch.full((3, 8), -1, dtype=torch.int64), torch.full((3, 16), -1, dtype=torch.int32)
+    bases = [rows.data_ptr(), small.data_ptr()]
+    with pytest.raises(ValueError, match="one pitch per block"):
+        loop.submit_group(0, np.arange(9), 3, bases, [24, 12], pitches=[64])
+    order = np.array([5, 6, 7, 30, 31, 32, 0, 1, 2])
+    assert loop.submit_group(0, order, 3, bases, [24, 12], pitches=[64, 64]) == [loop.row_layout(3)[0]] * 3
+    assert all(loop.take(k, 0, 5.0) for k in range(3))
+    assert loop.stop(1.0, True)
+    assert rows[:, :3].flatten().tolist() == order.tolist() and rows[:, 3:].eq(-1).all()  # 64-byte pitch
+    assert small[:, :3].flatten().tolist() == (order + 100).tolist() and small[:, 3:].eq(-1).all()
+
+
+@pytest.mark.parametrize("pass_on", [True, False])
+def test_a_group_wakes_one_worker_and_each_worker_wakes_the_next(pass_on):
+    """A group's submit wakes one idle worker (a futex wake costs the training thread, the
+    caller, several microseconds); each worker taking a batch wakes the next, so all of a
+    group's batches still run at once. Control: without the passing on (and without the
+    workers' periodic look), one worker runs the group's 16 batches one after another."""
+    values = torch.arange(64, dtype=torch.int64)
+    loop = host_loop(
+        [(0, 64, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False)],
+        workers=16,
+        debug_jitter_us=300_000,  # each batch first sleeps 0..0.3 s
+        debug_old_idle_wait=True,  # no look every 20 ms: a worker runs only when woken
+        debug_no_pass_on=not pass_on,
+    )
+    time.sleep(0.2)  # every worker asleep
+    outs = torch.zeros(16, 4, dtype=torch.int64)
+    began = time.monotonic()
+    assert loop.submit_group(0, np.arange(64), 16, [outs.data_ptr()], [32], pitches=[32]) == [32] * 16
+    assert all(loop.take(k, 0, 30.0) for k in range(16))
+    took = time.monotonic() - began
+    assert loop.stop(5.0, False)
+    assert outs.flatten().tolist() == list(range(64))
+    if pass_on:
+        assert took < 1.0, took  # at once: the longest sleep, <= 0.3 s
+    else:
+        assert took > 1.0, took  # one after another: the sum of 16 sleeps, ~2.4 s on average
 
 
 def test_a_dropped_iterator_frees_its_pipeline_without_the_garbage_collector():

@@ -71,6 +71,9 @@ DEBUG_JITTER_US = 0
 #: Tests only: no started batch notifies an idle worker (each is found by the workers' periodic
 #: look at the queue; the control of that look runs on a loop of its own, tests/test_native.py).
 DEBUG_LOSE_WAKEUPS = False
+#: Benchmarks only (the before of an A/B): a group's submit wakes every idle worker of the loop
+#: itself, instead of one that wakes the next as it takes its batch.
+WAKE_ALL = False
 #: In-memory rows at least this long are copied by the copy engines out of the dataset's own
 #: (registered) pages; shorter ones are gathered by the CPU into a pinned slot, where one DMA per
 #: row would cost more than it saves.
@@ -245,6 +248,7 @@ class NativePipeline:
         self._group_blocks = config.get("output_blocks") == "group"
         self._recipes: dict = {}  # (plan's shapes, group size) -> _GroupRecipe; the plans live as long
         self._held = None  # indices drawn for a group but of another size: the next group's first
+        self._order_pass: OrderPass | None = None  # the epoch's order drawn in bulk (_start)
         self._orphaned: list = []  # outputs of a group whose submit failed midway: kept until stop()
         # registered in-memory rows moved by the gather kernel (a few SMs) instead of the copy
         # engines, whose per-row DMA submissions hold the driver beside a launch-bound step
@@ -281,7 +285,7 @@ class NativePipeline:
             DEBUG_LOSE_WAKEUPS,
         )
         timing_every = config.get("copy_timing_every")
-        self._key = (tuple(fields), tuple(self._paths), self._copy_stream, slot_bytes, settings, timing_every)
+        self._key = (tuple(fields), tuple(self._paths), self._copy_stream, slot_bytes, settings, timing_every, WAKE_ALL)
         self._keep_loop = config.get("keep_loop")
         parked = resources.adopt(self._key) if self._keep_loop else None
         if parked is not None:  # the loader's last epoch's loop: its workers, slots and plans
@@ -304,6 +308,7 @@ class NativePipeline:
                     len(slots),
                     *settings,
                     copy_timing_every=timing_every,
+                    wake_all=WAKE_ALL,
                 )
             except BaseException:  # no copy ever read the slots
                 _settle(None, True, None, self._slots, [], self.engine)
@@ -321,7 +326,8 @@ class NativePipeline:
         """The routes, the epoch's index arrays, the stats' path, and the first batches submitted."""
         mapped = self._map_files(resources) and mapped_kernel
         self._copy_route = self._choose_copy_route(rows_kernel, mapped and gather)
-        self._index_arrays = _index_arrays(source)
+        self._order_pass = _order_pass(source)
+        self._index_arrays = self._order_pass.arrays() if self._order_pass is not None else None
         self.stats.path = f"native loop -> {self.device}{self._rows_note}"
         if resources.registration_declined:
             self.stats.path += f" (a tensor not pinned in place: {resources.registration_declined})"
@@ -461,6 +467,10 @@ class NativePipeline:
         wake-up of the loop's workers for them all, on one next() in allocate_ahead or so."""
         home = self._copy_stream if (self.cuda and self.engine.output_stream == "copy") else stream
         while not self._exhausted and self._fatal is None and len(self._inflight) < self.depth:
+            run = self._full_batches()
+            if run is not None:  # a group of full batches, one slice of the drawn order
+                self._submit_group(run, self._plans[run.shape[1]], home)
+                continue
             indices = self._next_indices()
             if indices is None:
                 return
@@ -494,6 +504,14 @@ class NativePipeline:
         except Exception:
             self._fatal = capture("fetch (sampler)")
         return None
+
+    def _full_batches(self):
+        """The next group's indices as rows of one array where the order was drawn in bulk and
+        the batch size's plan is known (else None: ``_next_indices`` draws batch by batch)."""
+        if self._order_pass is None or self._held is not None or not self._plans:
+            return None
+        plan = self._plans.get(self._order_pass.batch_size)
+        return self._order_pass.full_batches(self._group_size(plan)) if plan is not None else None
 
     def _same_size(self, first, count: int) -> list:
         """``first`` and up to ``count - 1`` more batches of its size (one of another size, an
@@ -533,10 +551,19 @@ class NativePipeline:
             got = self.loop.submit_fields(claimed[0][0], group[0], [t.data_ptr() for t in outs[0]], shapes[1], home)
             totals = [got[0]]
         else:
-            indices = np.concatenate(group) if isinstance(group[0], np.ndarray) else [i for g in group for i in g]
-            pointers = shared.pointers(count) if shared is not None else [t.data_ptr() for b in outs for t in b]
+            if isinstance(group, np.ndarray):  # (count, n) rows of the drawn order
+                indices = group.reshape(-1)
+            else:
+                indices = np.concatenate(group) if isinstance(group[0], np.ndarray) else [i for g in group for i in g]
             try:
-                totals = self.loop.submit_group(claimed[0][0], indices, count, pointers, shapes[1], home)
+                if shared is not None:  # each field's block and pitch: the loop works out the addresses
+                    bases = [block.data_ptr() for block in shared.blocks]
+                    totals = self.loop.submit_group(
+                        claimed[0][0], indices, count, bases, shapes[1], home, pitches=shared.pitch_bytes
+                    )
+                else:
+                    pointers = [t.data_ptr() for b in outs for t in b]
+                    totals = self.loop.submit_group(claimed[0][0], indices, count, pointers, shapes[1], home)
             except BaseException:  # batches started before the failure write these until stop()
                 self._orphaned.append(outs)
                 raise
@@ -783,11 +810,11 @@ def _copy_seconds(last: dict, now: dict) -> float:
     return max(0.0, estimate(now) - estimate(last))
 
 
-def _index_arrays(source):
-    """The rest of the epoch's index batches as int64 arrays where torch's sampler is drawn in
-    bulk (``sampling.OrderPass``), else None (the source's sampler hands out lists)."""
+def _order_pass(source) -> OrderPass | None:
+    """The epoch's pass over an order drawn in bulk (``sampling.OrderPass``: its batches come as
+    int64 arrays), or None where torch's sampler hands out lists."""
     indices = getattr(source, "_sampler_iter", None)
-    return indices.arrays() if isinstance(indices, OrderPass) else None
+    return indices if isinstance(indices, OrderPass) else None
 
 
 class CopyRouteChoice:
