@@ -65,7 +65,9 @@ if os.environ.get("PIECES_DETAIL") == "1":
 
 
 P = N.NativePipeline
-for m in ("next", "_fill", "_take", "_views", "_allocate", "_allocate_group", "_submit_group", "_consumer_stream"):
+PIECES = ("next", "_fill", "_take", "_views", "_allocate", "_allocate_group", "_submit_group", "_consumer_stream")
+PIECES += ("_group_views", "_claim_group", "_full_batches", "_same_size", "_next_indices")  # the group's turn
+for m in PIECES:
     if hasattr(P, m):
         wrap(P, m, m)
 orig_init = P.__init__
@@ -170,5 +172,11 @@ bs = iter(torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(range(10*
 res["alone.batch_sampler"] = t(lambda: next(bs))
 a = torch.randn(64, 64, device=dev)
 res["alone.tiny_kernel_launch"] = t(lambda: a.add_(1))
+block = torch.empty(8 * 49664, dtype=torch.float32, device=dev)
+strided = ((8, 128, 384), (49664, 384, 1))
+res["alone.as_strided_unbind8.cuda"] = t(lambda: block.as_strided(*strided).unbind(0))
+host_block = torch.empty(8 * 49664, dtype=torch.float32)
+res["alone.as_strided_unbind8.cpu"] = t(lambda: host_block.as_strided(*strided).unbind(0))
+res["alone.python_call"] = t(lambda: None)
 print(json.dumps(res, indent=1))
 json.dump(res, open(os.environ["OUT"] + "/next-pieces.json", "w"), indent=1)

@@ -5,7 +5,8 @@
 # Modes: old (a source copy of the tree before, carried in .gpu/old and built under /tmp/old),
 # new (this tree), wakeall (this tree with native.WAKE_ALL: the submit wakes every idle worker).
 # TESTS=1 runs the CUDA suite first; then each epoch's edges (epoch_edges.py) under old and new;
-# then the main job with its defaults, the modes alternated ROUNDS times. From the repo root:
+# then the main job with its defaults, the modes alternated ROUNDS times in the order of MODES.
+# From the repo root:
 #   bash benchmarks/gpu/wake_ab.sh   (with .gpu/old carried; at most 8 files under $OUT)
 set -uo pipefail; ONE_CALL=wake_ab
 ROUNDS=${ROUNDS:-2}
@@ -22,7 +23,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   echo "CUDA suite rc $?: $(tail -1 "$OUT/cuda-suite.log")"; grep -E "^FAILED|^ERROR" "$OUT/cuda-suite.log" | head
 fi
 tree_of() { [ "$1" = old ] && echo /tmp/old || echo "$PWD"; }
-for mode in old new; do
+for mode in $([ "${EDGES:-1}" = 1 ] && echo old new); do  # EDGES=0 skips them
   rm -rf "/tmp/edges-$mode"; mkdir -p "/tmp/edges-$mode"
   OUT="/tmp/edges-$mode" PYTHONPATH=$(tree_of $mode) timeout 90 \
     python3 benchmarks/gpu/epoch_edges.py --repeats 2 > "/tmp/edges-$mode/log" 2>&1
