@@ -5,7 +5,8 @@
 # Modes: old (a source copy of the tree before, carried in .gpu/old and built under /tmp/old),
 # new (this tree), wakeall (this tree with native.WAKE_ALL: the submit wakes every idle worker).
 # TESTS=1 runs the CUDA suite first; then each epoch's edges (epoch_edges.py) under old and new;
-# then the main job with its defaults, the modes alternated ROUNDS times in the order of MODES.
+# then the main job with its defaults, ROUNDS rounds in the order of MODES, reversed every other
+# round (the second run of a round reads higher).
 # From the repo root:
 #   bash benchmarks/gpu/wake_ab.sh   (with .gpu/old carried; at most 8 files under $OUT)
 set -uo pipefail; ONE_CALL=wake_ab
@@ -36,5 +37,8 @@ bench() {  # mode, json
   PYTHONPATH=$(tree_of "$1") timeout 60 python3 -c "$wrap" "$1" --no-progress --repeats 3 --torch-workers 0 \
     --json "$2" 2>&1 | grep -E "vs device-resident|input wait <=" | sed "s/^/$1: /"
 }
-for k in $(seq 1 "$ROUNDS"); do for mode in $MODES; do bench "$mode" "$OUT/bench-$mode-$k.json"; done; done
+for k in $(seq 1 "$ROUNDS"); do  # even rounds reverse MODES: the second run of a round reads higher
+  order=$MODES; [ $((k % 2)) = 0 ] && order=$(echo $MODES | tr ' ' '\n' | tac | tr '\n' ' ')
+  for mode in $order; do bench "$mode" "$OUT/bench-$mode-$k.json"; done
+done
 echo "done in $((SECONDS - S)) s"
