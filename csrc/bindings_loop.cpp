@@ -161,6 +161,10 @@ void bind_native_loop(py::module_& m) {
            py::call_guard<py::gil_scoped_release>(),
            "Wait up to `timeout` s for the batch; False if not staged. Else the consumer stream waits on\n"
            "its copies (unless already done) and the batch is forgotten; raises its error.")
+      .def("wait_below", &tfl::NativeLoop::wait_below, py::arg("n"), py::arg("timeout"), py::arg("settle_us") = 0,
+           py::call_guard<py::gil_scoped_release>(),
+           "Wait up to `timeout` s, without the GIL, until fewer than n batches are submitted and not yet\n"
+           "taken: 1 (then sleep settle_us), 0 at the timeout, -1 once the loop stops.")
       .def("set_rows_kernel", &tfl::NativeLoop::set_rows_kernel, py::arg("on"),
            "Registered in-memory rows of batches started from now on go by the gather kernel (True) or the\n"
            "copy engines (False); True needs memory_rows_kernel.")

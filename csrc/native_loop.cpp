@@ -723,6 +723,7 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
     if (!done_cv_.wait_until(lock, deadline, [&] { return it->second.done; })) return false;
     job = std::move(it->second);
     jobs_.erase(it);
+    if (low_below_ >= 0 && int64_t(jobs_.size()) < low_below_) low_cv_.notify_one();  // the turn thread
     recycle(job.allocated, false);  // a job stopped before it ran still holds it
     job.allocated = nullptr;
     if (job.error) {
@@ -746,6 +747,22 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
   recycle(job.ready, false);
   if (job.timing_start != nullptr) timings_.push_back({job.timing_start, job.timing_end, job.copied});
   return true;
+}
+
+int NativeLoop::wait_below(int64_t n, double timeout_s, int settle_us) {
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    low_below_ = n;
+    const bool low =
+        low_cv_.wait_until(lock, deadline, [&] { return stopping_.load() || int64_t(jobs_.size()) < n; });
+    low_below_ = -1;
+    if (stopping_.load()) return -1;
+    if (!low) return 0;
+  }
+  if (settle_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(settle_us));
+  return 1;
 }
 
 void NativeLoop::set_mapped(int32_t file, const MappedFile* mapped) {
@@ -773,6 +790,7 @@ bool NativeLoop::stop(double timeout_s, bool wait_for_copies) {
   }
   work_cv_.notify_all();
   slot_cv_.notify_all();
+  low_cv_.notify_all();
   for (std::thread& t : workers_) {
     if (!t.joinable()) continue;
     // Workers finish the job in hand (bounded by its reads) and then see the flag.

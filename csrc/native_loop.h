@@ -134,6 +134,10 @@ class NativeLoop {
   // no stream call is made: one blocks while the stream's queue is full), and forgets it;
   // rethrows the batch's error.
   bool take(int64_t position, uintptr_t consumer, double timeout_s);
+  // Blocks until fewer than `n` batches are submitted and not yet taken (1; then sleeps
+  // settle_us), timeout_s passes (0) or the loop stops (-1). The loader's turn thread waits here
+  // for its next group (config turn_thread), so no Python thread polls.
+  int wait_below(int64_t n, double timeout_s, int settle_us);
   // Whether batches started from now on move registered in-memory rows by the gather kernel
   // (needs cfg.memory_rows_kernel) or by the copy engines.
   void set_rows_kernel(bool on) { rows_kernel_.store(on && cfg_.memory_rows_kernel); }
@@ -224,7 +228,8 @@ class NativeLoop {
   std::atomic<bool> rows_kernel_{false};
   std::atomic<bool> mapped_kernel_{false};
   std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_, slot_cv_;
+  std::condition_variable work_cv_, done_cv_, slot_cv_, low_cv_;
+  int64_t low_below_ = -1;  // under mu_: the n a wait_below() waits for (take() notifies), -1: none
   std::map<int64_t, Job> jobs_;
   std::deque<int64_t> queue_;  // started, not yet picked up by a worker
   int idle_workers_ = 0;       // workers waiting for a batch (only they need a notify)

@@ -987,3 +987,144 @@ def test_copy_timing_every_refuses_a_negative_count():
     with pytest.raises(ValueError, match="copy_timing_every"):
         with torch_fastload.config.override(copy_timing_every=-1):
             pass
+
+
+# -- the turn thread (config turn_thread): group turns off the training thread's next() -------
+def _turn_threads() -> list:
+    return [t for t in threading.enumerate() if t.name == "fastload-turn" and t.is_alive()]
+
+
+def _torch_order(data, batch_size: int, seed: int) -> list:
+    torch.manual_seed(seed)
+    return [b[0].tolist() for b in torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=True)]
+
+
+def _on_threads(monkeypatch, name: str) -> list:
+    """The names of the threads each call of NativePipeline.``name`` ran on."""
+    threads = []
+    real = getattr(NativePipeline, name)
+
+    def spy(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(NativePipeline, name, spy)
+    return threads
+
+
+@pytest.mark.parametrize("turn_thread", [True, False])
+def test_the_turn_thread_takes_group_turns_and_every_epoch_equals_torch(turn_thread, monkeypatch):
+    """With ``turn_thread`` the groups' turns run on the pipeline's thread while the consumer
+    sleeps (a step's backward() lets go of the GIL so): each epoch equals torch's, batch for batch,
+    and its thread has ended by the epoch's end. Off: every turn runs in next()."""
+    data = TensorDataset(torch.arange(600) * 3, torch.arange(600))
+    turns = _on_threads(monkeypatch, "_submit_group")
+    with torch_fastload.config.override(turn_thread=turn_thread):
+        loader = DataLoader(data, batch_size=8, shuffle=True, device="cpu")
+        for epoch in range(3):
+            torch.manual_seed(epoch)
+            ours = []
+            for batch in loader:
+                ours.append(batch[0].tolist())
+                time.sleep(0.001)
+            assert ours == _torch_order(data, 8, epoch)
+            assert not _turn_threads()  # ended with its epoch (the loop kept for the next)
+        loader.close()
+    on_turn_thread = turns.count("fastload-turn")
+    assert on_turn_thread > 5 if turn_thread else on_turn_thread == 0
+
+
+def test_a_turn_that_fails_on_the_turn_thread_is_raised_after_the_batches_before_it(monkeypatch):
+    """An allocation failing on the turn thread: next() hands out every batch submitted before
+    it, in order, then raises it; none is lost, repeated or invented, and the thread has ended.
+    The loader's next epoch runs whole."""
+    data = TensorDataset(torch.arange(400) * 3, torch.arange(400))
+    real = NativePipeline._allocate_group
+    failed = []
+
+    def allocate(self, shapes, home, count):
+        if threading.current_thread().name == "fastload-turn" and not failed:
+            failed.append(True)
+            raise RuntimeError("CUDA out of memory (a test's)")
+        return real(self, shapes, home, count)
+
+    monkeypatch.setattr(NativePipeline, "_allocate_group", allocate)
+    with torch_fastload.config.override(turn_thread=True):
+        loader = DataLoader(data, batch_size=8, shuffle=True, device="cpu")
+        torch.manual_seed(1)
+        got = []
+        with pytest.raises(RuntimeError, match="out of memory \\(a test's\\)"):
+            for batch in loader:
+                got.append(batch[0].tolist())
+                time.sleep(0.002)
+        assert failed and 0 < len(got) < 50
+        assert got == _torch_order(data, 8, 1)[: len(got)]
+        assert not _turn_threads()
+        torch.manual_seed(2)
+        assert [b[0].tolist() for b in loader] == _torch_order(data, 8, 2)
+        loader.close()
+
+
+@pytest.mark.parametrize("locked", [True, False])
+def test_next_waits_for_the_turn_in_progress_before_its_own(locked, monkeypatch):
+    """The consumer finds nothing in flight while the turn thread is midway through a group's
+    turn (its indices drawn and numbered, not yet submitted): next() waits for that turn under
+    the turn lock, then takes its batches first. Control: without the lock, next() submits the
+    following group in the meantime: batches come out of order, or the epoch ends without
+    the turn's group."""
+    import contextlib
+
+    data = TensorDataset(torch.arange(800) * 3, torch.arange(800))
+    real_claim, real_init = NativePipeline._claim_group, NativePipeline.__init__
+    slowed = []
+
+    def claim(self, count):
+        claimed = real_claim(self, count)
+        if threading.current_thread().name == "fastload-turn" and len(slowed) < 1:
+            slowed.append(True)
+            time.sleep(0.3)  # the consumer drains what is in flight meanwhile
+        return claimed
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        if not locked:
+            self._turn_lock = contextlib.nullcontext()
+
+    monkeypatch.setattr(NativePipeline, "_claim_group", claim)
+    monkeypatch.setattr(NativePipeline, "__init__", init)
+    with torch_fastload.config.override(turn_thread=True):
+        loader = DataLoader(data, batch_size=8, shuffle=True, device="cpu")
+        torch.manual_seed(5)
+        ours = []
+        for batch in loader:
+            ours.append(batch[0].tolist())
+            time.sleep(0.002)
+        loader.close()
+    assert slowed
+    assert (ours == _torch_order(data, 8, 5)) == locked
+
+
+def test_a_dropped_iterator_ends_its_turn_thread_without_the_garbage_collector():
+    import weakref
+
+    with torch_fastload.config.override(turn_thread=True):
+        loader = DataLoader(TensorDataset(torch.arange(4000)), batch_size=8, shuffle=True, device="cpu")
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            it = iter(loader)
+            for _ in range(5):
+                next(it)
+                time.sleep(0.002)
+            assert _turn_threads()
+            pipeline = weakref.ref(it._pipeline)
+            del it
+            assert pipeline() is None
+        finally:
+            if was_enabled:
+                gc.enable()
+        deadline = time.monotonic() + 5
+        while _turn_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _turn_threads()
+        loader.close()

@@ -3,6 +3,7 @@ consumer's stream waits on the loop's copies, and a pinned slot is rewritten onl
 copy ran (negative control: without the wait, delayed copies carry the next batch's bytes)."""
 
 import mmap
+import threading
 
 import numpy as np
 import pytest
@@ -71,6 +72,42 @@ def test_a_kept_loop_serves_every_epoch_and_hands_its_slots_on(width, blocks):
         for slot in slots:
             pool.release(slot)
     loader.close()
+
+
+@pytest.mark.parametrize("blocks", ["group", "batch"])
+@pytest.mark.parametrize("width", [4096, 1024])
+def test_the_turn_thread_allocates_on_the_copy_stream_and_every_epoch_equals_torch(width, blocks):
+    """config turn_thread: the groups' outputs allocated and submitted on the pipeline's thread
+    (its own current stream switched to the copy stream) while the training thread runs a step
+    that lets go of the GIL (a synchronize); every batch equals torch's over three epochs, each
+    read by a kernel on the training stream, and the thread took turns."""
+    data = rows_dataset(n=600, width=width)
+    kwargs = dict(batch_size=16, shuffle=True)
+    theirs = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(6), **kwargs)
+    loader = DataLoader(data, generator=torch.Generator().manual_seed(6), **kwargs)
+    turns = []
+    real = NativePipeline._submit_group
+
+    def spy(self, *args, **kw):
+        turns.append(threading.current_thread().name)
+        return real(self, *args, **kw)
+
+    NativePipeline._submit_group = spy
+    try:
+        with torch_fastload.config.override(output_blocks=blocks, turn_thread=True):
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    for a, c in zip(loader, theirs, strict=True):
+                        total = a[0].double().sum()  # read on the training stream
+                        torch.cuda.synchronize()  # the step lets go of the GIL
+                        assert torch.equal(a[0].cpu(), c[0]) and torch.equal(a[1].cpu(), c[1])
+                        assert total.item() == c[0].double().sum().item()
+    finally:
+        NativePipeline._submit_group = real
+    loader.close()
+    assert turns.count("fastload-turn") > 5
+    assert not [t for t in threading.enumerate() if t.name == "fastload-turn" and t.is_alive()]
 
 
 @pytest.mark.parametrize("width", [4096, 12345])  # 16 KiB rows; 49,380-byte rows (not 16-byte multiples)

@@ -411,6 +411,16 @@ OPTIONS: dict[str, Option] = {
             "H200: an epoch's edges cost the training thread 1.88 ms with a new loop each epoch, 1.36 kept)",
         ),
         Option(
+            "turn_thread",
+            False,
+            _bool,
+            "planned batches' group turns (allocate outputs, submit allocate_ahead batches to the C++ loop) "
+            "run on a thread of the pipeline's own instead of inside the training thread's next(): it waits "
+            "without the GIL for the batches in flight to run low, then takes the GIL when the training "
+            "thread lets go of it (a CUDA step's backward() does). Experimental, off: not yet measured on "
+            "a GPU host",
+        ),
+        Option(
             "copy_timing_every",
             16,
             _int_at_least(0),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,6 +75,12 @@ DEBUG_LOSE_WAKEUPS = False
 #: Benchmarks only (the before of an A/B): a group's submit wakes every idle worker of the loop
 #: itself, instead of one that wakes the next as it takes its batch.
 WAKE_ALL = False
+#: The turn thread (config ``turn_thread``) sleeps this long after the batches in flight ran low,
+#: before it asks for the GIL: the training thread's take() has just let go of it and is taking
+#: it back, and the turn should wait for the step's own release (its backward()).
+TURN_SETTLE_US = 50
+#: The turn thread's longest wait for the next group (it is woken by take() and by the loop's stop).
+TURN_WAIT_S = 1.0
 #: In-memory rows at least this long are copied by the copy engines out of the dataset's own
 #: (registered) pages; shorter ones are gathered by the CPU into a pinned slot, where one DMA per
 #: row would cost more than it saves.
@@ -249,6 +256,9 @@ class NativePipeline:
         self._recipes: dict = {}  # (plan's shapes, group size) -> _GroupRecipe; the plans live as long
         self._held = None  # indices drawn for a group but of another size: the next group's first
         self._order_pass: OrderPass | None = None  # the epoch's order drawn in bulk (_start)
+        self._turn_lock = threading.Lock()  # a group's turn, on the turn thread or in next()
+        self._turn_thread: threading.Thread | None = None  # config turn_thread: started by _start
+        self._turns_over = False  # under _turn_lock: the turn thread takes no more turns
         self._orphaned: list = []  # outputs of a group whose submit failed midway: kept until stop()
         # registered in-memory rows moved by the gather kernel (a few SMs) instead of the copy
         # engines, whose per-row DMA submissions hold the driver beside a launch-bound step
@@ -338,6 +348,41 @@ class NativePipeline:
             self.stats.set_io(str(io) if io is not None else "")
         LIVE_PIPELINES.add(self)
         self._fill(self._consumer_stream())
+        turns = config.get("turn_thread") and self._plans is not None
+        if turns and (not self.cuda or self.engine.output_stream == "copy") and not self._exhausted:
+            self._turn_thread = threading.Thread(
+                target=_turn_loop,
+                args=(weakref.ref(self), self.loop, self.depth),
+                name="fastload-turn",
+                daemon=True,
+            )
+            self._turn_thread.start()
+
+    def _take_turn(self) -> bool:
+        """The turn thread's group: allocate and submit until ``depth`` batches are in flight.
+        False once the epoch has no more (or the pipeline stops): the thread then ends."""
+        with self._turn_lock:
+            if self._turns_over or self.stop.is_set() or self._exhausted or self._fatal is not None:
+                return False
+            try:
+                self._fill(self._copy_stream)  # home: the copy stream (or the host) wherever turns run here
+            except BaseException:  # next() raises it once the batches already submitted are taken
+                self._fatal = capture("turn thread (allocate and submit)")
+                return False
+            return not self._exhausted and self._fatal is None
+
+    def _stop_turns(self) -> bool:
+        """No more turns on the turn thread (the one in progress ends first); True once the thread
+        has ended (or there was none)."""
+        thread = self._turn_thread
+        if thread is None:
+            return True
+        with self._turn_lock:
+            self._turns_over = True
+        if thread is threading.current_thread():  # a finalizer run on the turn thread itself
+            return False
+        thread.join(config.get("shutdown_timeout"))
+        return not thread.is_alive()
 
     # -- set-up ---------------------------------------------------------------------------
     def _describe(self, layout: NativeLayout, tensor_dataset: bool):
@@ -628,6 +673,9 @@ class NativePipeline:
             self.on_requested(self.device)
         if self._copy_route is not None:
             self._copy_route.requested()
+        if not self._inflight and self._turn_thread is not None:
+            with self._turn_lock:  # the turn thread is behind (or done): this group's turn here
+                self._fill(self._copy_stream)
         if not self._inflight:
             if self._fatal is not None:
                 self.shutdown()
@@ -650,7 +698,8 @@ class NativePipeline:
         except Exception as exc:
             self.progress.yielded(batch.number, 0)  # a failed batch is spent too: it is raised
             stats.add_error()
-            self._fill(stream)
+            if self._turn_thread is None:
+                self._fill(stream)
             wrap(exc, "native stage/copy", batch.number).reraise()
         tracing = stats.trace is not None
         if tracing:
@@ -668,7 +717,8 @@ class NativePipeline:
         result = self.build(batch.out)
         self.progress.yielded(batch.number, batch.samples)
         filling = time.perf_counter()
-        self._fill(stream)
+        if self._turn_thread is None:
+            self._fill(stream)
         if tracing:
             stats.mark("next:fill", batch.number, filling)
         stats.delivered(started, batch.samples, self._payload(batch), batch.number)
@@ -716,8 +766,9 @@ class NativePipeline:
     def _end_epoch(self) -> None:
         """Every batch was taken: leave the loop to the loader's next epoch (config ``keep_loop``)
         where nothing of this one is left in it, else stop it."""
+        turns_ended = self._stop_turns()
         with self._lock:
-            keep = self._keep_loop and not self.finished and self._fatal is None and not self._inflight
+            keep = turns_ended and self._keep_loop and not self.finished and self._fatal is None and not self._inflight
             keep = keep and self._held is None and not self._orphaned
             if keep:
                 self.finished = True
@@ -750,8 +801,13 @@ class NativePipeline:
                 return
             self.finished = True
         self.stop.set()
+        with self._turn_lock:  # a turn in progress submits its group first; none starts after
+            self._turns_over = True
         timeout = config.get("shutdown_timeout")
-        settled = self.loop.stop(timeout, wait_for_copies)
+        settled = self.loop.stop(timeout, wait_for_copies)  # wakes the turn thread: it ends
+        thread = self._turn_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
         self.sync_stats()
         self._inflight.clear()
         if self._copy_route is not None:
@@ -808,6 +864,22 @@ def _copy_seconds(last: dict, now: dict) -> float:
         return stats.get("copy_s", 0.0) * stats.get("copied_bytes", 0) / timed if timed else 0.0
 
     return max(0.0, estimate(now) - estimate(last))
+
+
+def _turn_loop(pipeline_ref, loop, depth: int) -> None:
+    """The turn thread (config ``turn_thread``): waits without the GIL until fewer than ``depth``
+    batches are in flight, then takes the pipeline's next group's turn. Holds the pipeline only
+    weakly between turns, so a dropped iterator is still freed (and stopped) at once."""
+    while True:
+        woken = loop.wait_below(depth, TURN_WAIT_S, TURN_SETTLE_US)
+        if woken < 0:  # the loop stopped
+            return
+        pipeline = pipeline_ref()
+        if pipeline is None or (woken and not pipeline._take_turn()):
+            return
+        if pipeline.finished:
+            return
+        del pipeline
 
 
 def _order_pass(source) -> OrderPass | None:
