@@ -633,8 +633,11 @@ def test_a_group_recipe_lays_batches_out_at_512_byte_pitches_and_names_their_add
     batches = [list(batch) for batch in zip(*views)]
     assert [b.nbytes for b in blocks] == [3 * 2048, 3 * 512]
     assert all(x.shape == (63, 7) and y.shape == (63,) and x.is_contiguous() for x, y in batches)
-    pointers = _SharedBlocks(blocks, recipe.pitch_bytes).pointers(3)
-    assert pointers == [t.data_ptr() for batch in batches for t in batch]
+    shared = _SharedBlocks(blocks, recipe.pitch_bytes)  # what submit_group(..., pitches=) is given
+    addresses = [
+        block.data_ptr() + k * pitch for k in range(3) for block, pitch in zip(shared.blocks, shared.pitch_bytes)
+    ]
+    assert addresses == [t.data_ptr() for batch in batches for t in batch]
     assert all((t.data_ptr() - block.data_ptr()) % 512 == 0 for batch in batches for t, block in zip(batch, blocks))
     for k, (x, y) in enumerate(batches):  # no two views overlap
         x.fill_(k), y.fill_(k)

@@ -204,11 +204,6 @@ class _SharedBlocks:
         self.pitch_bytes = pitch_bytes
         self.recorded: set = set()
 
-    def pointers(self, count: int) -> list:
-        """Each batch's field addresses, batch by batch (as ``submit_group`` takes them)."""
-        bases = [block.data_ptr() for block in self.blocks]
-        return [base + k * pitch for k in range(count) for base, pitch in zip(bases, self.pitch_bytes)]
-
 
 class NativePipeline:
     """One iterator on ``_C.NativeLoop`` (the same interface as ``pipeline.Pipeline``)."""
