@@ -507,9 +507,9 @@ class NativePipeline:
         wake-up of the loop's workers for them all, on one next() in allocate_ahead or so."""
         home = self._copy_stream if (self.cuda and self.engine.output_stream == "copy") else stream
         while not self._exhausted and self._fatal is None and len(self._inflight) < self.depth:
-            run = self._full_batches()
+            run, plan = self._full_batches()
             if run is not None:  # a group of full batches, one slice of the drawn order
-                self._submit_group(run, self._plans[run.shape[1]], home)
+                self._submit_group(run, plan, home)
                 continue
             indices = self._next_indices()
             if indices is None:
@@ -545,13 +545,16 @@ class NativePipeline:
             self._fatal = capture("fetch (sampler)")
         return None
 
-    def _full_batches(self):
-        """The next group's indices as rows of one array where the order was drawn in bulk and
-        the batch size's plan is known (else None: ``_next_indices`` draws batch by batch)."""
+    def _full_batches(self) -> tuple:
+        """``(rows, plan)``: the next group's indices as rows of one array, where the order was
+        drawn in bulk and the batch size's plan is known (else ``(None, None)``: ``_next_indices``
+        draws batch by batch)."""
         if self._order_pass is None or self._held is not None or not self._plans:
-            return None
+            return None, None
         plan = self._plans.get(self._order_pass.batch_size)
-        return self._order_pass.full_batches(self._group_size(plan)) if plan is not None else None
+        if plan is None:
+            return None, None
+        return self._order_pass.full_batches(self._group_size(plan)), plan
 
     def _same_size(self, first, count: int) -> list:
         """``first`` and up to ``count - 1`` more batches of its size (one of another size, an
@@ -800,9 +803,7 @@ class NativePipeline:
             self._turns_over = True
         timeout = config.get("shutdown_timeout")
         settled = self.loop.stop(timeout, wait_for_copies)  # wakes the turn thread: it ends
-        thread = self._turn_thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        self._stop_turns()
         self.sync_stats()
         self._inflight.clear()
         if self._copy_route is not None:
