@@ -385,18 +385,20 @@ def test_a_kept_loop_survives_forked_workers_between_epochs():
 
 def test_no_python_runs_off_the_calling_thread_in_the_steady_state(arrays):
     """The point of the loop: the training thread is the only one executing Python while batches
-    flow. Negative control: the Python pipeline's fetch and stage threads do run Python."""
+    flow, but for the group turns' own thread where it is asked for (``turn_thread``, on by default
+    only for CUDA outputs). Negative control: the Python pipeline's fetch and stage threads do run
+    Python."""
     data = TensorDataset(torch.randn(2000, 32), torch.arange(2000))
 
-    def python_threads(native: str) -> set:
+    def python_threads(native: str, turn_thread="auto") -> set:
         seen: set = set()
         main = threading.get_ident()
 
-        def profile(frame, event, arg):
-            if threading.get_ident() != main:
+        def profile(frame, event, arg):  # threading's own frames: a thread's end reads as a Dummy one
+            if threading.get_ident() != main and frame.f_code.co_filename != threading.__file__:
                 seen.add(threading.current_thread().name)
 
-        with torch_fastload.config.override(native=native):
+        with torch_fastload.config.override(native=native, turn_thread=turn_thread):
             loader = DataLoader(data, batch_size=16, shuffle=True, device="cpu")
             threading.setprofile(profile)  # every thread started from now on (iter() starts any)
             try:
@@ -406,7 +408,9 @@ def test_no_python_runs_off_the_calling_thread_in_the_steady_state(arrays):
                 threading.setprofile(None)
         return seen
 
-    assert python_threads("auto") == set()
+    assert python_threads("auto") == set()  # host outputs: turns stay in next() unless asked
+    assert python_threads("auto", turn_thread=False) == set()
+    assert python_threads("auto", turn_thread=True) == {"fastload-turn"}
     assert any(name.startswith(("fastload-fetch", "fastload-stage")) for name in python_threads("off"))
 
 
@@ -1013,6 +1017,21 @@ def _on_threads(monkeypatch, name: str) -> list:
 
     monkeypatch.setattr(NativePipeline, name, spy)
     return threads
+
+
+def test_turn_thread_is_auto_by_default_and_takes_booleans(monkeypatch):
+    """'auto' (the default) turns it on only for CUDA outputs; 1/0 from the environment; a typo
+    is an error naming the option, not a silent default."""
+    from torch_fastload import config
+
+    monkeypatch.delenv("TORCH_FASTLOAD_TURN_THREAD", raising=False)
+    assert config.get("turn_thread") == "auto"
+    for text, value in (("1", True), ("off", False), ("AUTO", "auto")):
+        monkeypatch.setenv("TORCH_FASTLOAD_TURN_THREAD", text)
+        assert config.get("turn_thread") == value
+    monkeypatch.setenv("TORCH_FASTLOAD_TURN_THREAD", "sometimes")
+    with pytest.raises(ValueError, match="turn_thread"):
+        config.get("turn_thread")
 
 
 @pytest.mark.parametrize("turn_thread", [True, False])

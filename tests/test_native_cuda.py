@@ -77,10 +77,11 @@ def test_a_kept_loop_serves_every_epoch_and_hands_its_slots_on(width, blocks):
 @pytest.mark.parametrize("blocks", ["group", "batch"])
 @pytest.mark.parametrize("width", [4096, 1024])
 def test_the_turn_thread_allocates_on_the_copy_stream_and_every_epoch_equals_torch(width, blocks):
-    """config turn_thread: the groups' outputs allocated and submitted on the pipeline's thread
-    (its own current stream switched to the copy stream) while the training thread runs a step
-    that lets go of the GIL (a synchronize); every batch equals torch's over three epochs, each
-    read by a kernel on the training stream, and the thread took turns."""
+    """config turn_thread ('auto', the default, for CUDA outputs on the copy stream): the groups'
+    outputs allocated and submitted on the pipeline's thread (its own current stream switched to
+    the copy stream) while the training thread runs a step that lets go of the GIL (a
+    synchronize); every batch equals torch's over three epochs, each read by a kernel on the
+    training stream, and the thread took turns."""
     data = rows_dataset(n=600, width=width)
     kwargs = dict(batch_size=16, shuffle=True)
     theirs = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(6), **kwargs)
@@ -94,7 +95,7 @@ def test_the_turn_thread_allocates_on_the_copy_stream_and_every_epoch_equals_tor
 
     NativePipeline._submit_group = spy
     try:
-        with torch_fastload.config.override(output_blocks=blocks, turn_thread=True):
+        with torch_fastload.config.override(output_blocks=blocks, turn_thread="auto"):
             stream = torch.cuda.Stream()
             with torch.cuda.stream(stream):
                 for _ in range(3):
@@ -108,6 +109,21 @@ def test_the_turn_thread_allocates_on_the_copy_stream_and_every_epoch_equals_tor
     loader.close()
     assert turns.count("fastload-turn") > 5
     assert not [t for t in threading.enumerate() if t.name == "fastload-turn" and t.is_alive()]
+
+
+def test_outputs_allocated_on_the_consumer_stream_keep_their_turns_in_next():
+    """output_stream='consumer' allocates on the training thread's stream, which only next()
+    knows: 'auto' starts no turn thread there, and the epoch still equals torch's."""
+    data = rows_dataset(n=200)
+    kwargs = dict(batch_size=16, shuffle=True)
+    theirs = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(2), **kwargs)
+    with torch_fastload.config.override(output_stream="consumer", turn_thread="auto"):
+        loader = DataLoader(data, generator=torch.Generator().manual_seed(2), **kwargs)
+        it = iter(loader)
+        assert it._pipeline._turn_thread is None
+        for a, c in zip(it, theirs, strict=True):
+            assert torch.equal(a[0].cpu(), c[0]) and torch.equal(a[1].cpu(), c[1])
+    loader.close()
 
 
 @pytest.mark.parametrize("width", [4096, 12345])  # 16 KiB rows; 49,380-byte rows (not 16-byte multiples)

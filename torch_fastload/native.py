@@ -343,8 +343,7 @@ class NativePipeline:
             self.stats.set_io(str(io) if io is not None else "")
         LIVE_PIPELINES.add(self)
         self._fill(self._consumer_stream())
-        turns = config.get("turn_thread") and self._plans is not None
-        if turns and (not self.cuda or self.engine.output_stream == "copy") and not self._exhausted:
+        if self._wants_turn_thread() and not self._exhausted:
             self._turn_thread = threading.Thread(
                 target=_turn_loop,
                 args=(weakref.ref(self), self.loop, self.depth),
@@ -352,6 +351,16 @@ class NativePipeline:
                 daemon=True,
             )
             self._turn_thread.start()
+
+    def _wants_turn_thread(self) -> bool:
+        """config turn_thread: 'auto' for CUDA outputs allocated on the copy stream (the turns need
+        their own stream to run beside the training thread's), True for host outputs too."""
+        mode = config.get("turn_thread")
+        if self._plans is None or mode is False:
+            return False
+        if self.cuda:
+            return self.engine.output_stream == "copy"
+        return mode is True
 
     def _take_turn(self) -> bool:
         """The turn thread's group: allocate and submit until ``depth`` batches are in flight.
