@@ -6,7 +6,9 @@
 # new (this tree), wakeall (this tree with native.WAKE_ALL: the submit wakes every idle worker).
 # TESTS=1 runs the CUDA suite first; then each epoch's edges (epoch_edges.py) under old and new;
 # then the main job with its defaults, ROUNDS rounds in the order of MODES, reversed every other
-# round (the second run of a round reads higher).
+# round (the second run of a round reads higher); ROUNDS=0 skips it. BESIDE_ROUNDS (0) rounds of
+# beside_step.py --quick in each mode (BESIDE_ONLY its feeds, default the default-route rows;
+# BESIDE_ARGS more arguments), the same order.
 # From the repo root:
 #   bash benchmarks/gpu/wake_ab.sh   (with .gpu/old carried; at most 8 files under $OUT)
 set -uo pipefail; ONE_CALL=wake_ab
@@ -40,5 +42,17 @@ bench() {  # mode, json
 for k in $(seq 1 "$ROUNDS"); do  # even rounds reverse MODES: the second run of a round reads higher
   order=$MODES; [ $((k % 2)) = 0 ] && order=$(echo $MODES | tr ' ' '\n' | tac | tr '\n' ' ')
   for mode in $order; do bench "$mode" "$OUT/bench-$mode-$k.json"; done
+done
+beside() {  # mode: beside_step.py --quick (the GEMM step and the launch-bound thread) in that tree
+  local wrap="import sys, runpy, torch_fastload.native as n; n.WAKE_ALL = sys.argv[1] == 'wakeall'; "
+  wrap+="sys.argv = ['beside_step.py', *sys.argv[2:]]; runpy.run_path('benchmarks/beside_step.py', run_name='__main__')"
+  # shellcheck disable=SC2086
+  PYTHONPATH=$(tree_of "$1") timeout 150 python3 -c "$wrap" "$1" --quick --no-progress ${BESIDE_ARGS:-} \
+    --out "/tmp/beside-$1" --only "${BESIDE_ONLY:-default: auto}" 2>&1 | grep -E "^(PASS|FAIL)|^GEMM step|H2D beside|default: auto" \
+    | sed "s/^/$1: /"
+}
+for k in $(seq 1 "${BESIDE_ROUNDS:-0}"); do  # BESIDE_ROUNDS: GEMM and launch-bound rows, alternating
+  order=$MODES; [ $((k % 2)) = 0 ] && order=$(echo $MODES | tr ' ' '\n' | tac | tr '\n' ' ')
+  for mode in $order; do beside "$mode"; done
 done
 echo "done in $((SECONDS - S)) s"
