@@ -1036,11 +1036,13 @@ def test_turn_thread_is_auto_by_default_and_takes_booleans(monkeypatch):
 
 @pytest.mark.parametrize("turn_thread", [True, False])
 def test_the_turn_thread_takes_group_turns_and_every_epoch_equals_torch(turn_thread, monkeypatch):
-    """With ``turn_thread`` the groups' turns run on the pipeline's thread while the consumer
-    sleeps (a step's backward() lets go of the GIL so): each epoch equals torch's, batch for batch,
-    and its thread has ended by the epoch's end. Off: every turn runs in next()."""
+    """With ``turn_thread`` the groups' turns run on the loop's thread while the consumer
+    sleeps (a step's backward() lets go of the GIL so): each epoch equals torch's, batch for batch;
+    the one thread is parked with the loop between epochs and serves the next (no thread start at
+    an epoch's edge), and close() ends it. Off: every turn runs in next()."""
     data = TensorDataset(torch.arange(600) * 3, torch.arange(600))
     turns = _on_threads(monkeypatch, "_submit_group")
+    seen = set()
     with torch_fastload.config.override(turn_thread=turn_thread):
         loader = DataLoader(data, batch_size=8, shuffle=True, device="cpu")
         for epoch in range(3):
@@ -1050,10 +1052,40 @@ def test_the_turn_thread_takes_group_turns_and_every_epoch_equals_torch(turn_thr
                 ours.append(batch[0].tolist())
                 time.sleep(0.001)
             assert ours == _torch_order(data, 8, epoch)
-            assert not _turn_threads()  # ended with its epoch (the loop kept for the next)
+            seen.update(_turn_threads())
+        assert len(seen) == (1 if turn_thread else 0)  # one thread for every epoch, kept with the loop
         loader.close()
+    assert not _turn_threads()
     on_turn_thread = turns.count("fastload-turn")
-    assert on_turn_thread > 5 if turn_thread else on_turn_thread == 0
+    assert on_turn_thread > 15 if turn_thread else on_turn_thread == 0
+
+
+def test_the_turn_thread_stays_with_its_loop_and_ends_with_it():
+    """The loop's turn thread serves every epoch that adopts the loop (no thread started at an
+    epoch's edge); an epoch left midway stops its loop and the thread with it, and the next epoch
+    starts another; an epoch with turn_thread off ends the adopted one. Every epoch equals torch's."""
+    data = TensorDataset(torch.arange(400) * 3, torch.arange(400))
+    with torch_fastload.config.override(turn_thread=True):
+        loader = DataLoader(data, batch_size=8, shuffle=True, device="cpu")
+        torch.manual_seed(0)
+        assert [b[0].tolist() for b in loader] == _torch_order(data, 8, 0)
+        (first,) = _turn_threads()
+        torch.manual_seed(1)
+        it = iter(loader)
+        assert _turn_threads() == [first]  # the parked loop's thread, bound to this epoch
+        got = [next(it)[0].tolist() for _ in range(3)]
+        assert got == _torch_order(data, 8, 1)[:3]
+        it._shutdown_workers()  # left midway: the loop stops, its thread ends
+        assert not first.is_alive()
+        torch.manual_seed(2)
+        assert [b[0].tolist() for b in loader] == _torch_order(data, 8, 2)
+        (second,) = _turn_threads()
+        assert second is not first
+    with torch_fastload.config.override(turn_thread=False):
+        torch.manual_seed(3)
+        assert [b[0].tolist() for b in loader] == _torch_order(data, 8, 3)
+        assert not second.is_alive() and not _turn_threads()
+    loader.close()
 
 
 def test_a_turn_that_fails_on_the_turn_thread_is_raised_after_the_batches_before_it(monkeypatch):
