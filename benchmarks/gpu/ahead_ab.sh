@@ -14,7 +14,7 @@ d = json.load(open(sys.argv[1]))
 print("ahead", sys.argv[2], "; ".join(f"{k} n{v['n']} p50 {v['p50_us']:.1f} mean {v['mean_us']:.1f}" for k, v in d.items() if isinstance(v, dict)))
 PY
 done
-for k in $(seq 1 "$ROUNDS"); do for ahead in $AHEADS; do
+for k in $(seq 1 "$ROUNDS"); do for ahead in $(ab_order "$k" $AHEADS); do
   TORCH_FASTLOAD_ALLOCATE_AHEAD=$ahead timeout 60 python3 -m torch_fastload.bench --no-progress --repeats 3 --torch-workers 0 --json "$OUT/bench-a$ahead-$k.json" 2>&1 | grep -E "vs device-resident|input wait <=" | sed "s/^/ahead $ahead: /"
 done; done
 echo "done in $((SECONDS - S)) s"

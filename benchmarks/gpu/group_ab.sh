@@ -30,7 +30,7 @@ run() {  # name, tree, output_blocks, json
     | sed "s/^/$1: /"
 }
 for k in $(seq 1 "$ROUNDS"); do
-  for mode in $MODES; do
+  for mode in $(ab_order "$k" $MODES); do
     if [ "$mode" = old ]; then run old /tmp/old batch "$OUT/bench-old-$k.json"
     else run "$mode" "$PWD" "$mode" "$OUT/bench-$mode-$k.json"; fi
   done

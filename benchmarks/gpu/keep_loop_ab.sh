@@ -19,8 +19,7 @@ for keep in 1 0; do  # the device tool returns 8 files a call: one JSON a mode f
   echo "keep_loop=$keep:"; grep -E "^(fastload|resident)\.(iter|next)|^loop\.|^pipeline\.init" "/tmp/edges-keep$keep/log"
 done
 for k in $(seq 1 "$ROUNDS"); do  # which mode goes first alternates: the second run of a round reads higher
-  order="1 0"; [ $((k % 2)) = 0 ] && order="0 1"
-  for keep in $order; do
+  for keep in $(ab_order "$k" 1 0); do
   TORCH_FASTLOAD_KEEP_LOOP=$keep timeout 60 python3 -m torch_fastload.bench --no-progress --repeats 3 --torch-workers 0 \
     --json "$OUT/bench-keep$keep-$k.json" 2>&1 | grep -E "vs device-resident|input wait <=" | sed "s/^/keep_loop=$keep: /"
 done; done

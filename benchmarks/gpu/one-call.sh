@@ -9,3 +9,6 @@ S=$SECONDS
 nvidia-smi -L
 timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "built in $((SECONDS - S)) s"
+# The modes of an A/B's round k, reversed every other round (the second run of a round reads
+# higher, thirty-first session): for mode in $(ab_order "$k" $MODES); do ...
+ab_order() { local k=$1; shift; if [ $((k % 2)) = 0 ]; then printf '%s\n' "$@" | tac | tr '\n' ' '; else echo "$@"; fi; }

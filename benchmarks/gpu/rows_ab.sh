@@ -7,7 +7,7 @@
 set -uo pipefail
 ONE_CALL=rows_ab; source benchmarks/gpu/one-call.sh
 for k in $(seq 1 "${ROUNDS:-2}"); do
-  for rows in ${ROUTES:-auto gather kernel}; do
+  for rows in $(ab_order "$k" ${ROUTES:-auto gather kernel}); do
     echo "== memory_rows=$rows, round $k"
     TORCH_FASTLOAD_MEMORY_ROWS=$rows timeout 100 python3 -m torch_fastload.bench --no-progress --repeats 3 \
       --torch-workers 0 --json "$OUT/bench-$rows-$k.json" 2>&1 \

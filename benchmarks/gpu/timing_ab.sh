@@ -10,7 +10,7 @@ PAIRS=${1:-5}
 ONE_CALL=timing_ab; source benchmarks/gpu/one-call.sh
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_native_cuda.py 2>&1 | tail -2 | tee "$OUT/tests.log"
 for k in $(seq "$PAIRS"); do
-  for every in 1 16; do
+  for every in $(ab_order "$k" 1 16); do
     echo "== copy_timing_every=$every, pair $k"
     TORCH_FASTLOAD_COPY_TIMING_EVERY=$every timeout 100 python3 -m torch_fastload.bench --no-progress --repeats 3 \
       --torch-workers 0 --json "/tmp/bench-$every-$k.json" 2>&1 \
@@ -39,7 +39,7 @@ json.dump(summary, open("/tmp/bench-summary.json", "w"), indent=1)
 PY
 cp /tmp/bench-summary.json "$OUT/"
 for k in 1 2; do
-  for every in 1 16; do
+  for every in $(ab_order "$k" 1 16); do
     echo "== beside_step launch-bound, copy_timing_every=$every, run $k"
     TORCH_FASTLOAD_COPY_TIMING_EVERY=$every timeout 120 python3 benchmarks/beside_step.py --quick --launch-repeats 9 \
       --no-progress --out "/tmp/beside-$every-$k" --only "TensorDataset (C++" 2>&1 | grep -A9 "^launch-bound"

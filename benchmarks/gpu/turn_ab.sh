@@ -25,16 +25,14 @@ for turn in $([ "${EDGES:-1}" = 1 ] && echo 0 1); do
     | tee -a "$OUT/edges.txt"
 done
 for k in $(seq 1 "$ROUNDS"); do  # the order reverses every other round: the second run of a round reads higher
-  order="0 1"; [ $((k % 2)) = 0 ] && order="1 0"
-  for turn in $order; do
+  for turn in $(ab_order "$k" 0 1); do
     TORCH_FASTLOAD_TURN_THREAD=$turn timeout 60 python3 -m torch_fastload.bench --no-progress --repeats 3 \
       --torch-workers 0 --json "$OUT/bench-turn$turn-$k.json" 2>&1 | grep -E "vs device-resident|input wait <=" \
       | sed "s/^/turn_thread=$turn: /"
   done
 done
 for k in $(seq 1 "${BESIDE_ROUNDS:-1}"); do  # launch-bound rows; BESIDE_ARGS e.g. "--launch-repeats 9"
-  order="0 1"; [ $((k % 2)) = 0 ] && order="1 0"
-  for turn in $order; do
+  for turn in $(ab_order "$k" 0 1); do
     [ $((SECONDS - S)) -gt "${BESIDE_UNTIL_S:-480}" ] && { echo "beside round $k turn $turn skipped: out of time"; continue; }
     # shellcheck disable=SC2086
     TORCH_FASTLOAD_TURN_THREAD=$turn timeout 150 python3 benchmarks/beside_step.py --quick --no-progress ${BESIDE_ARGS:-} \

@@ -40,8 +40,7 @@ bench() {  # mode, json
     --json "$2" 2>&1 | grep -E "vs device-resident|input wait <=" | sed "s/^/$1: /"
 }
 for k in $(seq 1 "$ROUNDS"); do  # even rounds reverse MODES: the second run of a round reads higher
-  order=$MODES; [ $((k % 2)) = 0 ] && order=$(echo $MODES | tr ' ' '\n' | tac | tr '\n' ' ')
-  for mode in $order; do bench "$mode" "$OUT/bench-$mode-$k.json"; done
+  for mode in $(ab_order "$k" $MODES); do bench "$mode" "$OUT/bench-$mode-$k.json"; done
 done
 beside() {  # mode: beside_step.py --quick (the GEMM step and the launch-bound thread) in that tree
   local wrap="import sys, runpy, torch_fastload.native as n; n.WAKE_ALL = sys.argv[1] == 'wakeall'; "
@@ -52,7 +51,6 @@ beside() {  # mode: beside_step.py --quick (the GEMM step and the launch-bound t
     | sed "s/^/$1: /"
 }
 for k in $(seq 1 "${BESIDE_ROUNDS:-0}"); do  # BESIDE_ROUNDS: GEMM and launch-bound rows, alternating
-  order=$MODES; [ $((k % 2)) = 0 ] && order=$(echo $MODES | tr ' ' '\n' | tac | tr '\n' ' ')
-  for mode in $order; do beside "$mode"; done
+  for mode in $(ab_order "$k" $MODES); do beside "$mode"; done
 done
 echo "done in $((SECONDS - S)) s"
