@@ -161,14 +161,27 @@ def time_steps(batches, step, steps: int, warmup: int = 40) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def endless(make, paths: list | None = None):
+def endless(make, paths: list | None = None, edges: list | None = None):
     """Batches of one loader, epoch after epoch (as a training run reuses its loader); its
-    ``stats().path`` (the routes it chose) is appended to ``paths`` after each epoch."""
+    ``stats().path`` (the routes it chose) is appended to ``paths`` after each epoch, and the
+    seconds of each epoch's edge to ``edges``: the next() that ends an epoch, iter() and the
+    next epoch's first next(), what the training thread pays there instead of one next()."""
     loader = make()
+    it = iter(loader)
     while True:
-        yield from loader
-        if paths is not None and hasattr(loader, "stats"):
-            paths.append(loader.stats().path)
+        asked = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            ended = time.perf_counter()
+            if paths is not None and hasattr(loader, "stats"):
+                paths.append(loader.stats().path)
+            asked_again = time.perf_counter()  # the stats' own time is not the edge's
+            it = iter(loader)
+            batch = next(it)
+            if edges is not None:
+                edges.append(ended - asked + time.perf_counter() - asked_again)
+        yield batch
 
 
 def study_gemm(data, args, device) -> dict:
@@ -204,13 +217,16 @@ def study_gemm(data, args, device) -> dict:
             yield resident[i % 8]
 
     routes: dict = {}  # feed -> the loader's stats().path after each epoch (its routes)
+    edges: dict = {}  # feed -> seconds of each epoch's edge on the training thread
     rows, ratios = {}, {}
     name = "device-resident + a batch H2D beside"
     rows[name], ratios[name] = paired(resident_with_link_busy)
     for name, make in selected(feeds(data, args.batch_size, device), args.only).items():
-        routes[name] = []
-        rows[name], ratios[name] = paired(lambda make=make, name=name: endless(make, routes[name]))
-        log(f"  {name}: {statistics.median(rows[name]) * 1e3:.2f} ms/step ({statistics.median(ratios[name]):.3f}x)")
+        routes[name], edges[name] = [], []
+        rows[name], ratios[name] = paired(lambda make=make, name=name: endless(make, routes[name], edges[name]))
+        edge = f"; an epoch's edge {statistics.median(edges[name]) * 1e3:.2f} ms" if edges[name] else ""
+        step_ms = statistics.median(rows[name]) * 1e3
+        log(f"  {name}: {step_ms:.2f} ms/step ({statistics.median(ratios[name]):.3f}x){edge}")
     rows = {"device-resident": baseline, **rows}
     return {
         "transfer_ms": transfer * 1e3,
@@ -219,6 +235,8 @@ def study_gemm(data, args, device) -> dict:
         "pair_ratios": ratios,
         "ratio": {"device-resident": 1.0, **{k: statistics.median(v) for k, v in ratios.items()}},
         "routes": {k: sorted(set(v)) for k, v in routes.items()},
+        "edge_ms": {k: statistics.median(v) * 1e3 for k, v in edges.items() if v},
+        "batches_per_epoch": len(data["tensor"]) // args.batch_size,
     }
 
 
@@ -375,17 +393,19 @@ def gemm_table(gemm: dict) -> str:
             f"{statistics.median(v):.2f}",
             spread(v),
             f"{gemm['ratio'][k]:.3f}x",
+            f"{gemm['edge_ms'][k]:.2f}" if k in gemm.get("edge_ms", {}) else "-",
             chosen_routes(gemm.get("routes", {}).get(k)),
         ]
         for k, v in gemm["runs_ms"].items()
     ]
     base = statistics.median(gemm["runs_ms"]["device-resident"])
     return table(
-        ["feed", "step ms (median)", "spread", "vs device-resident", "route"],
+        ["feed", "step ms (median)", "spread", "vs device-resident", "epoch edge ms", "route"],
         rows,
         title=f"GEMM step ({gemm['step_ms']:.2f} ms of GEMMs, batch transfer {gemm['transfer_ms']:.2f} ms) beside "
         f"each loader (device-resident {base:.2f} ms; each run's ratio to a resident run just before it, "
-        "the median of those)",
+        f"the median of those; epoch edge: the training thread's time from the next() that ends an epoch "
+        f"to the next epoch's first batch, every {gemm.get('batches_per_epoch', '?')} batches)",
     )
 
 

@@ -461,3 +461,21 @@ def test_main_job_judges_the_resident_floor_on_the_rounds_median(capsys):
     out = capsys.readouterr().out
     assert "round by round" in out and "PASS" not in out and "FAIL" not in out
     assert bench.against_resident(runs([1.0], [1.0], 0.0)[:1]) is None  # no resident run: no comparison
+
+
+def test_beside_steps_endless_feed_times_each_epochs_edge_and_notes_its_routes():
+    """beside_step.py's feed: epoch after epoch of one loader, every batch in order, one edge
+    timed per epoch boundary crossed (the next() that ends an epoch, iter(), the first next()),
+    and the loader's routes noted after each epoch."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from torch_fastload import DataLoader
+
+    bench = _benchmark_module("beside_step.py")
+    paths, edges = [], []
+    feed = bench.endless(lambda: DataLoader(TensorDataset(torch.arange(12)), batch_size=4, device="cpu"), paths, edges)
+    got = [next(feed)[0].tolist() for _ in range(10)]
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]] * 3 + [[0, 1, 2, 3]]
+    assert len(edges) == 3 and all(0 < e < 5 for e in edges)
+    assert len(paths) == 3 and all("native loop" in p for p in paths)
