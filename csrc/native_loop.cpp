@@ -159,6 +159,7 @@ std::vector<int64_t> NativeLoop::submit_group(int64_t first_position, const std:
                                      std::to_string(fields) + " output buffers, got " + std::to_string(indices.size()) +
                                      " and " + std::to_string(outs.size()));
   const size_t n = indices.size() / static_cast<size_t>(count);
+  if (cfg_.debug_submit_pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(cfg_.debug_submit_pause_us));
   std::vector<int64_t> totals(static_cast<size_t>(count), -1);
   bool wake = false;
   try {

@@ -76,6 +76,7 @@ struct LoopConfig {
   // chained wake, where it wakes one and each worker taking a batch wakes the next).
   bool wake_all = false;
   bool debug_no_pass_on = false;  // tests only, the control: one worker woken a group, none passing on
+  int debug_submit_pause_us = 0;  // tests only: each submit_group first sleeps this long (a slow submit)
   bool debug_old_idle_wait = false;  // tests only, the control: idle workers wake on a notify alone and
                                      // stop() raises its flag without mu_ (the loop before the fix)
   // One batch in this many has its H2D copies timed by a pair of CUDA events (0: none). Each

@@ -724,6 +724,38 @@ def test_a_group_submit_with_pitches_writes_each_batch_at_its_pitch_in_each_bloc
     assert small[:, :3].flatten().tolist() == (order + 100).tolist() and small[:, 3:].eq(-1).all()
 
 
+def test_a_group_submit_lets_other_python_threads_run():
+    """The C++ submit of a group runs without the GIL: where the turn thread submits, the
+    training thread goes on with its step meanwhile. A submit held 200 ms in C++
+    (debug_submit_pause_us): a Python thread woken just before it runs while it is still held.
+    Holding the GIL, that thread would run only once the call returned (checked: without the
+    release it ran after)."""
+    values = torch.arange(16, dtype=torch.int64)
+    loop = host_loop([(0, 16, 8, values.data_ptr(), -1, 0, 0, "index {} is out", False)], debug_submit_pause_us=200_000)
+    outs = [torch.zeros(2, dtype=torch.int64) for _ in range(2)]
+    woken, ran_at = threading.Event(), []
+
+    def other_python():
+        woken.wait()
+        ran_at.append(time.perf_counter())
+
+    other = threading.Thread(target=other_python)
+    other.start()
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)  # no forced switch: the thread runs only where the GIL is let go
+    try:
+        woken.set()
+        assert loop.submit_group(0, np.array([1, 2, 3, 4]), 2, [t.data_ptr() for t in outs], [16]) == [16, 16]
+        returned = time.perf_counter()
+    finally:
+        sys.setswitchinterval(old_interval)
+        other.join()
+    assert ran_at[0] < returned - 0.1
+    assert loop.take(0, 0, 5.0) and loop.take(1, 0, 5.0)
+    assert outs[0].tolist() == [1, 2] and outs[1].tolist() == [3, 4]
+    assert loop.stop(1.0, True)
+
+
 @pytest.mark.parametrize("pass_on", [True, False])
 def test_a_group_wakes_one_worker_and_each_worker_wakes_the_next(pass_on):
     """A group's submit wakes one idle worker (a futex wake costs the training thread, the
