@@ -365,7 +365,8 @@ class NativePipeline:
 
     def _take_turn(self) -> bool:
         """The turn thread's group: allocate and submit until ``depth`` batches are in flight.
-        False once the epoch has no more (or the pipeline stops): the thread then ends."""
+        False once the epoch has no more (or the pipeline stops): the thread then waits for the
+        next epoch's pipeline."""
         with self._turn_lock:
             if self._turns_over or self.stop.is_set() or self._exhausted or self._fatal is not None:
                 return False
@@ -806,8 +807,7 @@ class NativePipeline:
                 return
             self.finished = True
         self.stop.set()
-        with self._turn_lock:  # a turn in progress submits its group first; none starts after
-            self._turns_over = True
+        self._stop_turns()  # a turn in progress submits its group first; none starts after
         timeout = config.get("shutdown_timeout")
         settled = self.loop.stop(timeout, wait_for_copies)  # wakes a turn thread in wait_below
         if self._turns is not None:  # and one parked on its condition (between this epoch's turns)
@@ -900,15 +900,13 @@ class _TurnWorker:
             if self._bound is not None and self._bound[0]() in (pipeline, None):
                 self._bound = None
 
-    def close(self, timeout: float | None) -> bool:
-        """End the thread (its loop is stopped or being parked for good); True once it has."""
+    def close(self, timeout: float | None) -> None:
+        """End the thread (its loop is stopped or being parked for good)."""
         with self._changed:
             self._closed, self._bound = True, None
             self._changed.notify()
-        if self.thread is threading.current_thread():  # a finalizer run on the turn thread itself
-            return False
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
+        if self.thread is not threading.current_thread():  # else a finalizer run on the turn thread itself
+            self.thread.join(timeout)
 
     def _run(self) -> None:
         while True:
