@@ -120,7 +120,7 @@ def test_outputs_allocated_on_the_consumer_stream_keep_their_turns_in_next():
     with torch_fastload.config.override(output_stream="consumer", turn_thread="auto"):
         loader = DataLoader(data, generator=torch.Generator().manual_seed(2), **kwargs)
         it = iter(loader)
-        assert it._pipeline._turn_thread is None
+        assert it._pipeline._turns is None
         for a, c in zip(it, theirs, strict=True):
             assert torch.equal(a[0].cpu(), c[0]) and torch.equal(a[1].cpu(), c[1])
     loader.close()
