@@ -479,3 +479,46 @@ def test_beside_steps_endless_feed_times_each_epochs_edge_and_notes_its_routes()
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]] * 3 + [[0, 1, 2, 3]]
     assert len(edges) == 3 and all(0 < e < 5 for e in edges)
     assert len(paths) == 3 and all("native loop" in p for p in paths)
+
+
+def test_edge_gpu_gaps_feed_numbers_epochs_and_times_each_edge():
+    """benchmarks/gpu/edge_gpu_gap.py's feed: a reused loader's batches numbered by epoch, the
+    host's edge timed only on an epoch's first batch after the first epoch; resident batches
+    cycled and cut into epochs of the loader's length."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from torch_fastload import DataLoader
+
+    gap = _benchmark_module("gpu/edge_gpu_gap.py")
+    feed = gap.epochs_of(lambda: DataLoader(TensorDataset(torch.arange(12)), batch_size=4, device="cpu"), 3, None)
+    got = [next(feed) for _ in range(9)]
+    assert [e for e, _, _ in got] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [b[0].tolist() for _, b, _ in got] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]] * 3
+    assert [edge > 0 for _, _, edge in got] == [False, False, False, True, False, False, True, False, False]
+    resident = gap.epochs_of(None, 2, ["a", "b", "c"])
+    assert [next(resident)[:2] for _ in range(5)] == [(0, "a"), (0, "b"), (1, "c"), (1, "a"), (2, "b")]
+
+
+@pytest.mark.cuda
+def test_edge_gpu_gap_measures_every_feed(tmp_path):
+    """The study end to end on the GPU, tiny: one run a feed, gaps measured, allocator counted."""
+    script = REPO / "benchmarks" / "gpu" / "edge_gpu_gap.py"
+    cmd = [sys.executable, str(script), "--data-gib", "0.05", "--batch-size", "32", "--epochs", "3", "--rounds", "1"]
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    res = subprocess.run(cmd, cwd=str(tmp_path), capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, f"stdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
+    data = json.loads((tmp_path / "edge-gpu-gap.json").read_text())
+    assert [r["feed"] for r in data["runs"]] == ["device-resident", *_benchmark_module("gpu/edge_gpu_gap.py").FEEDS]
+    for run in data["runs"]:
+        assert run["gap_within_ms"]["median"] >= 0 and len(run["gap_at_edge_ms"]["all"]) == 2
+        assert set(run["allocator_per_epoch"]) == {
+            "num_device_alloc",
+            "num_device_free",
+            "num_alloc_retries",
+            "num_sync_all_streams",
+        }
