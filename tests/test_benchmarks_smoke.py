@@ -500,6 +500,17 @@ def test_edge_gpu_gaps_feed_numbers_epochs_and_times_each_edge():
     assert [next(resident)[:2] for _ in range(5)] == [(0, "a"), (0, "b"), (1, "c"), (1, "a"), (2, "b")]
 
 
+def test_edge_gpu_gap_says_it_needs_a_gpu(tmp_path):
+    """Without CUDA the study exits 2 and says why (no traceback)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the CUDA test below runs the study")
+    script = REPO / "benchmarks" / "gpu" / "edge_gpu_gap.py"
+    res = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "needs a CUDA GPU" in res.stderr and "Traceback" not in res.stderr
+
+
 @pytest.mark.cuda
 def test_edge_gpu_gap_measures_every_feed(tmp_path):
     """The study end to end on the GPU, tiny: one run a feed, gaps measured, allocator counted."""

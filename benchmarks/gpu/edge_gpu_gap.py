@@ -116,6 +116,9 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=12, help="timed epochs a run")
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("edge_gpu_gap.py times the GPU's idle gaps: it needs a CUDA GPU", file=sys.stderr)
+        return 2
     device = torch.device("cuda")
     row_bytes = args.row_kib * 1024
     rows = int(args.data_gib * (1 << 30)) // row_bytes
