@@ -198,7 +198,8 @@ class PinnedPool:
             # rather than hand the DMA engine freed memory.
             _LEAKED_ON_TIMEOUT.append(self._memory)
             warnings.warn(
-                f"{self!r}: copies still in flight after {timeout} s; the pool is leaked instead of freed",
+                f"{self!r}: copies still in flight after {timeout} s ({self._outstanding()}); the pool is "
+                "leaked instead of freed",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -208,6 +209,15 @@ class PinnedPool:
         self.slots = []
         self._free.clear()
         self._memory = None
+
+    def _outstanding(self) -> str:
+        """What keeps the pool busy, for the leak warning: slots never given back (a user of the
+        pool that did not finish) or given back with a copy out of them still running."""
+        with self._cond:
+            free = list(self._free)
+        out = sorted(s.index for s in self.slots if all(s is not f for f in free))
+        running = sorted(s.index for s in free if s.free_after is not None and not s.free_after.query())
+        return f"slots not given back: {out or 'none'}; slots whose copy has not finished: {running or 'none'}"
 
     def _unregister(self) -> None:
         if self._registered_ptr is not None:
