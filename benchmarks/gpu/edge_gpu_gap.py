@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Issue 17: where the GPU waits at an epoch's edge (GPU host). beside_step.py's quick GEMM row
-costs TensorDataset ~1.5-2.2 ms of step time an epoch and ArrayDataset (mapped) <= 0.3 ms, at the
+costs TensorDataset ~1.6-2.4 ms of step time an epoch and ArrayDataset (mapped) <= 0.4 ms, at the
 same route (copy engines) and host edges within 0.5 ms of each other (thirty-third session).
 This times, with CUDA events on the training stream, the GPU's idle gap before each step
 (its start event after the previous step's end event): inside an epoch and at its first step,
@@ -34,27 +34,31 @@ FEEDS = ("TensorDataset (C++ loop, default: auto)", "ArrayDataset mapped (defaul
 
 
 def epochs_of(make, batches_per_epoch: int, resident: list | None):
-    """(epoch, batch) for each batch, the loader reused epoch after epoch; for ``resident``,
-    its batches cycled and numbered into epochs of the loader's length. Also yields the host's
-    edge seconds (the next() that ends an epoch, iter() and the first next()) as ``edge``."""
+    """``(epoch, batch, edge)`` for each batch of ``make()``'s loader, reused epoch after epoch
+    (closed when the generator is), ``edge`` the host's seconds from the next() that ended the
+    epoch to the next epoch's first batch (0 elsewhere); for ``resident``, its batches cycled
+    and numbered into epochs of the loader's length."""
     if resident is not None:
         i = 0
         while True:
             yield i // batches_per_epoch, resident[i % len(resident)], 0.0
             i += 1
     loader = make()
-    epoch, it = 0, iter(loader)
-    while True:
-        asked = time.perf_counter()
-        try:
-            batch = next(it)
-            edge = 0.0
-        except StopIteration:
-            epoch += 1
-            it = iter(loader)
-            batch = next(it)
-            edge = time.perf_counter() - asked
-        yield epoch, batch, edge
+    try:
+        epoch, it = 0, iter(loader)
+        while True:
+            asked = time.perf_counter()
+            try:
+                batch = next(it)
+                edge = 0.0
+            except StopIteration:
+                epoch += 1
+                it = iter(loader)
+                batch = next(it)
+                edge = time.perf_counter() - asked
+            yield epoch, batch, edge
+    finally:
+        loader.close()
 
 
 def run(make, step, batches_per_epoch: int, epochs: int, warmup_epochs: int, resident=None) -> dict:
@@ -81,7 +85,7 @@ def run(make, step, batches_per_epoch: int, epochs: int, warmup_epochs: int, res
             marks.append((epoch, start, end))
         window.step_done()
     window.drain()
-    del source
+    source.close()
     within, at_edge, steps = [], [], []
     for (e0, _, end0), (e1, start1, end1) in zip(marks, marks[1:]):
         (at_edge if e1 != e0 else within).append(end0.elapsed_time(start1))
