@@ -19,6 +19,7 @@ import pstats
 import time
 
 import torch
+from _timed import wrap_timed
 
 import torch_fastload
 import torch_fastload.loader as L
@@ -30,16 +31,7 @@ mode = ["?"]
 
 
 def timed(obj, name, key):
-    f = getattr(obj, name)
-
-    def w(*a, **k):
-        t = time.perf_counter()
-        try:
-            return f(*a, **k)
-        finally:
-            acc[mode[0]][key].append(time.perf_counter() - t)
-
-    setattr(obj, name, w)
+    wrap_timed(obj, name, lambda seconds: acc[mode[0]][key].append(seconds))
 
 
 def main() -> None:

@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+from _timed import wrap_timed
+
 import torch_fastload.bench as B
 import torch_fastload.loader as L
 import torch_fastload.native as N
@@ -24,16 +26,7 @@ acc = collections.defaultdict(list)
 
 
 def timed(obj, name, key):
-    f = getattr(obj, name)
-
-    def w(*a, **k):
-        t = time.perf_counter()
-        try:
-            return f(*a, **k)
-        finally:
-            acc[key].append(time.perf_counter() - t)
-
-    setattr(obj, name, w)
+    wrap_timed(obj, name, lambda seconds: acc[key].append(seconds))
 
 
 timed(L.DataLoader, "__iter__", "fastload.iter")
