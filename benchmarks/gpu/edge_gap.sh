@@ -19,7 +19,7 @@ for variant in $VARIANTS; do
   settings=(); [ "$variant" = default ] || settings=("$variant")
   echo "== $variant"
   env "${settings[@]}" OUT="/tmp/gap-$name" timeout 150 python3 benchmarks/gpu/edge_gpu_gap.py --data-gib "${GIB:-0.5}" \
-    --rounds "${ROUNDS:-2}" 2>&1 | tail -7
+    --rounds "${ROUNDS:-2}" 2>&1 | tail -13
   cp "/tmp/gap-$name/edge-gpu-gap.json" "$OUT/gap-$name.json" 2>/dev/null
 done
 echo "done in $((SECONDS - S)) s"

@@ -33,11 +33,12 @@ ALLOCATOR_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "n
 FEEDS = ("TensorDataset (C++ loop, default: auto)", "ArrayDataset mapped (default: auto)")
 
 
-def epochs_of(make, batches_per_epoch: int, resident: list | None):
+def epochs_of(make, batches_per_epoch: int, resident: list | None, paths: list | None = None):
     """``(epoch, batch, edge)`` for each batch of ``make()``'s loader, reused epoch after epoch
     (closed when the generator is), ``edge`` the host's seconds from the next() that ended the
     epoch to the next epoch's first batch (0 elsewhere); for ``resident``, its batches cycled
-    and numbered into epochs of the loader's length."""
+    and numbered into epochs of the loader's length. ``paths`` gets the loader's path (its route)
+    at the end."""
     if resident is not None:
         i = 0
         while True:
@@ -58,14 +59,17 @@ def epochs_of(make, batches_per_epoch: int, resident: list | None):
                 edge = time.perf_counter() - asked
             yield epoch, batch, edge
     finally:
+        if paths is not None:
+            paths.append(loader.stats().path)
         loader.close()
 
 
 def run(make, step, batches_per_epoch: int, epochs: int, warmup_epochs: int, resident=None) -> dict:
     window = InflightWindow(torch.device("cuda"), 2)
     marks, edges, counters = [], [], []
-    source = epochs_of(make, batches_per_epoch, resident)
-    last_epoch = -1
+    paths: list[str] = []
+    source = epochs_of(make, batches_per_epoch, resident, paths)
+    last_epoch, position = -1, 0
     for epoch, batch, edge in source:
         if epoch >= warmup_epochs + epochs:
             break
@@ -76,25 +80,34 @@ def run(make, step, batches_per_epoch: int, epochs: int, warmup_epochs: int, res
                 counters.append({k: stats.get(k, 0) for k in ALLOCATOR_KEYS})
                 if edge:
                     edges.append(edge)
-            last_epoch = epoch
+            last_epoch, position = epoch, 0
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         step(first_field(batch))
         end.record()
         if timed:
-            marks.append((epoch, start, end))
+            marks.append((epoch, position, start, end))
+        position += 1
         window.step_done()
     window.drain()
     source.close()
     within, at_edge, steps = [], [], []
-    for (e0, _, end0), (e1, start1, end1) in zip(marks, marks[1:]):
-        (at_edge if e1 != e0 else within).append(end0.elapsed_time(start1))
+    by_position: dict[int, list[float]] = {}
+    epoch_starts = [start for _, position, start, _ in marks if position == 0]
+    for (e0, _, _, end0), (e1, position, start1, end1) in zip(marks, marks[1:]):
+        gap = end0.elapsed_time(start1)
+        (at_edge if e1 != e0 else within).append(gap)
+        by_position.setdefault(position, []).append(gap)
         steps.append(start1.elapsed_time(end1))
+    epoch_ms = [a.elapsed_time(b) for a, b in zip(epoch_starts, epoch_starts[1:])]
     per_epoch = [{k: b[k] - a[k] for k in ALLOCATOR_KEYS} for a, b in zip(counters, counters[1:])]
     return {
         "gap_within_ms": {"median": statistics.median(within), "mean": statistics.fmean(within)},
         "gap_at_edge_ms": {"median": statistics.median(at_edge), "mean": statistics.fmean(at_edge), "all": at_edge},
+        "gap_by_position_ms": {p: statistics.fmean(g) for p, g in sorted(by_position.items())},
         "step_ms_median": statistics.median(steps),
+        "path": paths[0] if paths else "",
+        "epoch_ms_median": statistics.median(epoch_ms),
         "host_edge_ms_median": statistics.median(edges) * 1e3 if edges else 0.0,
         "allocator_per_epoch": {k: statistics.fmean(p[k] for p in per_epoch) for k in ALLOCATOR_KEYS}
         if per_epoch
@@ -105,7 +118,9 @@ def run(make, step, batches_per_epoch: int, epochs: int, warmup_epochs: int, res
 def describe(res: dict) -> str:
     within, edge = res["gap_within_ms"], res["gap_at_edge_ms"]
     alloc = ", ".join(f"{key.removeprefix('num_')} {v:.1f}" for key, v in res["allocator_per_epoch"].items())
+    by_position = " ".join(f"{g:.2f}" for g in res["gap_by_position_ms"].values())
     return (
+        f"epoch {res['epoch_ms_median']:.2f} ms, mean gap by position {by_position}; "
         f"gap within {within['median']:.3f} ms (mean {within['mean']:.3f}), at the edge {edge['median']:.3f} "
         f"(mean {edge['mean']:.3f}); step {res['step_ms_median']:.3f}; host edge {res['host_edge_ms_median']:.2f} ms; "
         f"an epoch: {alloc}"
@@ -119,7 +134,16 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=12, help="timed epochs a run")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument(
+        "--unordered-copies",
+        action="store_true",
+        help="the control: the loop's workers enqueue copies as they get there (native.ORDERED_COPIES off)",
+    )
     args = p.parse_args()
+    if args.unordered_copies:
+        import torch_fastload.native
+
+        torch_fastload.native.ORDERED_COPIES = False
     if not torch.cuda.is_available():
         print("edge_gpu_gap.py times the GPU's idle gaps: it needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -150,6 +174,8 @@ def main() -> int:
                 res.update(feed=name, round=round_)
                 out["runs"].append(res)
                 print(f"{name:42s} {describe(res)}", flush=True)
+                if res["path"]:
+                    print(f"  path: {res['path']}", flush=True)
     with open(os.path.join(os.environ.get("OUT", "."), "edge-gpu-gap.json"), "w") as f:
         json.dump(out, f, indent=1)
     return 0
