@@ -60,6 +60,9 @@ NativeLoop::NativeLoop(LoopConfig cfg) : cfg_(std::move(cfg)) {
       free_slots_.push_back(i);
     }
   }
+  // A worker waiting for its turn holds a slot: with fewer slots than workers, the turn's holder
+  // could wait for a slot that only a later turn gives back.
+  ordered_ = cfg_.ordered_copies && cfg_.cuda && (slots_.empty() || slots_.size() >= size_t(cfg_.workers));
   for (int i = 0; i < cfg_.workers; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
@@ -315,6 +318,8 @@ void NativeLoop::worker_loop() {
       if (stopping_.load()) return;
       job = &jobs_.at(queue_.front());  // std::map: the reference stays valid while other jobs come and go
       queue_.pop_front();
+      job->turn = ordered_ ? next_turn_++ : -1;
+      job->turn_over = false;
       pass_on = !queue_.empty() && idle_workers_ > 0 && !cfg_.wake_all && !cfg_.debug_no_pass_on;
     }
     if (pass_on && !cfg_.debug_lose_wakeups) work_cv_.notify_one();  // the next batch's worker
@@ -324,6 +329,7 @@ void NativeLoop::worker_loop() {
     } catch (...) {
       error = std::current_exception();
     }
+    end_turn(*job);  // failed or stopped before its copies too: the later batches' go on
     {
       std::lock_guard<std::mutex> lock(mu_);
       job->error = error;
@@ -331,6 +337,28 @@ void NativeLoop::worker_loop() {
     }
     done_cv_.notify_all();
   }
+}
+
+bool NativeLoop::begin_copies(const Job& job) {
+  std::unique_lock<std::mutex> lock(turn_mu_);
+  while (job.turn >= 0 && serving_ != job.turn) {
+    if (stopping_.load()) return false;
+    turn_cv_.wait_for(lock, std::chrono::milliseconds(1));
+  }
+  if (job.position < last_enqueued_) ++late_copies_;
+  last_enqueued_ = std::max(last_enqueued_, job.position);
+  return true;
+}
+
+void NativeLoop::end_turn(Job& job) {
+  if (job.turn < 0 || job.turn_over) return;
+  job.turn_over = true;
+  {
+    std::lock_guard<std::mutex> lock(turn_mu_);
+    turns_done_.insert(job.turn);
+    while (!turns_done_.empty() && *turns_done_.begin() == serving_) turns_done_.erase(turns_done_.begin()), ++serving_;
+  }
+  turn_cv_.notify_all();
 }
 
 void NativeLoop::run(Job& job) {
@@ -437,20 +465,6 @@ void NativeLoop::run_cuda(Job& job) {
   const auto& cu = cuda::api();
   const auto stream = reinterpret_cast<cuda::Stream>(cfg_.stream);
   const auto out = static_cast<cuda::DevicePtr>(job.out);
-  // The output was allocated on its own stream (the consumer's) at start; the copy stream waits
-  // for that stream's work up to then (the event start() recorded), before this batch waits for
-  // a slot. Recorded here instead, the event would also cover steps enqueued meanwhile, and the
-  // copy would queue behind the very step it should overlap.
-  if (job.allocated != nullptr) {
-    const cuda::Result w =
-        cfg_.unsafe_skip_allocation_wait ? cuda::kSuccess : cu.stream_wait_event(stream, job.allocated, 0);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      recycle(job.allocated, false);  // the wait captured it: it may be recorded again
-      job.allocated = nullptr;
-    }
-    cuda::check(w, "cuStreamWaitEvent (the copy stream on the output's stream)");
-  }
   // The in-memory parts (rows, record offsets) are packed into one pinned slot.
   struct HostPart {
     int64_t slot_at, out_at, bytes;
@@ -506,6 +520,25 @@ void NativeLoop::run_cuda(Job& job) {
     throw;
   }
   const double staged = since(t0);
+  if (!begin_copies(job)) {  // stopping
+    release_slot(slot, nullptr);
+    return;
+  }
+  // The output was allocated on its own stream (the consumer's) at start; the copy stream waits
+  // for that stream's work up to then (the event start() recorded). Recorded here instead, the
+  // event would also cover steps enqueued meanwhile, and the copy would queue behind the very
+  // step it should overlap.
+  if (job.allocated != nullptr) {
+    const cuda::Result w =
+        cfg_.unsafe_skip_allocation_wait ? cuda::kSuccess : cu.stream_wait_event(stream, job.allocated, 0);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      recycle(job.allocated, false);  // the wait captured it: it may be recorded again
+      job.allocated = nullptr;
+    }
+    if (w != cuda::kSuccess) release_slot(slot, nullptr);  // nothing was enqueued to read it
+    cuda::check(w, "cuStreamWaitEvent (the copy stream on the output's stream)");
+  }
   job.ready = make_event(false);
   const int every = cfg_.copy_timing_every;
   if (every > 0 && copy_batches_.fetch_add(1) % every == 0) {
@@ -570,6 +603,7 @@ std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, Ranges& r) {
     if (cfg_.ring == nullptr)
       throw Error(Error::kInvalid, "a file of batch " + std::to_string(job.position) + " is neither mapped nor readable "
                                                                                      "through a ring");
+    end_turn(job);  // the ring's reads wait for the disk: the later batches' copies need not wait for them
     from_ring = cfg_.ring->read(ringed, cfg_.stream);
   }
   return {from_mapped, from_ring};
@@ -792,6 +826,7 @@ bool NativeLoop::stop(double timeout_s, bool wait_for_copies) {
   work_cv_.notify_all();
   slot_cv_.notify_all();
   low_cv_.notify_all();
+  turn_cv_.notify_all();
   for (std::thread& t : workers_) {
     if (!t.joinable()) continue;
     // Workers finish the job in hand (bounded by its reads) and then see the flag.
@@ -813,9 +848,15 @@ bool NativeLoop::stop(double timeout_s, bool wait_for_copies) {
 }
 
 LoopStats NativeLoop::stats() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (cfg_.cuda) harvest_timings(false);
-  return stats_;
+  LoopStats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cfg_.cuda) harvest_timings(false);
+    s = stats_;
+  }
+  std::lock_guard<std::mutex> lock(turn_mu_);
+  s.late_copies = late_copies_;
+  return s;
 }
 
 }  // namespace tfl

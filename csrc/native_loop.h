@@ -19,6 +19,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -76,6 +77,10 @@ struct LoopConfig {
   // chained wake, where it wakes one and each worker taking a batch wakes the next).
   bool wake_all = false;
   bool debug_no_pass_on = false;  // tests only, the control: one worker woken a group, none passing on
+  // A batch's copies enter the copy stream after those of every batch started before it (a CUDA
+  // loop with at least a slot a worker, or none): its one stream runs them in that order, so the
+  // batch next() waits for is never queued behind later ones. Tests' and benchmarks' control: false.
+  bool ordered_copies = true;
   int debug_submit_pause_us = 0;  // tests only: each submit_group first sleeps this long (a slow submit)
   bool debug_old_idle_wait = false;  // tests only, the control: idle workers wake on a notify alone and
                                      // stop() raises its flag without mu_ (the loop before the fix)
@@ -92,6 +97,7 @@ struct LoopStats {
   int64_t timed_bytes = 0;   // ...and their bytes: copy_s * copied_bytes / timed_bytes estimates all
   int64_t staged_bytes = 0, copied_bytes = 0;
   int64_t memory_bytes = 0, mapped_bytes = 0, ring_bytes = 0, pread_bytes = 0, dma_bytes = 0;
+  int64_t late_copies = 0;  // batches whose copies entered the copy stream after a later batch's
 };
 
 class NativeLoop {
@@ -172,6 +178,8 @@ class NativeLoop {
     cuda::Event ready = nullptr;                          // recorded after the batch's copies
     cuda::Event timing_start = nullptr, timing_end = nullptr;  // the H2D copies, for stats (timed batches)
     int64_t copied = 0;                                          // bytes those copies moved
+    int64_t turn = -1;  // its place in the copy stream's order (ordered_), given as a worker takes it
+    bool turn_over = false;  // the owning worker's: its turn was passed on (end_turn)
   };
   struct Timing {
     cuda::Event start, end;
@@ -204,6 +212,10 @@ class NativeLoop {
     ~AllocationLease() { loop->recycle(event, false); }
   };
   void worker_loop();
+  // Waits until every batch taken before `job` has enqueued its copies (ordered_; false: the
+  // loop is stopping), then counts a late enqueue. end_turn() passes the turn on, once a job.
+  bool begin_copies(const Job& job);
+  void end_turn(Job& job);
   void run(Job& job);
   void run_host(Job& job);
   void run_cuda(Job& job);
@@ -242,6 +254,16 @@ class NativeLoop {
   std::vector<std::thread> workers_;
   std::vector<const MappedFile*> mapped_;
   LoopStats stats_;
+  // The copy stream's order (cfg.ordered_copies where no wait for a slot can block it: a CUDA
+  // loop with no slots or at least one a worker). Turns are given under mu_ in queue order.
+  bool ordered_ = false;
+  int64_t next_turn_ = 0;         // under mu_
+  std::mutex turn_mu_;
+  std::condition_variable turn_cv_;
+  int64_t serving_ = 0;           // under turn_mu_: the turn whose copies go next
+  std::set<int64_t> turns_done_;  // under turn_mu_: turns passed on ahead of serving_
+  int64_t last_enqueued_ = -1;    // under turn_mu_: the latest position whose copies were enqueued
+  int64_t late_copies_ = 0;       // under turn_mu_: LoopStats::late_copies
 };
 
 }  // namespace tfl

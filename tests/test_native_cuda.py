@@ -605,3 +605,33 @@ def test_one_batch_in_copy_timing_every_has_its_copies_timed(monkeypatch, every)
     assert (final["copy_s"] > 0) == bool(every)
     assert stats.stage_bytes["copy"] == 32 * batch_bytes
     assert (stats.stage_s["copy"] > 0) == bool(every), stats.stage_s
+
+
+@pytest.mark.parametrize("width", [4096, 1024])  # 16 KiB rows by DMA from the dataset; 4 KiB rows through slots
+@pytest.mark.parametrize("ordered", [True, False])
+def test_each_batchs_copies_enter_the_copy_stream_after_the_earlier_batches(monkeypatch, ordered, width):
+    """The loop's one copy stream runs copies in the order they were enqueued: a batch whose
+    worker got there after a later batch's waited behind that one's copies (an epoch's second
+    batch, ~1-1.8 ms of the GPU idle an epoch on the H200). With workers finishing their staging
+    out of order (jitter), copies still go in the batches' order; the control (unordered) shows
+    late ones. Batches equal torch's either way."""
+    monkeypatch.setattr(native, "DEBUG_JITTER_US", 3000)
+    monkeypatch.setattr(native, "ORDERED_COPIES", ordered)
+    loops = []
+    real = NativePipeline.sync_stats
+
+    def keeping_the_loop(self):
+        loops.append(self.loop)
+        real(self)
+
+    monkeypatch.setattr(NativePipeline, "sync_stats", keeping_the_loop)
+    data = rows_dataset(n=512, width=width)
+    kwargs = dict(batch_size=8, shuffle=True)
+    theirs = list(torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(6), **kwargs))
+    loader = DataLoader(data, generator=torch.Generator().manual_seed(6), pool_slots=4, **kwargs)
+    ours = list(loader)
+    loader.close()
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a[0].cpu(), b[0]) and torch.equal(a[1].cpu(), b[1])
+    late = loops[-1].stats()["late_copies"]
+    assert (late == 0) if ordered else (late > 0), late

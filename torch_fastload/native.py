@@ -75,6 +75,10 @@ DEBUG_LOSE_WAKEUPS = False
 #: Benchmarks only (the before of an A/B): a group's submit wakes every idle worker of the loop
 #: itself, instead of one that wakes the next as it takes its batch.
 WAKE_ALL = False
+#: Benchmarks' and tests' control (the before of an A/B): the loop's workers enqueue each batch's
+#: copies as soon as they are ready, not in the batches' order (an epoch's second batch was then
+#: queued behind later ones on the H200: the GPU idle ~1-1.8 ms an epoch, benchmarks/gpu/edge_gpu_gap.py).
+ORDERED_COPIES = True
 #: The turn thread (config ``turn_thread``) sleeps this long after the batches in flight ran low,
 #: before it asks for the GIL: the training thread's take() has just let go of it and is taking
 #: it back, and the turn should wait for the step's own release (its backward()).
@@ -290,7 +294,8 @@ class NativePipeline:
             DEBUG_LOSE_WAKEUPS,
         )
         timing_every = config.get("copy_timing_every")
-        self._key = (tuple(fields), tuple(self._paths), self._copy_stream, slot_bytes, settings, timing_every, WAKE_ALL)
+        controls = (WAKE_ALL, ORDERED_COPIES)
+        self._key = (tuple(fields), tuple(self._paths), self._copy_stream, slot_bytes, settings, timing_every, controls)
         self._keep_loop = config.get("keep_loop")
         parked = resources.adopt(self._key) if self._keep_loop else None
         if parked is not None:  # the loader's last epoch's loop: its workers, slots and plans
@@ -315,6 +320,7 @@ class NativePipeline:
                     *settings,
                     copy_timing_every=timing_every,
                     wake_all=WAKE_ALL,
+                    ordered_copies=ORDERED_COPIES,
                 )
             except BaseException:  # no copy ever read the slots
                 _settle(None, True, None, self._slots, [], self.engine)
