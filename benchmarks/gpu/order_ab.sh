@@ -4,7 +4,8 @@
 # TESTS=1: the native CUDA tests first (the ordering's test and its control among them). Then
 # edge_gpu_gap.py (the GPU's idle gap at each step of an epoch), beside_step.py --quick (the GEMM
 # and launch-bound rows at the default routes) and the main job, ROUNDS rounds each in the order
-# of MODES, reversed every other round (the second run of a round reads higher).
+# of MODES, reversed every other round (the second run of a round reads higher); GAP_ROUNDS and
+# BESIDE_ROUNDS (1) set those studies' own; UNTIL_S (430) skips what would start later.
 #   bash benchmarks/gpu/order_ab.sh   (at most 8 files under $OUT)
 set -uo pipefail; ONE_CALL=order_ab
 ROUNDS=${ROUNDS:-2}
@@ -20,7 +21,7 @@ IN_MODE="import sys, runpy, torch_fastload.native as n; n.ORDERED_COPIES = sys.a
 IN_MODE+="sys.argv = sys.argv[2:]; "
 IN_MODE+="runpy.run_path(sys.argv[0], run_name='__main__') if sys.argv[0].endswith('.py') "
 IN_MODE+="else runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
-for k in $(seq 1 "$ROUNDS"); do
+for k in $(seq 1 "${GAP_ROUNDS:-$ROUNDS}"); do
   for mode in $(ab_order "$k" $MODES); do
     mkdir -p "/tmp/gap-$mode-$k"
     OUT="/tmp/gap-$mode-$k" timeout 120 python3 -c "$IN_MODE" "$mode" benchmarks/gpu/edge_gpu_gap.py --rounds 1 2>&1 \
