@@ -24,6 +24,20 @@ def rows_dataset(n=96, width=4096):
     return TensorDataset(rows, torch.arange(n))
 
 
+def loops_synced(monkeypatch) -> list:
+    """The C++ loops of the pipelines that sync their stats from now on (each epoch's end does),
+    for reading the loop's own counters after the loader closed."""
+    loops = []
+    real = NativePipeline.sync_stats
+
+    def keeping_the_loop(self):
+        loops.append(self.loop)
+        real(self)
+
+    monkeypatch.setattr(NativePipeline, "sync_stats", keeping_the_loop)
+    return loops
+
+
 @pytest.mark.parametrize("width", [4096, 1024])  # 16 KiB rows: DMA from the registered dataset; 4 KiB: slot
 def test_tensor_dataset_on_the_loop_equals_torch_and_the_python_pipeline(width):
     data = rows_dataset(width=width)
@@ -582,14 +596,7 @@ def test_one_batch_in_copy_timing_every_has_its_copies_timed(monkeypatch, every)
     pair of CUDA events (four driver calls beside the training thread's launches, so not every
     batch); the stats' copy seconds are scaled from those batches by bytes, and none are reported
     where no batch was timed."""
-    loops = []
-    real = NativePipeline.sync_stats
-
-    def keeping_the_loop(self):
-        loops.append(self.loop)
-        real(self)
-
-    monkeypatch.setattr(NativePipeline, "sync_stats", keeping_the_loop)
+    loops = loops_synced(monkeypatch)
     data = rows_dataset(n=256)  # 16 KiB rows: 32 batches of 8, the rows by DMA, the labels by the slot
     with torch_fastload.config.override(copy_timing_every=every, memory_rows="dma"):
         loader = DataLoader(data, batch_size=8)
@@ -617,14 +624,7 @@ def test_each_batchs_copies_enter_the_copy_stream_after_the_earlier_batches(monk
     late ones. Batches equal torch's either way."""
     monkeypatch.setattr(native, "DEBUG_JITTER_US", 3000)
     monkeypatch.setattr(native, "ORDERED_COPIES", ordered)
-    loops = []
-    real = NativePipeline.sync_stats
-
-    def keeping_the_loop(self):
-        loops.append(self.loop)
-        real(self)
-
-    monkeypatch.setattr(NativePipeline, "sync_stats", keeping_the_loop)
+    loops = loops_synced(monkeypatch)
     data = rows_dataset(n=512, width=width)
     kwargs = dict(batch_size=8, shuffle=True)
     theirs = list(torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(6), **kwargs))
