@@ -15,7 +15,8 @@ allocation that wait protects (the default allocates on the copy stream, where t
 record_stream is the guard, and its own control lives in tests/test_native_cuda.py).
 
   python3 benchmarks/gpu/native_stress.py [SECONDS] [ROUTE ...]     (routes: memory_rows values,
-  default: auto dma kernel gather; run again under TORCH_FASTLOAD_DMA_ORDER=stream to compare)
+  default: auto dma kernel gather; run again under TORCH_FASTLOAD_DMA_ORDER=stream to compare;
+  STRESS_JITTER_US=N: each batch's staging first sleeps 0..N us, so workers finish out of order)
 """
 
 import os
@@ -31,6 +32,8 @@ import torch_fastload  # noqa: E402
 from torch_fastload import native  # noqa: E402
 
 native.UNSAFE_SKIP_ALLOCATION_WAIT = os.environ.get("STRESS_UNSAFE") == "1"
+# workers finishing their staging out of order (the copies' order must hold them to it)
+native.DEBUG_JITTER_US = int(os.environ.get("STRESS_JITTER_US", "0"))
 
 device = torch.device(os.environ.get("STRESS_DEVICE", "cuda"))  # cpu: a smoke run of the checks
 samples, size, batch = 8192, 128, 128
