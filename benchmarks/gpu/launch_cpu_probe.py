@@ -1,0 +1,214 @@
+"""Issue 17: where the launch-bound thread's time goes beside a loader: CPU placement, the GIL,
+the driver calls.
+
+beside_step.py's launch-bound study, with the thread's own CPU time recorded. For each feed (the
+bare pinned copy, and the loaders at their defaults), ROUNDS rounds: the thread alone, then beside
+the feed in each of MODES (order reversed every other round):
+  beside            the defaults;
+  turns in next()   config turn_thread=0 (the group turns inside next(), not on a thread);
+  isolated          the defaults, the launching thread pinned to one CPU, every other thread of
+                    the process kept off that CPU and its SMT siblings;
+  config:K=V;K2=V2  the defaults with these config options (e.g. config:io_task_size=16MiB).
+Each run times K launches a batch (K as in beside_step.py; LAUNCH_SCALE multiplies it, so the
+loader runs at that fraction of its full rate) and records: launches/s over its launch loops (the
+issue's figure), steps/s with next() counted too, the thread's CPU seconds over its wall seconds
+while launching (below 1: it waited, for the GIL or a lock), its voluntary and involuntary context
+switches. The loader's own batches/s in each mode is measured first.
+
+    python3 benchmarks/gpu/launch_cpu_probe.py [ROUNDS]      # JSON on stdout's last line
+    env FEEDS="bare,TensorDataset,ArrayDataset mapped,ArrayDataset ring,RecordDataset" DATA_GIB=1
+        MODES="beside,turns in next()" LAUNCH_SCALE=1
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import beside_step as bs  # noqa: E402
+
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+BATCH, ROW_KIB, STEPS = 256, 192, 120
+device = torch.device("cuda")
+
+
+def siblings(cpu: int) -> set[int]:
+    path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    try:
+        out: set[int] = set()
+        for part in path.read_text().strip().split(","):
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+        return out
+    except OSError:
+        return {cpu}
+
+
+CPUS = sorted(os.sched_getaffinity(0))
+LAUNCH_CPU = CPUS[-1]
+KEEP_OFF = siblings(LAUNCH_CPU)
+OTHERS = set(CPUS) - KEEP_OFF
+
+
+def tasks() -> dict[int, tuple[int, int]]:
+    """tid -> (CPU ticks used, the CPU it last ran on), for every thread of the process."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12]), int(fields[36]))
+    return out
+
+
+def place(isolated: bool) -> None:
+    me = threading.get_native_id()
+    for tid in tasks():
+        try:
+            if not isolated:
+                os.sched_setaffinity(tid, CPUS)
+            else:
+                os.sched_setaffinity(tid, {LAUNCH_CPU} if tid == me else OTHERS)
+        except OSError:
+            pass  # the thread ended
+
+
+def launch_run(kernels: int, batches, isolated: bool = False) -> dict:
+    """bs.launches_per_second's loop, placed after its warm-up (the loader's threads exist then)."""
+    x = torch.zeros(1, device=device)
+    it = iter(batches)
+    me = threading.get_native_id()
+    wall = cpu = waiting = 0.0
+    for i in range(STEPS + bs.WARMUP_STEPS):
+        if i == bs.WARMUP_STEPS:
+            place(isolated)
+            before, ru = tasks(), resource.getrusage(resource.RUSAGE_THREAD)
+        t0 = time.perf_counter()
+        next(it)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        for _ in range(kernels):
+            x.add_(1)
+        t2, c2 = time.perf_counter(), time.thread_time()
+        if i >= bs.WARMUP_STEPS:
+            wall += t2 - t1
+            cpu += c2 - c1
+            waiting += t1 - t0
+    after, ru2 = tasks(), resource.getrusage(resource.RUSAGE_THREAD)
+    torch.cuda.synchronize()
+    place(False)
+    my_cpu = after.get(me, (0, -1))[1]
+    near = siblings(my_cpu) if my_cpu >= 0 else set()
+    busy_near = sum(
+        1 for tid, (ticks, on) in after.items() if tid != me and on in near and ticks > before.get(tid, (ticks, 0))[0]
+    )
+    return {
+        "rate": kernels * STEPS / wall,
+        "steps_per_s": STEPS / (wall + waiting),
+        "next_ms": waiting / STEPS * 1e3,
+        "cpu_over_wall": cpu / wall,
+        "voluntary_switches": ru2.ru_nvcsw - ru.ru_nvcsw,
+        "involuntary_switches": ru2.ru_nivcsw - ru.ru_nivcsw,
+        "busy_threads_on_its_core": busy_near,
+        "cpu": my_cpu,
+    }
+
+
+def in_mode(mode: str):
+    """The config of one beside run in ``mode``."""
+    import torch_fastload
+
+    options: dict = {}
+    if mode == "turns in next()":
+        options["turn_thread"] = False
+    elif mode.startswith("config:"):
+        for item in mode[len("config:") :].split(";"):
+            key, _, value = item.partition("=")
+            options[key.strip()] = value.strip()
+    return torch_fastload.config.override(**options)
+
+
+def main() -> None:
+    print(f"CPUs {CPUS[0]}-{CPUS[-1]} ({len(CPUS)}); launching CPU {LAUNCH_CPU}, kept off {sorted(KEEP_OFF)}")
+    every = "bare,TensorDataset,ArrayDataset mapped,ArrayDataset ring,RecordDataset"
+    wanted = [f.strip() for f in os.environ.get("FEEDS", every).split(",")]
+    modes = [m.strip() for m in os.environ.get("MODES", "beside,turns in next()").split(",")]
+    rows = max(4 * BATCH, int(float(os.environ.get("DATA_GIB", "1")) * 2**30) // (ROW_KIB * 1024))
+    result: dict = {"launch_cpu": LAUNCH_CPU, "kept_off": sorted(KEEP_OFF), "cpus": len(CPUS), "feeds": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = bs.make_data(Path(tmp), rows, ROW_KIB * 1024)
+        resident = [data["tensor"][i * BATCH : (i + 1) * BATCH].to(device) for i in range(4)]
+        args = type("Args", (), {"batch_size": BATCH, "row_kib": ROW_KIB})()
+        defaults = {k: v for k, v in bs.feeds(data, BATCH, device).items() if k in bs.DEFAULT_FEEDS}
+        candidates = {}
+        for want in wanted:
+            if want == "bare":
+                candidates["bare"] = lambda: bs._link_busy_batches(resident, args, device)
+            candidates.update({k: v for k, v in defaults.items() if k.startswith(want)})
+        for name, make in candidates.items():
+            rate = bs.loader_rate(make, 60)
+            # LAUNCH_SCALE > 1: steps that hold the GIL longer than the loader needs per batch
+            scale = float(os.environ.get("LAUNCH_SCALE", "1"))
+            kernels = max(1, round(scale * bs.launches_per_second(2000, 10, device)[0] / rate))
+            feed_modes = ["beside"] if name == "bare" else modes
+            loader_rates = {}
+            for mode in feed_modes:
+                with in_mode(mode):
+                    loader_rates[mode] = bs.loader_rate(make, 60)
+            runs: dict = {m: [] for m in ["alone", *feed_modes]}
+            for k in range(ROUNDS):
+                runs["alone"].append(launch_run(kernels, (resident[i % 4] for i in range(10**9))))
+                for mode in feed_modes if k % 2 == 0 else feed_modes[::-1]:
+                    paths: list = []
+                    with in_mode(mode):
+                        feed = bs.endless(make, paths) if name != "bare" else make()
+                        runs[mode].append(launch_run(kernels, feed, isolated=mode == "isolated"))
+                        del feed
+                    runs[mode][-1]["paths"] = sorted(set(paths))
+            summary = {}
+            for mode in feed_modes:
+                pairs = [b["rate"] / a["rate"] for a, b in zip(runs["alone"], runs[mode])]
+                steps = [b["steps_per_s"] / a["steps_per_s"] for a, b in zip(runs["alone"], runs[mode])]
+                summary[mode] = {
+                    "ratio": statistics.median(pairs),
+                    "pairs": pairs,
+                    "steps_ratio": statistics.median(steps),
+                }
+            result["feeds"][name] = {
+                "loader_batches_per_s": rate,
+                "kernels": kernels,
+                "summary": summary,
+                "loader_batches_per_s_by_mode": loader_rates,
+                "runs": runs,
+            }
+            print(f"{name}: loader {rate:.0f} batches/s alone, {kernels} launches a batch")
+            for mode, rs in runs.items():
+                med = lambda key, rs=rs: statistics.median(r[key] for r in rs)  # noqa: E731
+                line = (
+                    f"  {mode:16s} {med('rate') / 1e3:6.1f} k/s ({min(r['rate'] for r in rs) / 1e3:.0f}-"
+                    f"{max(r['rate'] for r in rs) / 1e3:.0f}), next() {med('next_ms'):.3f} ms, "
+                    f"cpu/wall {med('cpu_over_wall'):.3f}, switches vol {med('voluntary_switches'):.0f} "
+                    f"invol {med('involuntary_switches'):.0f}"
+                )
+                if mode in summary:
+                    m = summary[mode]
+                    line += (
+                        f" | vs alone {m['ratio']:.3f} (pairs {min(m['pairs']):.2f}-{max(m['pairs']):.2f}), "
+                        f"steps/s {m['steps_ratio']:.3f}, loader alone {loader_rates[mode]:.0f} batches/s"
+                    )
+                print(line)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
