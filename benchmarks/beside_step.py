@@ -13,7 +13,9 @@
 2. **Launch-bound thread**: a training thread launching tiny kernels, K per batch, with K set
    so the launches take as long as the loader needs per batch at its full rate. Reported:
    launches/s beside each loader over launches/s alone, the median of ``--launch-repeats``
-   alone/beside pairs (target >= 0.95; the thread's own rate swings ~10% between runs).
+   alone/beside pairs (target >= 0.95; the thread's own rate swings ~10% between runs), and the
+   thread's CPU seconds over its wall seconds while it launches: below 1 where the loader made it
+   wait (for the GIL or a lock), 1 where only the busy link slowed it (the bare copy's row).
 
 Each configuration runs ``--repeats`` times; the median and the spread are printed.
 """
@@ -21,6 +23,7 @@ Each configuration runs ``--repeats`` times; the median and the spread are print
 from __future__ import annotations
 
 import math
+import resource
 import statistics
 import tempfile
 import time
@@ -244,26 +247,50 @@ def study_gemm(data, args, device) -> dict:
 WARMUP_STEPS = 40  # untimed: past the loader's start and its memory_rows='auto' window (~32 batches)
 
 
-def launches_per_second(kernels: int, steps: int, device, batches=None) -> tuple[float, float]:
-    """(launches per second of launching, seconds per batch spent in next()): the thread's own
-    launch rate, timed over its launch loops only, so a loader that falls behind (the thread
-    waits in next()) does not count as one that slows the launches."""
+def launch_loop(kernels: int, steps: int, device, batches=None) -> dict:
+    """The thread's own launch rate (launches per second of launching), timed over its launch
+    loops only, so a loader that falls behind (the thread waits in next()) does not count as one
+    that slows the launches; its seconds a step in next(); its CPU seconds over its wall seconds
+    while launching (below 1: it waited, for the GIL or a lock; a busy link slows it without a
+    wait) and its voluntary context switches a step while launching."""
     x = torch.zeros(1, device=device)
     it = iter(batches) if batches is not None else None
-    launching = waiting = 0.0
+    launching = waiting = cpu = 0.0
+    switches = 0
     for i in range(steps + WARMUP_STEPS):
         t0 = time.perf_counter()
         if it is not None:
             next(it)
-        t1 = time.perf_counter()
+        before = _voluntary_switches()
+        t1, c1 = time.perf_counter(), time.thread_time()
         for _ in range(kernels):
             x.add_(1)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         if i >= WARMUP_STEPS:
             waiting += t1 - t0
             launching += t2 - t1
-    torch.cuda.synchronize()
-    return kernels * steps / launching, waiting / steps
+            cpu += c2 - c1
+            switches += _voluntary_switches() - before
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return {
+        "rate": kernels * steps / launching,
+        "next_s": waiting / steps,
+        "cpu_over_wall": cpu / launching,
+        "waits_per_step": switches / steps,
+    }
+
+
+def _voluntary_switches() -> int:
+    """The calling thread's voluntary context switches so far (0 where the OS does not count them)."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return resource.getrusage(who).ru_nvcsw if who is not None else 0
+
+
+def launches_per_second(kernels: int, steps: int, device, batches=None) -> tuple[float, float]:
+    """(launches per second of launching, seconds per batch spent in next()): ``launch_loop``'s."""
+    run = launch_loop(kernels, steps, device, batches)
+    return run["rate"], run["next_s"]
 
 
 def loader_rate(make, batches: int) -> float:
@@ -305,30 +332,33 @@ def study_launches(data, args, device) -> dict:
     needs per batch at its full rate; the thread's launch rate beside the loader over its rate
     with the same K taking ready device-resident batches (the baseline, measured alternately)."""
     resident = [data["tensor"][i * args.batch_size : (i + 1) * args.batch_size].to(device) for i in range(4)]
-    keys = ("alone", "beside", "ratio", "pair_ratios", "kernels_per_batch", "next_ms", "routes")
+    keys = ("alone", "beside", "ratio", "pair_ratios", "kernels_per_batch", "next_ms", "routes", "cpu_over_wall")
+    keys += ("waits_per_step",)
     out: dict = {key: {} for key in keys}
     candidates = {LINK_ONLY: lambda: _link_busy_batches(resident, args, device)}
     candidates.update(selected(feeds(data, args.batch_size, device), args.only))
     for name, make in candidates.items():
         rate = loader_rate(make, max(20, args.steps // 2))
         kernels = max(1, round(launches_per_second(2000, 10, device)[0] / rate))
-        alone, beside, waits = [], [], []
+        alone, beside, runs = [], [], []
         for _ in range(args.launch_repeats):
             alone.append(launches_per_second(kernels, args.steps, device, (resident[i % 4] for i in range(10**9)))[0])
             paths = out["routes"].setdefault(name, [])
             feed = endless(make, paths) if name != LINK_ONLY else make()
-            launched, waited = launches_per_second(kernels, args.steps, device, feed)
-            beside.append(launched)
-            waits.append(waited)
+            runs.append(launch_loop(kernels, args.steps, device, feed))
+            beside.append(runs[-1]["rate"])
         out["alone"][name], out["beside"][name] = alone, beside
-        out["next_ms"][name] = statistics.median(waits) * 1e3
+        out["next_ms"][name] = statistics.median(r["next_s"] for r in runs) * 1e3
+        out["cpu_over_wall"][name] = statistics.median(r["cpu_over_wall"] for r in runs)
+        out["waits_per_step"][name] = statistics.median(r["waits_per_step"] for r in runs)
         out["kernels_per_batch"][name] = kernels
         out["pair_ratios"][name] = [b / a for a, b in zip(alone, beside)]
         out["ratio"][name] = statistics.median(out["pair_ratios"][name])
         log(
             f"  {name}: loader {rate:.0f} batches/s alone, {kernels} launches a batch, "
             f"{statistics.median(beside) / 1e3:.0f} k launches/s beside vs {statistics.median(alone) / 1e3:.0f} k "
-            f"alone ({out['ratio'][name]:.3f}x), next() {out['next_ms'][name]:.3f} ms a batch"
+            f"alone ({out['ratio'][name]:.3f}x), next() {out['next_ms'][name]:.3f} ms a batch, "
+            f"CPU / wall while launching {out['cpu_over_wall'][name]:.3f}"
         )
     return out
 
@@ -424,16 +454,24 @@ def launch_table(launches: dict) -> str:
             f"{statistics.median(v) / 1e3:.0f}",
             f"{launches['ratio'][k]:.3f}",
             f"{launches['next_ms'][k]:.3f}",
+            _optional(launches.get("cpu_over_wall", {}).get(k), "{:.3f}"),
+            _optional(launches.get("waits_per_step", {}).get(k), "{:.1f}"),
             chosen_routes(launches.get("routes", {}).get(k)),
         ]
         for k, v in launches["beside"].items()
     ]
     return table(
-        ["feed", "launches a batch", "k launches/s", "vs alone", "next() ms", "route"],
+        ["feed", "launches a batch", "k launches/s", "vs alone", "next() ms", "CPU / wall", "waits a step", "route"],
         rows,
         title="launch-bound thread beside each loader at its full rate (vs the same launches alone, timed just "
-        "before: the median of those pairs' ratios)",
+        "before: the median of those pairs' ratios; CPU / wall: the thread's CPU seconds over its wall seconds "
+        "while launching, below 1 where it waited for the GIL or a lock, and its voluntary switches a step "
+        "then; a busy link slows it without a wait, as the bare copy's row shows)",
     )
+
+
+def _optional(value, spec: str) -> str:
+    return spec.format(value) if value is not None else "-"
 
 
 if __name__ == "__main__":

@@ -481,6 +481,46 @@ def test_beside_steps_endless_feed_times_each_epochs_edge_and_notes_its_routes()
     assert len(paths) == 3 and all("native loop" in p for p in paths)
 
 
+def test_beside_steps_launch_loop_sees_the_thread_wait_for_the_gil():
+    """beside_step.py's launch-bound loop reports the launching thread's CPU seconds over its
+    wall seconds while it launches: near 1 alone, far below with a thread that takes the GIL
+    from it during the timed steps (torch lets go of the GIL at each op; the other thread then
+    keeps it through ~10 ms C calls). The negative control for what the study reads as waits."""
+    import random
+    import threading
+
+    import torch
+
+    bench = _benchmark_module("beside_step.py")
+    alone = bench.launch_loop(200, 5, torch.device("cpu"), (torch.zeros(4) for _ in range(10**6)))
+    assert set(alone) == {"rate", "next_s", "cpu_over_wall", "waits_per_step"} and alone["rate"] > 0
+
+    timed = threading.Event()
+
+    def batches():  # the timed steps start at WARMUP_STEPS
+        for i in range(10**6):
+            if i == bench.WARMUP_STEPS:
+                timed.set()
+            yield torch.zeros(4)
+
+    def hold_the_gil():
+        shuffled = list(range(100_000))
+        random.Random(0).shuffle(shuffled)
+        timed.wait(30)
+        for _ in range(30):
+            sorted(shuffled)  # one C call: the GIL held throughout, on a CPU or not
+
+    holder = threading.Thread(target=hold_the_gil)
+    holder.start()
+    try:
+        beside = bench.launch_loop(2000, 5, torch.device("cpu"), batches())
+    finally:
+        timed.set()
+        holder.join()
+    assert beside["cpu_over_wall"] < 0.5 < alone["cpu_over_wall"]
+    assert beside["waits_per_step"] > alone["waits_per_step"]
+
+
 def test_edge_gpu_gaps_feed_numbers_epochs_and_times_each_edge():
     """benchmarks/gpu/edge_gpu_gap.py's feed: a reused loader's batches numbered by epoch, the
     host's edge timed only on an epoch's first batch after the first epoch; resident batches
