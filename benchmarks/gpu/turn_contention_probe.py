@@ -25,14 +25,15 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import beside_step as bs  # noqa: E402
+import step_cpu_share as cpu_share  # noqa: E402
 
 import torch_fastload  # noqa: E402
 from torch_fastload import native  # noqa: E402
@@ -40,12 +41,12 @@ from torch_fastload._benchutil import InflightWindow, gemm_seconds, h2d_copy_sec
 
 WARMUP = 40
 _turns: list = []  # (wall s, turn thread's CPU s) of each turn taken on the turn thread
-_shares: list = []  # the training thread's CPU share between next() calls
-_left: dict = {}
 
 
 def _instrument() -> None:
-    take_turn, take_next = native.NativePipeline._take_turn, native.NativePipeline.next
+    """Time each turn on the turn thread, and the training thread's CPU share between next()
+    calls (``step_cpu_share``'s wrapper: its ``_shares``)."""
+    take_turn = native.NativePipeline._take_turn
 
     def timed_turn(self):
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -54,16 +55,7 @@ def _instrument() -> None:
         finally:
             _turns.append((time.perf_counter() - wall, time.thread_time() - cpu))
 
-    def timed_next(self):
-        me, cpu, wall = threading.get_ident(), time.thread_time(), time.perf_counter()
-        if me in _left and wall > _left[me][1]:
-            _shares.append((cpu - _left[me][0]) / (wall - _left[me][1]))
-        try:
-            return take_next(self)
-        finally:
-            _left[me] = (time.thread_time(), time.perf_counter())
-
-    native.NativePipeline._take_turn, native.NativePipeline.next = timed_turn, timed_next
+    native.NativePipeline._take_turn, native.NativePipeline.next = timed_turn, cpu_share._timed_next
 
 
 def workloads(args, device, rows: torch.Tensor) -> dict:
@@ -124,7 +116,7 @@ def run(step, loader, steps: int, device) -> float:
         if i == WARMUP:
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            _turns.clear(), _shares.clear(), _left.clear()
+            _turns.clear(), cpu_share._shares.clear(), cpu_share._last.clear()
             started = time.perf_counter()
         step(bs.first_field(next(feed)))
     if device.type == "cuda":
@@ -165,7 +157,7 @@ def main(argv=None) -> int:
                     loader.close()
                 if mode == "turn thread":
                     turns += [w / c for w, c in _turns if c > 5e-6]
-                    shares += list(_shares)
+                    shares += list(cpu_share._shares)
         thread_vs_next = [t / n for t, n in zip(runs["turn thread"], runs["turns in next()"])]
         out[name] = {
             "steps_per_s": runs,
