@@ -332,9 +332,8 @@ def study_launches(data, args, device) -> dict:
     needs per batch at its full rate; the thread's launch rate beside the loader over its rate
     with the same K taking ready device-resident batches (the baseline, measured alternately)."""
     resident = [data["tensor"][i * args.batch_size : (i + 1) * args.batch_size].to(device) for i in range(4)]
-    keys = ("alone", "beside", "ratio", "pair_ratios", "kernels_per_batch", "next_ms", "routes", "cpu_over_wall")
-    keys += ("waits_per_step",)
-    out: dict = {key: {} for key in keys}
+    keys = "alone beside ratio pair_ratios kernels_per_batch next_ms routes cpu_over_wall waits_per_step"
+    out: dict = {key: {} for key in keys.split()}
     candidates = {LINK_ONLY: lambda: _link_busy_batches(resident, args, device)}
     candidates.update(selected(feeds(data, args.batch_size, device), args.only))
     for name, make in candidates.items():
