@@ -463,9 +463,11 @@ PYBIND11_MODULE(_C, m) {
         "lies; the slot's copy skips their ranges (one cuMemcpyBatchAsync for all).");
   py::class_<tfl::DeviceStager>(m, "DeviceStager",
                                  "File ranges into GPU memory through a ring of pinned chunks that stays in\n"
-                                 "the CPU cache: pread into a chunk, H2D on the caller's stream, event-guarded reuse.")
-      .def(py::init<uint64_t, int64_t, int64_t>(), py::arg("ring_ptr"), py::arg("ring_bytes"), py::arg("chunk_bytes"),
-           "ring_ptr: pinned host memory the caller keeps alive until idle() returns True.")
+                                 "the CPU cache: pread into a chunk, H2D on the caller's stream in groups of chunks, event-guarded reuse.")
+      .def(py::init<uint64_t, int64_t, int64_t, int64_t>(), py::arg("ring_ptr"), py::arg("ring_bytes"),
+           py::arg("chunk_bytes"), py::arg("group_chunks") = 0,
+           "ring_ptr: pinned host memory the caller keeps alive until idle() returns True. group_chunks: chunks\n"
+           "whose copies are enqueued together, one cuMemcpyBatchAsync and one event (0: the default).")
       .def("read", &stager_read, py::arg("paths"), py::arg("file_index"), py::arg("offsets"), py::arg("lengths"),
            py::arg("dst_ptr"), py::arg("dst_size"), py::arg("dst_offsets"), py::arg("stream"),
            py::arg("num_threads") = 16, py::arg("task_size") = int64_t(4) << 20, py::arg("o_direct") = false,
@@ -485,7 +487,9 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("timeout") = 10.0, "Wait until no enqueued copy reads the ring; False on timeout.")
       .def_property_readonly("chunk_bytes", &tfl::DeviceStager::chunk_bytes)
-      .def_property_readonly("chunks", &tfl::DeviceStager::chunks);
+      .def_property_readonly("chunks", &tfl::DeviceStager::chunks)
+      .def_property_readonly("group_chunks", &tfl::DeviceStager::group_chunks)
+      .def_property_readonly("free_chunks", &tfl::DeviceStager::free_chunks);
   py::class_<tfl::MappedFile>(m, "MappedFile",
                                "A file mapped read-only and registered with CUDA: the GPU's copy engines read\n"
                                "its page-cache pages directly. Pins the file's pages in RAM while it lives.")

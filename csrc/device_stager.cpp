@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <exception>
 #include <limits>
 #include <string>
 #include <thread>
@@ -29,7 +31,15 @@ bool wait_event(cuda::Event event, const std::atomic<bool>& stop) {
 
 }  // namespace
 
-DeviceStager::DeviceStager(uintptr_t ring_ptr, int64_t ring_bytes, int64_t chunk_bytes)
+struct DeviceStager::Reading {
+  cuda::Stream stream = nullptr;
+  std::mutex mu;
+  std::vector<size_t> chunks;  // read, their copies not yet enqueued
+  std::vector<cuda::DevicePtr> dsts, srcs;
+  std::vector<size_t> sizes;
+};
+
+DeviceStager::DeviceStager(uintptr_t ring_ptr, int64_t ring_bytes, int64_t chunk_bytes, int64_t group_chunks)
     : chunk_bytes_(chunk_bytes) {
   if (ring_ptr == 0) throw Error(Error::kInvalid, "ring_ptr is null");
   if (chunk_bytes < kDirectAlign || chunk_bytes % kDirectAlign != 0)
@@ -38,6 +48,19 @@ DeviceStager::DeviceStager(uintptr_t ring_ptr, int64_t ring_bytes, int64_t chunk
   if (ring_bytes < chunk_bytes)
     throw Error(Error::kInvalid, "the ring (" + std::to_string(ring_bytes) + " bytes) holds no chunk of " +
                                      std::to_string(chunk_bytes) + " bytes");
+  if (group_chunks == 0) {
+    const char* configured = std::getenv("TORCH_FASTLOAD_RING_GROUP");  // probes compare group sizes
+    group_chunks = kDefaultGroup;
+    if (configured != nullptr) {
+      char* end = nullptr;
+      group_chunks = std::strtol(configured, &end, 10);
+      if (end == configured || *end != '\0' || group_chunks < 1)
+        throw Error(Error::kInvalid,
+                    std::string("TORCH_FASTLOAD_RING_GROUP must be an integer >= 1, got '") + configured + "'");
+    }
+  }
+  if (group_chunks < 1) throw Error(Error::kInvalid, "group_chunks must be >= 1, got " + std::to_string(group_chunks));
+  group_chunks_ = static_cast<size_t>(group_chunks);
   const int64_t n = ring_bytes / chunk_bytes;
   chunks_.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -52,39 +75,65 @@ DeviceStager::~DeviceStager() {
     const auto& cu = cuda::api();
     cu.ctx_set_current(ctx_);
     idle(10.0);
-    for (Chunk& c : chunks_)
-      if (c.done != nullptr) cu.event_destroy(c.done);
+    for (Group& g : groups_)
+      if (g.done != nullptr) cu.event_destroy(g.done);
   } catch (...) {  // the driver may already be shut down at interpreter exit
   }
 }
 
-size_t DeviceStager::acquire(const std::atomic<bool>& stop, bool wait) {
-  size_t c;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (free_.empty()) {
+size_t DeviceStager::acquire(const std::atomic<bool>& stop, bool wait, Reading* reading) {
+  size_t c = kNone;
+  while (c == kNone) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        c = free_.front();
+        free_.pop_front();
+        break;
+      }
       if (stop.load(std::memory_order_relaxed)) return kNone;
-      cv_.wait_for(lock, std::chrono::milliseconds(1));
+      bool own_unsubmitted = false;
+      if (reading != nullptr) {
+        std::lock_guard<std::mutex> held(reading->mu);
+        own_unsubmitted = !reading->chunks.empty();
+      }
+      if (!own_unsubmitted) {
+        cv_.wait_for(lock, std::chrono::milliseconds(1));
+        continue;
+      }
     }
-    c = free_.front();
-    free_.pop_front();
+    submit(*reading);  // the ring may be waiting for this read's own group
   }
   Chunk& chunk = chunks_[c];
-  if (chunk.pending && wait) {
-    bool done = false;
+  const size_t g = chunk.group;
+  if (g == kNone) return c;
+  bool complete;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    complete = groups_[g].complete;
+  }
+  if (!complete && wait) {
     try {
-      done = wait_event(chunk.done, stop);
+      complete = wait_event(groups_[g].done, stop);
     } catch (...) {
       release(c);
       throw;
     }
-    if (!done) {
+    if (!complete) {
       release(c);
       return kNone;
     }
   }
-  chunk.pending = false;
+  std::lock_guard<std::mutex> lock(mu_);
+  groups_[g].complete = groups_[g].complete || complete;
+  chunk.group = kNone;
+  if (--groups_[g].chunks == 0) free_groups_.push_back(g);
   return c;
+}
+
+size_t DeviceStager::free_chunks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return free_.size();
 }
 
 void DeviceStager::release(size_t c) {
@@ -95,6 +144,46 @@ void DeviceStager::release(size_t c) {
   cv_.notify_one();
 }
 
+size_t DeviceStager::start_group(const std::vector<size_t>& chunks) {
+  // Every live group holds at least one chunk, so one group per chunk never runs out.
+  const size_t g = free_groups_.back();
+  free_groups_.pop_back();
+  groups_[g].chunks = chunks.size();
+  groups_[g].complete = false;
+  for (size_t c : chunks) chunks_[c].group = g;
+  return g;
+}
+
+void DeviceStager::submit(Reading& reading) {
+  std::vector<size_t> chunks;
+  std::vector<cuda::DevicePtr> dsts, srcs;
+  std::vector<size_t> sizes;
+  {
+    std::lock_guard<std::mutex> lock(reading.mu);
+    chunks.swap(reading.chunks), dsts.swap(reading.dsts), srcs.swap(reading.srcs), sizes.swap(reading.sizes);
+  }
+  if (chunks.empty()) return;
+  size_t g;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    g = start_group(chunks);
+  }
+  std::exception_ptr failed;
+  try {
+    dma_copies(dsts, srcs, sizes, reinterpret_cast<uintptr_t>(reading.stream));
+  } catch (...) {
+    failed = std::current_exception();  // a copy enqueued before the failure may still read its chunk
+  }
+  const cuda::Result recorded = cuda::api().event_record(groups_[g].done, reading.stream);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t c : chunks) free_.push_back(c);
+  }
+  cv_.notify_all();
+  if (failed) std::rethrow_exception(failed);
+  cuda::check(recorded, "cuEventRecord (after a group's copies out of the pinned ring)");
+}
+
 int64_t DeviceStager::read(const ReadRequest& req, uintptr_t stream_handle, bool wait_for_chunks) {
   const auto& cu = cuda::api();
   ReadRequest r = req;
@@ -103,55 +192,66 @@ int64_t DeviceStager::read(const ReadRequest& req, uintptr_t stream_handle, bool
   const Plan plan = make_plan(r);
   if (plan.total > 0 && r.dst_ptr == 0) throw Error(Error::kInvalid, "dst_ptr (device memory) is null");
   const cuda::Context ctx = bind_context();
-  const auto stream = reinterpret_cast<cuda::Stream>(stream_handle);
+  Reading reading;
+  reading.stream = reinterpret_cast<cuda::Stream>(stream_handle);
   const cuda::DevicePtr base = static_cast<cuda::DevicePtr>(r.dst_ptr);
   const bool direct = r.o_direct;
-  ThreadPool::instance().run(
-      plan.bounds.size() - 1, static_cast<size_t>(r.num_threads), [&](size_t t, const std::atomic<bool>& stop) {
-        cuda::check(cu.ctx_set_current(ctx), "cuCtxSetCurrent");
-        const size_t c = acquire(stop, wait_for_chunks);
-        if (c == kNone) return;
-        Chunk& chunk = chunks_[c];
-        try {
-          int64_t pos = 0;
-          for (size_t j = plan.bounds[t]; j < plan.bounds[t + 1]; ++j) {
-            const ReadPiece& p = plan.pieces[j];
-            read_piece(*plan.files[p.file], p, chunk.host + pos, direct, stop);
-            pos += p.len;
-          }
-          if (stop.load(std::memory_order_relaxed)) {
-            release(c);
-            return;
-          }
-          // One copy per run of pieces that is contiguous in the destination too.
-          int64_t run_pos = 0, run_dst = 0, run_len = 0;
-          pos = 0;
-          for (size_t j = plan.bounds[t]; j <= plan.bounds[t + 1]; ++j) {
-            const bool last = j == plan.bounds[t + 1];
-            if (!last && run_len > 0 && plan.pieces[j].dst == run_dst + run_len &&
-                !starts_allocation(r, plan.pieces[j].dst)) {
-              run_len += plan.pieces[j].len;
-            } else {
-              if (run_len > 0)
-                cuda::check(cu.memcpy_htod_async(base + static_cast<cuda::DevicePtr>(run_dst), chunk.host + run_pos,
-                                                 static_cast<size_t>(run_len), stream),
-                            "cuMemcpyHtoDAsync (pinned ring -> device)");
-              if (last) break;
-              run_pos = pos, run_dst = plan.pieces[j].dst, run_len = plan.pieces[j].len;
-            }
-            pos += plan.pieces[j].len;
-          }
-          cuda::check(cu.event_record(chunk.done, stream), "cuEventRecord");
-          chunk.pending = true;
-        } catch (...) {
-          // A copy enqueued before the failure may still read the chunk: treat it as pending.
-          chunk.pending = true;
-          cu.event_record(chunk.done, stream);
-          release(c);
-          throw;
-        }
-        release(c);
-      });
+  auto task = [&](size_t t, const std::atomic<bool>& stop) {
+    cuda::check(cu.ctx_set_current(ctx), "cuCtxSetCurrent");
+    const size_t c = acquire(stop, wait_for_chunks, &reading);
+    if (c == kNone) return;
+    char* host = chunks_[c].host;
+    try {
+      int64_t pos = 0;
+      for (size_t j = plan.bounds[t]; j < plan.bounds[t + 1]; ++j) {
+        const ReadPiece& p = plan.pieces[j];
+        read_piece(*plan.files[p.file], p, host + pos, direct, stop);
+        pos += p.len;
+      }
+    } catch (...) {
+      release(c);  // no copy reads it yet
+      throw;
+    }
+    if (stop.load(std::memory_order_relaxed)) {
+      release(c);
+      return;
+    }
+    bool full;
+    {
+      std::lock_guard<std::mutex> lock(reading.mu);
+      // One copy per run of pieces that is contiguous in the destination too.
+      int64_t pos = 0;
+      for (size_t j = plan.bounds[t]; j < plan.bounds[t + 1]; ++j) {
+        const ReadPiece& p = plan.pieces[j];
+        const auto dst = base + static_cast<cuda::DevicePtr>(p.dst);
+        const bool extends = j > plan.bounds[t] && dst == reading.dsts.back() + reading.sizes.back() &&
+                             !starts_allocation(r, p.dst);
+        if (extends)
+          reading.sizes.back() += static_cast<size_t>(p.len);
+        else
+          reading.dsts.push_back(dst), reading.srcs.push_back(reinterpret_cast<cuda::DevicePtr>(host + pos)),
+              reading.sizes.push_back(static_cast<size_t>(p.len));
+        pos += p.len;
+      }
+      reading.chunks.push_back(c);
+      full = reading.chunks.size() >= group_chunks_;
+    }
+    if (full) submit(reading);
+  };
+  try {
+    ThreadPool::instance().run(plan.bounds.size() - 1, static_cast<size_t>(r.num_threads), task);
+  } catch (...) {
+    // The read failed: chunks read but not submitted are freed without a copy (nothing partial
+    // is sent on to the batch).
+    std::vector<size_t> unsent;
+    {
+      std::lock_guard<std::mutex> lock(reading.mu);
+      unsent.swap(reading.chunks);
+    }
+    for (size_t c : unsent) release(c);
+    throw;
+  }
+  submit(reading);
   return plan.total;
 }
 
@@ -163,7 +263,11 @@ cuda::Context DeviceStager::bind_context() {
     throw Error(Error::kInvalid, "no CUDA context is current on the calling thread (use the loader's device first)");
   std::lock_guard<std::mutex> lock(mu_);
   if (ctx_ == nullptr) {
-    for (Chunk& c : chunks_) cuda::check(cu.event_create(&c.done, cuda::kEventDisableTiming), "cuEventCreate");
+    groups_.resize(chunks_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      cuda::check(cu.event_create(&groups_[g].done, cuda::kEventDisableTiming), "cuEventCreate");
+      free_groups_.push_back(g);
+    }
     ctx_ = ctx;
   } else if (ctx != ctx_) {
     throw Error(Error::kInvalid, "DeviceStager is bound to another CUDA context (one stager per device)");
@@ -188,7 +292,7 @@ int64_t DeviceStager::gather_mapped(const std::vector<const MappedFile*>& files,
     size_t end = i;
     while (end < plan.pieces.size() && end - i < per_launch && plan.pieces[end].file == plan.pieces[i].file) ++end;
     const size_t n = end - i;
-    const size_t c = acquire(never, true);
+    const size_t c = acquire(never, true, nullptr);
     Chunk& chunk = chunks_[c];
     auto* table = reinterpret_cast<long long*>(chunk.host);
     long long *offsets = table, *lengths = table + n, *dst_offsets = table + 2 * n;
@@ -206,8 +310,14 @@ int64_t DeviceStager::gather_mapped(const std::vector<const MappedFile*>& files,
     const auto grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, blocks)));
     const cuda::Result launched = cu.launch_kernel(reinterpret_cast<cuda::Function>(function), grid, 1, 1, 256, 1,
                                                    1, 0, stream, params, nullptr);
-    if (launched == cuda::kSuccess) cu.event_record(chunk.done, stream);
-    chunk.pending = launched == cuda::kSuccess;
+    if (launched == cuda::kSuccess) {
+      size_t g;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        g = start_group({c});
+      }
+      cu.event_record(groups_[g].done, stream);
+    }
     release(c);
     cuda::check(launched, "cuLaunchKernel (gather from the mapped page cache)");
     i = end;
@@ -219,16 +329,22 @@ bool DeviceStager::idle(double timeout_s) {
   if (ctx_ == nullptr) return true;
   const auto& cu = cuda::api();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  for (Chunk& c : chunks_) {
-    if (!c.pending) continue;
+  std::vector<size_t> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t g = 0; g < groups_.size(); ++g)
+      if (groups_[g].chunks > 0 && !groups_[g].complete) live.push_back(g);
+  }
+  for (size_t g : live) {
     for (;;) {
-      const cuda::Result r = cu.event_query(c.done);
+      const cuda::Result r = cu.event_query(groups_[g].done);
       if (r == cuda::kSuccess) break;
       if (r != cuda::kNotReady) return false;
       if (std::chrono::steady_clock::now() > deadline) return false;
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    c.pending = false;
+    std::lock_guard<std::mutex> lock(mu_);
+    groups_[g].complete = true;
   }
   return true;
 }

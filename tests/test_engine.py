@@ -805,3 +805,17 @@ def test_io_options_are_named_after_themselves_and_old_names_still_work(monkeypa
         DeprecationWarning, match="TORCH_FASTLOAD_NUM_THREADS is deprecated: set TORCH_FASTLOAD_IO_THREADS"
     ):
         assert config.get("io_threads") == 7
+
+
+def test_the_rings_group_size_defaults_to_4_and_bad_settings_are_refused(monkeypatch):
+    ring = np.zeros(8 * 4096, dtype=np.uint8)  # the constructor touches no GPU: host memory does
+    make = lambda group=0: _C.DeviceStager(ring.ctypes.data, ring.nbytes, 4096, group)  # noqa: E731
+    assert make().group_chunks == 4 and make(3).group_chunks == 3 and make().chunks == 8
+    with pytest.raises(ValueError, match="group_chunks must be >= 1, got -2"):
+        make(-2)
+    monkeypatch.setenv("TORCH_FASTLOAD_RING_GROUP", "7")
+    assert make().group_chunks == 7 and make(2).group_chunks == 2  # the argument wins
+    for bad in ("0", "four", "4x"):
+        monkeypatch.setenv("TORCH_FASTLOAD_RING_GROUP", bad)
+        with pytest.raises(ValueError, match=f"TORCH_FASTLOAD_RING_GROUP must be an integer >= 1, got '{bad}'"):
+            make()

@@ -3,6 +3,7 @@ machine every backend (engine, kvikio into pinned slots, kvikio/GDS into device 
 torch's batches, with typed errors for files damaged between planning and reading."""
 
 import os
+import threading
 import traceback
 import warnings
 
@@ -183,13 +184,13 @@ def test_o_direct_file_cut_at_a_page_boundary(tmp_path, device):
     it.close()
 
 
-def _ring_read(tmp_path, wait_for_chunks: bool) -> bool:
+def _ring_read(tmp_path, wait_for_chunks: bool, group_chunks: int | None = None) -> bool:
     """Read 4 MiB in 64 KiB tasks through a 2-chunk ring while the copy stream is held back by
     a sleeping kernel, so every chunk is reused while its copies wait; True if bytes match."""
     data = np.random.default_rng(4).integers(0, 256, 4 << 20, dtype=np.uint8)
     path = tmp_path / "ring.bin"
     data.tofile(path)
-    stager = engine.DeviceStager(64 << 10, 2)
+    stager = engine.DeviceStager(64 << 10, 2, group_chunks=group_chunks)
     stream = torch.cuda.Stream()
     dst = torch.empty(len(data), dtype=torch.uint8, device="cuda")
     offsets = np.arange(0, len(data), 4096)[::-1].copy()  # nothing coalesces: 64 tasks
@@ -207,19 +208,70 @@ def _ring_read(tmp_path, wait_for_chunks: bool) -> bool:
             task_size=64 << 10,
             wait_for_chunks=wait_for_chunks,
         )
+    assert stager.free_chunks == 2, "a chunk read was never handed back to the ring"
     stream.synchronize()
     assert stager.close()
     return bool(torch.equal(dst.cpu(), torch.from_numpy(data)))
 
 
+# 1: a group a chunk; 2: the whole ring; 8: more than the ring holds, so a task finding no free
+# chunk submits its own read's chunks (without that the read would wait forever).
 @pytest.mark.cuda
-def test_ring_chunks_wait_for_their_copies(tmp_path):
-    assert _ring_read(tmp_path, wait_for_chunks=True)
+@pytest.mark.parametrize("group_chunks", [1, 2, 8])
+def test_ring_chunks_wait_for_their_copies(tmp_path, group_chunks):
+    assert _ring_read(tmp_path, wait_for_chunks=True, group_chunks=group_chunks)
 
 
 @pytest.mark.cuda
 def test_negative_control_ring_reused_without_waiting_corrupts(tmp_path):
     assert not _ring_read(tmp_path, wait_for_chunks=False), "the race window did not open: the wait test proves nothing"
+
+
+@pytest.mark.cuda
+def test_a_ring_read_failing_midway_frees_every_chunk_and_the_ring_reads_on(tmp_path):
+    data = np.random.default_rng(5).integers(0, 256, 4 << 20, dtype=np.uint8)
+    path = tmp_path / "cut.bin"
+    data.tofile(path)
+    stager = engine.DeviceStager(64 << 10, 2, group_chunks=8)
+    stream = torch.cuda.Stream()
+    dst = torch.empty(len(data), dtype=torch.uint8, device="cuda")
+    offsets = np.arange(0, len(data), 4096)
+    # The file is cut to 1 MiB while the read's later tasks wait for chunks behind a sleeping
+    # kernel (~25 ms): its first MiB is read, the rest ends early.
+    cutter = threading.Timer(0.005, os.truncate, (path, 1 << 20))
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)
+        cutter.start()
+        with pytest.raises(EOFError, match="cut.bin"):
+            stager.read(
+                str(path),
+                None,
+                offsets,
+                np.full(len(offsets), 4096),
+                dst,
+                offsets,
+                stream=stream.cuda_stream,
+                num_threads=4,
+                task_size=64 << 10,
+            )
+    cutter.join()
+    assert stager.free_chunks == 2, "chunks of the failed read were lost to the ring"
+    again = tmp_path / "again.bin"
+    data.tofile(again)
+    stager.read(
+        str(again),
+        None,
+        offsets,
+        np.full(len(offsets), 4096),
+        dst,
+        offsets,
+        stream=stream.cuda_stream,
+        num_threads=4,
+        task_size=64 << 10,
+    )
+    stream.synchronize()
+    assert torch.equal(dst.cpu(), torch.from_numpy(data))
+    assert stager.close()
 
 
 @pytest.mark.cuda

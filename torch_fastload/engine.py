@@ -264,13 +264,16 @@ def plan_ranges(
 class DeviceStager:
     """Reads file ranges into GPU memory through a ring of ``chunks`` pinned chunks that it owns.
 
-    Each engine task preads into a chunk and enqueues the chunk's H2D copies on the caller's
-    stream; a chunk is rewritten only once its copies have completed (an event per chunk).
-    The ring stays small enough to live in the CPU's last-level cache, which is what makes
-    this faster than reading a whole batch into a pinned slot first (csrc/device_stager.h).
+    Each engine task preads into a chunk; the copies of ``group_chunks`` chunks read are enqueued
+    on the caller's stream together (one ``cuMemcpyBatchAsync``, one event), so a batch costs
+    few driver calls, which the training thread's kernel launches would queue behind. A chunk is
+    rewritten only once its group's copies have completed. The ring stays small enough to live
+    in the CPU's last-level cache, which is what makes this faster than reading a whole batch
+    into a pinned slot first (csrc/device_stager.h). ``group_chunks`` None: 4, or
+    ``TORCH_FASTLOAD_RING_GROUP``.
     """
 
-    def __init__(self, chunk_bytes: int, chunks: int):
+    def __init__(self, chunk_bytes: int, chunks: int, group_chunks: int | None = None):
         import torch
 
         engine = _require()
@@ -281,7 +284,12 @@ class DeviceStager:
         # Page-aligned chunks: O_DIRECT reads land in them without a bounce where ranges align.
         self._ring = torch.empty(chunk_bytes * chunks + engine.DIRECT_ALIGNMENT, dtype=torch.uint8, pin_memory=True)
         start = -self._ring.data_ptr() % engine.DIRECT_ALIGNMENT
-        self._stager = engine.DeviceStager(self._ring.data_ptr() + start, chunk_bytes * chunks, chunk_bytes)
+        if group_chunks is not None and group_chunks < 1:
+            raise ValueError(f"group_chunks must be >= 1, got {group_chunks}")
+        self._stager = engine.DeviceStager(
+            self._ring.data_ptr() + start, chunk_bytes * chunks, chunk_bytes, int(group_chunks or 0)
+        )
+        self.group_chunks = self._stager.group_chunks
 
     def read(
         self,
@@ -319,6 +327,13 @@ class DeviceStager:
             o_direct=bool(o_direct),
             wait_for_chunks=bool(wait_for_chunks),
         )
+
+    @property
+    def free_chunks(self) -> int:
+        """Chunks no read holds now (copies of theirs may still be in flight)."""
+        if self._stager is None:
+            raise ValueError("this DeviceStager is closed")
+        return self._stager.free_chunks
 
     def gather_mapped(
         self,
