@@ -8,12 +8,14 @@ the feed in each of MODES (order reversed every other round):
   turns in next()   config turn_thread=0 (the group turns inside next(), not on a thread);
   isolated          the defaults, the launching thread pinned to one CPU, every other thread of
                     the process kept off that CPU and its SMT siblings;
-  config:K=V;K2=V2  the defaults with these config options (e.g. config:io_task_size=16MiB).
+  config:K=V;K2=V2  the defaults with these config options (e.g. config:io_task_size=16MiB);
+  env:K=V           the defaults with these environment variables set while the loader is made
+                    and run (e.g. env:TORCH_FASTLOAD_RING_WAIT=block, read when its ring is made).
 Each run times K launches a batch (K as in beside_step.py; LAUNCH_SCALE multiplies it, so the
 loader runs at that fraction of its full rate) and records: launches/s over its launch loops (the
 issue's figure), steps/s with next() counted too, the thread's CPU seconds over its wall seconds
 while launching (below 1: it waited, for the GIL or a lock), its voluntary and involuntary context
-switches. The loader's own batches/s in each mode is measured first.
+switches. The loader's own batches/s in each mode is measured after each of its runs.
 
     python3 benchmarks/gpu/launch_cpu_probe.py [ROUNDS]      # JSON on stdout's last line
     env FEEDS="bare,TensorDataset,ArrayDataset mapped,ArrayDataset ring,RecordDataset" DATA_GIB=1
@@ -22,6 +24,7 @@ switches. The loader's own batches/s in each mode is measured first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -124,18 +127,30 @@ def launch_run(kernels: int, batches, isolated: bool = False) -> dict:
     }
 
 
+@contextlib.contextmanager
 def in_mode(mode: str):
-    """The config of one beside run in ``mode``."""
+    """The config (and environment) of one beside run in ``mode``."""
     import torch_fastload
 
     options: dict = {}
+    env: dict = {}
     if mode == "turns in next()":
         options["turn_thread"] = False
-    elif mode.startswith("config:"):
-        for item in mode[len("config:") :].split(";"):
+    elif mode.startswith(("config:", "env:")):
+        for item in mode.partition(":")[2].split(";"):
             key, _, value = item.partition("=")
-            options[key.strip()] = value.strip()
-    return torch_fastload.config.override(**options)
+            (env if mode.startswith("env:") else options)[key.strip()] = value.strip()
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with torch_fastload.config.override(**options):
+            yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def main() -> None:
@@ -161,10 +176,7 @@ def main() -> None:
             scale = float(os.environ.get("LAUNCH_SCALE", "1"))
             kernels = max(1, round(scale * bs.launches_per_second(2000, 10, device)[0] / rate))
             feed_modes = ["beside"] if name == "bare" else modes
-            loader_rates = {}
-            for mode in feed_modes:
-                with in_mode(mode):
-                    loader_rates[mode] = bs.loader_rate(make, 60)
+            loader_rates: dict = {mode: [] for mode in feed_modes}  # the loader alone, each round
             runs: dict = {m: [] for m in ["alone", *feed_modes]}
             for k in range(ROUNDS):
                 runs["alone"].append(launch_run(kernels, (resident[i % 4] for i in range(10**9))))
@@ -174,6 +186,8 @@ def main() -> None:
                         feed = bs.endless(make, paths) if name != "bare" else make()
                         runs[mode].append(launch_run(kernels, feed, isolated=mode == "isolated"))
                         del feed
+                        if name != "bare":
+                            loader_rates[mode].append(bs.loader_rate(make, 150))
                     runs[mode][-1]["paths"] = sorted(set(paths))
             summary = {}
             for mode in feed_modes:
@@ -201,10 +215,11 @@ def main() -> None:
                     f"invol {med('involuntary_switches'):.0f}"
                 )
                 if mode in summary:
-                    m = summary[mode]
+                    m, alone_rate = summary[mode], statistics.median(loader_rates[mode] or [0])
                     line += (
                         f" | vs alone {m['ratio']:.3f} (pairs {min(m['pairs']):.2f}-{max(m['pairs']):.2f}), "
-                        f"steps/s {m['steps_ratio']:.3f}, loader alone {loader_rates[mode]:.0f} batches/s"
+                        f"steps/s {m['steps_ratio']:.3f}, loader alone {alone_rate:.0f} "
+                        f"batches/s (median of {len(loader_rates[mode])})"
                     )
                 print(line)
     print(json.dumps(result))
