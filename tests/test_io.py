@@ -184,6 +184,23 @@ def test_o_direct_file_cut_at_a_page_boundary(tmp_path, device):
     it.close()
 
 
+def _read_pages(stager, path, offsets, dst, stream, **options) -> int:
+    """4 KiB ranges of `path` at `offsets` to the same offsets of `dst`, 64 KiB tasks, 4 threads."""
+    lengths = np.full(len(offsets), 4096)
+    return stager.read(
+        str(path),
+        None,
+        offsets,
+        lengths,
+        dst,
+        offsets,
+        stream=stream.cuda_stream,
+        num_threads=4,
+        task_size=64 << 10,
+        **options,
+    )
+
+
 def _ring_read(tmp_path, wait_for_chunks: bool, group_chunks: int | None = None) -> bool:
     """Read 4 MiB in 64 KiB tasks through a 2-chunk ring while the copy stream is held back by
     a sleeping kernel, so every chunk is reused while its copies wait; True if bytes match."""
@@ -196,18 +213,7 @@ def _ring_read(tmp_path, wait_for_chunks: bool, group_chunks: int | None = None)
     offsets = np.arange(0, len(data), 4096)[::-1].copy()  # nothing coalesces: 64 tasks
     with torch.cuda.stream(stream):
         torch.cuda._sleep(50_000_000)  # ~25 ms: the first copies wait behind this
-        stager.read(
-            str(path),
-            None,
-            offsets,
-            np.full(len(offsets), 4096),
-            dst,
-            offsets,
-            stream=stream.cuda_stream,
-            num_threads=4,
-            task_size=64 << 10,
-            wait_for_chunks=wait_for_chunks,
-        )
+        _read_pages(stager, path, offsets, dst, stream, wait_for_chunks=wait_for_chunks)
     assert stager.free_chunks == 2, "a chunk read was never handed back to the ring"
     stream.synchronize()
     assert stager.close()
@@ -243,32 +249,12 @@ def test_a_ring_read_failing_midway_frees_every_chunk_and_the_ring_reads_on(tmp_
         torch.cuda._sleep(50_000_000)
         cutter.start()
         with pytest.raises(EOFError, match="cut.bin"):
-            stager.read(
-                str(path),
-                None,
-                offsets,
-                np.full(len(offsets), 4096),
-                dst,
-                offsets,
-                stream=stream.cuda_stream,
-                num_threads=4,
-                task_size=64 << 10,
-            )
+            _read_pages(stager, path, offsets, dst, stream)
     cutter.join()
     assert stager.free_chunks == 2, "chunks of the failed read were lost to the ring"
     again = tmp_path / "again.bin"
     data.tofile(again)
-    stager.read(
-        str(again),
-        None,
-        offsets,
-        np.full(len(offsets), 4096),
-        dst,
-        offsets,
-        stream=stream.cuda_stream,
-        num_threads=4,
-        task_size=64 << 10,
-    )
+    _read_pages(stager, again, offsets, dst, stream)
     stream.synchronize()
     assert torch.equal(dst.cpu(), torch.from_numpy(data))
     assert stager.close()
