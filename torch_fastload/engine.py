@@ -280,12 +280,12 @@ class DeviceStager:
         chunk_bytes = -(-int(chunk_bytes) // engine.DIRECT_ALIGNMENT) * engine.DIRECT_ALIGNMENT
         if chunks < 1:
             raise ValueError(f"chunks must be >= 1, got {chunks}")
+        if group_chunks is not None and group_chunks < 1:
+            raise ValueError(f"group_chunks must be >= 1, got {group_chunks}")
         self.chunk_bytes, self.chunks = chunk_bytes, int(chunks)
         # Page-aligned chunks: O_DIRECT reads land in them without a bounce where ranges align.
         self._ring = torch.empty(chunk_bytes * chunks + engine.DIRECT_ALIGNMENT, dtype=torch.uint8, pin_memory=True)
         start = -self._ring.data_ptr() % engine.DIRECT_ALIGNMENT
-        if group_chunks is not None and group_chunks < 1:
-            raise ValueError(f"group_chunks must be >= 1, got {group_chunks}")
         self._stager = engine.DeviceStager(
             self._ring.data_ptr() + start, chunk_bytes * chunks, chunk_bytes, int(group_chunks or 0)
         )
