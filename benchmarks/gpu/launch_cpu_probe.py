@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -127,8 +128,7 @@ def launch_run(kernels: int, batches, isolated: bool = False) -> dict:
     }
 
 
-@contextlib.contextmanager
-def in_mode(mode: str):
+def in_mode(mode: str) -> contextlib.ExitStack:
     """The config (and environment) of one beside run in ``mode``."""
     import torch_fastload
 
@@ -140,17 +140,10 @@ def in_mode(mode: str):
         for item in mode.partition(":")[2].split(";"):
             key, _, value = item.partition("=")
             (env if mode.startswith("env:") else options)[key.strip()] = value.strip()
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        with torch_fastload.config.override(**options):
-            yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.dict(os.environ, env))
+    stack.enter_context(torch_fastload.config.override(**options))
+    return stack
 
 
 def main() -> None:
