@@ -17,18 +17,26 @@ issue's figure), steps/s with next() counted too, the thread's CPU seconds over 
 while launching (below 1: it waited, for the GIL or a lock), its voluntary and involuntary context
 switches. The loader's own batches/s in each mode is measured after each of its runs.
 
+LAUNCHERS="python,native" repeats every run with the launches made by a C loop (ctypes, the GIL
+released for all K launches of a step, cuLaunchKernel of a one-thread kernel on the same
+stream): what a loader costs a thread that never waits for the GIL while it launches, so the
+two launchers' gap beside a loader is the GIL's share of its cost and the native launcher's
+own gap to alone is the driver's and the link's.
+
     python3 benchmarks/gpu/launch_cpu_probe.py [ROUNDS]      # JSON on stdout's last line
     env FEEDS="bare,TensorDataset,ArrayDataset mapped,ArrayDataset ring,RecordDataset" DATA_GIB=1
-        MODES="beside,turns in next()" LAUNCH_SCALE=1
+        MODES="beside,turns in next()" LAUNCH_SCALE=1 LAUNCHERS=python
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -88,21 +96,64 @@ def place(isolated: bool) -> None:
             pass  # the thread ended
 
 
-def launch_run(kernels: int, batches, isolated: bool = False) -> dict:
+_LAUNCH_C = r"""
+#include <dlfcn.h>
+typedef int (*launch_fn)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                         void**, void**);
+static launch_fn launch;
+int launch_n(void* function, void* stream, int n, void* x) {
+  if (!launch) {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib || !(launch = (launch_fn)dlsym(lib, "cuLaunchKernel"))) return -1;
+  }
+  void* params[] = {&x};
+  for (int i = 0; i < n; ++i) {
+    int r = launch(function, 1, 1, 1, 1, 1, 1, 0, stream, params, 0);
+    if (r) return r;
+  }
+  return 0;
+}
+"""
+_BUMP = 'extern "C" __global__ void bump(float* x) { x[0] += 1.0f; }'
+
+
+def native_launcher(workdir: Path):
+    """launch(x, k): k launches of a one-thread kernel bumping ``x`` on the current stream, from a
+    C loop that ctypes runs without the GIL (as x.add_(1) k times, minus Python and the GIL)."""
+    src, lib = workdir / "launch_n.c", workdir / "launch_n.so"
+    src.write_text(_LAUNCH_C)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], check=True)
+    launch_n = ctypes.CDLL(str(lib)).launch_n
+    launch_n.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    function = torch.cuda._compile_kernel(_BUMP, "bump").func.value
+
+    def launch(x: torch.Tensor, k: int) -> None:
+        code = launch_n(function, torch.cuda.current_stream().cuda_stream, k, x.data_ptr())
+        if code:
+            raise RuntimeError(f"cuLaunchKernel returned {code}")
+
+    return launch
+
+
+def python_launch(x: torch.Tensor, k: int) -> None:
+    for _ in range(k):
+        x.add_(1)
+
+
+def launch_run(kernels: int, batches, isolated: bool = False, launch=python_launch, steps: int = STEPS) -> dict:
     """bs.launches_per_second's loop, placed after its warm-up (the loader's threads exist then)."""
     x = torch.zeros(1, device=device)
     it = iter(batches)
     me = threading.get_native_id()
     wall = cpu = waiting = 0.0
-    for i in range(STEPS + bs.WARMUP_STEPS):
+    for i in range(steps + bs.WARMUP_STEPS):
         if i == bs.WARMUP_STEPS:
             place(isolated)
             before, ru = tasks(), resource.getrusage(resource.RUSAGE_THREAD)
         t0 = time.perf_counter()
         next(it)
         t1, c1 = time.perf_counter(), time.thread_time()
-        for _ in range(kernels):
-            x.add_(1)
+        launch(x, kernels)
         t2, c2 = time.perf_counter(), time.thread_time()
         if i >= bs.WARMUP_STEPS:
             wall += t2 - t1
@@ -117,9 +168,9 @@ def launch_run(kernels: int, batches, isolated: bool = False) -> dict:
         1 for tid, (ticks, on) in after.items() if tid != me and on in near and ticks > before.get(tid, (ticks, 0))[0]
     )
     return {
-        "rate": kernels * STEPS / wall,
-        "steps_per_s": STEPS / (wall + waiting),
-        "next_ms": waiting / STEPS * 1e3,
+        "rate": kernels * steps / wall,
+        "steps_per_s": steps / (wall + waiting),
+        "next_ms": waiting / steps * 1e3,
         "cpu_over_wall": cpu / wall,
         "voluntary_switches": ru2.ru_nvcsw - ru.ru_nvcsw,
         "involuntary_switches": ru2.ru_nivcsw - ru.ru_nivcsw,
@@ -163,42 +214,58 @@ def main() -> None:
             if want == "bare":
                 candidates["bare"] = lambda: bs._link_busy_batches(resident, args, device)
             candidates.update({k: v for k, v in defaults.items() if k.startswith(want)})
+        launchers = {"python": python_launch}
+        if "native" in os.environ.get("LAUNCHERS", "python"):
+            launchers["native"] = native_launcher(Path(tmp))
         for name, make in candidates.items():
             rate = bs.loader_rate(make, 60)
             # LAUNCH_SCALE > 1: steps that hold the GIL longer than the loader needs per batch
             scale = float(os.environ.get("LAUNCH_SCALE", "1"))
-            kernels = max(1, round(scale * bs.launches_per_second(2000, 10, device)[0] / rate))
             feed_modes = ["beside"] if name == "bare" else modes
+            kernels, alone, labels = {}, {}, {}  # per launcher: K, its alone runs' key, its modes' keys
+            for who, launch in launchers.items():
+                probe = launch_run(2000, (resident[i % 4] for i in range(10**9)), launch=launch, steps=10)
+                kernels[who] = max(1, round(scale * probe["rate"] / rate))
+                prefix = "" if who == "python" else f"{who} "
+                alone[who] = f"{prefix}alone"
+                labels[who] = {mode: f"{prefix}{mode}" for mode in feed_modes}
             loader_rates: dict = {mode: [] for mode in feed_modes}  # the loader alone, each round
-            runs: dict = {m: [] for m in ["alone", *feed_modes]}
+            runs: dict = {key: [] for who in launchers for key in [alone[who], *labels[who].values()]}
             for k in range(ROUNDS):
-                runs["alone"].append(launch_run(kernels, (resident[i % 4] for i in range(10**9))))
-                for mode in feed_modes if k % 2 == 0 else feed_modes[::-1]:
-                    paths: list = []
-                    with in_mode(mode):
-                        feed = bs.endless(make, paths) if name != "bare" else make()
-                        runs[mode].append(launch_run(kernels, feed, isolated=mode == "isolated"))
-                        del feed
-                        if name != "bare":
-                            loader_rates[mode].append(bs.loader_rate(make, 150))
-                    runs[mode][-1]["paths"] = sorted(set(paths))
+                for who, launch in launchers.items():
+                    endless_resident = (resident[i % 4] for i in range(10**9))
+                    runs[alone[who]].append(launch_run(kernels[who], endless_resident, launch=launch))
+                    for mode in feed_modes if k % 2 == 0 else feed_modes[::-1]:
+                        paths: list = []
+                        with in_mode(mode):
+                            feed = bs.endless(make, paths) if name != "bare" else make()
+                            isolated = mode == "isolated"
+                            runs[labels[who][mode]].append(launch_run(kernels[who], feed, isolated, launch))
+                            del feed
+                            if name != "bare" and who == "python":
+                                loader_rates[mode].append(bs.loader_rate(make, 150))
+                        runs[labels[who][mode]][-1]["paths"] = sorted(set(paths))
             summary = {}
-            for mode in feed_modes:
-                pairs = [b["rate"] / a["rate"] for a, b in zip(runs["alone"], runs[mode])]
-                steps = [b["steps_per_s"] / a["steps_per_s"] for a, b in zip(runs["alone"], runs[mode])]
-                summary[mode] = {
-                    "ratio": statistics.median(pairs),
-                    "pairs": pairs,
-                    "steps_ratio": statistics.median(steps),
-                }
+            for who in launchers:
+                for mode, label in labels[who].items():
+                    base, beside = runs[alone[who]], runs[label]
+                    pairs = [b["rate"] / a["rate"] for a, b in zip(base, beside)]
+                    steps = [b["steps_per_s"] / a["steps_per_s"] for a, b in zip(base, beside)]
+                    summary[label] = {
+                        "ratio": statistics.median(pairs),
+                        "pairs": pairs,
+                        "steps_ratio": statistics.median(steps),
+                        "loader_mode": mode,
+                    }
             result["feeds"][name] = {
                 "loader_batches_per_s": rate,
-                "kernels": kernels,
+                "kernels": kernels["python"],
+                "kernels_by_launcher": kernels,
                 "summary": summary,
                 "loader_batches_per_s_by_mode": loader_rates,
                 "runs": runs,
             }
-            print(f"{name}: loader {rate:.0f} batches/s alone, {kernels} launches a batch")
+            print(f"{name}: loader {rate:.0f} batches/s alone, launches a batch {kernels}")
             for mode, rs in runs.items():
                 med = lambda key, rs=rs: statistics.median(r[key] for r in rs)  # noqa: E731
                 line = (
@@ -208,11 +275,12 @@ def main() -> None:
                     f"invol {med('involuntary_switches'):.0f}"
                 )
                 if mode in summary:
-                    m, alone_rate = summary[mode], statistics.median(loader_rates[mode] or [0])
+                    m = summary[mode]
+                    alone_rate = statistics.median(loader_rates[m["loader_mode"]] or [0])
                     line += (
                         f" | vs alone {m['ratio']:.3f} (pairs {min(m['pairs']):.2f}-{max(m['pairs']):.2f}), "
                         f"steps/s {m['steps_ratio']:.3f}, loader alone {alone_rate:.0f} "
-                        f"batches/s (median of {len(loader_rates[mode])})"
+                        f"batches/s (median of {len(loader_rates[m['loader_mode']])})"
                     )
                 print(line)
     print(json.dumps(result))
