@@ -160,7 +160,9 @@ def launch_run(kernels: int, batches, isolated: bool = False, launch=python_laun
             cpu += c2 - c1
             waiting += t1 - t0
     after, ru2 = tasks(), resource.getrusage(resource.RUSAGE_THREAD)
+    t3 = time.perf_counter()
     torch.cuda.synchronize()
+    lag = time.perf_counter() - t3  # well above a launch: the GPU, not the thread, set the pace
     place(False)
     my_cpu = after.get(me, (0, -1))[1]
     near = siblings(my_cpu) if my_cpu >= 0 else set()
@@ -172,6 +174,7 @@ def launch_run(kernels: int, batches, isolated: bool = False, launch=python_laun
         "steps_per_s": steps / (wall + waiting),
         "next_ms": waiting / steps * 1e3,
         "cpu_over_wall": cpu / wall,
+        "gpu_lag_ms": lag * 1e3,
         "voluntary_switches": ru2.ru_nvcsw - ru.ru_nvcsw,
         "involuntary_switches": ru2.ru_nivcsw - ru.ru_nivcsw,
         "busy_threads_on_its_core": busy_near,
@@ -271,7 +274,8 @@ def main() -> None:
                 line = (
                     f"  {mode:16s} {med('rate') / 1e3:6.1f} k/s ({min(r['rate'] for r in rs) / 1e3:.0f}-"
                     f"{max(r['rate'] for r in rs) / 1e3:.0f}), next() {med('next_ms'):.3f} ms, "
-                    f"cpu/wall {med('cpu_over_wall'):.3f}, switches vol {med('voluntary_switches'):.0f} "
+                    f"cpu/wall {med('cpu_over_wall'):.3f}, GPU lag {med('gpu_lag_ms'):.2f} ms, "
+                    f"switches vol {med('voluntary_switches'):.0f} "
                     f"invol {med('involuntary_switches'):.0f}"
                 )
                 if mode in summary:
