@@ -161,8 +161,9 @@ def launch_run(kernels: int, batches, isolated: bool = False, launch=python_laun
             waiting += t1 - t0
     after, ru2 = tasks(), resource.getrusage(resource.RUSAGE_THREAD)
     t3 = time.perf_counter()
-    torch.cuda.synchronize()
+    torch.cuda.current_stream().synchronize()  # the launches' stream only (not the loader's queue)
     lag = time.perf_counter() - t3  # well above a launch: the GPU, not the thread, set the pace
+    torch.cuda.synchronize()
     place(False)
     my_cpu = after.get(me, (0, -1))[1]
     near = siblings(my_cpu) if my_cpu >= 0 else set()
