@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 
+#include "cuda_driver.h"
 #include "device_stager.h"
 #include "image_probe.h"
 #include "jpeg_decode.h"
@@ -642,6 +643,20 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "pool_size", [] { return tfl::ThreadPool::instance().num_workers(); },
       "Worker threads in the persistent pool (the calling thread works too).");
+  m.def(
+      "driver_call_counts",
+      [] {
+        py::dict out;
+        for (const auto& c : tfl::cuda::call_counts()) {
+          py::object thread = py::int_(c.thread);
+          if (!out.contains(thread)) out[thread] = py::dict();
+          out[thread].cast<py::dict>()[c.name] = c.calls;
+        }
+        return out;
+      },
+      "{thread id: {driver entry point: calls}} of the engine's own driver calls so far, counted\n"
+      "where TORCH_FASTLOAD_COUNT_DRIVER_CALLS=1 was set before its first driver call (probes);\n"
+      "empty otherwise.");
   bind_native_loop(m);
   bind_range_plan(m);
 }

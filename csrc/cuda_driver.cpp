@@ -1,10 +1,14 @@
 #include "cuda_driver.h"
 
 #include <dlfcn.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "engine.h"
 
@@ -18,7 +22,60 @@ void resolve(void* lib, const char* name, F& fn) {
   if (fn == nullptr) throw Error(Error::kInvalid, std::string("libcuda.so.1 has no ") + name);
 }
 
+// The call counter of TORCH_FASTLOAD_COUNT_DRIVER_CALLS: each entry point's pointer replaced by
+// a trampoline that counts the call under the calling thread's id, then makes it.
+std::mutex count_mu;
+std::map<std::pair<long, const char*>, uint64_t> counts;
+
+void count(const char* name) {
+  thread_local const long tid = static_cast<long>(::syscall(SYS_gettid));
+  std::lock_guard<std::mutex> lock(count_mu);
+  ++counts[{tid, name}];
+}
+
+template <int Id, class F>
+struct Counted;
+
+template <int Id, class R, class... A>
+struct Counted<Id, R (*)(A...)> {
+  static inline R (*original)(A...) = nullptr;
+  static inline const char* name = nullptr;
+  static R call(A... args) {
+    count(name);
+    return original(args...);
+  }
+};
+
+template <int Id, class F>
+void counted(F& fn, const char* name) {
+  if (fn == nullptr) return;
+  Counted<Id, F>::original = fn, Counted<Id, F>::name = name;
+  fn = &Counted<Id, F>::call;
+}
+
+void count_every_call(Api& t) {
+  counted<0>(t.ctx_get_current, "cuCtxGetCurrent");
+  counted<1>(t.ctx_set_current, "cuCtxSetCurrent");
+  counted<2>(t.event_create, "cuEventCreate");
+  counted<3>(t.event_destroy, "cuEventDestroy");
+  counted<4>(t.event_record, "cuEventRecord");
+  counted<5>(t.event_query, "cuEventQuery");
+  counted<6>(t.memcpy_htod_async, "cuMemcpyHtoDAsync");
+  counted<7>(t.launch_kernel, "cuLaunchKernel");
+  counted<8>(t.stream_wait_event, "cuStreamWaitEvent");
+  counted<9>(t.stream_get_ctx, "cuStreamGetCtx");
+  counted<10>(t.event_elapsed_time, "cuEventElapsedTime");
+  counted<11>(t.memcpy_batch_async, "cuMemcpyBatchAsync");
+}
+
 }  // namespace
+
+std::vector<CallCount> call_counts() {
+  std::lock_guard<std::mutex> lock(count_mu);
+  std::vector<CallCount> out;
+  for (const auto& [key, calls] : counts) out.push_back({key.first, key.second, calls});
+  return out;
+}
 
 const Api& api() {
   static Api table{};
@@ -55,6 +112,8 @@ const Api& api() {
       if (batch == nullptr || std::string(batch) != "0")
         table.memcpy_batch_async =
             reinterpret_cast<decltype(table.memcpy_batch_async)>(::dlsym(lib, "cuMemcpyBatchAsync_v2"));
+      const char* counting = ::getenv("TORCH_FASTLOAD_COUNT_DRIVER_CALLS");
+      if (counting != nullptr && std::string(counting) == "1") count_every_call(table);
     } catch (const Error& e) {
       failure = e.what();
     }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace tfl::cuda {
 
@@ -66,6 +67,16 @@ struct Api {
 
 // The driver's entry points; throws tfl::Error (kInvalid) naming what is missing.
 const Api& api();
+
+// With TORCH_FASTLOAD_COUNT_DRIVER_CALLS=1 set before the first call, every call through api()
+// is counted per calling thread (probes: the loader's driver calls beside a launching thread);
+// {(thread id, entry point) -> calls} so far, empty when counting is off.
+struct CallCount {
+  long thread;
+  const char* name;
+  uint64_t calls;
+};
+std::vector<CallCount> call_counts();
 
 // The primary context of device `ordinal` (the one torch's runtime uses), retained once.
 Result primary_context(int ordinal, Context* out);

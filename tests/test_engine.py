@@ -819,3 +819,11 @@ def test_the_rings_group_size_defaults_to_4_and_bad_settings_are_refused(monkeyp
         monkeypatch.setenv("TORCH_FASTLOAD_RING_GROUP", bad)
         with pytest.raises(ValueError, match=f"TORCH_FASTLOAD_RING_GROUP must be an integer >= 1, got '{bad}'"):
             make()
+
+
+def test_driver_calls_are_not_counted_unless_asked():
+    """The per-thread driver call counter is a probe's switch: off, nothing is counted (and no
+    trampoline sits in front of the loader's calls)."""
+    if os.environ.get("TORCH_FASTLOAD_COUNT_DRIVER_CALLS") == "1":
+        pytest.skip("counting was switched on for this process")
+    assert _C.driver_call_counts() == {}

@@ -635,3 +635,41 @@ def test_each_batchs_copies_enter_the_copy_stream_after_the_earlier_batches(monk
         assert torch.equal(a[0].cpu(), b[0]) and torch.equal(a[1].cpu(), b[1])
     late = loops[-1].stats()["late_copies"]
     assert (late == 0) if ordered else (late > 0), late
+
+
+COUNT_CALLS_SCRIPT = """
+import sys, threading, torch
+from torch.utils.data import TensorDataset
+from torch_fastload import DataLoader, engine
+rows = torch.arange(512 * 1024, dtype=torch.float32).reshape(512, 1024)
+seen = sum(int(b[0].sum().item() != 0) for b in DataLoader(TensorDataset(rows), batch_size=64, shuffle=True))
+counts = engine._require().driver_call_counts()
+me = threading.get_native_id()
+loader = {}
+for tid, calls in counts.items():
+    if tid != me:
+        for name, n in calls.items():
+            loader[name] = loader.get(name, 0) + n
+print("batches", seen, "threads", len(counts), "loader", sorted(loader.items()))
+"""
+
+
+def test_driver_calls_are_counted_per_thread_when_asked():
+    """TORCH_FASTLOAD_COUNT_DRIVER_CALLS=1 (launch_cpu_probe.py's COUNT=1): the loop's own copies
+    and events show up under its worker threads, at least one event recorded a batch."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCH_FASTLOAD_COUNT_DRIVER_CALLS="1")
+    done = subprocess.run(
+        [sys.executable, "-c", COUNT_CALLS_SCRIPT], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "batches 8 " in done.stdout, done.stdout
+    loader = dict(re.findall(r"\('(\w+)', (\d+)\)", done.stdout))
+    assert int(loader.get("cuEventRecord", 0)) >= 8, done.stdout
+    copies = int(loader.get("cuLaunchKernel", 0)) + int(loader.get("cuMemcpyBatchAsync", 0))
+    copies += int(loader.get("cuMemcpyHtoDAsync", 0))
+    assert copies >= 8, done.stdout

@@ -23,6 +23,10 @@ stream): what a loader costs a thread that never waits for the GIL while it laun
 two launchers' gap beside a loader is the GIL's share of its cost and the native launcher's
 own gap to alone is the driver's and the link's.
 
+COUNT=1 counts the engine's own driver calls (TORCH_FASTLOAD_COUNT_DRIVER_CALLS) and reports
+them a step, made by the launching thread (its next()) and by the loader's threads, by entry
+point (torch's own calls, e.g. its allocator's, are not counted).
+
     python3 benchmarks/gpu/launch_cpu_probe.py [ROUNDS]      # JSON on stdout's last line
     env FEEDS="bare,TensorDataset,ArrayDataset mapped,ArrayDataset ring,RecordDataset" DATA_GIB=1
         MODES="beside,turns in next()" LAUNCH_SCALE=1 LAUNCHERS=python
@@ -50,6 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import beside_step as bs  # noqa: E402
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+COUNT = os.environ.get("COUNT") == "1"
+if COUNT:  # read once, at the engine's first driver call
+    os.environ["TORCH_FASTLOAD_COUNT_DRIVER_CALLS"] = "1"
 BATCH, ROW_KIB, STEPS = 256, 192, 120
 device = torch.device("cuda")
 
@@ -140,6 +147,28 @@ def python_launch(x: torch.Tensor, k: int) -> None:
         x.add_(1)
 
 
+def driver_calls() -> dict:
+    """{thread id: {entry point: calls}} of the engine so far (empty unless COUNT=1)."""
+    if not COUNT:
+        return {}
+    from torch_fastload import engine
+
+    return engine._require().driver_call_counts()
+
+
+def calls_per_step(before: dict, after: dict, me: int, steps: int) -> dict:
+    """{"training": {entry: calls a step}, "loader": {...}}: the launching thread's (next()) and
+    every other thread's driver calls over the timed steps."""
+    out: dict = {"training": {}, "loader": {}}
+    for tid, calls in after.items():
+        side = out["training" if tid == me else "loader"]
+        for name, n in calls.items():
+            n -= before.get(tid, {}).get(name, 0)
+            if n:
+                side[name] = side.get(name, 0) + n / steps
+    return out
+
+
 def launch_run(kernels: int, batches, isolated: bool = False, launch=python_launch, steps: int = STEPS) -> dict:
     """bs.launches_per_second's loop, placed after its warm-up (the loader's threads exist then)."""
     x = torch.zeros(1, device=device)
@@ -149,7 +178,7 @@ def launch_run(kernels: int, batches, isolated: bool = False, launch=python_laun
     for i in range(steps + bs.WARMUP_STEPS):
         if i == bs.WARMUP_STEPS:
             place(isolated)
-            before, ru = tasks(), resource.getrusage(resource.RUSAGE_THREAD)
+            before, ru, counted = tasks(), resource.getrusage(resource.RUSAGE_THREAD), driver_calls()
         t0 = time.perf_counter()
         next(it)
         t1, c1 = time.perf_counter(), time.thread_time()
@@ -159,7 +188,7 @@ def launch_run(kernels: int, batches, isolated: bool = False, launch=python_laun
             wall += t2 - t1
             cpu += c2 - c1
             waiting += t1 - t0
-    after, ru2 = tasks(), resource.getrusage(resource.RUSAGE_THREAD)
+    after, ru2, counted_after = tasks(), resource.getrusage(resource.RUSAGE_THREAD), driver_calls()
     t3 = time.perf_counter()
     torch.cuda.current_stream().synchronize()  # the launches' stream only (not the loader's queue)
     lag = time.perf_counter() - t3  # well above a launch: the GPU, not the thread, set the pace
@@ -180,6 +209,7 @@ def launch_run(kernels: int, batches, isolated: bool = False, launch=python_laun
         "involuntary_switches": ru2.ru_nivcsw - ru.ru_nivcsw,
         "busy_threads_on_its_core": busy_near,
         "cpu": my_cpu,
+        "driver_calls_per_step": calls_per_step(counted, counted_after, me, steps) if COUNT else None,
     }
 
 
@@ -288,6 +318,14 @@ def main() -> None:
                         f"batches/s (median of {len(loader_rates[m['loader_mode']])})"
                     )
                 print(line)
+                if COUNT and mode != "alone" and not mode.endswith(" alone"):
+                    for side in ("training", "loader"):
+                        names = sorted({n for r in rs for n in r["driver_calls_per_step"][side]})
+                        per = {
+                            n: statistics.median(r["driver_calls_per_step"][side].get(n, 0) for r in rs) for n in names
+                        }
+                        text = ", ".join(f"{n} {v:.1f}" for n, v in sorted(per.items(), key=lambda kv: -kv[1]))
+                        print(f"    driver calls a step, {side}: {sum(per.values()):.1f} ({text})")
     print(json.dumps(result))
 
 
