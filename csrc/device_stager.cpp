@@ -61,6 +61,8 @@ DeviceStager::DeviceStager(uintptr_t ring_ptr, int64_t ring_bytes, int64_t chunk
   }
   if (group_chunks < 1) throw Error(Error::kInvalid, "group_chunks must be >= 1, got " + std::to_string(group_chunks));
   group_chunks_ = static_cast<size_t>(group_chunks);
+  const char* poll = std::getenv("TORCH_FASTLOAD_RING_POLL");
+  one_poller_ = poll == nullptr || std::string(poll) != "each";
   const int64_t n = ring_bytes / chunk_bytes;
   chunks_.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -114,7 +116,7 @@ size_t DeviceStager::acquire(const std::atomic<bool>& stop, bool wait, Reading* 
   }
   if (!complete && wait) {
     try {
-      complete = wait_event(groups_[g].done, stop);
+      complete = wait_group(g, stop);
     } catch (...) {
       release(c);
       throw;
@@ -129,6 +131,34 @@ size_t DeviceStager::acquire(const std::atomic<bool>& stop, bool wait, Reading* 
   chunk.group = kNone;
   if (--groups_[g].chunks == 0) free_groups_.push_back(g);
   return c;
+}
+
+bool DeviceStager::wait_group(size_t g, const std::atomic<bool>& stop) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (groups_[g].complete) return true;
+      if (!groups_[g].polling || !one_poller_) break;
+      if (stop.load(std::memory_order_relaxed)) return false;
+      group_cv_.wait_for(lock, std::chrono::milliseconds(1));
+    }
+    groups_[g].polling = true;
+  }
+  bool done = false;
+  std::exception_ptr failed;
+  try {
+    done = wait_event(groups_[g].done, stop);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    groups_[g].polling = false;
+    groups_[g].complete = groups_[g].complete || done;
+  }
+  group_cv_.notify_all();
+  if (failed) std::rethrow_exception(failed);
+  return done;
 }
 
 size_t DeviceStager::free_chunks() {

@@ -68,6 +68,7 @@ class DeviceStager {
     cuda::Event done = nullptr;  // recorded after the group's copies
     size_t chunks = 0;           // chunks that still name this group
     bool complete = false;       // done was seen completed: no further query
+    bool polling = false;        // a thread is polling done; the others wait on group_cv_
   };
   struct Reading;  // one read()'s chunks waiting to be submitted as a group
 
@@ -75,6 +76,11 @@ class DeviceStager {
   // none is free, `reading`'s own chunks read but not yet submitted are submitted: they may be
   // what the ring is waiting for.
   size_t acquire(const std::atomic<bool>& stop, bool wait, Reading* reading);
+  // Whether group `g`'s copies are done (false: `stop` was set first). One thread at a time
+  // polls its event; the others reading chunks of the group wait for that thread's answer, so a
+  // group costs the driver one thread's queries, not one per chunk (each query beside a training
+  // thread's launches delays them).
+  bool wait_group(size_t g, const std::atomic<bool>& stop);
   void release(size_t chunk);
   // Enqueues the copies of `reading`'s chunks read so far, records one event after them and
   // frees the chunks (to be rewritten once the event completes).
@@ -87,9 +93,11 @@ class DeviceStager {
   std::vector<size_t> free_groups_;
   int64_t chunk_bytes_;
   size_t group_chunks_;  // chunks read before a group is submitted
+  bool one_poller_ = true;  // TORCH_FASTLOAD_RING_POLL=each: every waiting thread polls (the before of an A/B)
   cuda::Context ctx_ = nullptr;  // the context the events belong to (set once, under mu_)
   std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable group_cv_;  // a group seen complete, or its poller gave up
   std::deque<size_t> free_;  // oldest-released first, so its copy has had longest to finish
 };
 

@@ -101,6 +101,11 @@ ROUTE_TRIAL_ACROSS_EPOCHS = True
 KERNEL_BELOW_BYTES = 64 << 10
 #: The most device memory a group of planned batches (``allocate_ahead``) holds.
 GROUP_BYTES = 256 << 20
+#: A loop whose pinned slots are at most this large (the gather kernel's range tables, record
+#: offsets, small gathered rows) gets one slot per batch in flight, not ``pool_slots``: with three,
+#: its workers polled the copy stream's events ~10 times a batch to reuse them, driver calls
+#: that slow a training thread launching beside them (benchmarks/gpu/launch_cpu_probe.py COUNT=1).
+SMALL_SLOT_BYTES = 1 << 20
 
 
 def native_layout(loader, source, hooks: SourceHooks, resources: LoaderResources) -> NativeLayout | None:
@@ -457,7 +462,8 @@ class NativePipeline:
         with the event after their last copy."""
         if nbytes is None:
             return None
-        pool = self.resources.pool_for(nbytes, 0)
+        small = max(nbytes, self.resources.settings.slot_bytes or 0) <= SMALL_SLOT_BYTES
+        pool = self.resources.pool_for(nbytes, 0, slots=self.depth if small else 0)
         slots = pool.lease_all(self.stop, poll=self.poll)
         if slots is None:
             raise _PoolBusy

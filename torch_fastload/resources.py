@@ -169,25 +169,29 @@ class LoaderResources:
         """The pinned pool, once the first batch has sized it."""
         return self._pool
 
-    def pool_for(self, nbytes: int, number: int, hint: int = 0) -> PinnedPool:
+    def pool_for(self, nbytes: int, number: int, hint: int = 0, slots: int = 0) -> PinnedPool:
         """A pool whose slots hold ``nbytes`` (batch ``number``): made on first use with exact
-        slots (or ``hint``, a source's bound), re-made larger when a batch outgrows it."""
+        slots (or ``hint``, a source's bound), re-made larger when a batch outgrows it. ``slots``:
+        at least that many (the option ``pool_slots`` otherwise), for a caller whose slots are
+        small enough to give each batch in flight its own."""
+        wanted = max(self.settings.pool_slots, slots)
         with self._lock:
             pool = self._pool
-            if pool is not None and not pool.closed and nbytes <= pool.slot_bytes:
+            if pool is not None and not pool.closed and nbytes <= pool.slot_bytes and wanted <= pool.num_slots:
                 return pool
             regrow = pool is not None and not pool.closed
-            if regrow and self.settings.oversize == "error":
+            if regrow and nbytes > pool.slot_bytes and self.settings.oversize == "error":
                 raise BatchTooLargeError(number, nbytes, pool.slot_bytes)
             if regrow:
                 pool.close(timeout=config.get("shutdown_timeout"))
                 if not pool.closed:
                     raise PoolError("could not retire the old pool to grow it")
+            if regrow and nbytes > pool.slot_bytes:
                 slot_bytes = max(nbytes, int(pool.slot_bytes * POOL_GROWTH))
-            else:
+            else:  # the first pool, or more slots (of the size this caller asks, not the old one's)
                 slot_bytes = max(nbytes, self.settings.slot_bytes or hint)
             pinned = self.device.type == "cuda"
-            self._pool = PinnedPool(self.settings.pool_slots, slot_bytes, pin=pinned)
+            self._pool = PinnedPool(wanted, slot_bytes, pin=pinned)
             self.stats.set_pool(self._pool.num_slots, self._pool.slot_bytes, regrew=regrow)
             return self._pool
 

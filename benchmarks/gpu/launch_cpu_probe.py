@@ -10,7 +10,9 @@ the feed in each of MODES (order reversed every other round):
                     the process kept off that CPU and its SMT siblings;
   config:K=V;K2=V2  the defaults with these config options (e.g. config:io_task_size=16MiB);
   env:K=V           the defaults with these environment variables set while the loader is made
-                    and run (e.g. env:TORCH_FASTLOAD_RING_WAIT=block, read when its ring is made).
+                    and run (e.g. env:TORCH_FASTLOAD_RING_WAIT=block, read when its ring is made);
+  native:NAME=INT   the defaults with torch_fastload.native.NAME set (an A/B's before, e.g.
+                    native:SMALL_SLOT_BYTES=0: the loop's slots as pool_slots says).
 Each run times K launches a batch (K as in beside_step.py; LAUNCH_SCALE multiplies it, so the
 loader runs at that fraction of its full rate) and records: launches/s over its launch loops (the
 issue's figure), steps/s with next() counted too, the thread's CPU seconds over its wall seconds
@@ -219,13 +221,17 @@ def in_mode(mode: str) -> contextlib.ExitStack:
 
     options: dict = {}
     env: dict = {}
+    attributes: dict = {}
     if mode == "turns in next()":
         options["turn_thread"] = False
-    elif mode.startswith(("config:", "env:")):
+    elif mode.startswith(("config:", "env:", "native:")):
+        into = {"config": options, "env": env, "native": attributes}[mode.partition(":")[0]]
         for item in mode.partition(":")[2].split(";"):
             key, _, value = item.partition("=")
-            (env if mode.startswith("env:") else options)[key.strip()] = value.strip()
+            into[key.strip()] = value.strip()
     stack = contextlib.ExitStack()
+    for name, value in attributes.items():
+        stack.enter_context(mock.patch.object(torch_fastload.native, name, int(value)))
     stack.enter_context(mock.patch.dict(os.environ, env))
     stack.enter_context(torch_fastload.config.override(**options))
     return stack
