@@ -31,6 +31,7 @@ point (torch's own calls, e.g. its allocator's, are not counted).
 
     python3 benchmarks/gpu/launch_cpu_probe.py [ROUNDS]      # JSON on stdout's last line
     env FEEDS="bare,TensorDataset,ArrayDataset mapped,ArrayDataset ring,RecordDataset" DATA_GIB=1
+        (also "bare [thread] [xN]": the bare copy in N pieces, made by a thread of its own)
         MODES="beside,turns in next()" LAUNCH_SCALE=1 LAUNCHERS=python
 """
 
@@ -171,6 +172,52 @@ def calls_per_step(before: dict, after: dict, me: int, steps: int) -> dict:
     return out
 
 
+def link_busy(resident, pieces: int, threaded: bool):
+    """beside_step's bare pinned copy a batch, as ``pieces`` copies and one event record, made by
+    the launching thread in next() or by a thread of its own (one batch ahead, as a loader's):
+    what another thread's submissions alone cost the launching thread, with no loader code."""
+    batch_bytes = BATCH * ROW_KIB * 1024
+    src = torch.empty(batch_bytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(batch_bytes, dtype=torch.uint8, device=device)
+    side = torch.cuda.Stream(device)
+    step = -(-batch_bytes // pieces)
+
+    def one_batch():
+        with torch.cuda.stream(side):
+            for at in range(0, batch_bytes, step):
+                dst[at : at + step].copy_(src[at : at + step], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+        done.synchronize()  # one batch in flight, as a loader keeps the link busy, not queued deep
+
+    if not threaded:
+        for i in range(10**9):
+            one_batch()
+            yield resident[i % len(resident)]
+    import queue
+
+    tokens: queue.Queue = queue.Queue(maxsize=2)
+    ended = threading.Event()
+
+    def copier():
+        while not ended.is_set():
+            try:
+                tokens.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            one_batch()
+
+    thread = threading.Thread(target=copier, daemon=True)
+    thread.start()
+    try:
+        for i in range(10**9):
+            tokens.put(i)
+            yield resident[i % len(resident)]
+    finally:
+        ended.set()
+        thread.join()
+
+
 def launch_run(kernels: int, batches, isolated: bool = False, launch=python_launch, steps: int = STEPS) -> dict:
     """bs.launches_per_second's loop, placed after its warm-up (the loader's threads exist then)."""
     x = torch.zeros(1, device=device)
@@ -253,6 +300,10 @@ def main() -> None:
         for want in wanted:
             if want == "bare":
                 candidates["bare"] = lambda: bs._link_busy_batches(resident, args, device)
+            elif want.startswith("bare "):  # "bare [thread] [xN]": link_busy's variants
+                words = want.split()
+                pieces = int(next((w[1:] for w in words if w.startswith("x")), "1"))
+                candidates[want] = lambda p=pieces, t="thread" in words: link_busy(resident, p, t)
             candidates.update({k: v for k, v in defaults.items() if k.startswith(want)})
         launchers = {"python": python_launch}
         if "native" in os.environ.get("LAUNCHERS", "python"):
@@ -261,7 +312,8 @@ def main() -> None:
             rate = bs.loader_rate(make, 60)
             # LAUNCH_SCALE > 1: steps that hold the GIL longer than the loader needs per batch
             scale = float(os.environ.get("LAUNCH_SCALE", "1"))
-            feed_modes = ["beside"] if name == "bare" else modes
+            bare = name.startswith("bare")
+            feed_modes = ["beside"] if bare else modes
             kernels, alone, labels = {}, {}, {}  # per launcher: K, its alone runs' key, its modes' keys
             for who, launch in launchers.items():
                 probe = launch_run(2000, (resident[i % 4] for i in range(10**9)), launch=launch, steps=10)
@@ -278,11 +330,11 @@ def main() -> None:
                     for mode in feed_modes if k % 2 == 0 else feed_modes[::-1]:
                         paths: list = []
                         with in_mode(mode):
-                            feed = bs.endless(make, paths) if name != "bare" else make()
+                            feed = make() if bare else bs.endless(make, paths)
                             isolated = mode == "isolated"
                             runs[labels[who][mode]].append(launch_run(kernels[who], feed, isolated, launch))
                             del feed
-                            if name != "bare" and who == "python":
+                            if not bare and who == "python":
                                 loader_rates[mode].append(bs.loader_rate(make, 150))
                         runs[labels[who][mode]][-1]["paths"] = sorted(set(paths))
             summary = {}
