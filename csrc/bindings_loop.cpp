@@ -34,7 +34,7 @@ std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<s
                                            bool unsafe_skip_allocation_wait, bool debug_lose_wakeups,
                                            int debug_idle_pause_us, bool debug_old_idle_wait,
                                            int copy_timing_every, bool wake_all, bool debug_no_pass_on,
-                                           int debug_submit_pause_us, bool ordered_copies) {
+                                           int debug_submit_pause_us, bool ordered_copies, bool copies_on_consumer) {
   tfl::LoopConfig cfg;
   for (const py::handle item : fields) cfg.fields.push_back(field_of(py::reinterpret_borrow<py::tuple>(item)));
   cfg.paths = std::move(paths);
@@ -49,6 +49,7 @@ std::unique_ptr<tfl::NativeLoop> make_loop(const py::list& fields, std::vector<s
   cfg.debug_old_idle_wait = debug_old_idle_wait, cfg.wake_all = wake_all;
   cfg.debug_no_pass_on = debug_no_pass_on, cfg.debug_submit_pause_us = debug_submit_pause_us;
   cfg.ordered_copies = ordered_copies;
+  cfg.copies_on_consumer = copies_on_consumer && cuda;
   if (copy_timing_every < 0) throw py::value_error("copy_timing_every must be >= 0");
   cfg.copy_timing_every = copy_timing_every;
   cfg.memory_rows_kernel = memory_rows_kernel && gather_function != 0;
@@ -104,7 +105,7 @@ void bind_native_loop(py::module_& m) {
            py::arg("debug_idle_pause_us") = 0, py::arg("debug_old_idle_wait") = false,
            py::arg("copy_timing_every") = 16, py::arg("wake_all") = false,
            py::arg("debug_no_pass_on") = false, py::arg("debug_submit_pause_us") = 0,
-           py::arg("ordered_copies") = true, py::keep_alive<1, 15>())
+           py::arg("ordered_copies") = true, py::arg("copies_on_consumer") = false, py::keep_alive<1, 15>())
       .def(
           "submit",
           [](tfl::NativeLoop& loop, int64_t position, const I64Array& indices, uint64_t out, int64_t out_bytes,

@@ -332,7 +332,7 @@ void NativeLoop::worker_loop() {
     end_turn(*job);  // failed or stopped before its copies too: the later batches' go on
     {
       std::lock_guard<std::mutex> lock(mu_);
-      job->error = error;
+      if (error) job->error = error;  // (a deferred batch's may already be the consumer's)
       job->done = true;
     }
     done_cv_.notify_all();
@@ -462,13 +462,7 @@ void NativeLoop::run_host(Job& job) {
 }
 
 void NativeLoop::run_cuda(Job& job) {
-  const auto& cu = cuda::api();
-  const auto stream = reinterpret_cast<cuda::Stream>(cfg_.stream);
-  const auto out = static_cast<cuda::DevicePtr>(job.out);
   // The in-memory parts (rows, record offsets) are packed into one pinned slot.
-  struct HostPart {
-    int64_t slot_at, out_at, bytes;
-  };
   std::vector<HostPart> parts;
   int64_t host_bytes = 0;
   size_t o = 0;  // output field
@@ -519,11 +513,34 @@ void NativeLoop::run_cuda(Job& job) {
     release_slot(slot, nullptr);
     throw;
   }
-  const double staged = since(t0);
+  Staged staged{slot, std::move(parts), host_bytes, table_at, memory, since(t0)};
+  Ranges ranges = file_ranges(job);
+  if (cfg_.copies_on_consumer && !needs_ring(ranges)) {  // take() enqueues them
+    std::lock_guard<std::mutex> lock(mu_);
+    job.staged = std::move(staged);
+    job.deferred = true;
+    ++deferred_;
+    return;
+  }
   if (!begin_copies(job)) {  // stopping
     release_slot(slot, nullptr);
     return;
   }
+  enqueue_copies(job, staged, ranges);
+}
+
+bool NativeLoop::needs_ring(const Ranges& ranges) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int64_t file : ranges.file_index)
+    if (mapped_[static_cast<size_t>(file)] == nullptr) return true;
+  return false;
+}
+
+void NativeLoop::enqueue_copies(Job& job, Staged& staged, Ranges& ranges) {
+  const auto& cu = cuda::api();
+  const auto stream = reinterpret_cast<cuda::Stream>(cfg_.stream);
+  const auto out = static_cast<cuda::DevicePtr>(job.out);
+  const size_t slot = staged.slot;
   // The output was allocated on its own stream (the consumer's) at start; the copy stream waits
   // for that stream's work up to then (the event start() recorded). Recorded here instead, the
   // event would also cover steps enqueued meanwhile, and the copy would queue behind the very
@@ -549,13 +566,13 @@ void NativeLoop::run_cuda(Job& job) {
   int64_t mapped = 0, ring = 0, dma = 0;
   try {
     if (job.timing_start != nullptr) cuda::check(cu.event_record(job.timing_start, stream), "cuEventRecord");
-    for (const HostPart& p : parts)
+    for (const HostPart& p : staged.parts)
       cuda::check(cu.memcpy_htod_async(out + static_cast<cuda::DevicePtr>(p.out_at), slots_[slot].host + p.slot_at,
                                        static_cast<size_t>(p.bytes), stream),
                   "cuMemcpyHtoDAsync (pinned slot -> device)");
-    dma = table_at >= 0 ? gather_registered_rows(job, slots_[slot].host + table_at) : copy_registered_rows(job);
-    Ranges r = file_ranges(job);
-    if (!r.offsets.empty()) std::tie(mapped, ring) = read_to_device(job, r);
+    dma = staged.table_at >= 0 ? gather_registered_rows(job, slots_[slot].host + staged.table_at)
+                               : copy_registered_rows(job);
+    if (!ranges.offsets.empty()) std::tie(mapped, ring) = read_to_device(job, ranges);
     cuda::check(cu.event_record(job.ready, stream), "cuEventRecord");
     if (job.timing_end != nullptr) cuda::check(cu.event_record(job.timing_end, stream), "cuEventRecord");
   } catch (...) {
@@ -563,11 +580,11 @@ void NativeLoop::run_cuda(Job& job) {
     throw;
   }
   release_slot(slot, stream);
-  job.copied = host_bytes + mapped + ring + dma;
+  job.copied = staged.host_bytes + mapped + ring + dma;
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.stage_s += staged, stats_.staged_bytes += memory, stats_.memory_bytes += memory;
+  stats_.stage_s += staged.stage_s, stats_.staged_bytes += staged.memory, stats_.memory_bytes += staged.memory;
   stats_.read_s += since(t1), stats_.mapped_bytes += mapped, stats_.ring_bytes += ring;
-  stats_.dma_bytes += dma, stats_.copied_bytes += host_bytes + mapped + ring + dma;
+  stats_.dma_bytes += dma, stats_.copied_bytes += staged.host_bytes + mapped + ring + dma;
 }
 
 std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, Ranges& r) {
@@ -672,8 +689,10 @@ size_t NativeLoop::acquire_slot() {
   size_t s;
   {
     std::unique_lock<std::mutex> lock(mu_);
+    bool told = false;
     while (free_slots_.empty()) {
       if (stopping_.load()) return slots_.size();
+      if (!told && deferred_ > 0) done_cv_.notify_all(), told = true;  // take() enqueues the holders' copies
       slot_cv_.wait_for(lock, std::chrono::milliseconds(5));
     }
     s = free_slots_.front();
@@ -755,7 +774,19 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
     std::unique_lock<std::mutex> lock(mu_);
     auto it = jobs_.find(position);
     if (it == jobs_.end()) throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was not submitted");
-    if (!done_cv_.wait_until(lock, deadline, [&] { return it->second.done; })) return false;
+    // Staged batches' copies are enqueued here (copies_on_consumer): once this batch is staged,
+    // its own and every later staged batch's, in order. Before, only where the slots ran out:
+    // this batch's worker may be waiting for a slot that only a later batch's copies give back.
+    const auto starving = [&] { return deferred_ > 0 && !slots_.empty() && free_slots_.empty(); };
+    for (;;) {
+      const bool staged = it->second.done;
+      if ((staged || starving()) && deferred_ > 0) {
+        enqueue_deferred(lock);
+        continue;
+      }
+      if (staged) break;
+      if (!done_cv_.wait_until(lock, deadline, [&] { return it->second.done || starving(); })) return false;
+    }
     job = std::move(it->second);
     jobs_.erase(it);
     if (low_below_ >= 0 && int64_t(jobs_.size()) < low_below_) low_cv_.notify_one();  // the turn thread
@@ -782,6 +813,30 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
   recycle(job.ready, false);
   if (job.timing_start != nullptr) timings_.push_back({job.timing_start, job.timing_end, job.copied});
   return true;
+}
+
+void NativeLoop::enqueue_deferred(std::unique_lock<std::mutex>& lock) {
+  std::vector<Job*> staged;  // std::map: the pointers stay valid, only take() erases
+  for (auto& [position, job] : jobs_)
+    if (job.deferred) staged.push_back(&job), job.deferred = false;
+  deferred_ = 0;
+  lock.unlock();
+  if (!staged.empty()) cuda::check(cuda::api().ctx_set_current(ctx_), "cuCtxSetCurrent");
+  for (Job* job : staged) {
+    {
+      std::lock_guard<std::mutex> turn(turn_mu_);
+      if (job->position < last_enqueued_) ++late_copies_;
+      last_enqueued_ = std::max(last_enqueued_, job->position);
+    }
+    try {
+      Ranges ranges = file_ranges(*job);
+      enqueue_copies(*job, job->staged, ranges);
+    } catch (...) {
+      std::lock_guard<std::mutex> held(mu_);
+      job->error = std::current_exception();  // its take() raises it
+    }
+  }
+  lock.lock();
 }
 
 int NativeLoop::wait_below(int64_t n, double timeout_s, int settle_us) {
@@ -833,6 +888,14 @@ bool NativeLoop::stop(double timeout_s, bool wait_for_copies) {
     t.join();
   }
   workers_.clear();
+  std::vector<size_t> unsent;  // staged batches whose copies no take() enqueued: no copy reads their slots
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [position, job] : jobs_)
+      if (job.deferred) unsent.push_back(job.staged.slot), job.deferred = false;
+    deferred_ = 0;
+  }
+  for (size_t slot : unsent) release_slot(slot, nullptr);
   if (!cfg_.cuda || !wait_for_copies) return true;
   const auto& cu = cuda::api();
   cu.ctx_set_current(ctx_);

@@ -87,6 +87,12 @@ struct LoopConfig {
   // One batch in this many has its H2D copies timed by a pair of CUDA events (0: none). Each
   // timed batch costs the loop's threads four driver calls more beside the training thread.
   int copy_timing_every = 16;
+  // The copies of a batch whose ranges need no pinned ring (in-memory rows, record offsets,
+  // mapped files) are enqueued by the consumer's thread in take(), not by the worker that
+  // staged it: a launch or event record by another thread makes the training thread's own
+  // launches wait in the driver (H200: a bare copy a batch from a thread of its own cost a
+  // launch-bound thread 0.85x of its rate, the same copy made in next() 0.95x).
+  bool copies_on_consumer = false;
 };
 
 // Per-batch and cumulative measurements (seconds, bytes).
@@ -162,6 +168,17 @@ class NativeLoop {
   LoopStats stats();
 
  private:
+  // A staged batch's part in its pinned slot: bytes at slot_at go to the output at out_at.
+  struct HostPart {
+    int64_t slot_at, out_at, bytes;
+  };
+  // What a worker staged for a batch whose copies are still to be enqueued.
+  struct Staged {
+    size_t slot = static_cast<size_t>(-1);  // slots_.size(): none
+    std::vector<HostPart> parts;
+    int64_t host_bytes = 0, table_at = -1, memory = 0;
+    double stage_s = 0;
+  };
   struct Job {
     int64_t position = 0;
     std::vector<int64_t> indices;
@@ -180,6 +197,8 @@ class NativeLoop {
     int64_t copied = 0;                                          // bytes those copies moved
     int64_t turn = -1;  // its place in the copy stream's order (ordered_), given as a worker takes it
     bool turn_over = false;  // the owning worker's: its turn was passed on (end_turn)
+    bool deferred = false;  // under mu_: staged, its copies left to the consumer (copies_on_consumer)
+    Staged staged;          // the deferred batch's slot and parts
   };
   struct Timing {
     cuda::Event start, end;
@@ -219,6 +238,12 @@ class NativeLoop {
   void run(Job& job);
   void run_host(Job& job);
   void run_cuda(Job& job);
+  // Enqueues a staged batch's copies on the copy stream and records its events; frees its slot.
+  void enqueue_copies(Job& job, Staged& staged, Ranges& ranges);
+  // Whether any of these ranges lies in a file read through the pinned ring (not mapped).
+  bool needs_ring(const Ranges& ranges);
+  // take()'s: the copies of every deferred batch, in order; a batch's failure becomes its error.
+  void enqueue_deferred(std::unique_lock<std::mutex>& lock);
   Ranges file_ranges(const Job& job) const;
   // File ranges into the device output: out of registered page cache (copy engines or the
   // gather kernel) or through the pinned ring; returns (bytes mapped, bytes through the ring).
@@ -244,6 +269,7 @@ class NativeLoop {
   std::condition_variable work_cv_, done_cv_, slot_cv_, low_cv_;
   int64_t low_below_ = -1;  // under mu_: the n a wait_below() waits for (take() notifies), -1: none
   std::map<int64_t, Job> jobs_;
+  int64_t deferred_ = 0;       // under mu_: jobs staged whose copies the consumer has yet to enqueue
   std::deque<int64_t> queue_;  // started, not yet picked up by a worker
   int idle_workers_ = 0;       // workers waiting for a batch (only they need a notify)
   std::vector<Slot> slots_;

@@ -4,6 +4,8 @@ copy ran (negative control: without the wait, delayed copies carry the next batc
 
 import mmap
 import threading
+import time
+import warnings
 
 import numpy as np
 import pytest
@@ -353,9 +355,12 @@ def test_consumer_stream_waits_for_delayed_loop_copies():
     assert [int(s) for s in sums] == expected
 
 
+@pytest.mark.parametrize("enqueue", ["next", "workers"])
 @pytest.mark.parametrize("unsafe", [False, True])
-def test_slot_is_rewritten_only_after_its_copy_ran(unsafe, monkeypatch):
+def test_slot_is_rewritten_only_after_its_copy_ran(unsafe, enqueue, monkeypatch):
     monkeypatch.setattr(native, "UNSAFE_SLOT_REUSE", unsafe)
+    monkeypatch.setattr(native, "SMALL_SLOT_BYTES", 0)  # pool_slots=1 holds: one slot, reused every batch
+    monkeypatch.setenv("TORCH_FASTLOAD_COPY_ENQUEUE", enqueue)
     data = rows_dataset(n=64, width=2048)  # 8 KiB rows: gathered into the slot (not DMA'd from the dataset)
     loader = DataLoader(data, batch_size=8, pool_slots=1, prefetch=2)
     with torch.cuda.stream(loader.resources.engine.stream):
@@ -616,14 +621,17 @@ def test_one_batch_in_copy_timing_every_has_its_copies_timed(monkeypatch, every)
 
 @pytest.mark.parametrize("width", [4096, 1024])  # 16 KiB rows by DMA from the dataset; 4 KiB rows through slots
 @pytest.mark.parametrize("ordered", [True, False])
-def test_each_batchs_copies_enter_the_copy_stream_after_the_earlier_batches(monkeypatch, ordered, width):
+@pytest.mark.parametrize("enqueue", ["next", "workers"])
+def test_each_batchs_copies_enter_the_copy_stream_after_the_earlier_batches(monkeypatch, ordered, width, enqueue):
     """The loop's one copy stream runs copies in the order they were enqueued: a batch whose
     worker got there after a later batch's waited behind that one's copies (an epoch's second
     batch, ~1-1.8 ms of the GPU idle an epoch on the H200). With workers finishing their staging
-    out of order (jitter), copies still go in the batches' order; the control (unordered) shows
-    late ones. Batches equal torch's either way."""
+    out of order (jitter), copies still go in the batches' order: next() enqueues the staged
+    batches in order, and workers enqueueing their own wait for their turn; the control (workers,
+    unordered) shows late ones. Batches equal torch's either way."""
     monkeypatch.setattr(native, "DEBUG_JITTER_US", 3000)
     monkeypatch.setattr(native, "ORDERED_COPIES", ordered)
+    monkeypatch.setenv("TORCH_FASTLOAD_COPY_ENQUEUE", enqueue)
     loops = loops_synced(monkeypatch)
     data = rows_dataset(n=512, width=width)
     kwargs = dict(batch_size=8, shuffle=True)
@@ -634,29 +642,38 @@ def test_each_batchs_copies_enter_the_copy_stream_after_the_earlier_batches(monk
     for a, b in zip(ours, theirs, strict=True):
         assert torch.equal(a[0].cpu(), b[0]) and torch.equal(a[1].cpu(), b[1])
     late = loops[-1].stats()["late_copies"]
-    assert (late == 0) if ordered else (late > 0), late
+    assert (late == 0) if (ordered or enqueue == "next") else (late > 0), late
 
 
+SUBMITS = ("cuEventRecord", "cuLaunchKernel", "cuMemcpyHtoDAsync", "cuMemcpyBatchAsync", "cuStreamWaitEvent")
 COUNT_CALLS_SCRIPT = """
 import sys, threading, torch
 from torch.utils.data import TensorDataset
+import torch_fastload
 from torch_fastload import DataLoader, engine
-rows = torch.arange(512 * 1024, dtype=torch.float32).reshape(512, 1024)
+torch_fastload.config.set(copy_enqueue=sys.argv[1])
+rows = torch.arange(512 * 4096, dtype=torch.float32).reshape(512, 4096)
 seen = sum(int(b[0].sum().item() != 0) for b in DataLoader(TensorDataset(rows), batch_size=64, shuffle=True))
 counts = engine._require().driver_call_counts()
 me = threading.get_native_id()
-loader = {}
+sides = {"training": {}, "loader": {}}
 for tid, calls in counts.items():
-    if tid != me:
-        for name, n in calls.items():
-            loader[name] = loader.get(name, 0) + n
-print("batches", seen, "threads", len(counts), "loader", sorted(loader.items()))
+    side = sides["training" if tid == me else "loader"]
+    for name, n in calls.items():
+        side[name] = side.get(name, 0) + n
+print("batches", seen)
+print("training", sorted(sides["training"].items()))
+print("loader", sorted(sides["loader"].items()))
 """
 
 
-def test_driver_calls_are_counted_per_thread_when_asked():
-    """TORCH_FASTLOAD_COUNT_DRIVER_CALLS=1 (launch_cpu_probe.py's COUNT=1): the loop's own copies
-    and events show up under its worker threads, at least one event recorded a batch."""
+@pytest.mark.parametrize("enqueue", ["next", "workers"])
+def test_batches_copies_are_handed_to_the_gpu_by_the_thread_config_names(enqueue):
+    """TORCH_FASTLOAD_COUNT_DRIVER_CALLS=1 counts the engine's driver calls per thread. With
+    copy_enqueue='next' the training thread (in next()) makes every copy and event record of a
+    TensorDataset's batches and the loop's threads none (another thread's submits make the
+    training thread's launches wait in the driver); 'workers' is the control: the loop's threads
+    make them."""
     import os
     import re
     import subprocess
@@ -664,12 +681,63 @@ def test_driver_calls_are_counted_per_thread_when_asked():
 
     env = dict(os.environ, TORCH_FASTLOAD_COUNT_DRIVER_CALLS="1")
     done = subprocess.run(
-        [sys.executable, "-c", COUNT_CALLS_SCRIPT], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", COUNT_CALLS_SCRIPT, enqueue], capture_output=True, text=True, timeout=300, env=env
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "batches 8 " in done.stdout, done.stdout
-    loader = dict(re.findall(r"\('(\w+)', (\d+)\)", done.stdout))
-    assert int(loader.get("cuEventRecord", 0)) >= 8, done.stdout
-    copies = int(loader.get("cuLaunchKernel", 0)) + int(loader.get("cuMemcpyBatchAsync", 0))
-    copies += int(loader.get("cuMemcpyHtoDAsync", 0))
-    assert copies >= 8, done.stdout
+    assert "batches 8" in done.stdout, done.stdout
+    sides = {}
+    for line in done.stdout.splitlines():
+        side, _, rest = line.partition(" ")
+        if side in ("training", "loader"):
+            sides[side] = {name: int(n) for name, n in re.findall(r"\('(\w+)', (\d+)\)", rest)}
+
+    def calls(side: str, names) -> int:
+        return sum(sides[side].get(name, 0) for name in names)
+
+    copies = ("cuLaunchKernel", "cuMemcpyBatchAsync", "cuMemcpyHtoDAsync")
+    by, other = ("training", "loader") if enqueue == "next" else ("loader", "training")
+    assert calls(by, copies) >= 8 and calls(by, ["cuEventRecord"]) >= 8, done.stdout
+    assert calls(other, copies) == 0 and calls(other, ["cuEventRecord"]) == 0, done.stdout
+    if enqueue == "next":
+        assert calls("loader", SUBMITS) == 0, done.stdout
+
+
+@pytest.mark.parametrize("enqueue", ["next", "workers"])
+def test_staged_batches_holding_every_slot_do_not_stall_the_one_next_waits_for(monkeypatch, enqueue):
+    """Two big slots, workers finishing out of order: later batches may stage first and hold
+    both slots while the batch next() waits for has none. next() then enqueues their copies so
+    the slots come back (copy_enqueue='next'); every epoch equals torch's, in time."""
+    monkeypatch.setattr(native, "DEBUG_JITTER_US", 2000)
+    monkeypatch.setattr(native, "SMALL_SLOT_BYTES", 0)
+    monkeypatch.setenv("TORCH_FASTLOAD_COPY_ENQUEUE", enqueue)
+    data = rows_dataset(n=384, width=1024)  # 4 KiB rows: gathered into the slots
+    kwargs = dict(batch_size=8, shuffle=True)
+    loader = DataLoader(data, generator=torch.Generator().manual_seed(3), pool_slots=2, timeout=60, **kwargs)
+    reference = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(3), **kwargs)
+    started = time.monotonic()
+    for _ in range(2):
+        for a, b in zip(list(loader), list(reference), strict=True):
+            assert torch.equal(a[0].cpu(), b[0]) and torch.equal(a[1].cpu(), b[1])
+    assert time.monotonic() - started < 30  # no batch sat out next()'s poll for a slot each time
+    loader.close()
+
+
+@pytest.mark.parametrize("enqueue", ["next", "workers"])
+def test_an_epoch_left_with_batches_staged_gives_every_slot_back(monkeypatch, enqueue):
+    """Copies held back for next() (and ones in flight) when the iterator is dropped midway: the
+    loop stops, every pinned slot returns to the pool, and the next epoch is exact."""
+    monkeypatch.setenv("TORCH_FASTLOAD_COPY_ENQUEUE", enqueue)
+    data = rows_dataset(n=256, width=1024)
+    loader = DataLoader(data, batch_size=8, prefetch=4)
+    with torch.cuda.stream(loader.resources.engine.stream):
+        torch.cuda._sleep(DELAY_CYCLES)  # copies queue behind this while the workers stage ahead
+    it = iter(loader)
+    first = [rows.cpu() for rows, _ in (next(it), next(it))]
+    time.sleep(0.05)  # the workers stage the batches in flight meanwhile
+    del it
+    ours = torch.cat([rows.cpu() for rows, _ in loader])
+    assert torch.equal(ours, data.tensors[0]) and torch.equal(torch.cat(first), data.tensors[0][:16])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the pool warns of slots never given back, or still copying
+        loader.close()
+    assert loader.resources.pool is None or loader.resources.pool.closed

@@ -433,6 +433,18 @@ OPTIONS: dict[str, Option] = {
             "off there. 1: also host outputs; 0: every turn inside next()",
         ),
         Option(
+            "copy_enqueue",
+            "next",
+            _choice("next", "workers"),
+            "who hands a planned batch's copies to the GPU (in-memory rows, record offsets, mapped files; "
+            "files read through the pinned ring always go from the reading threads): 'next' enqueues the "
+            "copies of every batch the C++ loop has staged inside the training thread's next(), 'workers' "
+            "has the loop's worker threads enqueue each as they finish staging it. A copy or event record "
+            "made by another thread makes the training thread's own kernel launches wait in the CUDA driver "
+            "(H200: a bare pinned copy a batch from a thread of its own cost a launch-bound thread 0.85x of "
+            "its launch rate, made inside next() 0.95x; benchmarks/gpu/launch_cpu_probe.py)",
+        ),
+        Option(
             "copy_timing_every",
             16,
             _int_at_least(0),

@@ -299,7 +299,8 @@ class NativePipeline:
             DEBUG_LOSE_WAKEUPS,
         )
         timing_every = config.get("copy_timing_every")
-        controls = (WAKE_ALL, ORDERED_COPIES)
+        copies_on_consumer = config.get("copy_enqueue") == "next"
+        controls = (WAKE_ALL, ORDERED_COPIES, copies_on_consumer)
         self._key = (tuple(fields), tuple(self._paths), self._copy_stream, slot_bytes, settings, timing_every, controls)
         self._keep_loop = config.get("keep_loop")
         parked = resources.adopt(self._key) if self._keep_loop else None
@@ -326,6 +327,7 @@ class NativePipeline:
                     copy_timing_every=timing_every,
                     wake_all=WAKE_ALL,
                     ordered_copies=ORDERED_COPIES,
+                    copies_on_consumer=copies_on_consumer,
                 )
             except BaseException:  # no copy ever read the slots
                 _settle(None, True, None, self._slots, [], self.engine)
