@@ -781,8 +781,7 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
     for (;;) {
       const bool staged = it->second.done;
       if ((staged || starving()) && deferred_ > 0) {
-        enqueue_deferred(lock);
-        continue;
+        if (enqueue_deferred(lock, starving())) continue;
       }
       if (staged) break;
       if (!done_cv_.wait_until(lock, deadline, [&] { return it->second.done || starving(); })) return false;
@@ -815,11 +814,14 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
   return true;
 }
 
-void NativeLoop::enqueue_deferred(std::unique_lock<std::mutex>& lock) {
+bool NativeLoop::enqueue_deferred(std::unique_lock<std::mutex>& lock, bool every) {
   std::vector<Job*> staged;  // std::map: the pointers stay valid, only take() erases
-  for (auto& [position, job] : jobs_)
+  for (auto& [position, job] : jobs_) {
+    if (!job.done && !every) break;  // a batch still staging: later ones wait, so copies stay in order
     if (job.deferred) staged.push_back(&job), job.deferred = false;
-  deferred_ = 0;
+  }
+  deferred_ -= static_cast<int64_t>(staged.size());
+  if (staged.empty()) return false;
   lock.unlock();
   if (!staged.empty()) cuda::check(cuda::api().ctx_set_current(ctx_), "cuCtxSetCurrent");
   for (Job* job : staged) {
@@ -837,6 +839,7 @@ void NativeLoop::enqueue_deferred(std::unique_lock<std::mutex>& lock) {
     }
   }
   lock.lock();
+  return true;
 }
 
 int NativeLoop::wait_below(int64_t n, double timeout_s, int settle_us) {

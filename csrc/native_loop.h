@@ -242,8 +242,9 @@ class NativeLoop {
   void enqueue_copies(Job& job, Staged& staged, Ranges& ranges);
   // Whether any of these ranges lies in a file read through the pinned ring (not mapped).
   bool needs_ring(const Ranges& ranges);
-  // take()'s: the copies of every deferred batch, in order; a batch's failure becomes its error.
-  void enqueue_deferred(std::unique_lock<std::mutex>& lock);
+  // take()'s: the copies of the deferred batches, in order, up to the first batch still staging
+  // (`every`: all of them); a batch's failure becomes its error. False: there were none.
+  bool enqueue_deferred(std::unique_lock<std::mutex>& lock, bool every);
   Ranges file_ranges(const Job& job) const;
   // File ranges into the device output: out of registered page cache (copy engines or the
   // gather kernel) or through the pinned ring; returns (bytes mapped, bytes through the ring).
