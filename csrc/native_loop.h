@@ -91,7 +91,8 @@ struct LoopConfig {
   // mapped files) are enqueued by the consumer's thread in take(), not by the worker that
   // staged it: a launch or event record by another thread makes the training thread's own
   // launches wait in the driver (H200: a bare copy a batch from a thread of its own cost a
-  // launch-bound thread 0.85x of its rate, the same copy made in next() 0.95x).
+  // launch-bound thread 0.85x of its rate, the same copy made in next() 0.95x); the consumer
+  // pays for the calls in take() instead (config copy_enqueue, 'next'; off by default).
   bool copies_on_consumer = false;
 };
 

@@ -103,8 +103,9 @@ KERNEL_BELOW_BYTES = 64 << 10
 GROUP_BYTES = 256 << 20
 #: A loop whose pinned slots are at most this large (the gather kernel's range tables, record
 #: offsets, small gathered rows) gets one slot per batch in flight, not ``pool_slots``: with three,
-#: its workers polled the copy stream's events ~10 times a batch to reuse them, driver calls
-#: that slow a training thread launching beside them (benchmarks/gpu/launch_cpu_probe.py COUNT=1).
+#: its workers polled the copy stream's events ~10 times a batch to reuse them
+#: (benchmarks/gpu/launch_cpu_probe.py COUNT=1), and with copy_enqueue='next' a batch next() waits
+#: for could find every slot held by later batches whose copies next() had not yet enqueued.
 SMALL_SLOT_BYTES = 1 << 20
 
 
@@ -465,7 +466,8 @@ class NativePipeline:
         if nbytes is None:
             return None
         small = max(nbytes, self.resources.settings.slot_bytes or 0) <= SMALL_SLOT_BYTES
-        pool = self.resources.pool_for(nbytes, 0, slots=self.depth if small else 0)
+        # one for each batch in flight: depth, and a group submitted when one fewer were
+        pool = self.resources.pool_for(nbytes, 0, slots=self.depth + self._ahead if small else 0)
         slots = pool.lease_all(self.stop, poll=self.poll)
         if slots is None:
             raise _PoolBusy
