@@ -556,11 +556,16 @@ void NativeLoop::enqueue_copies(Job& job, Staged& staged, Ranges& ranges) {
     if (w != cuda::kSuccess) release_slot(slot, nullptr);  // nothing was enqueued to read it
     cuda::check(w, "cuStreamWaitEvent (the copy stream on the output's stream)");
   }
-  job.ready = make_event(false);
-  const int every = cfg_.copy_timing_every;
-  if (every > 0 && copy_batches_.fetch_add(1) % every == 0) {
-    job.timing_start = make_event(true);
-    job.timing_end = make_event(true);
+  try {
+    job.ready = make_event(false);
+    const int every = cfg_.copy_timing_every;
+    if (every > 0 && copy_batches_.fetch_add(1) % every == 0) {
+      job.timing_start = make_event(true);
+      job.timing_end = make_event(true);
+    }
+  } catch (...) {
+    release_slot(slot, nullptr);  // nothing was enqueued to read it
+    throw;
   }
   const auto t1 = Clock::now();
   int64_t mapped = 0, ring = 0, dma = 0;
