@@ -345,9 +345,13 @@ bool NativeLoop::begin_copies(const Job& job) {
     if (stopping_.load()) return false;
     turn_cv_.wait_for(lock, std::chrono::milliseconds(1));
   }
-  if (job.position < last_enqueued_) ++late_copies_;
-  last_enqueued_ = std::max(last_enqueued_, job.position);
+  note_enqueued(job.position);
   return true;
+}
+
+void NativeLoop::note_enqueued(int64_t position) {
+  if (position < last_enqueued_) ++late_copies_;
+  last_enqueued_ = std::max(last_enqueued_, position);
 }
 
 void NativeLoop::end_turn(Job& job) {
@@ -389,11 +393,6 @@ int64_t NativeLoop::gather_rows(const LoopField& f, const std::vector<int64_t>& 
   }
   return copy_ranges(dsts, srcs, sizes, cfg_.copy_threads, cfg_.task_size, cfg_.nontemporal && cfg_.cuda);
 }
-
-// Every file range of a batch: (file index, offset, length, destination offset in the output).
-struct NativeLoop::Ranges {
-  std::vector<int64_t> file_index, offsets, lengths, dst_offsets;
-};
 
 NativeLoop::Ranges NativeLoop::file_ranges(const Job& job) const {
   Ranges r;
@@ -513,9 +512,8 @@ void NativeLoop::run_cuda(Job& job) {
     release_slot(slot, nullptr);
     throw;
   }
-  Staged staged{slot, std::move(parts), host_bytes, table_at, memory, since(t0)};
-  Ranges ranges = file_ranges(job);
-  if (cfg_.copies_on_consumer && !needs_ring(ranges)) {  // take() enqueues them
+  Staged staged{slot, std::move(parts), host_bytes, table_at, memory, since(t0), file_ranges(job)};
+  if (cfg_.copies_on_consumer && !needs_ring(staged.ranges)) {  // take() enqueues them
     std::lock_guard<std::mutex> lock(mu_);
     job.staged = std::move(staged);
     job.deferred = true;
@@ -526,7 +524,7 @@ void NativeLoop::run_cuda(Job& job) {
     release_slot(slot, nullptr);
     return;
   }
-  enqueue_copies(job, staged, ranges);
+  enqueue_copies(job, staged);
 }
 
 bool NativeLoop::needs_ring(const Ranges& ranges) {
@@ -536,7 +534,7 @@ bool NativeLoop::needs_ring(const Ranges& ranges) {
   return false;
 }
 
-void NativeLoop::enqueue_copies(Job& job, Staged& staged, Ranges& ranges) {
+void NativeLoop::enqueue_copies(Job& job, Staged& staged) {
   const auto& cu = cuda::api();
   const auto stream = reinterpret_cast<cuda::Stream>(cfg_.stream);
   const auto out = static_cast<cuda::DevicePtr>(job.out);
@@ -577,7 +575,7 @@ void NativeLoop::enqueue_copies(Job& job, Staged& staged, Ranges& ranges) {
                   "cuMemcpyHtoDAsync (pinned slot -> device)");
     dma = staged.table_at >= 0 ? gather_registered_rows(job, slots_[slot].host + staged.table_at)
                                : copy_registered_rows(job);
-    if (!ranges.offsets.empty()) std::tie(mapped, ring) = read_to_device(job, ranges);
+    if (!staged.ranges.offsets.empty()) std::tie(mapped, ring) = read_to_device(job, staged.ranges);
     cuda::check(cu.event_record(job.ready, stream), "cuEventRecord");
     if (job.timing_end != nullptr) cuda::check(cu.event_record(job.timing_end, stream), "cuEventRecord");
   } catch (...) {
@@ -828,16 +826,14 @@ bool NativeLoop::enqueue_deferred(std::unique_lock<std::mutex>& lock, bool every
   deferred_ -= static_cast<int64_t>(staged.size());
   if (staged.empty()) return false;
   lock.unlock();
-  if (!staged.empty()) cuda::check(cuda::api().ctx_set_current(ctx_), "cuCtxSetCurrent");
+  cuda::check(cuda::api().ctx_set_current(ctx_), "cuCtxSetCurrent");
   for (Job* job : staged) {
     {
       std::lock_guard<std::mutex> turn(turn_mu_);
-      if (job->position < last_enqueued_) ++late_copies_;
-      last_enqueued_ = std::max(last_enqueued_, job->position);
+      note_enqueued(job->position);
     }
     try {
-      Ranges ranges = file_ranges(*job);
-      enqueue_copies(*job, job->staged, ranges);
+      enqueue_copies(*job, job->staged);
     } catch (...) {
       std::lock_guard<std::mutex> held(mu_);
       job->error = std::current_exception();  // its take() raises it

@@ -173,12 +173,17 @@ class NativeLoop {
   struct HostPart {
     int64_t slot_at, out_at, bytes;
   };
+  // Every file range of a batch: (file index, offset, length, destination offset in the output).
+  struct Ranges {
+    std::vector<int64_t> file_index, offsets, lengths, dst_offsets;
+  };
   // What a worker staged for a batch whose copies are still to be enqueued.
   struct Staged {
     size_t slot = static_cast<size_t>(-1);  // slots_.size(): none
     std::vector<HostPart> parts;
     int64_t host_bytes = 0, table_at = -1, memory = 0;
     double stage_s = 0;
+    Ranges ranges;  // its file ranges
   };
   struct Job {
     int64_t position = 0;
@@ -211,7 +216,6 @@ class NativeLoop {
     bool pending = false;
   };
 
-  struct Ranges;  // a batch's file ranges (native_loop.cpp)
 
   std::vector<int64_t> layout_of(const std::vector<int64_t>& indices) const;
   Job& startable(int64_t position);
@@ -236,11 +240,13 @@ class NativeLoop {
   // loop is stopping), then counts a late enqueue. end_turn() passes the turn on, once a job.
   bool begin_copies(const Job& job);
   void end_turn(Job& job);
+  // Counts a late enqueue (a later batch's copies went first) and notes `position` as enqueued.
+  void note_enqueued(int64_t position);  // under turn_mu_
   void run(Job& job);
   void run_host(Job& job);
   void run_cuda(Job& job);
   // Enqueues a staged batch's copies on the copy stream and records its events; frees its slot.
-  void enqueue_copies(Job& job, Staged& staged, Ranges& ranges);
+  void enqueue_copies(Job& job, Staged& staged);
   // Whether any of these ranges lies in a file read through the pinned ring (not mapped).
   bool needs_ring(const Ranges& ranges);
   // take()'s: the copies of the deferred batches, in order, up to the first batch still staging
