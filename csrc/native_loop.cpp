@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -49,6 +50,10 @@ NativeLoop::NativeLoop(LoopConfig cfg) : cfg_(std::move(cfg)) {
     if (bad) throw Error(Error::kInvalid, "malformed native loop field '" + f.name + "'");
   }
   mapped_.assign(cfg_.paths.size(), nullptr);
+  const char* slot_event = std::getenv("TORCH_FASTLOAD_SLOT_EVENT");
+  slot_event_is_ready_ = slot_event == nullptr || std::string(slot_event) != "own";
+  const char* mark = std::getenv("TORCH_FASTLOAD_ALLOCATION_MARK");
+  group_mark_ = mark == nullptr || std::string(mark) != "batch";
   if (cfg_.cuda) {
     const auto& cu = cuda::api();
     cuda::check(cu.ctx_get_current(&ctx_), "cuCtxGetCurrent");
@@ -72,13 +77,15 @@ NativeLoop::~NativeLoop() {
   try {
     const auto& cu = cuda::api();
     cu.ctx_set_current(ctx_);
-    for (Slot& s : slots_) cu.event_destroy(s.done);
+    std::set<cuda::Event> events;  // once each: a slot's event may be a job's ready, a mark a group's
+    for (Slot& s : slots_) events.insert(s.done);
     for (auto& [position, job] : jobs_)
-      for (cuda::Event e : {job.ready, job.timing_start, job.timing_end, job.allocated})
-        if (e != nullptr) cu.event_destroy(e);
-    for (const Timing& t : timings_) cu.event_destroy(t.start), cu.event_destroy(t.end);
-    for (cuda::Event e : spare_events_) cu.event_destroy(e);
-    for (cuda::Event e : spare_timing_events_) cu.event_destroy(e);
+      for (cuda::Event e : {job.ready, job.timing_start, job.timing_end, job.allocated}) events.insert(e);
+    for (const Timing& t : timings_) events.insert(t.start), events.insert(t.end);
+    events.insert(spare_events_.begin(), spare_events_.end());
+    events.insert(spare_timing_events_.begin(), spare_timing_events_.end());
+    events.erase(nullptr);
+    for (cuda::Event e : events) cu.event_destroy(e);
   } catch (...) {  // the driver may already be shut down at interpreter exit
   }
 }
@@ -165,6 +172,12 @@ std::vector<int64_t> NativeLoop::submit_group(int64_t first_position, const std:
   if (cfg_.debug_submit_pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(cfg_.debug_submit_pause_us));
   std::vector<int64_t> totals(static_cast<size_t>(count), -1);
   bool wake = false;
+  // The outputs were all allocated before this call: one event on their stream covers the group.
+  const cuda::Event mark = group_mark_ ? mark_allocation(home) : nullptr;
+  const auto drop_mark = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    drop_allocation(mark);
+  };
   try {
     for (int64_t j = 0; j < count; ++j) {
       const auto from = indices.begin() + static_cast<ptrdiff_t>(size_t(j) * n);
@@ -173,13 +186,16 @@ std::vector<int64_t> NativeLoop::submit_group(int64_t first_position, const std:
       if (layout[0] < 0) continue;  // take() raises this batch's error; the others go on
       const auto at = outs.begin() + static_cast<ptrdiff_t>(size_t(j) * fields);
       wake = start_fields_quietly(first_position + j, std::vector<int64_t>(at, at + static_cast<ptrdiff_t>(fields)),
-                                  capacities, home) || wake;
+                                  capacities, home, group_mark_ ? &mark : nullptr) ||
+             wake;
       totals[static_cast<size_t>(j)] = layout[0];
     }
   } catch (...) {  // the batches started before the failure still need their workers
+    drop_mark();
     wake_for_group(wake);
     throw;
   }
+  drop_mark();
   wake_for_group(wake);
   return totals;
 }
@@ -214,7 +230,17 @@ cuda::Event NativeLoop::mark_allocation(uintptr_t home) {
     recycle(e, false);
   }
   cuda::check(r, "cuEventRecord (the output's allocation on its stream)");
+  std::lock_guard<std::mutex> lock(mu_);
+  marks_[e] = AllocationMark{};
   return e;
+}
+
+void NativeLoop::drop_allocation(cuda::Event e) {  // under mu_
+  if (e == nullptr) return;
+  auto it = marks_.find(e);
+  if (it != marks_.end() && --it->second.holders > 0) return;
+  if (it != marks_.end()) marks_.erase(it);
+  recycle(e, false);
 }
 
 void NativeLoop::start(int64_t position, uintptr_t out, int64_t out_bytes, uintptr_t home) {
@@ -242,10 +268,12 @@ void NativeLoop::start_fields(int64_t position, const std::vector<int64_t>& outs
 }
 
 bool NativeLoop::start_fields_quietly(int64_t position, const std::vector<int64_t>& outs,
-                                      const std::vector<int64_t>& capacities, uintptr_t home) {
-  cuda::Event allocated = mark_allocation(home);
+                                      const std::vector<int64_t>& capacities, uintptr_t home,
+                                      const cuda::Event* group_mark) {
+  cuda::Event allocated = group_mark != nullptr ? *group_mark : mark_allocation(home);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (group_mark != nullptr && allocated != nullptr) ++marks_.at(allocated).holders;
     AllocationLease lease{this, allocated};
     Job& job = startable(position);
     const size_t fields = job.layout.size() / 2;
@@ -543,19 +571,35 @@ void NativeLoop::enqueue_copies(Job& job, Staged& staged) {
   // for that stream's work up to then (the event start() recorded). Recorded here instead, the
   // event would also cover steps enqueued meanwhile, and the copy would queue behind the very
   // step it should overlap.
+  // A group's batches share the event: the first to get here makes the wait, the copies of
+  // the others come after it on the same stream.
   if (job.allocated != nullptr) {
-    const cuda::Result w =
-        cfg_.unsafe_skip_allocation_wait ? cuda::kSuccess : cu.stream_wait_event(stream, job.allocated, 0);
+    bool waited = cfg_.unsafe_skip_allocation_wait;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      recycle(job.allocated, false);  // the wait captured it: it may be recorded again
+      const auto it = marks_.find(job.allocated);
+      waited = waited || (it != marks_.end() && it->second.waited);
+    }
+    const cuda::Result w = waited ? cuda::kSuccess : cu.stream_wait_event(stream, job.allocated, 0);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = marks_.find(job.allocated);
+      if (w == cuda::kSuccess && it != marks_.end()) it->second.waited = true;
+      drop_allocation(job.allocated);  // the wait captured it: it may be recorded again
       job.allocated = nullptr;
     }
     if (w != cuda::kSuccess) release_slot(slot, nullptr);  // nothing was enqueued to read it
     cuda::check(w, "cuStreamWaitEvent (the copy stream on the output's stream)");
   }
+  // A slotted batch's ready event is its slot's: one record after the copies serves both.
+  const bool slot_ready = slot < slots_.size() && slot_event_is_ready_;
   try {
-    job.ready = make_event(false);
+    if (slot_ready) {
+      std::lock_guard<std::mutex> lock(mu_);
+      job.ready = slots_[slot].done, job.ready_slot = slot, job.ready_use = ++slots_[slot].uses;
+    } else {
+      job.ready = make_event(false);
+    }
     const int every = cfg_.copy_timing_every;
     if (every > 0 && copy_batches_.fetch_add(1) % every == 0) {
       job.timing_start = make_event(true);
@@ -582,7 +626,7 @@ void NativeLoop::enqueue_copies(Job& job, Staged& staged) {
     release_slot(slot, stream);  // a copy enqueued before the failure may still read the slot
     throw;
   }
-  release_slot(slot, stream);
+  release_slot(slot, stream, slot_ready);
   job.copied = staged.host_bytes + mapped + ring + dma;
   std::lock_guard<std::mutex> lock(mu_);
   stats_.stage_s += staged.stage_s, stats_.staged_bytes += staged.memory, stats_.memory_bytes += staged.memory;
@@ -718,11 +762,12 @@ size_t NativeLoop::acquire_slot() {
   return s;
 }
 
-void NativeLoop::release_slot(size_t s, cuda::Stream after) {
+void NativeLoop::release_slot(size_t s, cuda::Stream after, bool recorded) {
   if (s >= slots_.size()) return;
-  if (after != nullptr) {
+  if (recorded)
+    slots_[s].pending = true;
+  else if (after != nullptr)
     slots_[s].pending = cuda::api().event_record(slots_[s].done, after) == cuda::kSuccess;
-  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     free_slots_.push_back(s);
@@ -749,6 +794,11 @@ void NativeLoop::recycle(cuda::Event e, bool timing) {  // under mu_
   if (e != nullptr) (timing ? spare_timing_events_ : spare_events_).push_back(e);
 }
 
+void NativeLoop::drop_ready(Job& job) {  // under mu_
+  if (job.ready_slot >= slots_.size()) recycle(job.ready, false);
+  job.ready = nullptr;
+}
+
 void NativeLoop::harvest_timings(bool all) {  // under mu_
   const auto& cu = cuda::api();
   std::vector<Timing> waiting;
@@ -773,6 +823,7 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   Job job;
+  bool copied = false;  // known complete: no query, no wait
   {
     std::unique_lock<std::mutex> lock(mu_);
     auto it = jobs_.find(position);
@@ -792,19 +843,22 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
     job = std::move(it->second);
     jobs_.erase(it);
     if (low_below_ >= 0 && int64_t(jobs_.size()) < low_below_) low_cv_.notify_one();  // the turn thread
-    recycle(job.allocated, false);  // a job stopped before it ran still holds it
+    drop_allocation(job.allocated);  // a job stopped before it ran still holds it
     job.allocated = nullptr;
     if (job.error) {
-      recycle(job.ready, false);
+      drop_ready(job);
       if (job.timing_start != nullptr) timings_.push_back({job.timing_start, job.timing_end, 0});
       std::rethrow_exception(job.error);
     }
+    // Its slot taken again means its copies completed (acquire_slot waited for them), and its
+    // event may already stand for a later batch's.
+    copied = job.ready_slot < slots_.size() && !cfg_.unsafe_slot_reuse && slots_[job.ready_slot].uses != job.ready_use;
   }
   if (!cfg_.cuda) return true;
   if (job.ready == nullptr) throw Error(Error::kInvalid, "batch " + std::to_string(position) + " was stopped");
   const auto& cu = cuda::api();
   cuda::check(cu.ctx_set_current(ctx_), "cuCtxSetCurrent");
-  const cuda::Result done = cu.event_query(job.ready);
+  const cuda::Result done = copied ? cuda::kSuccess : cu.event_query(job.ready);
   if (done != cuda::kSuccess) {  // outside the lock: this may block while the stream's queue is full
     if (done != cuda::kNotReady) cuda::check(done, "cuEventQuery (a batch's copies)");
     // The wait captures the event as recorded now, so the event can be recorded again later.
@@ -812,7 +866,7 @@ bool NativeLoop::take(int64_t position, uintptr_t consumer, double timeout_s) {
                 "cuStreamWaitEvent (the consumer's stream on the batch's copies)");
   }
   std::lock_guard<std::mutex> lock(mu_);
-  recycle(job.ready, false);
+  drop_ready(job);
   if (job.timing_start != nullptr) timings_.push_back({job.timing_start, job.timing_end, job.copied});
   return true;
 }

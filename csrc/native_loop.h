@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -199,6 +200,10 @@ class NativeLoop {
     std::exception_ptr error;
     cuda::Event allocated = nullptr;  // recorded on `home` at start (null: home is the copy stream)
     cuda::Event ready = nullptr;                          // recorded after the batch's copies
+    // Where `ready` is its slot's event (one record serves both): the slot, and its use count
+    // then. A later count means the slot was taken again after these copies completed.
+    size_t ready_slot = static_cast<size_t>(-1);
+    uint64_t ready_use = 0;
     cuda::Event timing_start = nullptr, timing_end = nullptr;  // the H2D copies, for stats (timed batches)
     int64_t copied = 0;                                          // bytes those copies moved
     int64_t turn = -1;  // its place in the copy stream's order (ordered_), given as a worker takes it
@@ -214,6 +219,12 @@ class NativeLoop {
     char* host = nullptr;
     cuda::Event done = nullptr;  // recorded after the last copy out of it
     bool pending = false;
+    uint64_t uses = 0;  // under mu_: batches that copied out of it (counted after the last one's copies completed)
+  };
+  // An allocation event (see mark_allocation), shared by the batches of a group.
+  struct AllocationMark {
+    int holders = 1;      // jobs (or a start in progress) that still hold it
+    bool waited = false;  // the copy stream waits on it already: later copies there come after
   };
 
 
@@ -222,18 +233,21 @@ class NativeLoop {
   // The wake-up after a group's batches were queued (`wake`: an idle worker needs one).
   void wake_for_group(bool wake);
   // start_fields() without the wake-up: true if an idle worker needs one.
+  // `group_mark`: the group's allocation event (null pointer: one of its own).
   bool start_fields_quietly(int64_t position, const std::vector<int64_t>& outs, const std::vector<int64_t>& capacities,
-                            uintptr_t home);
+                            uintptr_t home, const cuda::Event* group_mark = nullptr);
   bool enqueue(Job& job, uintptr_t home);
   // An event recorded on `home` now (null where the copies need no wait): the copy stream waits
   // on it, so memory the caching allocator recycled is written only after its last use there.
+  // The caller holds it once (drop_allocation gives the hold back).
   cuda::Event mark_allocation(uintptr_t home);
-  // Gives the event back (under mu_) unless a started job took it: start() may throw midway.
+  void drop_allocation(cuda::Event e);  // under mu_: the last holder recycles it
+  // Gives the hold back (under mu_) unless a started job took it: start() may throw midway.
   struct AllocationLease {
     NativeLoop* loop;
     cuda::Event event;
     cuda::Event release() { return std::exchange(event, nullptr); }
-    ~AllocationLease() { loop->recycle(event, false); }
+    ~AllocationLease() { loop->drop_allocation(event); }
   };
   void worker_loop();
   // Waits until every batch taken before `job` has enqueued its copies (ordered_; false: the
@@ -262,9 +276,12 @@ class NativeLoop {
   int64_t gather_registered_rows(const Job& job, char* table);
   int64_t gather_rows(const LoopField& f, const std::vector<int64_t>& indices, char* dst) const;
   size_t acquire_slot();
-  void release_slot(size_t slot, cuda::Event after);
+  // `after`: the stream whose copies read it (its event is recorded there); `recorded`: its
+  // event was recorded after them already (as the batch's ready event).
+  void release_slot(size_t slot, cuda::Stream after, bool recorded = false);
   cuda::Event make_event(bool timing);
   void recycle(cuda::Event e, bool timing);
+  void drop_ready(Job& job);  // under mu_: recycles its ready event unless that is its slot's
   void harvest_timings(bool all);
 
   LoopConfig cfg_;
@@ -283,6 +300,12 @@ class NativeLoop {
   std::vector<Slot> slots_;
   std::deque<size_t> free_slots_;
   std::vector<cuda::Event> spare_events_, spare_timing_events_;
+  std::unordered_map<cuda::Event, AllocationMark> marks_;  // under mu_: allocation events held
+  // One record a batch fewer (TORCH_FASTLOAD_SLOT_EVENT=own, TORCH_FASTLOAD_ALLOCATION_MARK=batch:
+  // the before of an A/B): a slotted batch's ready event is its slot's, a group's batches share
+  // one allocation event and the copy stream waits on it once.
+  bool slot_event_is_ready_ = true;
+  bool group_mark_ = true;
   std::vector<Timing> timings_;  // handed over, not yet measured
   std::atomic<int64_t> copy_batches_{0};  // batches whose copies were enqueued (picks the timed ones)
   std::vector<std::thread> workers_;

@@ -355,10 +355,15 @@ def test_consumer_stream_waits_for_delayed_loop_copies():
     assert [int(s) for s in sums] == expected
 
 
+@pytest.mark.parametrize("slot_event", ["ready", "own"])
 @pytest.mark.parametrize("enqueue", ["next", "workers"])
 @pytest.mark.parametrize("unsafe", [False, True])
-def test_slot_is_rewritten_only_after_its_copy_ran(unsafe, enqueue, monkeypatch):
+def test_slot_is_rewritten_only_after_its_copy_ran(unsafe, enqueue, slot_event, monkeypatch):
+    """One slot reused every batch while its copy waits behind a sleep (negative control: reused
+    without the wait, batches come out wrong). slot_event='ready': the batch's ready event is the
+    slot's, and next() of a batch whose slot was taken again skips its wait."""
     monkeypatch.setattr(native, "UNSAFE_SLOT_REUSE", unsafe)
+    monkeypatch.setenv("TORCH_FASTLOAD_SLOT_EVENT", slot_event)
     monkeypatch.setattr(native, "SMALL_SLOT_BYTES", 0)  # pool_slots=1 holds: one slot, reused every batch
     monkeypatch.setenv("TORCH_FASTLOAD_COPY_ENQUEUE", enqueue)
     data = rows_dataset(n=64, width=2048)  # 8 KiB rows: gathered into the slot (not DMA'd from the dataset)
@@ -372,18 +377,22 @@ def test_slot_is_rewritten_only_after_its_copy_ran(unsafe, enqueue, monkeypatch)
     assert intact is not unsafe  # the wait is what keeps batches intact
 
 
+@pytest.mark.parametrize("mark", ["group", "batch"])
 @pytest.mark.parametrize("unsafe", [False, True])
 @pytest.mark.parametrize(
     "width, route",
     [(1, "auto"), (4096, "dma"), (4096, "kernel")],  # 8-byte rows through a slot; 32 KiB rows from the dataset
 )
-def test_outputs_are_written_after_the_training_streams_last_use_of_their_memory(unsafe, width, route, monkeypatch):
+def test_outputs_are_written_after_the_training_streams_last_use_of_their_memory(
+    unsafe, width, route, mark, monkeypatch
+):
     """Outputs allocated on the consumer's stream, a plain loop on the legacy default stream
     (handle 0): the caching allocator gives a batch's output memory that the stream's queued
     kernels still write (here a fill queued behind a sleep). The loop's copies must wait for them
     (negative control: without the wait the fill lands on top of the batch, as the labels
     nll_loss once found out of range)."""
     monkeypatch.setattr(native, "UNSAFE_SKIP_ALLOCATION_WAIT", unsafe)
+    monkeypatch.setenv("TORCH_FASTLOAD_ALLOCATION_MARK", mark)  # group: one event (and wait) a group
     n, batch = 512, 32
     rows = numbered_rows(n, width)
     with torch_fastload.config.override(memory_rows=route, output_stream="consumer"):
@@ -651,9 +660,12 @@ import sys, threading, torch
 from torch.utils.data import TensorDataset
 import torch_fastload
 from torch_fastload import DataLoader, engine
-torch_fastload.config.set(copy_enqueue=sys.argv[1])
+options = dict(arg.split("=", 1) for arg in sys.argv[2:])  # batch_size=N, or config options
+batch_size = int(options.pop("batch_size", 64))
+options = {k: int(v) if v.isdigit() else v for k, v in options.items()}
+torch_fastload.config.set(copy_enqueue=sys.argv[1], **options)
 rows = torch.arange(512 * 4096, dtype=torch.float32).reshape(512, 4096)
-seen = sum(int(b[0].sum().item() != 0) for b in DataLoader(TensorDataset(rows), batch_size=64, shuffle=True))
+seen = sum(int(b[0].sum().item() != 0) for b in DataLoader(TensorDataset(rows), batch_size=batch_size, shuffle=True))
 counts = engine._require().driver_call_counts()
 me = threading.get_native_id()
 sides = {"training": {}, "loader": {}}
@@ -700,6 +712,49 @@ def test_batches_copies_are_handed_to_the_gpu_by_the_thread_config_names(enqueue
     assert calls(other, copies) == 0 and calls(other, ["cuEventRecord"]) == 0, done.stdout
     if enqueue == "next":
         assert calls("loader", SUBMITS) == 0, done.stdout
+
+
+@pytest.mark.parametrize("before", [False, True])
+@pytest.mark.parametrize("output_stream", ["copy", "consumer"])
+def test_a_batch_costs_one_event_record_and_a_group_one_wait(output_stream, before):
+    """The calls other threads' launches queue behind: one record a batch (a slotted batch's ready
+    event is its slot's) and, for outputs allocated on the consumer's stream, one allocation event and one
+    copy-stream wait on it a group. The control, the tree before (TORCH_FASTLOAD_SLOT_EVENT=own,
+    TORCH_FASTLOAD_ALLOCATION_MARK=batch): two records a batch, three and a wait with
+    output_stream='consumer'."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCH_FASTLOAD_COUNT_DRIVER_CALLS="1")
+    if before:
+        env.update(TORCH_FASTLOAD_SLOT_EVENT="own", TORCH_FASTLOAD_ALLOCATION_MARK="batch")
+    # 32 batches, 4 groups; the gather kernel's table of rows is in a pinned slot
+    options = ["batch_size=16", "copy_timing_every=0", "memory_rows=kernel", f"output_stream={output_stream}"]
+    done = subprocess.run(
+        [sys.executable, "-c", COUNT_CALLS_SCRIPT, "workers", *options],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "batches 32" in done.stdout, done.stdout
+    calls = {}
+    for line in done.stdout.splitlines():
+        side, _, rest = line.partition(" ")
+        for name, n in re.findall(r"\('(\w+)', (\d+)\)", rest if side in ("training", "loader") else ""):
+            calls[name, side] = calls.get((name, side), 0) + int(n)
+    records = calls.get(("cuEventRecord", "training"), 0) + calls.get(("cuEventRecord", "loader"), 0)
+    waits = calls.get(("cuStreamWaitEvent", "loader"), 0)  # the copy stream's (the consumer's are next()'s)
+    marked = output_stream == "consumer"
+    if before:
+        assert records >= (3 if marked else 2) * 32 and waits >= (32 if marked else 0), done.stdout
+    elif marked:
+        assert 32 <= records <= 32 + 8 and 1 <= waits <= 8, done.stdout
+    else:
+        assert records == 32 and waits == 0, done.stdout
 
 
 @pytest.mark.parametrize("enqueue", ["next", "workers"])
