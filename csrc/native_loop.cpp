@@ -54,6 +54,8 @@ NativeLoop::NativeLoop(LoopConfig cfg) : cfg_(std::move(cfg)) {
   slot_event_is_ready_ = slot_event == nullptr || std::string(slot_event) != "own";
   const char* mark = std::getenv("TORCH_FASTLOAD_ALLOCATION_MARK");
   group_mark_ = mark == nullptr || std::string(mark) != "batch";
+  const char* merge = std::getenv("TORCH_FASTLOAD_MERGE_PARTS");
+  merge_parts_ = merge == nullptr || std::string(merge) != "0";
   if (cfg_.cuda) {
     const auto& cu = cuda::api();
     cuda::check(cu.ctx_get_current(&ctx_), "cuCtxGetCurrent");
@@ -508,15 +510,20 @@ void NativeLoop::run_cuda(Job& job) {
       host_bytes += bytes;
     }
   }
-  // Registered rows moved by the gather kernel: its table of ranges in the slot too.
+  // Registered rows moved by the gather kernel: its table of ranges in the slot too, with a
+  // range for each part where the slot has room for them (the kernel then moves the parts).
   int64_t table_at = -1;
+  bool parts_in_table = false;
   if (cfg_.memory_rows_kernel && job.rows_kernel) {
     int64_t rows = 0;
     for (const LoopField& f : cfg_.fields)
       if (f.kind == LoopField::kMemoryRows && f.dma) rows += static_cast<int64_t>(job.indices.size());
     if (rows > 0) {
       table_at = host_bytes = align_up(host_bytes, kAlign);
-      host_bytes += 3 * rows * int64_t(sizeof(int64_t));
+      const int64_t small = std::count_if(parts.begin(), parts.end(), [&](const HostPart& p) { return kernel_part(p); });
+      const int64_t with_parts = host_bytes + 3 * (rows + small) * int64_t(sizeof(int64_t));
+      parts_in_table = merge_parts_ && small > 0 && with_parts <= cfg_.slot_bytes;
+      host_bytes = parts_in_table ? with_parts : host_bytes + 3 * rows * int64_t(sizeof(int64_t));
     }
   }
   if (host_bytes > 0 && host_bytes > cfg_.slot_bytes)
@@ -540,7 +547,7 @@ void NativeLoop::run_cuda(Job& job) {
     release_slot(slot, nullptr);
     throw;
   }
-  Staged staged{slot, std::move(parts), host_bytes, table_at, memory, since(t0), file_ranges(job)};
+  Staged staged{slot, std::move(parts), host_bytes, table_at, memory, parts_in_table, since(t0), file_ranges(job)};
   if (cfg_.copies_on_consumer && !needs_ring(staged.ranges)) {  // take() enqueues them
     std::lock_guard<std::mutex> lock(mu_);
     job.staged = std::move(staged);
@@ -613,12 +620,26 @@ void NativeLoop::enqueue_copies(Job& job, Staged& staged) {
   int64_t mapped = 0, ring = 0, dma = 0;
   try {
     if (job.timing_start != nullptr) cuda::check(cu.event_record(job.timing_start, stream), "cuEventRecord");
+    // The parts ride along the rows' one call (the kernel's table, or the batched copy); parts
+    // with no registered rows share one batched copy, unless a part alone is all there is.
+    const bool kernel = staged.table_at >= 0;
+    const bool dma_rows = !kernel && !job.indices.empty() &&
+                          std::any_of(cfg_.fields.begin(), cfg_.fields.end(), [](const LoopField& f) {
+                            return f.kind == LoopField::kMemoryRows && f.dma;
+                          });
+    std::vector<HostPart> alone, along;  // parts copied on their own / in the rows' call
     for (const HostPart& p : staged.parts)
+      (merge_parts_ && (kernel ? staged.parts_in_table && kernel_part(p) : dma_rows || staged.parts.size() > 1)
+           ? along
+           : alone)
+          .push_back(p);
+    for (const HostPart& p : alone)
       cuda::check(cu.memcpy_htod_async(out + static_cast<cuda::DevicePtr>(p.out_at), slots_[slot].host + p.slot_at,
                                        static_cast<size_t>(p.bytes), stream),
                   "cuMemcpyHtoDAsync (pinned slot -> device)");
-    dma = staged.table_at >= 0 ? gather_registered_rows(job, slots_[slot].host + staged.table_at)
-                               : copy_registered_rows(job);
+    const char* host = slot < slots_.size() ? slots_[slot].host : nullptr;
+    dma = kernel ? gather_registered_rows(job, slots_[slot].host + staged.table_at, along, host)
+                 : copy_registered_rows(job, along, host);
     if (!staged.ranges.offsets.empty()) std::tie(mapped, ring) = read_to_device(job, staged.ranges);
     cuda::check(cu.event_record(job.ready, stream), "cuEventRecord");
     if (job.timing_end != nullptr) cuda::check(cu.event_record(job.timing_end, stream), "cuEventRecord");
@@ -673,7 +694,7 @@ std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, Ranges& r) {
   return {from_mapped, from_ring};
 }
 
-int64_t NativeLoop::copy_registered_rows(const Job& job) {
+int64_t NativeLoop::copy_registered_rows(const Job& job, const std::vector<HostPart>& parts, const char* slot) {
   std::vector<cuda::DevicePtr> dsts, srcs;
   std::vector<size_t> sizes;
   size_t o = 0;
@@ -691,43 +712,62 @@ int64_t NativeLoop::copy_registered_rows(const Job& job) {
         dsts.push_back(dst), srcs.push_back(src), sizes.push_back(static_cast<size_t>(f.row_bytes));
     }
   }
-  return dma_copies(dsts, srcs, sizes, cfg_.stream);
+  int64_t part_bytes = 0;
+  for (const HostPart& p : parts) {
+    dsts.push_back(static_cast<cuda::DevicePtr>(job.out + p.out_at));
+    srcs.push_back(reinterpret_cast<cuda::DevicePtr>(slot + p.slot_at));
+    sizes.push_back(static_cast<size_t>(p.bytes));
+    part_bytes += p.bytes;
+  }
+  return dma_copies(dsts, srcs, sizes, cfg_.stream) - part_bytes;  // the rows' bytes (parts count as staged)
 }
 
-int64_t NativeLoop::gather_registered_rows(const Job& job, char* table) {
-  const auto& cu = cuda::api();
-  const auto stream = reinterpret_cast<cuda::Stream>(cfg_.stream);
-  int64_t total = 0;
+int64_t NativeLoop::gather_registered_rows(const Job& job, char* table, const std::vector<HostPart>& parts,
+                                           const char* slot) {
+  // One launch: a range for every row of every field and for each part, as addresses relative
+  // to the lowest source, so rows of several tensors and the slot's parts share one table of
+  // (offsets, lengths, destination offsets), in pinned host memory the kernel reads through UVA
+  // (the slot, reused after the batch's event).
+  struct Range {
+    uintptr_t src;
+    int64_t bytes, dst;
+  };
+  std::vector<Range> ranges;
+  int64_t rows_total = 0;
   size_t o = 0;
   for (const LoopField& f : cfg_.fields) {
     const int64_t at = job.at[o];
     o += f.kind == LoopField::kRecords ? 2 : 1;
-    if (f.kind != LoopField::kMemoryRows || !f.dma || job.indices.empty()) continue;
-    // one launch a field: (offsets, lengths, destination offsets) of its rows, n int64 each,
-    // in pinned host memory the kernel reads through UVA (the slot, reused after the event)
-    const int64_t n = static_cast<int64_t>(job.indices.size());
-    auto* offsets = reinterpret_cast<long long*>(table);
-    long long *lengths = offsets + n, *dst_offsets = offsets + 2 * n;
-    table += 3 * n * int64_t(sizeof(int64_t));
-    for (int64_t k = 0; k < n; ++k) {
-      offsets[k] = job.indices[static_cast<size_t>(k)] * f.row_bytes;
-      lengths[k] = f.row_bytes;
-      dst_offsets[k] = at + k * f.row_bytes;
-    }
-    const void* src = reinterpret_cast<const void*>(f.memory);
-    unsigned long long dst = static_cast<unsigned long long>(job.out);
-    int piece = cfg_.piece_bytes;
-    int ranges = static_cast<int>(n);
-    int pieces_per_range = static_cast<int>((f.row_bytes + piece - 1) / piece);
-    void* params[] = {&src, &dst, &offsets, &lengths, &dst_offsets, &piece, &ranges, &pieces_per_range};
-    const int64_t items = n * pieces_per_range;
-    const auto grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, cfg_.blocks)));
-    cuda::check(cu.launch_kernel(reinterpret_cast<cuda::Function>(cfg_.gather_function), grid, 1, 1, 256, 1, 1, 0,
-                                 stream, params, nullptr),
-                "cuLaunchKernel (gather of registered in-memory rows)");
-    total += n * f.row_bytes;
+    if (f.kind != LoopField::kMemoryRows || !f.dma) continue;
+    for (size_t k = 0; k < job.indices.size(); ++k)
+      ranges.push_back({static_cast<uintptr_t>(f.memory + job.indices[k] * f.row_bytes), f.row_bytes,
+                        at + static_cast<int64_t>(k) * f.row_bytes});
+    rows_total += static_cast<int64_t>(job.indices.size()) * f.row_bytes;
   }
-  return total;
+  for (const HostPart& p : parts) ranges.push_back({reinterpret_cast<uintptr_t>(slot + p.slot_at), p.bytes, p.out_at});
+  if (ranges.empty()) return 0;
+  uintptr_t low = ranges[0].src;
+  int64_t longest = 0;
+  for (const Range& r : ranges) low = std::min(low, r.src), longest = std::max(longest, r.bytes);
+  const int64_t n = static_cast<int64_t>(ranges.size());
+  auto* offsets = reinterpret_cast<long long*>(table);
+  long long *lengths = offsets + n, *dst_offsets = offsets + 2 * n;
+  for (int64_t k = 0; k < n; ++k) {
+    const Range& r = ranges[static_cast<size_t>(k)];
+    offsets[k] = static_cast<long long>(r.src - low), lengths[k] = r.bytes, dst_offsets[k] = r.dst;
+  }
+  const void* src = reinterpret_cast<const void*>(low);
+  unsigned long long dst = static_cast<unsigned long long>(job.out);
+  int piece = cfg_.piece_bytes;
+  int count = static_cast<int>(n);
+  int pieces_per_range = static_cast<int>(std::max<int64_t>(1, (longest + piece - 1) / piece));
+  void* params[] = {&src, &dst, &offsets, &lengths, &dst_offsets, &piece, &count, &pieces_per_range};
+  const int64_t items = n * pieces_per_range;
+  const auto grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, cfg_.blocks)));
+  cuda::check(cuda::api().launch_kernel(reinterpret_cast<cuda::Function>(cfg_.gather_function), grid, 1, 1, 256, 1, 1,
+                                        0, reinterpret_cast<cuda::Stream>(cfg_.stream), params, nullptr),
+              "cuLaunchKernel (gather of registered in-memory rows)");
+  return rows_total;
 }
 
 // -- slots and events ---------------------------------------------------------------------

@@ -183,6 +183,7 @@ class NativeLoop {
     size_t slot = static_cast<size_t>(-1);  // slots_.size(): none
     std::vector<HostPart> parts;
     int64_t host_bytes = 0, table_at = -1, memory = 0;
+    bool parts_in_table = false;  // the gather kernel's table has a range for each part too
     double stage_s = 0;
     Ranges ranges;  // its file ranges
   };
@@ -270,10 +271,12 @@ class NativeLoop {
   // File ranges into the device output: out of registered page cache (copy engines or the
   // gather kernel) or through the pinned ring; returns (bytes mapped, bytes through the ring).
   std::pair<int64_t, int64_t> read_to_device(Job& job, Ranges& ranges);
-  // In-memory rows of registered (pinned) tensors straight into the output by the copy engines.
-  int64_t copy_registered_rows(const Job& job);
-  // The same rows moved by the gather kernel (cfg_.memory_rows_kernel), its table written at `table`.
-  int64_t gather_registered_rows(const Job& job, char* table);
+  // In-memory rows of registered (pinned) tensors straight into the output by the copy engines,
+  // and the slot's `parts` in the same call.
+  int64_t copy_registered_rows(const Job& job, const std::vector<HostPart>& parts, const char* slot);
+  // The same rows moved by the gather kernel (cfg_.memory_rows_kernel) in one launch, its table
+  // written at `table`; with them the slot's `parts` (staged.parts_in_table).
+  int64_t gather_registered_rows(const Job& job, char* table, const std::vector<HostPart>& parts, const char* slot);
   int64_t gather_rows(const LoopField& f, const std::vector<int64_t>& indices, char* dst) const;
   size_t acquire_slot();
   // `after`: the stream whose copies read it (its event is recorded there); `recorded`: its
@@ -306,6 +309,12 @@ class NativeLoop {
   // one allocation event and the copy stream waits on it once.
   bool slot_event_is_ready_ = true;
   bool group_mark_ = true;
+  // A batch's slot parts (labels, record offsets) go in its rows' one copy call or gather
+  // launch, not a cuMemcpyHtoDAsync each (TORCH_FASTLOAD_MERGE_PARTS=0: the before of an A/B).
+  bool merge_parts_ = true;
+  // A part the gather kernel moves with the rows: one piece at most (larger ones stay on the
+  // copy engines, which move a long contiguous range without SMs).
+  bool kernel_part(const HostPart& p) const { return p.bytes <= cfg_.piece_bytes; }
   std::vector<Timing> timings_;  // handed over, not yet measured
   std::atomic<int64_t> copy_batches_{0};  // batches whose copies were enqueued (picks the timed ones)
   std::vector<std::thread> workers_;

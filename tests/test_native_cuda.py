@@ -162,6 +162,34 @@ def test_registered_rows_by_the_gather_kernel_equal_torch_every_epoch(width):
             loader.close()
 
 
+@pytest.mark.parametrize("merge", ["1", "0"])
+@pytest.mark.parametrize("route", ["dma", "kernel"])
+def test_slot_parts_ride_along_the_rows_copy_and_equal_torch(monkeypatch, route, merge):
+    """Two registered row fields (different tensors, 16 KiB and 49,380-byte rows), labels, a small
+    float field and 8 KiB rows gathered into the slot (128 KiB a batch: more than the kernel's
+    piece, so they keep a copy of their own on the kernel route). The slot's parts go in the
+    rows' one batched copy or gather launch (merge '1'; '0': a cuMemcpyHtoDAsync each, the
+    before): every batch equals torch's over two epochs."""
+    monkeypatch.setenv("TORCH_FASTLOAD_MERGE_PARTS", merge)
+    n = 160
+    wide = on_own_pages(torch.arange(n * 4096, dtype=torch.int32).reshape(n, 4096))
+    odd = on_own_pages(torch.arange(n * 12345, dtype=torch.int32).reshape(n, 12345) * 7)
+    small = torch.arange(n * 2048, dtype=torch.int32).reshape(n, 2048) - 5  # under DMA_MIN_ROW_BYTES
+    data = TensorDataset(wide, torch.arange(n), odd, torch.rand(n, 3), small)
+    kwargs = dict(batch_size=16, shuffle=True)
+    with torch_fastload.config.override(memory_rows=route):
+        loader = DataLoader(data, generator=torch.Generator().manual_seed(4), prefetch=6, **kwargs)
+        reference = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(4), **kwargs)
+        for _ in range(2):
+            it = iter(loader)
+            assert isinstance(it._pipeline, NativePipeline)
+            got = list(it)
+            for a, b in zip(got, list(reference), strict=True):
+                assert all(torch.equal(x.cpu(), y) for x, y in zip(a, b, strict=True))
+        assert loader.stats().io_bytes.get("registered-memory", 0) > 0, loader.stats().io_bytes
+        loader.close()
+
+
 def test_auto_rows_route_chooses_once_and_later_epochs_keep_it():
     """memory_rows='auto' (the default): the copy engines while the first batches are watched,
     then the chosen route; every batch equals torch's across the switch, and the loader's next
@@ -662,10 +690,17 @@ import torch_fastload
 from torch_fastload import DataLoader, engine
 options = dict(arg.split("=", 1) for arg in sys.argv[2:])  # batch_size=N, or config options
 batch_size = int(options.pop("batch_size", 64))
+labels = options.pop("labels", "0") == "1"
+own_pages = options.pop("own_pages", "0") == "1"  # where the loader can pin the rows in place
 options = {k: int(v) if v.isdigit() else v for k, v in options.items()}
 torch_fastload.config.set(copy_enqueue=sys.argv[1], **options)
 rows = torch.arange(512 * 4096, dtype=torch.float32).reshape(512, 4096)
-seen = sum(int(b[0].sum().item() != 0) for b in DataLoader(TensorDataset(rows), batch_size=batch_size, shuffle=True))
+if own_pages:
+    import mmap
+    mapping = mmap.mmap(-1, rows.numel() * 4)
+    rows = torch.frombuffer(mapping, dtype=torch.float32).view(512, 4096).copy_(rows)
+data = TensorDataset(rows, torch.arange(512)) if labels else TensorDataset(rows)
+seen = sum(int(b[0].sum().item() != 0) for b in DataLoader(data, batch_size=batch_size, shuffle=True))
 counts = engine._require().driver_call_counts()
 me = threading.get_native_id()
 sides = {"training": {}, "loader": {}}
@@ -755,6 +790,38 @@ def test_a_batch_costs_one_event_record_and_a_group_one_wait(output_stream, befo
         assert 32 <= records <= 32 + 8 and 1 <= waits <= 8, done.stdout
     else:
         assert records == 32 and waits == 0, done.stdout
+
+
+@pytest.mark.parametrize("merge", ["1", "0"])
+@pytest.mark.parametrize("route", ["dma", "kernel", "gather"])
+def test_a_batch_with_labels_costs_one_copy_call_and_one_record(route, merge):
+    """Rows and their labels (the labels packed in the pinned slot): the loop's threads hand a
+    batch to the GPU in two calls, the rows' batched copy or gather launch carrying the labels
+    too (rows gathered into the slot by the CPU: one batched copy of both parts), and the ready
+    event. Control (TORCH_FASTLOAD_MERGE_PARTS=0): the labels' own cuMemcpyHtoDAsync, three."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCH_FASTLOAD_COUNT_DRIVER_CALLS="1", TORCH_FASTLOAD_MERGE_PARTS=merge)
+    options = ["batch_size=16", "labels=1", "own_pages=1", "copy_timing_every=0", f"memory_rows={route}"]
+    done = subprocess.run(
+        [sys.executable, "-c", COUNT_CALLS_SCRIPT, "workers", *options],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "batches 32" in done.stdout, done.stdout
+    loader = re.search(r"^loader (.*)$", done.stdout, re.M).group(1)
+    calls = {name: int(n) for name, n in re.findall(r"\('(\w+)', (\d+)\)", loader)}
+    submits = sum(calls.get(name, 0) for name in SUBMITS)
+    assert submits == (2 if merge == "1" else 3) * 32, done.stdout
+    own_copy = 32 if route != "gather" else 64  # the labels' (and the gathered rows')
+    assert calls.get("cuMemcpyHtoDAsync", 0) == (0 if merge == "1" else own_copy), done.stdout
+    assert (calls.get("cuLaunchKernel", 0) == 32) is (route == "kernel"), done.stdout
 
 
 @pytest.mark.parametrize("enqueue", ["next", "workers"])

@@ -31,7 +31,8 @@ point (torch's own calls, e.g. its allocator's, are not counted).
 
     python3 benchmarks/gpu/launch_cpu_probe.py [ROUNDS]      # JSON on stdout's last line
     env FEEDS="bare,TensorDataset,ArrayDataset mapped,ArrayDataset ring,RecordDataset" DATA_GIB=1
-        (also "bare [thread] [xN]": the bare copy in N pieces, made by a thread of its own)
+        (also "bare [thread] [xN]": the bare copy in N pieces, made by a thread of its own;
+        "TensorDataset labels": the rows with a label each)
         MODES="beside,turns in next()" LAUNCH_SCALE=1 LAUNCHERS=python
 """
 
@@ -52,6 +53,8 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+
+import torch_fastload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import beside_step as bs  # noqa: E402
@@ -304,7 +307,16 @@ def main() -> None:
                 words = want.split()
                 pieces = int(next((w[1:] for w in words if w.startswith("x")), "1"))
                 candidates[want] = lambda p=pieces, t="thread" in words: link_busy(resident, p, t)
-            candidates.update({k: v for k, v in defaults.items() if k.startswith(want)})
+            elif want == "TensorDataset labels":  # rows and their labels (packed in the loop's pinned slot)
+                candidates[want] = lambda: torch_fastload.DataLoader(
+                    torch.utils.data.TensorDataset(data["tensor"], torch.arange(len(data["tensor"]))),
+                    batch_size=BATCH,
+                    shuffle=True,
+                    drop_last=True,
+                    device=device,
+                )
+            else:
+                candidates.update({k: v for k, v in defaults.items() if k.startswith(want)})
         launchers = {"python": python_launch}
         if "native" in os.environ.get("LAUNCHERS", "python"):
             launchers["native"] = native_launcher(Path(tmp))

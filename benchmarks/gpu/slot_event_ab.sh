@@ -7,7 +7,9 @@
 #                                                     # then the launch-bound thread beside, ROUNDS
 #   PART=bench bash benchmarks/gpu/slot_event_ab.sh   # the main job under each, alternated ROUNDS times
 set -uo pipefail; ONE_CALL=slot_event_ab; source benchmarks/gpu/one-call.sh
-BEFORE="TORCH_FASTLOAD_SLOT_EVENT=own;TORCH_FASTLOAD_ALLOCATION_MARK=batch"
+# BEFORE: the environment of the "before" side, K=V;K=V (default: the two changes above off;
+# BEFORE=TORCH_FASTLOAD_MERGE_PARTS=0: a slot's parts copied by a call each)
+BEFORE=${BEFORE:-"TORCH_FASTLOAD_SLOT_EVENT=own;TORCH_FASTLOAD_ALLOCATION_MARK=batch"}
 if [ "${PART:-probe}" = probe ]; then
   export FEEDS=${FEEDS:-"TensorDataset,RecordDataset"} MODES="beside,env:$BEFORE"
   COUNT=1 timeout 200 python3 benchmarks/gpu/launch_cpu_probe.py 1 > "$OUT/counts.log" 2>&1
@@ -19,9 +21,8 @@ if [ "${PART:-probe}" = probe ]; then
 else
   for k in $(seq 1 "${ROUNDS:-2}"); do
     for mode in $(ab_order "$k" after before); do
-      if [ "$mode" = before ]; then export TORCH_FASTLOAD_SLOT_EVENT=own TORCH_FASTLOAD_ALLOCATION_MARK=batch;
-      else unset TORCH_FASTLOAD_SLOT_EVENT TORCH_FASTLOAD_ALLOCATION_MARK; fi
-      timeout 70 python3 -m torch_fastload.bench --no-progress --repeats 3 --torch-workers 0 \
+      vars=(); [ "$mode" = before ] && IFS=";" read -ra vars <<< "$BEFORE"
+      env "${vars[@]}" timeout 70 python3 -m torch_fastload.bench --no-progress --repeats 3 --torch-workers 0 \
         --json "$OUT/bench-$mode-$k.json" 2>&1 | grep -E "vs device-resident|input wait <=" | sed "s/^/$mode: /"
     done
   done
