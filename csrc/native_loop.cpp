@@ -56,6 +56,8 @@ NativeLoop::NativeLoop(LoopConfig cfg) : cfg_(std::move(cfg)) {
   group_mark_ = mark == nullptr || std::string(mark) != "batch";
   const char* merge = std::getenv("TORCH_FASTLOAD_MERGE_PARTS");
   merge_parts_ = merge == nullptr || std::string(merge) != "0";
+  const char* mapped_table = std::getenv("TORCH_FASTLOAD_MAPPED_TABLE");
+  mapped_table_ = mapped_table == nullptr || std::string(mapped_table) != "ring";
   if (cfg_.cuda) {
     const auto& cu = cuda::api();
     cuda::check(cu.ctx_get_current(&ctx_), "cuCtxGetCurrent");
@@ -510,21 +512,26 @@ void NativeLoop::run_cuda(Job& job) {
       host_bytes += bytes;
     }
   }
-  // Registered rows moved by the gather kernel: its table of ranges in the slot too, with a
-  // range for each part where the slot has room for them (the kernel then moves the parts).
-  int64_t table_at = -1;
+  // The gather kernel's one launch a batch, its table of ranges in the slot too: the registered
+  // rows (the table is needed), then where the slot has room the ranges of mapped files and the
+  // small parts (else the ring's own launch, and a copy a part).
+  Ranges ranges = file_ranges(job);
+  int64_t table_at = -1, rows = 0, mapped_rows = 0;
   bool parts_in_table = false;
-  if (cfg_.memory_rows_kernel && job.rows_kernel) {
-    int64_t rows = 0;
+  if (cfg_.memory_rows_kernel && job.rows_kernel)
     for (const LoopField& f : cfg_.fields)
       if (f.kind == LoopField::kMemoryRows && f.dma) rows += static_cast<int64_t>(job.indices.size());
-    if (rows > 0) {
-      table_at = host_bytes = align_up(host_bytes, kAlign);
-      const int64_t small = std::count_if(parts.begin(), parts.end(), [&](const HostPart& p) { return kernel_part(p); });
-      const int64_t with_parts = host_bytes + 3 * (rows + small) * int64_t(sizeof(int64_t));
-      parts_in_table = merge_parts_ && small > 0 && with_parts <= cfg_.slot_bytes;
-      host_bytes = parts_in_table ? with_parts : host_bytes + 3 * rows * int64_t(sizeof(int64_t));
-    }
+  if (mapped_table_ && job.mapped_kernel && cfg_.gather_function != 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t file : ranges.file_index) mapped_rows += mapped_[static_cast<size_t>(file)] != nullptr;
+  }
+  const auto table_end = [&](int64_t entries) { return align_up(host_bytes, kAlign) + 3 * entries * int64_t(sizeof(int64_t)); };
+  if (mapped_rows > 0 && table_end(rows + mapped_rows) > cfg_.slot_bytes) mapped_rows = 0;
+  if (rows + mapped_rows > 0) {
+    const int64_t small = std::count_if(parts.begin(), parts.end(), [&](const HostPart& p) { return kernel_part(p); });
+    parts_in_table = merge_parts_ && small > 0 && table_end(rows + mapped_rows + small) <= cfg_.slot_bytes;
+    table_at = align_up(host_bytes, kAlign);
+    host_bytes = table_end(rows + mapped_rows + (parts_in_table ? small : 0));
   }
   if (host_bytes > 0 && host_bytes > cfg_.slot_bytes)
     throw Error(Error::kInvalid, "batch " + std::to_string(job.position) + " needs " + std::to_string(host_bytes) +
@@ -547,7 +554,8 @@ void NativeLoop::run_cuda(Job& job) {
     release_slot(slot, nullptr);
     throw;
   }
-  Staged staged{slot, std::move(parts), host_bytes, table_at, memory, parts_in_table, since(t0), file_ranges(job)};
+  Staged staged{slot,           std::move(parts), host_bytes, table_at,         memory,
+                rows > 0,       parts_in_table,   mapped_rows, since(t0), std::move(ranges)};
   if (cfg_.copies_on_consumer && !needs_ring(staged.ranges)) {  // take() enqueues them
     std::lock_guard<std::mutex> lock(mu_);
     job.staged = std::move(staged);
@@ -620,27 +628,46 @@ void NativeLoop::enqueue_copies(Job& job, Staged& staged) {
   int64_t mapped = 0, ring = 0, dma = 0;
   try {
     if (job.timing_start != nullptr) cuda::check(cu.event_record(job.timing_start, stream), "cuEventRecord");
-    // The parts ride along the rows' one call (the kernel's table, or the batched copy); parts
-    // with no registered rows share one batched copy, unless a part alone is all there is.
-    const bool kernel = staged.table_at >= 0;
-    const bool dma_rows = !kernel && !job.indices.empty() &&
+    // One gather launch (its table in the slot) for the registered rows, the mapped files'
+    // ranges and the small parts it has room for; else the rows' batched copy, which the
+    // parts ride along (parts with no registered rows share one batched copy, unless a part
+    // alone is all there is).
+    const char* host = slot < slots_.size() ? slots_[slot].host : nullptr;
+    std::vector<GatherRange> gather;
+    if (staged.rows_in_table) dma = registered_ranges(job, gather);
+    ReadRequest direct, ringed;  // the file ranges: of mapped files / read through the ring
+    std::vector<const MappedFile*> files;
+    if (!staged.ranges.offsets.empty()) split_ranges(job, staged.ranges, direct, ringed, files);
+    if (staged.mapped_rows > 0 && !direct.offsets.empty()) {
+      const Plan plan = plan_mapped(files, direct, false);  // a range past a file's end throws here
+      if (static_cast<int64_t>(plan.pieces.size()) <= staged.mapped_rows) {  // (else a file was mapped since)
+        for (const ReadPiece& p : plan.pieces)
+          gather.push_back({reinterpret_cast<uintptr_t>(files[p.file]->data() + p.off), p.len, p.dst});
+        mapped = plan.total;
+        direct = ReadRequest{};
+      }
+    }
+    const bool dma_rows = !staged.rows_in_table && !job.indices.empty() &&
                           std::any_of(cfg_.fields.begin(), cfg_.fields.end(), [](const LoopField& f) {
                             return f.kind == LoopField::kMemoryRows && f.dma;
                           });
-    std::vector<HostPart> alone, along;  // parts copied on their own / in the rows' call
-    for (const HostPart& p : staged.parts)
-      (merge_parts_ && (kernel ? staged.parts_in_table && kernel_part(p) : dma_rows || staged.parts.size() > 1)
-           ? along
-           : alone)
-          .push_back(p);
+    std::vector<HostPart> alone, along;  // parts copied on their own / in the batched copy
+    for (const HostPart& p : staged.parts) {
+      if (merge_parts_ && staged.parts_in_table && kernel_part(p))
+        gather.push_back({reinterpret_cast<uintptr_t>(host + p.slot_at), p.bytes, p.out_at});
+      else
+        (merge_parts_ && (dma_rows || staged.parts.size() > 1) ? along : alone).push_back(p);
+    }
     for (const HostPart& p : alone)
       cuda::check(cu.memcpy_htod_async(out + static_cast<cuda::DevicePtr>(p.out_at), slots_[slot].host + p.slot_at,
                                        static_cast<size_t>(p.bytes), stream),
                   "cuMemcpyHtoDAsync (pinned slot -> device)");
-    const char* host = slot < slots_.size() ? slots_[slot].host : nullptr;
-    dma = kernel ? gather_registered_rows(job, slots_[slot].host + staged.table_at, along, host)
-                 : copy_registered_rows(job, along, host);
-    if (!staged.ranges.offsets.empty()) std::tie(mapped, ring) = read_to_device(job, staged.ranges);
+    if (!staged.rows_in_table || !along.empty()) dma += copy_registered_rows(job, along, host, !staged.rows_in_table);
+    if (!gather.empty()) launch_gather(job, slots_[slot].host + staged.table_at, gather);
+    if (!direct.offsets.empty() || !ringed.offsets.empty()) {
+      const auto [from_mapped, from_ring] = read_to_device(job, direct, ringed, files);
+      mapped += from_mapped, ring = from_ring;
+    }
     cuda::check(cu.event_record(job.ready, stream), "cuEventRecord");
     if (job.timing_end != nullptr) cuda::check(cu.event_record(job.timing_end, stream), "cuEventRecord");
   } catch (...) {
@@ -655,13 +682,12 @@ void NativeLoop::enqueue_copies(Job& job, Staged& staged) {
   stats_.dma_bytes += dma, stats_.copied_bytes += staged.host_bytes + mapped + ring + dma;
 }
 
-std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, Ranges& r) {
-  std::vector<const MappedFile*> mapped;
+void NativeLoop::split_ranges(const Job& job, const Ranges& r, ReadRequest& direct, ReadRequest& ringed,
+                              std::vector<const MappedFile*>& mapped) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     mapped = mapped_;
   }
-  ReadRequest direct, ringed;  // ranges of mapped files / of the rest
   std::vector<int64_t> fields_at;  // each output field is its own tensor: no copy spans two
   for (size_t o = 0; o < job.at.size(); ++o)
     if (job.layout[2 + 2 * o] > 0) fields_at.push_back(job.at[o]);
@@ -676,6 +702,10 @@ std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, Ranges& r) {
     q.file_index.push_back(r.file_index[k]), q.offsets.push_back(r.offsets[k]);
     q.lengths.push_back(r.lengths[k]), q.dst_offsets.push_back(r.dst_offsets[k]);
   }
+}
+
+std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, const ReadRequest& direct, const ReadRequest& ringed,
+                                                        const std::vector<const MappedFile*>& mapped) {
   int64_t from_mapped = 0, from_ring = 0;
   if (!direct.offsets.empty()) {
     if (job.mapped_kernel)
@@ -694,14 +724,15 @@ std::pair<int64_t, int64_t> NativeLoop::read_to_device(Job& job, Ranges& r) {
   return {from_mapped, from_ring};
 }
 
-int64_t NativeLoop::copy_registered_rows(const Job& job, const std::vector<HostPart>& parts, const char* slot) {
+int64_t NativeLoop::copy_registered_rows(const Job& job, const std::vector<HostPart>& parts, const char* slot,
+                                         bool rows) {
   std::vector<cuda::DevicePtr> dsts, srcs;
   std::vector<size_t> sizes;
   size_t o = 0;
   for (const LoopField& f : cfg_.fields) {
     const int64_t at = job.at[o];
     o += f.kind == LoopField::kRecords ? 2 : 1;
-    if (f.kind != LoopField::kMemoryRows || !f.dma) continue;
+    if (!rows || f.kind != LoopField::kMemoryRows || !f.dma) continue;
     const size_t field_first = sizes.size();  // fields are separate tensors: no copy spans two
     for (size_t k = 0; k < job.indices.size(); ++k) {
       const auto src = static_cast<cuda::DevicePtr>(f.memory + job.indices[k] * f.row_bytes);
@@ -722,18 +753,8 @@ int64_t NativeLoop::copy_registered_rows(const Job& job, const std::vector<HostP
   return dma_copies(dsts, srcs, sizes, cfg_.stream) - part_bytes;  // the rows' bytes (parts count as staged)
 }
 
-int64_t NativeLoop::gather_registered_rows(const Job& job, char* table, const std::vector<HostPart>& parts,
-                                           const char* slot) {
-  // One launch: a range for every row of every field and for each part, as addresses relative
-  // to the lowest source, so rows of several tensors and the slot's parts share one table of
-  // (offsets, lengths, destination offsets), in pinned host memory the kernel reads through UVA
-  // (the slot, reused after the batch's event).
-  struct Range {
-    uintptr_t src;
-    int64_t bytes, dst;
-  };
-  std::vector<Range> ranges;
-  int64_t rows_total = 0;
+int64_t NativeLoop::registered_ranges(const Job& job, std::vector<GatherRange>& ranges) const {
+  int64_t total = 0;
   size_t o = 0;
   for (const LoopField& f : cfg_.fields) {
     const int64_t at = job.at[o];
@@ -742,18 +763,24 @@ int64_t NativeLoop::gather_registered_rows(const Job& job, char* table, const st
     for (size_t k = 0; k < job.indices.size(); ++k)
       ranges.push_back({static_cast<uintptr_t>(f.memory + job.indices[k] * f.row_bytes), f.row_bytes,
                         at + static_cast<int64_t>(k) * f.row_bytes});
-    rows_total += static_cast<int64_t>(job.indices.size()) * f.row_bytes;
+    total += static_cast<int64_t>(job.indices.size()) * f.row_bytes;
   }
-  for (const HostPart& p : parts) ranges.push_back({reinterpret_cast<uintptr_t>(slot + p.slot_at), p.bytes, p.out_at});
-  if (ranges.empty()) return 0;
+  return total;
+}
+
+void NativeLoop::launch_gather(const Job& job, char* table, const std::vector<GatherRange>& ranges) {
+  // The table holds (offsets, lengths, destination offsets), n int64 each, the offsets relative
+  // to the lowest source, so rows of several tensors, ranges of several mapped files and the
+  // slot's parts share one launch; it lies in the slot, which the kernel reads through UVA and
+  // which is reused only after the batch's event.
   uintptr_t low = ranges[0].src;
   int64_t longest = 0;
-  for (const Range& r : ranges) low = std::min(low, r.src), longest = std::max(longest, r.bytes);
+  for (const GatherRange& r : ranges) low = std::min(low, r.src), longest = std::max(longest, r.bytes);
   const int64_t n = static_cast<int64_t>(ranges.size());
   auto* offsets = reinterpret_cast<long long*>(table);
   long long *lengths = offsets + n, *dst_offsets = offsets + 2 * n;
   for (int64_t k = 0; k < n; ++k) {
-    const Range& r = ranges[static_cast<size_t>(k)];
+    const GatherRange& r = ranges[static_cast<size_t>(k)];
     offsets[k] = static_cast<long long>(r.src - low), lengths[k] = r.bytes, dst_offsets[k] = r.dst;
   }
   const void* src = reinterpret_cast<const void*>(low);
@@ -766,8 +793,7 @@ int64_t NativeLoop::gather_registered_rows(const Job& job, char* table, const st
   const auto grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, cfg_.blocks)));
   cuda::check(cuda::api().launch_kernel(reinterpret_cast<cuda::Function>(cfg_.gather_function), grid, 1, 1, 256, 1, 1,
                                         0, reinterpret_cast<cuda::Stream>(cfg_.stream), params, nullptr),
-              "cuLaunchKernel (gather of registered in-memory rows)");
-  return rows_total;
+              "cuLaunchKernel (the batch's gather: registered rows, mapped file ranges, slot parts)");
 }
 
 // -- slots and events ---------------------------------------------------------------------

@@ -183,7 +183,10 @@ class NativeLoop {
     size_t slot = static_cast<size_t>(-1);  // slots_.size(): none
     std::vector<HostPart> parts;
     int64_t host_bytes = 0, table_at = -1, memory = 0;
-    bool parts_in_table = false;  // the gather kernel's table has a range for each part too
+    // What the gather kernel's one launch moves (its table at table_at): the registered rows,
+    // the ranges of mapped files (room for mapped_rows of them), the parts of one piece or less.
+    bool rows_in_table = false, parts_in_table = false;
+    int64_t mapped_rows = 0;
     double stage_s = 0;
     Ranges ranges;  // its file ranges
   };
@@ -270,13 +273,26 @@ class NativeLoop {
   Ranges file_ranges(const Job& job) const;
   // File ranges into the device output: out of registered page cache (copy engines or the
   // gather kernel) or through the pinned ring; returns (bytes mapped, bytes through the ring).
-  std::pair<int64_t, int64_t> read_to_device(Job& job, Ranges& ranges);
+  // (split_ranges': `direct` empty where the batch's gather launch took them)
+  std::pair<int64_t, int64_t> read_to_device(Job& job, const ReadRequest& direct, const ReadRequest& ringed,
+                                             const std::vector<const MappedFile*>& mapped);
   // In-memory rows of registered (pinned) tensors straight into the output by the copy engines,
   // and the slot's `parts` in the same call.
-  int64_t copy_registered_rows(const Job& job, const std::vector<HostPart>& parts, const char* slot);
-  // The same rows moved by the gather kernel (cfg_.memory_rows_kernel) in one launch, its table
-  // written at `table`; with them the slot's `parts` (staged.parts_in_table).
-  int64_t gather_registered_rows(const Job& job, char* table, const std::vector<HostPart>& parts, const char* slot);
+  // (`rows` false: only the parts)
+  int64_t copy_registered_rows(const Job& job, const std::vector<HostPart>& parts, const char* slot, bool rows = true);
+  // A range the gather kernel copies: bytes at a host address (registered or pinned) to an
+  // offset of the batch's output.
+  struct GatherRange {
+    uintptr_t src;
+    int64_t bytes, dst;
+  };
+  // The registered rows of every field (cfg_.memory_rows_kernel), as gather ranges.
+  int64_t registered_ranges(const Job& job, std::vector<GatherRange>& ranges) const;
+  // One launch of the gather kernel for all `ranges`, its table written at `table` (the slot).
+  void launch_gather(const Job& job, char* table, const std::vector<GatherRange>& ranges);
+  // The batch's file ranges split into those of mapped files and the rest (read through the ring).
+  void split_ranges(const Job& job, const Ranges& r, ReadRequest& direct, ReadRequest& ringed,
+                    std::vector<const MappedFile*>& mapped);
   int64_t gather_rows(const LoopField& f, const std::vector<int64_t>& indices, char* dst) const;
   size_t acquire_slot();
   // `after`: the stream whose copies read it (its event is recorded there); `recorded`: its
@@ -315,6 +331,10 @@ class NativeLoop {
   // A part the gather kernel moves with the rows: one piece at most (larger ones stay on the
   // copy engines, which move a long contiguous range without SMs).
   bool kernel_part(const HostPart& p) const { return p.bytes <= cfg_.piece_bytes; }
+  // The ranges of mapped files go in the same launch, their table in the slot, when the batch's
+  // mapped ranges take the gather kernel (TORCH_FASTLOAD_MAPPED_TABLE=ring: the ring's own
+  // launch a file, its table in a ring chunk with an event of its own: the before of an A/B).
+  bool mapped_table_ = true;
   std::vector<Timing> timings_;  // handed over, not yet measured
   std::atomic<int64_t> copy_batches_{0};  // batches whose copies were enqueued (picks the timed ones)
   std::vector<std::thread> workers_;

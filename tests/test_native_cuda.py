@@ -244,8 +244,16 @@ def test_the_route_trial_goes_on_across_epochs_shorter_than_it(monkeypatch, acro
     loader.close()
 
 
-@pytest.mark.parametrize("mapped_copy,map_budget", [("kernel", "25%"), ("dma", "25%"), ("kernel", 0)])
-def test_file_sources_on_the_loop_equal_torch(tmp_path, mapped_copy, map_budget):
+@pytest.mark.parametrize("table", ["slot", "ring"])
+@pytest.mark.parametrize(
+    "mapped_copy,map_budget", [("kernel", "25%"), ("kernel", "100%"), ("dma", "25%"), ("kernel", 0)]
+)
+def test_file_sources_on_the_loop_equal_torch(tmp_path, mapped_copy, map_budget, table, monkeypatch):
+    """ArrayDataset (two files) and RecordDataset (shards, records of 0-5,000 bytes) on the loop,
+    some files mapped or all or none; the gather kernel's table of mapped ranges (and record
+    offsets) in the batch's slot, one launch a batch (table 'slot'), or the ring's launch a file
+    (the before)."""
+    monkeypatch.setenv("TORCH_FASTLOAD_MAPPED_TABLE", table)
     rng = np.random.default_rng(0)
     np.save(tmp_path / "x.npy", rng.standard_normal((301, 257)).astype(np.float32))
     np.save(tmp_path / "y.npy", rng.integers(0, 9, 301))
@@ -822,6 +830,64 @@ def test_a_batch_with_labels_costs_one_copy_call_and_one_record(route, merge):
     own_copy = 32 if route != "gather" else 64  # the labels' (and the gathered rows')
     assert calls.get("cuMemcpyHtoDAsync", 0) == (0 if merge == "1" else own_copy), done.stdout
     assert (calls.get("cuLaunchKernel", 0) == 32) is (route == "kernel"), done.stdout
+
+
+FILE_COUNT_SCRIPT = """
+import sys, threading, numpy as np, torch
+import torch_fastload
+from torch_fastload import ArrayDataset, DataLoader, RecordDataset, engine, pack
+root, kind = sys.argv[1], sys.argv[2]
+torch_fastload.config.set(mapped_copy="kernel", copy_timing_every=0)
+if kind == "arrays":
+    np.save(f"{root}/x.npy", np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024))
+    dataset = ArrayDataset(f"{root}/x.npy")
+else:
+    blobs = [(bytes([i % 251]) * (100 + i), i % 7) for i in range(512)]
+    pack(blobs, f"{root}/pack", shard_size=16 << 10, progress=False)
+    dataset = RecordDataset(f"{root}/pack")
+loader = DataLoader(dataset, batch_size=16, shuffle=True, map_budget="100%")
+seen = sum(1 for _ in loader)
+assert loader.stats().io_bytes.get("mapped", 0) > 0, loader.stats().io_bytes
+me = threading.get_native_id()
+calls = {}
+for tid, counted in engine._require().driver_call_counts().items():
+    if tid != me:
+        for name, n in counted.items():
+            calls[name] = calls.get(name, 0) + n
+print("batches", seen)
+print("loader", sorted(calls.items()))
+"""
+
+
+@pytest.mark.parametrize("table", ["slot", "ring"])
+@pytest.mark.parametrize("kind", ["arrays", "records"])
+def test_a_mapped_batch_costs_one_gather_launch_and_one_record(tmp_path, kind, table):
+    """Mapped files on the gather kernel: the batch's ranges (and a RecordDataset's offsets) in
+    one launch whose table lies in the batch's slot, and its ready event, from the loop's
+    threads. Control (TORCH_FASTLOAD_MAPPED_TABLE=ring, the before): the ring's launch with its
+    table in a ring chunk and that chunk's event, and the offsets' own copy."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCH_FASTLOAD_COUNT_DRIVER_CALLS="1", TORCH_FASTLOAD_MAPPED_TABLE=table)
+    done = subprocess.run(
+        [sys.executable, "-c", FILE_COUNT_SCRIPT, str(tmp_path), kind],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "batches 32" in done.stdout, done.stdout
+    loader = re.search(r"^loader (.*)$", done.stdout, re.M).group(1)
+    calls = {name: int(n) for name, n in re.findall(r"\('(\w+)', (\d+)\)", loader)}
+    submits = sum(calls.get(name, 0) for name in SUBMITS)
+    if table == "slot":
+        assert calls.get("cuLaunchKernel", 0) == 32 and submits == 2 * 32, done.stdout
+    else:
+        assert calls.get("cuLaunchKernel", 0) >= 32 and submits >= (3 if kind == "arrays" else 4) * 32, done.stdout
 
 
 @pytest.mark.parametrize("enqueue", ["next", "workers"])

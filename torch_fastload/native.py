@@ -281,6 +281,8 @@ class NativePipeline:
         rows_kernel = self._memory_rows_kernel
         mapped_kernel = ring is not None and resources.settings.mapped_copy in ("kernel", "auto")
         gather = int(uva.kernel_handle(self.device)) if (rows_kernel or mapped_kernel) and uva.available() else 0
+        if mapped_kernel and gather:  # the gather launch's table: a file range a sample takes 24 bytes of slot
+            host_row_bytes += 24 * sum(1 for f in fields if f[0] in (_FILE_ROWS, _RECORDS))
         slot_bytes = self._slot_bytes(loader.batch_size, host_row_bytes, records)
         settings = (  # the loop's arguments but its slots (which slot_bytes sizes)
             STAGE_THREADS,
