@@ -6,8 +6,9 @@ addressing). One kernel launch copies every range of a batch into device memory,
 host memory over PCIe in aligned 16-byte words: on the H100 machine ~50 GB/s for a batch of
 192 KiB rows, against ~21 GB/s for one DMA copy per row and 0 CPU cores either way.
 
-This module owns the kernel's source and its compilation; the engine launches it
-(``DeviceStager.gather_mapped``: range tables in its pinned ring, no GIL). It is compiled at
+This module owns the kernel's source and its compilation; the engine launches it, with no GIL
+(the native loop: one launch a batch, its range table in the batch's pinned slot;
+``DeviceStager.gather_mapped`` for the Python pipeline: tables in its pinned ring). It is compiled at
 first use with NVRTC through ``torch.cuda._compile_kernel``
 (torch >= 2.8); where that is missing, ``available()`` is False and callers use DMA copies.
 """
