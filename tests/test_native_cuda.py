@@ -690,6 +690,32 @@ def test_each_batchs_copies_enter_the_copy_stream_after_the_earlier_batches(monk
     assert (late == 0) if (ordered or enqueue == "next") else (late > 0), late
 
 
+def counted_driver_calls(script: str, *args: str, **env: str) -> tuple[str, dict]:
+    """Runs ``script`` in a fresh process with the engine's driver calls counted per thread
+    (TORCH_FASTLOAD_COUNT_DRIVER_CALLS=1, read at its first call); the script prints a
+    ``training [...]`` and a ``loader [...]`` line of (entry point, calls). Its stdout, and those
+    calls by side."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TORCH_FASTLOAD_COUNT_DRIVER_CALLS="1", **env),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    sides: dict = {"training": {}, "loader": {}}
+    for line in done.stdout.splitlines():
+        side, _, rest = line.partition(" ")
+        if side in sides:
+            sides[side] = {name: int(n) for name, n in re.findall(r"\('(\w+)', (\d+)\)", rest)}
+    return done.stdout, sides
+
+
 SUBMITS = ("cuEventRecord", "cuLaunchKernel", "cuMemcpyHtoDAsync", "cuMemcpyBatchAsync", "cuStreamWaitEvent")
 COUNT_CALLS_SCRIPT = """
 import sys, threading, torch
@@ -729,32 +755,18 @@ def test_batches_copies_are_handed_to_the_gpu_by_the_thread_config_names(enqueue
     TensorDataset's batches and the loop's threads none (another thread's submits make the
     training thread's launches wait in the driver); 'workers' is the control: the loop's threads
     make them."""
-    import os
-    import re
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TORCH_FASTLOAD_COUNT_DRIVER_CALLS="1")
-    done = subprocess.run(
-        [sys.executable, "-c", COUNT_CALLS_SCRIPT, enqueue], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "batches 8" in done.stdout, done.stdout
-    sides = {}
-    for line in done.stdout.splitlines():
-        side, _, rest = line.partition(" ")
-        if side in ("training", "loader"):
-            sides[side] = {name: int(n) for name, n in re.findall(r"\('(\w+)', (\d+)\)", rest)}
+    out, sides = counted_driver_calls(COUNT_CALLS_SCRIPT, enqueue)
+    assert "batches 8" in out, out
 
     def calls(side: str, names) -> int:
         return sum(sides[side].get(name, 0) for name in names)
 
     copies = ("cuLaunchKernel", "cuMemcpyBatchAsync", "cuMemcpyHtoDAsync")
     by, other = ("training", "loader") if enqueue == "next" else ("loader", "training")
-    assert calls(by, copies) >= 8 and calls(by, ["cuEventRecord"]) >= 8, done.stdout
-    assert calls(other, copies) == 0 and calls(other, ["cuEventRecord"]) == 0, done.stdout
+    assert calls(by, copies) >= 8 and calls(by, ["cuEventRecord"]) >= 8, out
+    assert calls(other, copies) == 0 and calls(other, ["cuEventRecord"]) == 0, out
     if enqueue == "next":
-        assert calls("loader", SUBMITS) == 0, done.stdout
+        assert calls("loader", SUBMITS) == 0, out
 
 
 @pytest.mark.parametrize("before", [False, True])
@@ -765,39 +777,20 @@ def test_a_batch_costs_one_event_record_and_a_group_one_wait(output_stream, befo
     copy-stream wait on it a group. The control, the tree before (TORCH_FASTLOAD_SLOT_EVENT=own,
     TORCH_FASTLOAD_ALLOCATION_MARK=batch): two records a batch, three and a wait with
     output_stream='consumer'."""
-    import os
-    import re
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TORCH_FASTLOAD_COUNT_DRIVER_CALLS="1")
-    if before:
-        env.update(TORCH_FASTLOAD_SLOT_EVENT="own", TORCH_FASTLOAD_ALLOCATION_MARK="batch")
+    env = dict(TORCH_FASTLOAD_SLOT_EVENT="own", TORCH_FASTLOAD_ALLOCATION_MARK="batch") if before else {}
     # 32 batches, 4 groups; the gather kernel's table of rows is in a pinned slot
     options = ["batch_size=16", "copy_timing_every=0", "memory_rows=kernel", f"output_stream={output_stream}"]
-    done = subprocess.run(
-        [sys.executable, "-c", COUNT_CALLS_SCRIPT, "workers", *options],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "batches 32" in done.stdout, done.stdout
-    calls = {}
-    for line in done.stdout.splitlines():
-        side, _, rest = line.partition(" ")
-        for name, n in re.findall(r"\('(\w+)', (\d+)\)", rest if side in ("training", "loader") else ""):
-            calls[name, side] = calls.get((name, side), 0) + int(n)
-    records = calls.get(("cuEventRecord", "training"), 0) + calls.get(("cuEventRecord", "loader"), 0)
-    waits = calls.get(("cuStreamWaitEvent", "loader"), 0)  # the copy stream's (the consumer's are next()'s)
+    out, calls = counted_driver_calls(COUNT_CALLS_SCRIPT, "workers", *options, **env)
+    assert "batches 32" in out, out
+    records = calls["training"].get("cuEventRecord", 0) + calls["loader"].get("cuEventRecord", 0)
+    waits = calls["loader"].get("cuStreamWaitEvent", 0)  # the copy stream's (the consumer's are next()'s)
     marked = output_stream == "consumer"
     if before:
-        assert records >= (3 if marked else 2) * 32 and waits >= (32 if marked else 0), done.stdout
+        assert records >= (3 if marked else 2) * 32 and waits >= (32 if marked else 0), out
     elif marked:
-        assert 32 <= records <= 32 + 8 and 1 <= waits <= 8, done.stdout
+        assert 32 <= records <= 32 + 8 and 1 <= waits <= 8, out
     else:
-        assert records == 32 and waits == 0, done.stdout
+        assert records == 32 and waits == 0, out
 
 
 @pytest.mark.parametrize("merge", ["1", "0"])
@@ -807,29 +800,15 @@ def test_a_batch_with_labels_costs_one_copy_call_and_one_record(route, merge):
     batch to the GPU in two calls, the rows' batched copy or gather launch carrying the labels
     too (rows gathered into the slot by the CPU: one batched copy of both parts), and the ready
     event. Control (TORCH_FASTLOAD_MERGE_PARTS=0): the labels' own cuMemcpyHtoDAsync, three."""
-    import os
-    import re
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TORCH_FASTLOAD_COUNT_DRIVER_CALLS="1", TORCH_FASTLOAD_MERGE_PARTS=merge)
     options = ["batch_size=16", "labels=1", "own_pages=1", "copy_timing_every=0", f"memory_rows={route}"]
-    done = subprocess.run(
-        [sys.executable, "-c", COUNT_CALLS_SCRIPT, "workers", *options],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "batches 32" in done.stdout, done.stdout
-    loader = re.search(r"^loader (.*)$", done.stdout, re.M).group(1)
-    calls = {name: int(n) for name, n in re.findall(r"\('(\w+)', (\d+)\)", loader)}
+    out, sides = counted_driver_calls(COUNT_CALLS_SCRIPT, "workers", *options, TORCH_FASTLOAD_MERGE_PARTS=merge)
+    assert "batches 32" in out, out
+    calls = sides["loader"]
     submits = sum(calls.get(name, 0) for name in SUBMITS)
-    assert submits == (2 if merge == "1" else 3) * 32, done.stdout
+    assert submits == (2 if merge == "1" else 3) * 32, out
     own_copy = 32 if route != "gather" else 64  # the labels' (and the gathered rows')
-    assert calls.get("cuMemcpyHtoDAsync", 0) == (0 if merge == "1" else own_copy), done.stdout
-    assert (calls.get("cuLaunchKernel", 0) == 32) is (route == "kernel"), done.stdout
+    assert calls.get("cuMemcpyHtoDAsync", 0) == (0 if merge == "1" else own_copy), out
+    assert (calls.get("cuLaunchKernel", 0) == 32) is (route == "kernel"), out
 
 
 FILE_COUNT_SCRIPT = """
@@ -866,28 +845,14 @@ def test_a_mapped_batch_costs_one_gather_launch_and_one_record(tmp_path, kind, t
     one launch whose table lies in the batch's slot, and its ready event, from the loop's
     threads. Control (TORCH_FASTLOAD_MAPPED_TABLE=ring, the before): the ring's launch with its
     table in a ring chunk and that chunk's event, and the offsets' own copy."""
-    import os
-    import re
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TORCH_FASTLOAD_COUNT_DRIVER_CALLS="1", TORCH_FASTLOAD_MAPPED_TABLE=table)
-    done = subprocess.run(
-        [sys.executable, "-c", FILE_COUNT_SCRIPT, str(tmp_path), kind],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "batches 32" in done.stdout, done.stdout
-    loader = re.search(r"^loader (.*)$", done.stdout, re.M).group(1)
-    calls = {name: int(n) for name, n in re.findall(r"\('(\w+)', (\d+)\)", loader)}
+    out, sides = counted_driver_calls(FILE_COUNT_SCRIPT, str(tmp_path), kind, TORCH_FASTLOAD_MAPPED_TABLE=table)
+    assert "batches 32" in out, out
+    calls = sides["loader"]
     submits = sum(calls.get(name, 0) for name in SUBMITS)
     if table == "slot":
-        assert calls.get("cuLaunchKernel", 0) == 32 and submits == 2 * 32, done.stdout
+        assert calls.get("cuLaunchKernel", 0) == 32 and submits == 2 * 32, out
     else:
-        assert calls.get("cuLaunchKernel", 0) >= 32 and submits >= (3 if kind == "arrays" else 4) * 32, done.stdout
+        assert calls.get("cuLaunchKernel", 0) >= 32 and submits >= (3 if kind == "arrays" else 4) * 32, out
 
 
 @pytest.mark.parametrize("enqueue", ["next", "workers"])
